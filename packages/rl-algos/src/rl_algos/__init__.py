@@ -1,0 +1,45 @@
+"""rl_algos: the math of RL for LLMs in pure torch.
+
+Advantages (:mod:`rl_algos.advantages`), KL (:mod:`rl_algos.kl`), losses
+(:mod:`rl_algos.losses`), reward shaping (:mod:`rl_algos.shaping`) and
+dynamic-sampling filters (:mod:`rl_algos.filters`). Every function takes padded
+``[batch, seq]`` tensors with a 0/1 mask, is pure (no global state, no
+distributed calls) and imports nothing but torch.
+"""
+
+from rl_algos import advantages, filters, kl, losses, shaping
+from rl_algos.advantages import (
+    ESTIMATORS,
+    AdvantageEstimator,
+    Advantages,
+    compute_advantages,
+    get_estimator,
+    masked_whiten,
+)
+from rl_algos.filters import GroupFilterResult, filter_groups
+from rl_algos.kl import AdaptiveKLController, FixedKLController, approx_kl
+from rl_algos.losses import (
+    aggregate_loss,
+    dpo_loss,
+    entropy_from_logits,
+    kto_loss,
+    kto_reference_kl,
+    logprobs_from_logits,
+    pairwise_loss,
+    policy_loss,
+    sft_loss,
+    value_loss,
+)
+from rl_algos.shaping import clip_rewards, kl_penalized_rewards, overlong_penalty, stop_properly_penalty
+from rl_algos._masked import masked_mean, masked_sum
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ESTIMATORS", "AdaptiveKLController", "AdvantageEstimator", "Advantages", "FixedKLController",
+    "GroupFilterResult", "advantages", "aggregate_loss", "approx_kl", "clip_rewards", "compute_advantages",
+    "dpo_loss", "entropy_from_logits", "filter_groups", "filters", "get_estimator", "kl", "kl_penalized_rewards",
+    "kto_loss", "kto_reference_kl", "logprobs_from_logits", "losses", "masked_mean", "masked_sum",
+    "masked_whiten", "overlong_penalty", "pairwise_loss", "policy_loss", "sft_loss", "shaping",
+    "stop_properly_penalty", "value_loss",
+]

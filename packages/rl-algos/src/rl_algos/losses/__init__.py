@@ -1,0 +1,29 @@
+"""Losses: policy (PPO/GSPO), value, SFT, preference (DPO, KTO, pairwise), and the
+log-prob / entropy kernels they consume."""
+
+from rl_algos.losses.aggregate import LossAggregation, aggregate_loss
+from rl_algos.losses.logits import entropy_from_logits, logprobs_from_logits
+from rl_algos.losses.policy import (
+    ISCorrection,
+    PolicyLossOutput,
+    RatioType,
+    ValueLossOutput,
+    policy_loss,
+    value_loss,
+)
+from rl_algos.losses.supervised import (
+    DPOOutput,
+    KTOOutput,
+    PairwiseKind,
+    dpo_loss,
+    kto_loss,
+    kto_reference_kl,
+    pairwise_loss,
+    sft_loss,
+)
+
+__all__ = [
+    "DPOOutput", "ISCorrection", "KTOOutput", "LossAggregation", "PairwiseKind", "PolicyLossOutput",
+    "RatioType", "ValueLossOutput", "aggregate_loss", "dpo_loss", "entropy_from_logits", "kto_loss",
+    "kto_reference_kl", "logprobs_from_logits", "pairwise_loss", "policy_loss", "sft_loss", "value_loss",
+]
