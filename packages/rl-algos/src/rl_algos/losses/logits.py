@@ -96,9 +96,9 @@ class _EntropyFn(torch.autograd.Function):
             x = _upcast(logits_NV[s : s + rows])
             if temperature != 1.0:
                 x = x.div_(temperature)
-            lse = torch.logsumexp(x, dim=-1, keepdim=True)
-            p = (x - lse).exp_()
-            out[s : s + rows] = lse.squeeze(-1) - (p * x).sum(-1)
+            # H = -sum p log p, not lse - sum p x: no cancellation between two large terms
+            logp = x.sub_(torch.logsumexp(x, dim=-1, keepdim=True))
+            out[s : s + rows] = -(logp.exp() * logp).sum(-1)
         ctx.save_for_backward(logits_NV)
         ctx.temperature, ctx.rows = temperature, rows
         return out
@@ -147,7 +147,7 @@ def logprobs_from_logits(
 
 
 def entropy_from_logits(logits: Tensor, temperature: float = 1.0, chunk_rows: int | None = None) -> Tensor:
-    """Entropy ``H = logsumexp(x) - sum_j softmax(x)_j x_j`` with ``x = logits / temperature``.
+    """Entropy ``H = -sum_j p_j log p_j``, ``p = softmax(logits / temperature)``.
 
     Shape ``[..., V]`` -> ``[...]`` float32 (float64 for float64). Differentiable, chunked
     like :func:`logprobs_from_logits`.
