@@ -1,0 +1,522 @@
+"""The Ray half of rl-placement: placement groups from a plan, and actor groups on them.
+
+This module owns everything that talks to Ray: creating placement groups (one
+GPU per bundle) after the plan has been validated against the live cluster,
+mapping each bundle to its node, the bundles of every vLLM engine, and
+:class:`RayActorGroup`, which starts one actor of any class per rank with the
+torch.distributed environment set, fans calls out, shards calls over
+data-parallel ranks, checks health and shuts down.
+
+Every wait has a timeout. A dead, failing or hung actor becomes an
+:class:`ActorCallError` naming role, rank and method; the caller is never left
+hanging. It knows nothing of models: wiring vLLM or DeepSpeed into the actors is
+the caller's business.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import ray
+from ray.util.placement_group import PlacementGroup, placement_group, placement_group_table, remove_placement_group
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy, PlacementGroupSchedulingStrategy
+
+from rl_placement.plan import BundleGroup, PlacementError, PlacementPlan, Role
+
+__all__ = [
+    "STRATEGIES",
+    "ActorCallError",
+    "PlacedEngine",
+    "PlacedRole",
+    "PlacementGroups",
+    "RankFailure",
+    "RankInfo",
+    "RayActorGroup",
+    "bundle_node_ids",
+    "cluster_gpus",
+    "create_placement_group",
+    "create_placement_groups",
+    "node_ordered_bundles",
+]
+
+STRATEGIES = ("PACK", "SPREAD", "STRICT_PACK", "STRICT_SPREAD")
+_MAX_CAUSE = 400  # characters of a remote traceback kept in a message; the full error is chained
+
+
+# ----- errors ---------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankFailure:
+    rank: int
+    cause: str
+    error: BaseException | None = None
+
+
+class ActorCallError(RuntimeError):
+    """A call that failed on some ranks. ``rank``/``cause`` are the first failure; ``failures`` all."""
+
+    def __init__(self, role: str, method: str, failures: Sequence[RankFailure]):
+        self.role, self.method, self.failures = role, method, tuple(failures)
+        self.rank, self.cause = self.failures[0].rank, self.failures[0].cause
+        if len(self.failures) == 1:
+            msg = f"{role} rank {self.rank} failed in {method!r}: {self.cause}"
+        else:
+            detail = "; ".join(f"rank {f.rank}: {f.cause}" for f in self.failures)
+            msg = f"{role}: {len(self.failures)} ranks failed in {method!r}: {detail}"
+        super().__init__(msg)
+
+
+def _describe_error(err: BaseException) -> str:
+    def short(e: BaseException) -> str:
+        # Ray's messages carry the remote traceback; the head says where, the tail says what.
+        text = str(e).strip()
+        half = _MAX_CAUSE // 2
+        return text if len(text) <= _MAX_CAUSE else f"{text[:half]} ... {text[-half:]}"
+
+    if isinstance(err, ray.exceptions.RayActorError):
+        how = "its __init__ raised, so the actor died" if err.actor_init_failed else "the actor died"
+        return f"{how} ({type(err).__name__}: {short(err)})"
+    if isinstance(err, ray.exceptions.RayTaskError):
+        cause = err.cause
+        if cause is None:
+            return f"it raised: {short(err)}"
+        return f"it raised {type(cause).__name__}: {short(cause)} (remote traceback in __cause__)"
+    return f"{type(err).__name__}: {short(err)}"
+
+
+def _gather(role: str, method: str, refs: dict[int, ray.ObjectRef], timeout: float,
+            fail_fast: bool = True) -> dict[int, Any]:
+    """Results by rank, or ActorCallError. Waits at most ``timeout`` seconds in all."""
+    deadline = time.monotonic() + timeout
+    pending = {ref: rank for rank, ref in refs.items()}
+    results: dict[int, Any] = {}
+    failures: list[RankFailure] = []
+    while pending:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            break
+        ready, _ = ray.wait(list(pending), num_returns=1, timeout=remaining)
+        for ref in ready:
+            rank = pending.pop(ref)
+            try:
+                # Ready objects may still travel from another node: bounded as well.
+                results[rank] = ray.get(ref, timeout=max(deadline - time.monotonic(), 1.0))
+            except (ray.exceptions.RayError, ray.exceptions.GetTimeoutError) as err:
+                failures.append(RankFailure(rank, _describe_error(err), err))
+        if failures and fail_fast:
+            break
+    if not (fail_fast and failures):  # what is still pending ran out of time
+        failures += [RankFailure(rank, f"no answer within {timeout:g} s (hung, or still busy with an earlier call)")
+                     for rank in sorted(pending.values())]
+    if failures:
+        failures.sort(key=lambda f: f.rank)
+        raise ActorCallError(role, method, failures) from failures[0].error
+    return results
+
+
+# ----- placement groups -------------------------------------------------------------------------------
+
+
+def cluster_gpus() -> tuple[int, int]:
+    """(total GPUs, most GPUs on one node) over the alive nodes of the connected cluster."""
+    per_node = [int(n["Resources"].get("GPU", 0)) for n in ray.nodes() if n.get("Alive")]
+    return sum(per_node), max(per_node, default=0)
+
+
+def create_placement_group(num_bundles: int, *, strategy: str = "PACK", gpus_per_bundle: float = 1.0,
+                           cpus_per_bundle: float = 0.0, timeout_s: float = 60.0, name: str = "") -> PlacementGroup:
+    """A placement group of ``num_bundles`` bundles, ready, or PlacementError after ``timeout_s``."""
+    if strategy not in STRATEGIES:
+        raise PlacementError(f"placement strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+    if num_bundles < 1:
+        raise PlacementError(f"a placement group needs at least one bundle, got num_bundles={num_bundles}")
+    bundle = {"GPU": gpus_per_bundle}
+    if cpus_per_bundle:
+        bundle["CPU"] = cpus_per_bundle
+    if not any(bundle.values()):
+        raise PlacementError("a bundle must ask for something: gpus_per_bundle and cpus_per_bundle are both 0")
+    bundle = {k: v for k, v in bundle.items() if v}
+    pg = placement_group([dict(bundle) for _ in range(num_bundles)], strategy=strategy)
+    ready, _ = ray.wait([pg.ready()], timeout=timeout_s)
+    if not ready:
+        remove_placement_group(pg)
+        free = ray.available_resources().get("GPU", 0)
+        total, per_node = cluster_gpus()
+        raise PlacementError(
+            f"placement group {name or '(unnamed)'} of {num_bundles} bundles {bundle} ({strategy}) was not placed "
+            f"within {timeout_s:g} s: the cluster has {free:g} of {total} GPUs free, at most {per_node} per node "
+            f"(other placement groups or actors may hold the rest; STRICT_ strategies need the nodes to match)")
+    return pg
+
+
+def bundle_node_ids(pg: PlacementGroup) -> dict[int, str]:
+    """Ray bundle index -> id (hex) of the node it was placed on."""
+    table = placement_group_table(pg)
+    return {int(k): v for k, v in table["bundles_to_node_id"].items()}
+
+
+def node_ordered_bundles(pg: PlacementGroup) -> list[int]:
+    """Bundle indices grouped by node (nodes in order of their first bundle), so ranks run node-major.
+
+    SPREAD may put bundles 0 and 2 on one node and 1 and 3 on another; ranks
+    taken in this order keep each node's ranks contiguous (LOCAL_RANK 0..k-1).
+    """
+    by_node: dict[str, list[int]] = {}
+    for index, node in sorted(bundle_node_ids(pg).items()):
+        by_node.setdefault(node, []).append(index)
+    return [i for indices in by_node.values() for i in indices]
+
+
+@dataclass(frozen=True)
+class PlacedRole:
+    """A model role's placement: rank i on ``bundle_indices[i]`` of ``placement_group``."""
+
+    role: Role
+    placement_group: PlacementGroup
+    bundle_indices: tuple[int, ...]
+    gpu_share: float
+
+
+@dataclass(frozen=True)
+class PlacedEngine:
+    """A vLLM engine's bundles (one per TP rank, Ray indices) in ``placement_group``, all on ``node_id``.
+
+    Create the engine actor on ``bundle_indices[0]`` and hand vLLM's Ray
+    executor the group and these indices; each TP worker asks for ``gpu_share``.
+    """
+
+    engine: int
+    placement_group: PlacementGroup
+    bundle_indices: tuple[int, ...]
+    gpu_share: float
+    node_id: str
+
+
+class PlacementGroups:
+    """The Ray placement groups of a plan, by group name, with logical -> Ray bundle order."""
+
+    def __init__(self, plan: PlacementPlan, groups: dict[str, tuple[BundleGroup, PlacementGroup, list[int]]]):
+        self.plan = plan
+        self._groups = groups
+
+    def placement_group(self, name: str) -> PlacementGroup:
+        return self._groups[name][1]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(self._groups)
+
+    def role(self, role: Role | str) -> PlacedRole:
+        logical = self.plan.placement(role)
+        _, pg, order = self._groups[logical.group]
+        return PlacedRole(logical.role, pg, tuple(order[i] for i in logical.bundle_indices), logical.gpu_share)
+
+    def engines(self) -> tuple[PlacedEngine, ...]:
+        out = []
+        for eb in self.plan.engine_bundles():
+            _, pg, order = self._groups[eb.group]
+            indices = tuple(order[i] for i in eb.bundle_indices)
+            nodes = bundle_node_ids(pg)
+            out.append(PlacedEngine(eb.engine, pg, indices, eb.gpu_share, nodes[indices[0]]))
+        return tuple(out)
+
+    def remove(self, timeout: float = 10.0) -> None:
+        """Remove every placement group (shut the actor groups on them down first); waits up to ``timeout``."""
+        _remove_and_wait([pg for _, pg, _ in self._groups.values()], time.monotonic() + timeout)
+        self._groups = {}
+
+
+def _remove_and_wait(pgs: list[PlacementGroup], deadline: float) -> None:
+    """Remove ``pgs`` and wait until their bundles are gone from the nodes' resources.
+
+    The GCS marks a group REMOVED before the raylets give its GPUs back; until
+    then a new PACK group sees busy nodes and spreads.
+    """
+    for pg in pgs:
+        try:
+            remove_placement_group(pg)
+        except Exception:  # already removed, or the cluster is gone: nothing left to free
+            pass
+    ids = {pg.id.hex() for pg in pgs}
+    while ids and time.monotonic() < deadline:
+        try:
+            held = {key for key in ray.available_resources() if key.startswith("bundle_group_")}
+        except Exception:
+            return
+        ids = {i for i in ids if any(key.endswith(i) for key in held)}
+        if ids:
+            time.sleep(0.05)
+
+
+def create_placement_groups(plan: PlacementPlan, *, strategy: str = "PACK", cpus_per_bundle: float = 0.0,
+                            timeout_s: float = 60.0) -> PlacementGroups:
+    """Validate ``plan`` against the connected cluster, then create its placement groups.
+
+    ``strategy`` applies to model groups (PACK: fewest nodes; SPREAD: across
+    nodes); a separate engine's group is always STRICT_PACK so its TP ranks
+    share a node. Nothing is created when validation fails; if a group cannot
+    be placed in ``timeout_s``, the groups made so far are removed.
+    """
+    if strategy not in STRATEGIES:
+        raise PlacementError(f"placement strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+    total, per_node = cluster_gpus()
+    plan.validate(cluster_gpus=total, gpus_per_node=per_node)
+    made: dict[str, tuple[BundleGroup, PlacementGroup, list[int]]] = {}
+    try:
+        for group in plan.bundle_groups():
+            pg = create_placement_group(group.num_bundles, strategy="STRICT_PACK" if group.one_node else strategy,
+                                        cpus_per_bundle=cpus_per_bundle, timeout_s=timeout_s, name=group.name)
+            made[group.name] = (group, pg, node_ordered_bundles(pg))
+        placed = PlacementGroups(plan, made)
+        for engine in placed.engines():
+            nodes = bundle_node_ids(engine.placement_group)
+            spans = sorted({nodes[i] for i in engine.bundle_indices})
+            if len(spans) > 1:
+                raise PlacementError(
+                    f"vLLM engine {engine.engine}'s TP bundles {list(engine.bundle_indices)} landed on "
+                    f"{len(spans)} nodes: a TP group must sit on one node; use strategy PACK and a "
+                    f"vllm_tensor_parallel_size that divides the GPUs per node")
+    except BaseException:
+        PlacementGroups(plan, made).remove()
+        raise
+    return placed
+
+
+# ----- actor groups ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankInfo:
+    rank: int
+    local_rank: int
+    local_world_size: int
+    bundle_index: int
+    node_id: str
+
+
+def _free_port() -> tuple[str, int]:
+    """This node's IP and a port free on it now (run on rank 0's node)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("", 0))
+        port = s.getsockname()[1]
+    return ray.util.get_node_ip_address(), port
+
+
+_ENV_KWARG = "_rl_placement_env"
+
+
+def _with_env(cls: type) -> type:
+    """A subclass of ``cls`` whose __init__ first sets the rank's environment.
+
+    Setting os.environ here rather than through Ray's runtime_env keeps actor
+    start-up cheap (a runtime_env per rank costs seconds each) and still runs
+    before the user's __init__, where init_process_group("env://") reads it.
+    """
+
+    class Ranked(cls):  # type: ignore[misc, valid-type]
+        def __init__(self, *args, **kwargs):
+            os.environ.update(kwargs.pop(_ENV_KWARG))
+            super().__init__(*args, **kwargs)
+
+    Ranked.__name__ = cls.__name__
+    Ranked.__qualname__ = cls.__qualname__  # Ray's task names (ray::Worker.step) show the user's class
+    Ranked.__doc__ = cls.__doc__
+    return Ranked
+
+
+class RayActorGroup:
+    """One Ray actor of ``cls`` per rank, on the given bundles, with torch.distributed env set.
+
+    Each rank gets MASTER_ADDR / MASTER_PORT (rank 0's node IP and a port free
+    there), RANK, WORLD_SIZE, LOCAL_RANK (its index among this group's ranks on
+    its node), LOCAL_WORLD_SIZE, plus ``env``, in os.environ before
+    ``cls.__init__`` runs. Ranks follow ``bundle_indices`` (default: the
+    group's bundles in node order). ``cls`` is a plain class; Ray options go in
+    ``actor_options``.
+
+    Calls: :meth:`call` (all ranks, results in rank order), :meth:`call_rank`,
+    :meth:`call_sharded` (a list split across ranks), :meth:`health_check`,
+    :meth:`shutdown`. ``timeout`` bounds every call (``call_timeout_s`` when
+    omitted); a rank that dies, raises or does not answer in time raises
+    ActorCallError. After such an error the other ranks may still be busy or
+    stuck in a collective: shut the group down rather than call it again.
+    """
+
+    def __init__(self, cls: type, role: str, num_ranks: int, *, placement_group: PlacementGroup,
+                 bundle_indices: Sequence[int] | None = None, num_gpus_per_actor: float = 1.0,
+                 num_cpus_per_actor: float = 0.0, env: dict[str, str] | None = None,
+                 init_args: Sequence[Any] = (), init_kwargs: dict[str, Any] | None = None,
+                 actor_options: dict[str, Any] | None = None, master_port: int | None = None,
+                 start_timeout_s: float = 120.0, call_timeout_s: float = 3600.0,
+                 owns_placement_group: bool = False):
+        if isinstance(cls, ray.actor.ActorClass):
+            raise TypeError(f"RayActorGroup({role!r}) needs the plain class, not a @ray.remote one: drop the "
+                            f"decorator and pass its options as actor_options={{...}}")
+        if isinstance(num_ranks, bool) or not isinstance(num_ranks, int) or num_ranks < 1:
+            raise ValueError(f"{role}: num_ranks must be a positive integer, got {num_ranks!r}")
+        self.role = str(role)
+        self.call_timeout_s = call_timeout_s
+        self._pg = placement_group
+        self._owns_pg = owns_placement_group
+        self._closed = False
+        self.actors: list[Any] = []
+        nodes = bundle_node_ids(placement_group)
+        if bundle_indices is None:
+            ordered = node_ordered_bundles(placement_group)
+            if num_ranks > len(ordered):
+                raise PlacementError(f"{role}: {num_ranks} ranks need {num_ranks} bundles but the placement "
+                                     f"group has {len(ordered)}")
+            bundle_indices = ordered[:num_ranks]
+        bundle_indices = list(bundle_indices)
+        if len(bundle_indices) != num_ranks:
+            raise PlacementError(f"{role}: {num_ranks} ranks but {len(bundle_indices)} bundle indices "
+                                 f"{bundle_indices}: give one bundle index per rank")
+        unknown = [b for b in bundle_indices if b not in nodes]
+        if unknown:
+            raise PlacementError(f"{role}: bundle indices {unknown} are not in the placement group "
+                                 f"(it has bundles 0..{len(nodes) - 1})")
+        rank_nodes = [nodes[b] for b in bundle_indices]
+        self.ranks = [RankInfo(r, rank_nodes[:r].count(node), rank_nodes.count(node), b, node)
+                      for r, (b, node) in enumerate(zip(bundle_indices, rank_nodes, strict=True))]
+        try:
+            master_addr, port = self._master(rank_nodes[0], master_port, start_timeout_s)
+            remote_cls = ray.remote(_with_env(cls))
+            for info in self.ranks:
+                rank_env = {**(env or {}), "MASTER_ADDR": master_addr, "MASTER_PORT": str(port),
+                            "RANK": str(info.rank), "WORLD_SIZE": str(num_ranks),
+                            "LOCAL_RANK": str(info.local_rank), "LOCAL_WORLD_SIZE": str(info.local_world_size)}
+                options = {"num_cpus": num_cpus_per_actor, "num_gpus": num_gpus_per_actor, "max_restarts": 0,
+                           **(actor_options or {}),
+                           "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                               placement_group, placement_group_bundle_index=info.bundle_index)}
+                self.actors.append(remote_cls.options(**options).remote(
+                    *init_args, **(init_kwargs or {}), **{_ENV_KWARG: rank_env}))
+            refs = {r: a.__ray_ready__.remote() for r, a in enumerate(self.actors)}
+            try:
+                _gather(self.role, "__init__", refs, start_timeout_s, fail_fast=False)
+            except ActorCallError as err:
+                # An actor Ray cannot schedule looks like a hung __init__: say what it asked for.
+                lacks = (f"; or its bundle lacks the {num_gpus_per_actor:g} GPU / {num_cpus_per_actor:g} CPU "
+                         f"it asks for")
+                failures = [f if f.error else replace(f, cause=f.cause + lacks) for f in err.failures]
+                raise ActorCallError(self.role, "__init__", failures) from err.__cause__
+        except BaseException:
+            self.shutdown()
+            raise
+
+    @classmethod
+    def from_plan(cls, actor_cls: type, placed: PlacementGroups, role: Role | str, **kwargs: Any) -> RayActorGroup:
+        """The group of a plan's model role: its ranks, bundles and GPU share from the plan."""
+        where = placed.role(role)
+        return cls(actor_cls, where.role.value, len(where.bundle_indices), placement_group=where.placement_group,
+                   bundle_indices=where.bundle_indices, num_gpus_per_actor=where.gpu_share, **kwargs)
+
+    def _master(self, node_id: str, port: int | None, timeout: float) -> tuple[str, int]:
+        probe = ray.remote(num_cpus=0)(_free_port).options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+        addr, free = _gather(self.role, "find MASTER_ADDR/MASTER_PORT", {0: probe.remote()}, timeout)[0]
+        return addr, port if port is not None else free
+
+    @property
+    def world_size(self) -> int:
+        return len(self.ranks)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError(f"the {self.role} group was shut down: make a new RayActorGroup")
+
+    def call(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> list[Any]:
+        """``method(*args, **kwargs)`` on every rank; results in rank order."""
+        self._check_open()
+        refs = {r: getattr(a, method).remote(*args, **kwargs) for r, a in enumerate(self.actors)}
+        results = _gather(self.role, method, refs, self.call_timeout_s if timeout is None else timeout)
+        return [results[r] for r in range(self.world_size)]
+
+    def call_rank(self, rank: int, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        """``method`` on one rank (rank 0 saving a checkpoint, say)."""
+        self._check_open()
+        if not 0 <= rank < self.world_size:
+            raise ValueError(f"{self.role}: rank {rank} is out of range 0..{self.world_size - 1}")
+        ref = getattr(self.actors[rank], method).remote(*args, **kwargs)
+        return _gather(self.role, method, {rank: ref}, self.call_timeout_s if timeout is None else timeout)[rank]
+
+    def call_sharded(self, method: str, items: Sequence[Any], *args: Any, timeout: float | None = None,
+                     allow_uneven: bool = False, **kwargs: Any) -> list[Any]:
+        """Split ``items`` into contiguous shards, rank r gets shard r; concatenate the returned lists.
+
+        ``method(shard, *args, **kwargs)`` must return a list. By default the
+        items must divide evenly (data-parallel ranks step together); with
+        ``allow_uneven`` the first ``len(items) % world_size`` ranks get one
+        more, and ranks may get an empty shard (every rank is still called,
+        since a collective needs them all).
+        """
+        self._check_open()
+        n, world = len(items), self.world_size
+        base, extra = divmod(n, world)
+        if extra and not allow_uneven:
+            sizes = [base + (r < extra) for r in range(world)]
+            raise ValueError(
+                f"{self.role}.call_sharded({method!r}): {n} items do not split evenly over {world} ranks "
+                f"({n} = {world} x {base} + {extra}); pad to {(base + 1) * world} items, or pass "
+                f"allow_uneven=True for shards of {', '.join(map(str, sizes))}")
+        bounds = [0]
+        for r in range(world):
+            bounds.append(bounds[-1] + base + (r < extra))
+        refs = {r: getattr(a, method).remote(list(items[bounds[r]:bounds[r + 1]]), *args, **kwargs)
+                for r, a in enumerate(self.actors)}
+        results = _gather(self.role, method, refs, self.call_timeout_s if timeout is None else timeout)
+        out: list[Any] = []
+        for r in range(world):
+            if not isinstance(results[r], (list, tuple)):
+                raise TypeError(f"{self.role} rank {r}: {method!r} returned {type(results[r]).__name__}, "
+                                f"call_sharded needs a list per shard")
+            out.extend(results[r])
+        return out
+
+    def health_check(self, timeout: float = 10.0) -> None:
+        """Ping every rank; ActorCallError listing every dead or unresponsive one.
+
+        A ping waits behind a call still running on that actor, so a rank busy
+        past ``timeout`` is reported as unresponsive: check between calls.
+        """
+        self._check_open()
+        refs = {r: a.__ray_ready__.remote() for r, a in enumerate(self.actors)}
+        _gather(self.role, "health_check", refs, timeout, fail_fast=False)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Kill every actor and, if this group owns it, remove the placement group. Idempotent.
+
+        Waits (up to ``timeout``) until the actors are dead and the group is
+        removed, so their GPUs are free for whatever is placed next; Ray frees
+        them asynchronously, and a PACK group made meanwhile would spread.
+        """
+        deadline = time.monotonic() + timeout
+        for actor in self.actors:
+            try:
+                ray.kill(actor, no_restart=True)
+            except Exception:  # already dead or the cluster is gone: nothing to stop
+                pass
+        pings = []
+        for actor in self.actors:
+            try:
+                pings.append(actor.__ray_ready__.remote())
+            except Exception:
+                pass
+        if pings:  # a killed actor's ping fails once Ray has it dead
+            ray.wait(pings, num_returns=len(pings), timeout=max(deadline - time.monotonic(), 0))
+        self.actors = []
+        if self._owns_pg and not self._closed:
+            _remove_and_wait([self._pg], deadline)
+        self._closed = True
+
+    def __enter__(self) -> RayActorGroup:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
