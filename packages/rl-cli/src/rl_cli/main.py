@@ -1,0 +1,58 @@
+"""The ``rl`` command: dispatches to subcommands.
+
+Today: ``rl --version`` (every package's version) and ``rl doctor`` (what this machine
+can run: torch device, DeepSpeed, Ray, vLLM, flash-attn). The training subcommands
+(sft, rm, dpo, kto, ppo, ppo-ray, serve-rm, demo) arrive with their issues; asking for
+one that does not exist yet fails with the list of those that do.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import importlib.metadata as md
+import sys
+
+PACKAGES = ("rl-algos", "rl-rollout", "rl-placement", "rl-core", "rl-cli")
+
+
+def versions() -> dict[str, str]:
+    return {p: md.version(p) for p in PACKAGES}
+
+
+def doctor() -> dict[str, str]:
+    """One line per component: version and whether it is usable here."""
+    report: dict[str, str] = {}
+    import torch
+
+    dev = f"cuda x{torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu only"
+    report["torch"] = f"{torch.__version__} ({dev})"
+    for mod in ("transformers", "deepspeed", "ray", "vllm", "flash_attn", "peft"):
+        try:
+            m = importlib.import_module(mod)
+            report[mod] = getattr(m, "__version__", "installed")
+        except Exception as e:  # noqa: BLE001 - any import failure is what doctor reports
+            report[mod] = f"not usable: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rl", description="RL for LLMs: SFT, RM, DPO, KTO, PPO/GRPO")
+    parser.add_argument("--version", action="store_true", help="print every package's version")
+    sub = parser.add_subparsers(dest="command")
+    sub.add_parser("doctor", help="what this machine can run")
+    args = parser.parse_args(argv)
+    if args.version:
+        for name, v in versions().items():
+            print(f"{name} {v}")
+        return 0
+    if args.command == "doctor":
+        for name, line in doctor().items():
+            print(f"{name:<13} {line}")
+        return 0
+    parser.print_help()
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

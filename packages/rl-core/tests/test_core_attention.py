@@ -1,0 +1,43 @@
+"""The attention switch: sdpa without flash-attn, a clear error when flash is forced, and a
+tiny model really loads and runs with the chosen implementation."""
+
+import importlib.util
+import logging
+
+import pytest
+import torch
+
+from rl_core.attention import attention_implementation
+
+HAS_FLASH = importlib.util.find_spec("flash_attn") is not None
+
+
+def test_default_choice_matches_what_is_installed(caplog):
+    with caplog.at_level(logging.INFO, logger="rl_core.attention"):
+        choice = attention_implementation()
+    assert choice == ("flash_attention_2" if HAS_FLASH else "sdpa")
+
+
+@pytest.mark.skipif(HAS_FLASH, reason="flash-attn is installed here, so forcing it is valid")
+def test_forcing_flash_without_the_package_says_how_to_fix():
+    with pytest.raises(ValueError, match="needs the flash-attn package.*drop --flash_attn"):
+        attention_implementation("flash_attention_2")
+
+
+def test_unknown_name_lists_valid():
+    with pytest.raises(ValueError, match="unknown attention implementation 'flash'; valid: flash_attention_2, sdpa, eager"):
+        attention_implementation("flash")
+
+
+def test_tiny_model_loads_with_the_choice(tmp_path):
+    from transformers import AutoModelForCausalLM
+
+    from rl_rollout.testing import make_tiny_model
+
+    path = make_tiny_model(tmp_path / "tiny")
+    impl = attention_implementation()
+    model = AutoModelForCausalLM.from_pretrained(path, attn_implementation=impl)
+    assert model.config._attn_implementation == impl
+    eager = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
+    ids = torch.randint(5, 100, (2, 12))
+    torch.testing.assert_close(model(ids).logits, eager(ids).logits, rtol=1e-4, atol=1e-4)
