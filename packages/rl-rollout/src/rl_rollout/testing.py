@@ -61,9 +61,12 @@ def make_tiny_model(
     seed: int = 0,
     dtype: str = "float32",
     tie_word_embeddings: bool = True,
+    peaked: bool = False,
 ) -> Path:
     """Save a random tiny Llama and its tokenizer to ``path``; returns the path.
 
+    ``peaked=True`` stores :func:`peaked_weights` (seeded by ``seed``) instead of
+    the default init: use it where greedy outputs of two engines are compared.
     Idempotent: if ``path/config.json`` exists the folder is reused as is.
     """
     import torch
@@ -90,8 +93,44 @@ def make_tiny_model(
     )
     torch.manual_seed(seed)
     model = LlamaForCausalLM(cfg).to(getattr(torch, dtype))
+    if peaked:
+        model.load_state_dict(peaked_weights(model, seed=seed))
     model.generation_config.eos_token_id = tok.eos_token_id
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+def peaked_weights(model, *, seed: int = 0, embed_std: float = 0.3, residual_gain: float = 8.0) -> dict:
+    """A new random state dict for ``model`` with varied, decisive next-token distributions.
+
+    ``make_tiny_model``'s default init (std 0.02) gives nearly uniform logits,
+    where greedy decoding hinges on rounding noise and two engines can disagree
+    on ties. Large embeddings alone make a tied-embedding model copy its input
+    token forever. Here embeddings (tied to the LM head) have std ``embed_std``,
+    every matrix std ``1/sqrt(fan_in)``, and the residual writers (``o_proj``,
+    ``down_proj``) are scaled by ``residual_gain``: on the tiny Llama that gives
+    varied greedy text, mean entropy about 1.6 nats, and top-1/top-2 logit gaps
+    of a few hundredths or more. Norm weights are 1. Returns ``{name: tensor}``
+    (new tensors, the model's dtypes); the model is not modified.
+    """
+    import torch
+
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    seen: dict[int, torch.Tensor] = {}  # tied weights (embed_tokens / lm_head) get one value
+    for name, t in model.state_dict().items():
+        if t.data_ptr() in seen:
+            out[name] = seen[t.data_ptr()]
+            continue
+        if t.ndim == 1:
+            new = torch.ones(t.shape)
+        elif "embed_tokens" in name or "lm_head" in name:
+            new = torch.randn(t.shape, generator=g) * embed_std
+        else:
+            new = torch.randn(t.shape, generator=g) / t.shape[1] ** 0.5
+            if "o_proj" in name or "down_proj" in name:
+                new = new * residual_gain
+        out[name] = seen[t.data_ptr()] = new.to(t.dtype)
+    return out

@@ -1,0 +1,196 @@
+"""``HFEngine``: the RolloutEngine over transformers ``generate``, for CPUs and single-controller runs.
+
+Prompts of a batch are left-padded; each prompt is repeated ``n`` times.
+Requests are grouped by identical :class:`~rl_rollout.types.SamplingParams`
+(one ``generate`` call takes one configuration). Rollout logprobs are exact
+for the distribution sampled from: ``log_softmax`` of the processed scores
+transformers samples with (logits / temperature, then top-k / top-p masking);
+greedy requests report ``log_softmax(logits)``. Weights change in place
+(``update_weights``). ``sleep`` moves the model to the host when it lives on an
+accelerator and is a no-op on CPU. Not here: continuous batching (``agenerate``
+runs one request at a time under a lock), stop strings, prefix caching.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import threading
+from collections.abc import Iterable
+
+import torch
+
+from rl_rollout.types import RolloutRequest, RolloutSample, SamplingParams
+
+
+class HFEngine:
+    """Generation with a transformers causal LM.
+
+    ``model``: a folder (``from_pretrained``) or an already built
+    ``PreTrainedModel`` (shared with a trainer, say; then ``update_weights``
+    is unnecessary). ``max_batch_sequences`` bounds the sequences (prompts x n)
+    of one ``generate`` call.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike | torch.nn.Module,
+        *,
+        dtype: str | torch.dtype = "float32",
+        device: str | torch.device = "cpu",
+        max_batch_sequences: int = 64,
+        attn_implementation: str = "sdpa",
+    ) -> None:
+        if max_batch_sequences < 1:
+            raise ValueError(f"max_batch_sequences must be >= 1, got {max_batch_sequences}")
+        if isinstance(model, torch.nn.Module):
+            self.model = model
+        else:
+            from transformers import AutoModelForCausalLM
+
+            torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+            self.model = AutoModelForCausalLM.from_pretrained(
+                str(model), dtype=torch_dtype, attn_implementation=attn_implementation
+            ).to(device)
+        self.model.eval()
+        self.device = torch.device(device) if not isinstance(model, torch.nn.Module) else next(model.parameters()).device
+        cfg = self.model.config
+        gen_cfg = getattr(self.model, "generation_config", None)
+        self.eos_token_ids = _as_id_list(getattr(gen_cfg, "eos_token_id", None) or cfg.eos_token_id)
+        pad = getattr(gen_cfg, "pad_token_id", None)
+        self.pad_token_id = pad if pad is not None else (cfg.pad_token_id if cfg.pad_token_id is not None else 0)
+        self.max_batch_sequences = max_batch_sequences
+        self.policy_version = 0
+        self._sleeping = False
+        self._lock = threading.Lock()
+
+    # ---- generation ----
+
+    def generate(self, requests: list[RolloutRequest]) -> list[list[RolloutSample]]:
+        with self._lock:
+            self._check_awake()
+            results: dict[int, list[RolloutSample]] = {}
+            groups: dict[SamplingParams, list[int]] = {}
+            for i, req in enumerate(requests):
+                groups.setdefault(req.params, []).append(i)
+            for params, idx in groups.items():
+                per_call = max(1, self.max_batch_sequences // params.n)
+                for start in range(0, len(idx), per_call):
+                    chunk = idx[start : start + per_call]
+                    samples = self._generate_group([requests[i] for i in chunk], params)
+                    results.update(zip(chunk, samples, strict=True))
+            return [results[i] for i in range(len(requests))]
+
+    async def agenerate(self, request: RolloutRequest) -> list[RolloutSample]:
+        (samples,) = await asyncio.to_thread(self.generate, [request])
+        return samples
+
+    @torch.no_grad()
+    def _generate_group(self, requests: list[RolloutRequest], params: SamplingParams) -> list[list[RolloutSample]]:
+        from transformers import GenerationConfig
+
+        n = params.n
+        prompts = [r.prompt_token_ids for r in requests for _ in range(n)]
+        width = max(len(p) for p in prompts)
+        input_ids_BT = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask_BT = torch.zeros_like(input_ids_BT)
+        for b, p in enumerate(prompts):  # left padding: the last prompt token sits at column width-1
+            input_ids_BT[b, width - len(p) :] = torch.tensor(p)
+            attention_mask_BT[b, width - len(p) :] = 1
+        stop_ids = list(params.stop_token_ids) + ([] if params.ignore_eos else self.eos_token_ids)
+        sampling = dict(do_sample=True, temperature=params.temperature, top_p=params.top_p, top_k=max(params.top_k, 0))
+        # transformers' defaults (top_k=50, temperature from the checkpoint) must not leak in: all set here.
+        gen_cfg = GenerationConfig(
+            max_new_tokens=params.max_new_tokens,
+            min_new_tokens=0,
+            eos_token_id=stop_ids or None,
+            pad_token_id=self.pad_token_id,
+            output_scores=params.logprobs,
+            return_dict_in_generate=True,
+            **(dict(do_sample=False) if params.greedy else sampling),
+        )
+        seed_ctx = torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
+        with seed_ctx if params.seed is not None else contextlib.nullcontext():
+            if params.seed is not None:
+                torch.manual_seed(params.seed)
+            out = self.model.generate(
+                input_ids=input_ids_BT.to(self.device),
+                attention_mask=attention_mask_BT.to(self.device),
+                generation_config=gen_cfg,
+            )
+        gen_BL = out.sequences[:, width:].cpu()
+        if params.logprobs:
+            scores_BLV = torch.stack(out.scores, dim=1).float()
+            logprobs_BL = torch.log_softmax(scores_BLV, dim=-1).gather(-1, gen_BL.unsqueeze(-1).to(scores_BLV.device))
+            logprobs_BL = logprobs_BL.squeeze(-1).cpu()
+        stop_set = set(stop_ids)
+        samples: list[list[RolloutSample]] = [[] for _ in requests]
+        for b in range(len(prompts)):
+            tokens = gen_BL[b].tolist()
+            end = next((t + 1 for t, tok in enumerate(tokens) if tok in stop_set), None)
+            finish = "stop" if end is not None else "length"
+            tokens = tokens[: end or len(tokens)]
+            samples[b // n].append(
+                RolloutSample(
+                    prompt_ids=list(prompts[b]),
+                    response_ids=tokens,
+                    rollout_logprobs=logprobs_BL[b, : len(tokens)].tolist() if params.logprobs else [],
+                    loss_mask=[1] * len(tokens),
+                    finish_reason=finish,
+                    policy_version=self.policy_version,
+                    info={"request_id": requests[b // n].request_id, "sample_index": b % n},
+                )
+            )
+        return samples
+
+    # ---- weights and memory ----
+
+    @torch.no_grad()
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Copy ``(hf_name, tensor)`` pairs into the model in place; a subset is fine."""
+        with self._lock:
+            state = self.model.state_dict()
+            for name, tensor in named_tensors:
+                if name not in state:
+                    known = ", ".join(list(state)[:4])
+                    raise KeyError(
+                        f"update_weights: {name!r} is not a parameter of this model "
+                        f"(names look like {known}, ...); send Hugging Face parameter names"
+                    )
+                if state[name].shape != tensor.shape:
+                    raise ValueError(
+                        f"update_weights: {name!r} has shape {tuple(tensor.shape)}, "
+                        f"the model expects {tuple(state[name].shape)}"
+                    )
+                state[name].copy_(tensor)
+            self.policy_version = version
+
+    def sleep(self, level: int = 1) -> None:
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 or 2, got {level}")
+        with self._lock:
+            if self.device.type != "cpu":
+                self.model.to("cpu")
+            self._sleeping = True
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        with self._lock:
+            if self.device.type != "cpu":
+                self.model.to(self.device)
+            self._sleeping = False
+
+    def shutdown(self) -> None:
+        self.model = None
+
+    def _check_awake(self) -> None:
+        if self._sleeping:
+            raise RuntimeError("HFEngine is asleep: call wake_up() before generate()")
+        if self.model is None:
+            raise RuntimeError("HFEngine was shut down; build a new engine")
+
+
+def _as_id_list(ids: int | list[int] | None) -> list[int]:
+    if ids is None:
+        return []
+    return [ids] if isinstance(ids, int) else list(ids)

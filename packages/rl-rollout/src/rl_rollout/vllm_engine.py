@@ -1,0 +1,387 @@
+"""``VLLMEngine``: the RolloutEngine over vLLM (``LLM`` in ``mode="sync"``, ``AsyncLLM`` in ``mode="async"``).
+
+Rollout logprobs come from vLLM with ``logprobs_mode="processed_logprobs"``:
+the log probability of the sampled token under the distribution it was
+sampled from (logits / temperature, then top-k/top-p), the quantity a trainer
+recomputes as ``log_softmax(logits / T)`` when no top-k/top-p is set (the
+default ``raw_logprobs`` would ignore the temperature). Weights arrive through
+the worker extension :class:`rl_rollout.vllm_worker.WorkerExtension` in
+buckets (:mod:`rl_rollout.weights`) over ``collective_rpc``, then the prefix
+cache is reset so no KV computed with old weights is reused.
+
+Modes. ``sync`` holds an ``LLM``; ``agenerate`` calls queue up and run together
+in one ``LLM.generate`` on a helper thread. ``async`` holds an ``AsyncLLM`` on
+its own event-loop thread: requests join the running batch as they come.
+``in_process=True`` (TP 1 only) runs vLLM's engine core and worker inside this
+process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``, executor ``uni``): on a 2-core CPU
+an ``LLM`` then starts in 5-12 s instead of 35-50 s (each vLLM process pays a
+~12 s ``import vllm``). ``AsyncLLM`` always keeps its engine core in a child
+process; ``in_process`` then only keeps the worker in that child (start about
+17 s). vLLM caches its environment once an engine runs, so the choice holds
+for the whole process.
+
+Sleep. vLLM's sleep mode (``enable_sleep_mode``) exists on CUDA, ROCm and XPU.
+On CPU vLLM refuses ``enable_sleep_mode=True``; ``sleep``/``wake_up`` still
+pause and resume scheduling but keep all memory (the CPU worker logs
+"sleep mode is not supported on CPU, ignore it"), so weights survive even
+``sleep(level=2)``. ``sleep_frees_memory`` says which case holds.
+
+Not here: weight transports other than in-process (CUDA IPC, NCCL/gloo
+broadcast); they can feed :meth:`VLLMEngine.load_bucket` between
+:meth:`begin_weight_update` and :meth:`finish_weight_update`, or wrap vLLM
+0.32's own ``vllm.distributed.weight_transfer`` engines (NCCL, IPC), which use
+the same layerwise-reload session.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import itertools
+import logging
+import os
+import threading
+from collections.abc import Iterable
+from typing import Any, Literal
+
+import torch
+
+from rl_rollout.types import RolloutRequest, RolloutSample
+from rl_rollout.weights import DEFAULT_BUCKET_BYTES, WeightBucket, iter_buckets
+
+logger = logging.getLogger(__name__)
+
+WORKER_EXTENSION = "rl_rollout.vllm_worker.WorkerExtension"
+MODES = ("sync", "async")
+
+
+class VLLMEngine:
+    """Generation with vLLM. ``engine_kwargs`` go to vLLM's engine arguments unchanged.
+
+    ``pause_mode`` (async mode): what ``update_weights`` does with requests in
+    flight: ``"wait"`` drains them first (each sample has one policy version),
+    ``"keep"`` freezes them and resumes with the new weights (their samples get
+    ``info["policy_version_end"]``), ``"abort"`` ends them with finish reason abort.
+    """
+
+    def __init__(
+        self,
+        model: str | os.PathLike,
+        *,
+        mode: Literal["sync", "async"] = "sync",
+        tensor_parallel_size: int = 1,
+        dtype: str = "auto",
+        seed: int = 0,
+        max_model_len: int | None = None,
+        enable_prefix_caching: bool = True,
+        enable_sleep_mode: bool | None = None,
+        enforce_eager: bool = False,
+        in_process: bool = False,
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        pause_mode: Literal["wait", "keep", "abort"] = "wait",
+        engine_kwargs: dict[str, Any] | None = None,
+    ) -> None:
+        if mode not in MODES:
+            raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
+        if pause_mode not in ("wait", "keep", "abort"):
+            raise ValueError(f"pause_mode must be 'wait', 'keep' or 'abort', got {pause_mode!r}")
+        if in_process and tensor_parallel_size != 1:
+            raise ValueError(
+                f"in_process=True runs one worker in this process; tensor_parallel_size={tensor_parallel_size} "
+                "needs worker processes: pass in_process=False"
+            )
+        if in_process:
+            _set_in_process_env()
+        from vllm.platforms import current_platform
+
+        sleep_available = current_platform.is_sleep_mode_available()
+        if enable_sleep_mode is None:
+            enable_sleep_mode = sleep_available
+        elif enable_sleep_mode and not sleep_available:
+            raise ValueError(
+                f"enable_sleep_mode=True, but vLLM has no sleep mode on platform {current_platform.device_type!r}; "
+                "pass enable_sleep_mode=None or False (sleep()/wake_up() then only pause scheduling)"
+            )
+        self.sleep_frees_memory = bool(enable_sleep_mode)
+        self.mode = mode
+        self.bucket_bytes = bucket_bytes
+        self.pause_mode = pause_mode
+        self.policy_version = 0
+        args = dict(
+            model=str(model),
+            tensor_parallel_size=tensor_parallel_size,
+            dtype=dtype,
+            seed=seed,
+            max_model_len=max_model_len,
+            enable_prefix_caching=enable_prefix_caching,
+            enable_sleep_mode=enable_sleep_mode,
+            enforce_eager=enforce_eager,
+            logprobs_mode="processed_logprobs",
+            worker_extension_cls=WORKER_EXTENSION,
+        )
+        if in_process:
+            args["distributed_executor_backend"] = "uni"
+        clash = sorted(set(args) & set(engine_kwargs or {}) - {"dtype", "max_model_len", "enforce_eager", "seed"})
+        if clash:
+            raise ValueError(f"engine_kwargs must not set {clash}: they are VLLMEngine arguments or fixed by it")
+        args.update(engine_kwargs or {})
+        self._lock = threading.RLock()  # LLM is not thread-safe; generate, rpc and sleep take turns
+        self._ids = itertools.count()
+        self._asleep: set[str] = set()  # tags still asleep: "weights", "kv_cache"
+        self._closed = False
+        if mode == "sync":
+            from vllm import LLM
+
+            self._llm = LLM(**args)
+            self._queue: list[tuple[RolloutRequest, concurrent.futures.Future]] = []
+            self._queue_cv = threading.Condition()
+            self._batcher: threading.Thread | None = None
+        else:
+            self._loop = asyncio.new_event_loop()
+            self._loop_thread = threading.Thread(target=self._loop.run_forever, name="vllm-async-loop", daemon=True)
+            self._loop_thread.start()
+            self._llm = self._run(_build_async_llm(args))
+
+    # ---- generation ----
+
+    def generate(self, requests: list[RolloutRequest]) -> list[list[RolloutSample]]:
+        self._check_usable()
+        if self.mode == "async":
+            futures = [asyncio.run_coroutine_threadsafe(self._agenerate_on_loop(r), self._loop) for r in requests]
+            return [f.result() for f in futures]
+        with self._lock:
+            self._check_usable()
+            version = self.policy_version
+            prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
+            outputs = self._llm.generate(prompts, [_to_vllm_params(r.params) for r in requests], use_tqdm=False)
+        return [_to_samples(r, o, version, version) for r, o in zip(requests, outputs, strict=True)]
+
+    async def agenerate(self, request: RolloutRequest) -> list[RolloutSample]:
+        self._check_usable()
+        if self.mode == "async":
+            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._agenerate_on_loop(request), self._loop))
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._queue_cv:
+            self._queue.append((request, future))
+            if self._batcher is None:
+                self._batcher = threading.Thread(target=self._serve_queue, name="vllm-batcher", daemon=True)
+                self._batcher.start()
+            self._queue_cv.notify()
+        return await asyncio.wrap_future(future)
+
+    def _serve_queue(self) -> None:
+        """Sync mode: run whatever ``agenerate`` calls queued up as one batch, repeatedly."""
+        while True:
+            with self._queue_cv:
+                while not self._queue and not self._closed:
+                    self._queue_cv.wait()
+                if self._closed and not self._queue:
+                    return
+                batch, self._queue = self._queue, []
+            try:
+                results = self.generate([r for r, _ in batch])
+            except BaseException as e:  # hand the failure to every waiter, keep serving
+                for _, f in batch:
+                    f.set_exception(e)
+                continue
+            for (_, f), samples in zip(batch, results, strict=True):
+                f.set_result(samples)
+
+    async def _agenerate_on_loop(self, request: RolloutRequest) -> list[RolloutSample]:
+        version = self.policy_version
+        final = None
+        prompt = {"prompt_token_ids": list(request.prompt_token_ids)}
+        # vLLM needs ids unique among requests in flight; callers may reuse theirs.
+        vllm_id = f"{request.request_id}-{next(self._ids)}"
+        async for out in self._llm.generate(prompt, _to_vllm_params(request.params), request_id=vllm_id):
+            final = out
+        if final is None:
+            raise RuntimeError(f"vLLM returned no output for request {request.request_id!r}")
+        return _to_samples(request, final, version, self.policy_version)
+
+    # ---- weights ----
+
+    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
+        """Stream ``(hf_name, tensor)`` pairs to every worker in buckets of ``bucket_bytes``.
+
+        On failure the layers are still finalised (those that got no new weights keep
+        their old ones), ``policy_version`` stays, and the error propagates.
+        """
+        self.begin_weight_update()
+        try:
+            for bucket in iter_buckets(named_tensors, self.bucket_bytes):
+                self.load_bucket(bucket)
+        except BaseException:
+            self.finish_weight_update(version=None)
+            raise
+        self.finish_weight_update(version)
+
+    def begin_weight_update(self) -> None:
+        """Open a weight update session: ``load_bucket`` calls follow, then ``finish_weight_update``.
+
+        Generation waits until the session ends: sync mode holds the engine lock
+        from here to ``finish_weight_update`` (same thread), async mode pauses
+        vLLM's scheduler (see ``pause_mode``). Allowed while only the KV cache
+        sleeps (``sleep(2)`` -> ``wake_up(["weights"])`` -> update ->
+        ``wake_up(["kv_cache"])``).
+        """
+        self._check_usable(need="weights")
+        if self.mode == "async":
+            self._run(self._llm.pause_generation(mode=self.pause_mode, clear_cache=False))
+        else:
+            self._lock.acquire()
+        try:
+            self._rpc("rl_begin_weight_update")
+        except BaseException:
+            self._end_session()
+            raise
+
+    def load_bucket(self, bucket: WeightBucket) -> None:
+        self._rpc("load_weights", bucket.meta, bucket.payload)
+
+    def finish_weight_update(self, version: int | None) -> None:
+        """Close the session, drop the prefix cache (KV of old weights), set ``policy_version``.
+
+        ``version=None`` closes a failed session and keeps the old version.
+        """
+        try:
+            self._rpc("rl_finish_weight_update")
+            if self.mode == "async":
+                self._run(self._llm.reset_prefix_cache())
+            else:
+                self._llm.reset_prefix_cache()
+            if version is not None:
+                self.policy_version = version
+        finally:
+            self._end_session()
+
+    def _end_session(self) -> None:
+        if self.mode == "async":
+            self._run(self._llm.resume_generation())
+        else:
+            self._lock.release()
+
+    def weights_digest(self) -> list[str]:
+        """sha256 of the parameters, one per worker (see ``WorkerExtension.rl_weights_digest``)."""
+        return self._rpc("rl_weights_digest")
+
+    def _rpc(self, method: str, *args: Any) -> list[Any]:
+        if self.mode == "async":
+            return self._run(self._llm.collective_rpc(method, args=args))
+        with self._lock:
+            return self._llm.collective_rpc(method, args=args)
+
+    # ---- memory and lifetime ----
+
+    def sleep(self, level: int = 1) -> None:
+        """vLLM sleep; on platforms without sleep mode it only pauses scheduling (module docstring)."""
+        if level not in (1, 2):
+            raise ValueError(f"sleep level must be 1 (offload weights) or 2 (discard weights), got {level}")
+        self._check_usable()
+        if self.mode == "async":
+            self._run(self._llm.sleep(level))
+        else:
+            with self._lock:
+                self._llm.sleep(level)
+        self._asleep = {"weights", "kv_cache"}
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        unknown = set(tags or ()) - {"weights", "kv_cache"}
+        if unknown:
+            raise ValueError(f"wake_up tags must be among ['weights', 'kv_cache'] (or None for all), got {sorted(unknown)}")
+        if self.mode == "async":
+            awake = self._run(self._llm.wake_up(tags))
+        else:
+            with self._lock:
+                awake = self._llm.wake_up(tags)
+        self._asleep = set() if awake else self._asleep - set(tags or self._asleep)
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.mode == "async":
+            self._llm.shutdown()
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._loop_thread.join(timeout=10)
+        else:
+            with self._queue_cv:
+                self._queue_cv.notify_all()
+            self._llm.llm_engine.engine_core.shutdown()
+
+    def _check_usable(self, need: str | None = None) -> None:
+        if self._closed:
+            raise RuntimeError("VLLMEngine was shut down; build a new engine")
+        blocking = self._asleep if need is None else self._asleep & {need}
+        if blocking:
+            raise RuntimeError(f"VLLMEngine is asleep (tags {sorted(blocking)}): call wake_up() before this call")
+
+    def _run(self, coro):
+        return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
+
+
+async def _build_async_llm(args: dict[str, Any]):
+    # Built on the engine's loop: AsyncLLM binds its output handler to the running loop.
+    from vllm.engine.arg_utils import AsyncEngineArgs
+    from vllm.v1.engine.async_llm import AsyncLLM
+
+    return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
+
+
+def _set_in_process_env() -> None:
+    import vllm.envs as envs
+
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    if envs.VLLM_ENABLE_V1_MULTIPROCESSING:  # cached by an engine started earlier in this process
+        raise RuntimeError(
+            "in_process=True, but an engine with multiprocessing already ran in this process and vLLM "
+            "cached VLLM_ENABLE_V1_MULTIPROCESSING=1; build every engine of a process with the same in_process"
+        )
+
+
+def _to_vllm_params(p):
+    from vllm import SamplingParams
+    from vllm.sampling_params import RequestOutputKind
+
+    return SamplingParams(
+        n=1 if p.greedy else p.n,  # vLLM refuses n > 1 when greedy; _to_samples repeats the one answer
+        temperature=p.temperature,
+        top_p=p.top_p,
+        top_k=max(p.top_k, 0),
+        max_tokens=p.max_new_tokens,
+        stop_token_ids=list(p.stop_token_ids),
+        ignore_eos=p.ignore_eos,
+        seed=p.seed,
+        logprobs=0 if p.logprobs else None,  # 0: only the sampled token's logprob
+        detokenize=False,  # token in, token out
+        output_kind=RequestOutputKind.FINAL_ONLY,
+    )
+
+
+def _to_samples(request: RolloutRequest, output, version: int, version_end: int) -> list[RolloutSample]:
+    samples = []
+    completions = sorted(output.outputs, key=lambda c: c.index)
+    if request.params.greedy and len(completions) == 1:
+        completions = [dataclasses.replace(completions[0], index=i) for i in range(request.params.n)]
+    for c in completions:
+        ids = list(c.token_ids)
+        logprobs = [step[t].logprob for t, step in zip(ids, c.logprobs, strict=True)] if request.params.logprobs else []
+        finish = c.finish_reason if c.finish_reason in ("stop", "length") else "abort"
+        info = {"request_id": request.request_id, "sample_index": c.index}
+        if finish == "abort":
+            info["vllm_finish_reason"] = c.finish_reason
+        if version_end != version:
+            info["policy_version_end"] = version_end
+        samples.append(
+            RolloutSample(
+                prompt_ids=list(request.prompt_token_ids),
+                response_ids=ids,
+                rollout_logprobs=logprobs,
+                loss_mask=[1] * len(ids),
+                finish_reason=finish,
+                policy_version=version,
+                info=info,
+            )
+        )
+    return samples
