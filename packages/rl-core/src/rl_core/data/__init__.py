@@ -1,0 +1,32 @@
+"""rl_core.data: local data files -> tokenized prompt, SFT, preference and KTO datasets -> batches.
+
+``load_rows`` reads .jsonl / .json / .parquet / save_to_disk folders keeping each row's
+source for error messages; the datasets tokenize eagerly under a :class:`DataConfig`
+and report what they kept; the collate functions pad, pair or pack. Loss masks are
+aligned with ``input_ids`` (``loss_mask[t] == 1``: token ``t`` is a target, predicted
+from position ``t - 1``). Leaves out hub downloads, streaming and samplers.
+"""
+
+from rl_core.data.collate import pack_collate, pack_greedy, pad_collate, preference_collate
+from rl_core.data.config import DataConfig
+from rl_core.data.datasets import DataReport, KTODataset, PreferenceDataset, PromptDataset, SFTDataset
+from rl_core.data.encoding import Encoded
+from rl_core.data.loading import DataError, MissingDataFile, Row, load_rows
+
+__all__ = [
+    "DataConfig",
+    "DataError",
+    "DataReport",
+    "Encoded",
+    "KTODataset",
+    "MissingDataFile",
+    "PreferenceDataset",
+    "PromptDataset",
+    "Row",
+    "SFTDataset",
+    "load_rows",
+    "pack_collate",
+    "pack_greedy",
+    "pad_collate",
+    "preference_collate",
+]

@@ -1,0 +1,105 @@
+"""The typed data config: which file, which columns, how prompts are rendered, length limits.
+
+Field names follow OpenRLHF's flags (``--input_key``, ``--apply_chat_template``,
+``--max_len`` ...) so its users' command lines carry over. This is the one source of
+data defaults; the CLI and YAML only override it. Values are checked once, here, so a
+bad flag fails at start-up with the fix rather than mid-epoch. What a column must
+*contain* is checked per row by :mod:`rl_core.data.datasets`; reading files is
+:mod:`rl_core.data.loading`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass
+class DataConfig:
+    """Where the data is and how rows become token sequences.
+
+    ``dataset``: a .jsonl / .json / .parquet file, a ``save_to_disk`` folder, or a
+    comma-separated list of files (concatenated). ``input_key`` holds the prompt (a
+    string, or a list of ``{"role", "content"}`` messages with ``apply_chat_template``);
+    ``output_key`` the response (SFT single-turn, KTO); ``label_key`` the answer handed to
+    reward functions (prompt datasets); ``chosen_key`` / ``rejected_key`` / ``prompt_key`` /
+    ``margin_key`` the preference columns; ``desirable_key`` KTO's bool column.
+    ``input_template`` is a ``str.format`` pattern with one ``{}`` used when no chat
+    template is applied. ``max_len`` bounds every tokenized sequence (prompts for
+    prompt datasets). ``skip_bad_rows`` counts and skips malformed rows instead of
+    failing. ``packing`` asks trainers to use :func:`rl_core.data.collate.pack_collate`.
+    """
+
+    dataset: str | None = None
+    split: str = "train"
+    input_key: str = "input"
+    output_key: str | None = None
+    label_key: str | None = None
+    chosen_key: str = "chosen"
+    rejected_key: str = "rejected"
+    prompt_key: str | None = None
+    margin_key: str | None = None
+    desirable_key: str = "label"
+    apply_chat_template: bool = False
+    input_template: str | None = None
+    max_len: int = 2048
+    max_samples: int | None = None
+    skip_bad_rows: bool = False
+    packing: bool = False
+
+    def __post_init__(self) -> None:
+        if self.dataset is not None and (not isinstance(self.dataset, str) or not self.dataset.strip()):
+            raise ValueError(f"dataset (--dataset) must be a non-empty path, got {self.dataset!r}")
+        if not isinstance(self.split, str) or not self.split:
+            raise ValueError(f"split (--split) must be a non-empty name such as 'train', got {self.split!r}")
+        for name in ("input_key", "chosen_key", "rejected_key", "desirable_key"):
+            _check_key(name, getattr(self, name), optional=False)
+        for name in ("output_key", "label_key", "prompt_key", "margin_key"):
+            _check_key(name, getattr(self, name), optional=True)
+        if self.chosen_key == self.rejected_key:
+            raise ValueError(
+                f"chosen_key and rejected_key are both {self.chosen_key!r}; "
+                "set --chosen_key and --rejected_key to two different columns"
+            )
+        for name in ("apply_chat_template", "skip_bad_rows", "packing"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(f"{name} (--{name}) must be true or false, got {getattr(self, name)!r}")
+        self._check_template()
+        if isinstance(self.max_len, bool) or not isinstance(self.max_len, int) or self.max_len <= 0:
+            raise ValueError(f"max_len (--max_len) must be a positive number of tokens, got {self.max_len!r}")
+        if self.max_samples is not None and (
+            isinstance(self.max_samples, bool) or not isinstance(self.max_samples, int) or self.max_samples <= 0
+        ):
+            raise ValueError(
+                f"max_samples (--max_samples) must be a positive row count or unset (all rows), got {self.max_samples!r}"
+            )
+
+    def _check_template(self) -> None:
+        tpl = self.input_template
+        if tpl is None:
+            return
+        if not isinstance(tpl, str) or "{}" not in tpl:
+            raise ValueError(
+                f"input_template (--input_template) must contain '{{}}' where the prompt goes, got {tpl!r}; "
+                "e.g. 'User: {}\\nAssistant: '"
+            )
+        try:
+            tpl.format("x")
+        except (IndexError, KeyError, ValueError) as e:
+            raise ValueError(
+                f"input_template {tpl!r} is not a valid str.format pattern with one '{{}}' ({e!r}); "
+                "write literal braces as '{{' and '}}'"
+            ) from None
+        if self.apply_chat_template:
+            # OpenRLHF silently ignores the template here; a flag that does nothing is a trap.
+            raise ValueError(
+                f"input_template {tpl!r} and apply_chat_template are both set, but the chat template replaces "
+                "the input template; drop --input_template or --apply_chat_template"
+            )
+
+
+def _check_key(name: str, value: object, *, optional: bool) -> None:
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not value:
+        allowed = "a column name or unset" if optional else "a column name"
+        raise ValueError(f"{name} (--{name}) must be {allowed}, got {value!r}")
