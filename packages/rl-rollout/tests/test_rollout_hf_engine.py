@@ -125,33 +125,41 @@ def test_sleep_wake_and_agenerate(engine):
 
 
 def test_pool_balances_by_outstanding_work(model_path):
-    class Slow:
-        """An engine wrapper that takes longer per request: it should get fewer requests."""
+    class Gated:
+        """Real generation, but the answer is held until the test opens the gate: no timing luck."""
 
-        def __init__(self, inner, delay):
-            self.inner, self.delay, self.policy_version = inner, delay, 0
+        def __init__(self, inner):
+            self.inner, self.policy_version, self.gate = inner, 0, asyncio.Event()
 
         async def agenerate(self, request):
-            await asyncio.sleep(self.delay)
-            return await self.inner.agenerate(request)
+            out = await self.inner.agenerate(request)
+            await self.gate.wait()
+            return out
 
     a, b = HFEngine(model_path), HFEngine(model_path)
-    pool = EnginePool([Slow(a, 0.0), Slow(b, 0.3)])
-    reqs = [RolloutRequest(PROMPTS[i % len(PROMPTS)], greedy(4)) for i in range(12)]
+    fast, slow = Gated(a), Gated(b)
+    pool = EnginePool([fast, slow])
+    reqs = [RolloutRequest(PROMPTS[i % len(PROMPTS)], greedy(4)) for i in range(8)]
 
-    async def staggered():
-        async def one(i, r):
-            await asyncio.sleep(0.05 * i)
-            return await pool.agenerate(r)
+    async def scenario():
+        first = asyncio.create_task(pool.agenerate(reqs[0]))  # both idle: the tie goes to engine 0
+        second = asyncio.create_task(pool.agenerate(reqs[1]))  # engine 0 has work in flight: engine 1
+        await asyncio.sleep(0)
+        assert pool.outstanding == [1, 1] and pool.assigned == [1, 1]
+        fast.gate.set()
+        out = [await first]
+        for r in reqs[2:]:  # engine 1 still holds one request, engine 0 is idle: every one goes to 0
+            out.append(await pool.agenerate(r))
+        assert pool.outstanding == [0, 1]
+        slow.gate.set()
+        out.insert(1, await second)
+        return out
 
-        return await asyncio.gather(*(one(i, r) for i, r in enumerate(reqs)))
-
-    out = asyncio.run(staggered())
+    out = asyncio.run(scenario())
     direct = a.generate(reqs)
     assert [o[0].response_ids for o in out] == [d[0].response_ids for d in direct]
-    assert sum(pool.assigned) == 12 and pool.outstanding == [0, 0]
-    assert pool.assigned[0] > pool.assigned[1], f"fast engine should take more requests, got {pool.assigned}"
-    assert {o[0].info["engine_index"] for o in out} == {0, 1}
+    assert pool.assigned == [7, 1] and pool.outstanding == [0, 0]
+    assert [o[0].info["engine_index"] for o in out] == [0, 1, 0, 0, 0, 0, 0, 0]
 
 
 def test_pool_generate_and_update_fan_out(model_path):
