@@ -1,11 +1,24 @@
 """rl_core: models, DeepSpeed training, data, trainers and checkpoints.
 
-Filled in by the rl-core issue; today it owns the attention-implementation switch.
+- :mod:`rl_core.models`: Actor (per-token logprobs aligned with input_ids, entropy,
+  packing), Critic (value head), RewardModel (score head, stored mean/std), frozen reference.
+- :mod:`rl_core.strategy`: DeepSpeedStrategy (distributed init, ZeRO 0-3, AdamW + LR
+  schedule, accumulation, reductions, full-weight buckets under ZeRO-3).
+- :mod:`rl_core.data`: datasets from local files, collate and packing.
+- :mod:`rl_core.checkpoint`: atomic DeepSpeed checkpoints for exact resume, HF export.
+
 It never imports Ray or rl-placement: its loops talk to worker-group protocols.
+Trainers (SFT, RM, DPO, KTO, PPO family) are still to come.
 """
 
 from rl_core.attention import attention_implementation
+from rl_core.checkpoint import CheckpointManager, export_hf
+from rl_core.models import Actor, ActorOutput, Critic, LoraSpec, RewardModel, frozen
+from rl_core.strategy import BatchPlan, DeepSpeedStrategy, StrategyConfig
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
-__all__ = ["attention_implementation"]
+__all__ = [
+    "Actor", "ActorOutput", "BatchPlan", "CheckpointManager", "Critic", "DeepSpeedStrategy", "LoraSpec",
+    "RewardModel", "StrategyConfig", "attention_implementation", "export_hf", "frozen",
+]

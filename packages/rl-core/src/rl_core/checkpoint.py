@@ -1,0 +1,144 @@
+"""Checkpoints: DeepSpeed state for exact resume, HF export, atomic writes, keep-last-N.
+
+Layout under ``ckpt_path``::
+
+    step_00000010/      a complete checkpoint: DeepSpeed state (tag "ds") + rl_state.json
+    .tmp-step_00000012/ a write in progress or a crash's leftover: never loaded, removed on the next save
+
+A checkpoint is written into ``.tmp-step_N`` and renamed to ``step_N`` only after
+every rank has finished writing and rank 0 has written ``rl_state.json`` (the
+commit marker), so a crash leaves either the old set or the new one, never a
+half checkpoint that looks complete. :meth:`CheckpointManager.latest` skips (with a
+warning) any ``step_*`` folder without the marker.
+
+:func:`export_hf` writes a transformers/vLLM-loadable folder (safetensors) the
+same way: gathered weights (ZeRO-3 included), temp folder, then rename.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+from pathlib import Path
+
+import torch
+
+logger = logging.getLogger(__name__)
+MARKER = "rl_state.json"
+DS_TAG = "ds"
+
+
+def rng_state() -> dict:
+    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _step_dir(root: Path, step: int) -> Path:
+    return root / f"step_{step:08d}"
+
+
+class CheckpointManager:
+    """Save and find DeepSpeed checkpoints under ``root``, keeping the last ``keep_last``."""
+
+    def __init__(self, root: str | Path, strategy, keep_last: int = 3):
+        if keep_last < 1:
+            raise ValueError(f"keep_last (--max_ckpt_num) must be >= 1, got {keep_last}")
+        self.root, self.strategy, self.keep_last = Path(root), strategy, keep_last
+
+    def complete(self) -> list[Path]:
+        """Complete checkpoints, oldest first; warns about incomplete ones."""
+        if not self.root.is_dir():
+            return []
+        done = []
+        for d in sorted(self.root.glob("step_*")):
+            if (d / MARKER).is_file():
+                done.append(d)
+            else:
+                logger.warning("ignoring %s: it has no %s (a save that did not finish); resuming from the last "
+                               "complete checkpoint instead", d, MARKER)
+        return done
+
+    def latest(self) -> Path | None:
+        done = self.complete()
+        return done[-1] if done else None
+
+    def save(self, engine, step: int, client_state: dict) -> Path:
+        """Collective: every rank calls it. ``client_state`` must be JSON-serialisable (data position...)."""
+        s = self.strategy
+        final, tmp = _step_dir(self.root, step), self.root / f".tmp-step_{step:08d}"
+        if s.is_rank_0():
+            self.root.mkdir(parents=True, exist_ok=True)
+            for old in self.root.glob(".tmp-step_*"):
+                shutil.rmtree(old, ignore_errors=True)
+        s.barrier()
+        engine.save_checkpoint(str(tmp), tag=DS_TAG, client_state={"rng": rng_state()})
+        s.barrier()
+        if s.is_rank_0():
+            (tmp / MARKER).write_text(json.dumps({"step": step, **client_state}))
+            if final.exists():
+                shutil.rmtree(final)
+            tmp.rename(final)
+            for old in self.complete()[:-self.keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
+        s.barrier()
+        logger.info("checkpoint saved: %s", final)
+        return final
+
+    def load(self, engine, path: Path | None = None) -> dict | None:
+        """Restore model, optimizer, scheduler and RNG from ``path`` (default: latest); returns its client state."""
+        path = path or self.latest()
+        if path is None:
+            return None
+        marker = path / MARKER
+        try:
+            meta = json.loads(marker.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"checkpoint {path} is corrupt: {marker} does not read as JSON ({e}); delete the "
+                             f"folder to resume from the previous one") from None
+        load_path, client = engine.load_checkpoint(str(path), tag=DS_TAG, load_module_strict=True)
+        if load_path is None:
+            raise ValueError(f"checkpoint {path} has no DeepSpeed state under tag {DS_TAG!r}; delete the folder "
+                             f"to resume from the previous one")
+        set_rng_state(client["rng"])
+        logger.info("resumed from %s (step %s)", path, meta["step"])
+        return meta
+
+
+def export_hf(strategy, model, save_path: str | Path, tokenizer=None) -> Path:
+    """Write ``model`` (an Actor, Critic or RewardModel, possibly inside a DeepSpeed engine) as an HF folder.
+
+    Collective under ZeRO-3 (every rank gathers); rank 0 writes into a temp folder
+    and renames it over ``save_path``, so readers never see a half-written model.
+    """
+    module = getattr(model, "module", model)
+    state = strategy.full_state_dict(module)
+    save_path = Path(save_path)
+    if strategy.is_rank_0():
+        tmp = save_path.with_name(f".tmp-{save_path.name}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        if hasattr(module, "body"):  # Critic / RewardModel: body + head
+            module.save_pretrained(tmp, state_dict=state)
+        else:
+            inner = module.model
+            if hasattr(inner, "merge_and_unload"):  # LoRA: export merged weights
+                raise NotImplementedError("export of LoRA models: merge first (merge_lora)")
+            inner.save_pretrained(tmp, state_dict={k[len("model."):]: v for k, v in state.items()})
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        if save_path.exists():
+            shutil.rmtree(save_path)
+        tmp.rename(save_path)
+        logger.info("exported HF model to %s", save_path)
+    strategy.barrier()
+    return save_path

@@ -1,0 +1,235 @@
+"""The trainable models over transformers: Actor, Critic, RewardModel.
+
+Alignment convention, shared with :mod:`rl_core.data`: every per-token output has
+the shape of ``input_ids`` ``[B, T]`` and position ``t`` describes token ``t``:
+``logprobs[:, t] = log p(x_t | x_<t)`` and ``values[:, t]`` is the critic's value of
+the state before ``x_t`` was generated (both come from position ``t - 1``). Position
+0 has no predecessor and holds 0. A loss mask with ``mask[t] = 1`` on target tokens
+therefore applies to logprobs and values without any shifting by the caller.
+
+Packed sequences: pass ``position_ids`` restarting at 0 per sequence and no
+``attention_mask``; transformers then keeps attention within each sequence
+(flash-attn varlen, or a block-diagonal mask for sdpa). The first token of each
+packed sequence gets logprob 0, never a prediction from the previous sequence.
+
+The reference model is a frozen Actor (:func:`frozen`). LoRA goes through peft.
+Critic and RewardModel save as the base model's folder plus ``rl_head.safetensors``
+and ``rl_head.json`` (head kind, reward mean/std), so transformers loads the body
+and :meth:`RewardModel.from_pretrained` restores the head.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from rl_algos import entropy_from_logits, logprobs_from_logits
+from rl_core.attention import attention_implementation
+
+logger = logging.getLogger(__name__)
+Tensor = torch.Tensor
+HEAD_FILE, HEAD_META = "rl_head.safetensors", "rl_head.json"
+
+
+@dataclass(frozen=True)
+class LoraSpec:
+    """peft LoRA settings (OpenRLHF flags ``--lora_rank``, ``--lora_alpha``, ``--target_modules``)."""
+
+    rank: int = 0
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: tuple[str, ...] | str = "all-linear"
+
+
+def _dtype(name: str | torch.dtype) -> torch.dtype:
+    if isinstance(name, torch.dtype):
+        return name
+    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
+             "fp16": torch.float16, "float16": torch.float16}
+    if name not in table:
+        raise ValueError(f"unknown dtype {name!r}; valid: {', '.join(table)}")
+    return table[name]
+
+
+def _check_folder(path: str | Path) -> Path:
+    p = Path(path)
+    if not (p / "config.json").is_file():
+        raise FileNotFoundError(
+            f"{p} is not a transformers model folder (no config.json); pass --pretrain a local folder saved "
+            f"with save_pretrained (this stack never downloads weights at run time)")
+    return p
+
+
+def _load(auto_cls, path, dtype, attn, gradient_checkpointing, lora: LoraSpec | None):
+    model = auto_cls.from_pretrained(_check_folder(path), dtype=_dtype(dtype),
+                                     attn_implementation=attention_implementation(attn))
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.config.use_cache = False
+    if lora is not None and lora.rank > 0:
+        from peft import LoraConfig, get_peft_model
+
+        model.enable_input_require_grads()
+        model = get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                                 target_modules=lora.target_modules, bias="none"))
+    return model
+
+
+def _shift_right(x_BT: Tensor, position_ids: Tensor | None) -> Tensor:
+    """Move per-position outputs one step right (position t-1 -> t), 0 at sequence starts."""
+    out = torch.zeros_like(x_BT)
+    out[:, 1:] = x_BT[:, :-1]
+    if position_ids is not None:
+        out = out.masked_fill(position_ids == 0, 0)
+    return out
+
+
+@dataclass
+class ActorOutput:
+    logprobs: Tensor  # [B, T] float32, logprobs[:, t] = log p(x_t | x_<t), 0 at t = 0
+    entropy: Tensor | None = None  # [B, T] entropy of the distribution that produced x_t
+
+
+class Actor(nn.Module):
+    """A causal LM that returns per-token logprobs of its input (see the module's convention)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *, dtype: str = "bf16", attn_implementation: str | None = None,
+                        gradient_checkpointing: bool = False, lora: LoraSpec | None = None) -> Actor:
+        from transformers import AutoModelForCausalLM
+
+        return cls(_load(AutoModelForCausalLM, path, dtype, attn_implementation, gradient_checkpointing, lora))
+
+    @property
+    def config(self):
+        return self.model.config
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+                *, temperature: float = 1.0, return_entropy: bool = False) -> ActorOutput:
+        if position_ids is None and attention_mask is not None:
+            # Left-padded rollouts: positions count real tokens only, as the engine saw them.
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            pos_for_shift = None
+        else:
+            pos_for_shift = position_ids
+        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False)
+        logits = out.logits[:, :-1]
+        lp = logprobs_from_logits(logits, input_ids[:, 1:], temperature=temperature)
+        lp_BT = _shift_right(torch.nn.functional.pad(lp, (0, 1)), pos_for_shift)
+        ent_BT = None
+        if return_entropy:
+            ent = entropy_from_logits(logits, temperature=temperature)
+            ent_BT = _shift_right(torch.nn.functional.pad(ent, (0, 1)), pos_for_shift)
+        return ActorOutput(lp_BT, ent_BT)
+
+    def save_pretrained(self, path: str | Path, state_dict: dict[str, Tensor] | None = None, **kw) -> None:
+        self.model.save_pretrained(path, state_dict=state_dict, **kw)
+
+
+def frozen(actor: Actor) -> Actor:
+    """The reference model: the same network with gradients off and in eval mode."""
+    for p in actor.parameters():
+        p.requires_grad_(False)
+    return actor.eval()
+
+
+class _ScalarHeadModel(nn.Module):
+    """A transformer body plus a linear head giving one number per position."""
+
+    head_kind = "value"
+
+    def __init__(self, body: nn.Module, head: nn.Linear | None = None, mean: float = 0.0, std: float = 1.0):
+        super().__init__()
+        self.body = body
+        hidden = body.config.hidden_size
+        if head is None:
+            head = nn.Linear(hidden, 1, bias=False)
+            nn.init.normal_(head.weight, std=1 / (hidden + 1))  # OpenRLHF's init for value/score heads
+        self.head = head.to(next(body.parameters()).dtype)
+        self.mean, self.std = float(mean), float(std)
+
+    @property
+    def config(self):
+        return self.body.config
+
+    @classmethod
+    def from_pretrained(cls, path: str | Path, *, dtype: str = "bf16", attn_implementation: str | None = None,
+                        gradient_checkpointing: bool = False, lora: LoraSpec | None = None):
+        """Load the body from ``path``; the head too if ``path`` holds one of this kind, else a fresh head."""
+        from safetensors.torch import load_file
+        from transformers import AutoModel
+
+        path = _check_folder(path)
+        body = _load(AutoModel, path, dtype, attn_implementation, gradient_checkpointing, lora)
+        head, mean, std = None, 0.0, 1.0
+        if (path / HEAD_META).is_file():
+            meta = json.loads((path / HEAD_META).read_text())
+            if meta.get("kind") != cls.head_kind:
+                raise ValueError(f"{path} holds a {meta.get('kind')!r} head, but {cls.__name__} needs a "
+                                 f"{cls.head_kind!r} head; load it with the matching class")
+            head = nn.Linear(body.config.hidden_size, 1, bias=False)
+            head.load_state_dict(load_file(path / HEAD_FILE))
+            mean, std = meta.get("mean", 0.0), meta.get("std", 1.0)
+        else:
+            logger.info("%s: %s has no %s, starting a fresh %s head", cls.__name__, path, HEAD_META, cls.head_kind)
+        return cls(body, head, mean, std)
+
+    def hidden(self, input_ids, attention_mask=None, position_ids=None) -> Tensor:
+        if position_ids is None and attention_mask is not None:
+            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+        return self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         use_cache=False).last_hidden_state
+
+    def save_pretrained(self, path: str | Path, state_dict: dict[str, Tensor] | None = None, **kw) -> None:
+        """Body via transformers (loadable alone), head and its stats beside it."""
+        from safetensors.torch import save_file
+
+        path = Path(path)
+        state = state_dict if state_dict is not None else self.state_dict()
+        body_state = {k[len("body."):]: v for k, v in state.items() if k.startswith("body.")}
+        self.body.save_pretrained(path, state_dict=body_state, **kw)
+        save_file({"weight": state["head.weight"].detach().contiguous().cpu()}, path / HEAD_FILE)
+        (path / HEAD_META).write_text(json.dumps({"kind": self.head_kind, "mean": self.mean, "std": self.std}))
+
+
+class Critic(_ScalarHeadModel):
+    """Value model: ``values[:, t]`` is V(state before x_t), shape of ``input_ids``, 0 at t = 0."""
+
+    head_kind = "value"
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
+                position_ids: Tensor | None = None) -> Tensor:
+        v = self.head(self.hidden(input_ids, attention_mask, position_ids)).squeeze(-1).float()
+        return _shift_right(v, position_ids if attention_mask is None else None)
+
+
+class RewardModel(_ScalarHeadModel):
+    """Score model: one reward per sequence, read at its last real token.
+
+    ``normalize=True`` applies the stored ``(score - mean) / std`` (written by the RM
+    trainer over its training set), as OpenRLHF does at inference.
+    """
+
+    head_kind = "score"
+
+    def forward(self, input_ids: Tensor, attention_mask: Tensor, *, normalize: bool = False) -> Tensor:
+        """Shapes ``[B, T]`` -> ``[B]`` float32. Padding may be left or right."""
+        scores_BT = self.head(self.hidden(input_ids, attention_mask)).squeeze(-1).float()
+        T = attention_mask.shape[1]
+        idx = torch.arange(T, device=attention_mask.device).expand_as(attention_mask)
+        last = torch.where(attention_mask.bool(), idx, -1).max(dim=1).values
+        if (last < 0).any():
+            raise ValueError(f"RewardModel got rows with no real token (all-zero attention_mask): rows "
+                             f"{torch.nonzero(last < 0).flatten().tolist()}")
+        scores_B = scores_BT.gather(1, last.unsqueeze(1)).squeeze(1)
+        return (scores_B - self.mean) / self.std if normalize else scores_B

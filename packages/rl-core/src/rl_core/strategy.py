@@ -1,0 +1,339 @@
+"""DeepSpeedStrategy: distributed setup, ZeRO configs, optimizer, schedule, reductions, weight gathering.
+
+One object owns how a model trains across processes: it initialises
+torch.distributed (NCCL on GPU, gloo on CPU; a single process needs no
+launcher), derives the batch arithmetic (global batch = micro batch x
+accumulation x data-parallel size) and fails on numbers that do not divide,
+builds the DeepSpeed config (ZeRO 0-3, optimizer offload, bf16/fp32, clipping),
+wraps model + AdamW + LR schedule into a DeepSpeed engine, and yields full named
+parameters in size-bounded buckets even under ZeRO-3 (what HF export and weight
+sync to rollout engines consume). Works the same in one process and under
+``deepspeed`` / ``torchrun`` with several.
+
+Gradient accumulation is managed by DeepSpeed (``gradient_accumulation_steps``);
+losses are normalised by the caller with a global count (rl_algos.aggregate_loss),
+so :meth:`backward` passes ``scale_wrt_gas=False``: the sum over micro-batches
+and the mean over ranks then give exactly the full-batch loss.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import random
+import socket
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+logger = logging.getLogger(__name__)
+Tensor = torch.Tensor
+
+
+@dataclass(frozen=True)
+class StrategyConfig:
+    """Training-system settings (OpenRLHF flag names in comments are accepted by the CLI)."""
+
+    zero_stage: int = 2  # --zero_stage
+    bf16: bool = True  # --bf16 (params/compute in bf16, fp32 master weights in the optimizer)
+    adam_offload: bool = False  # --adam_offload: optimizer states on CPU (DeepSpeedCPUAdam)
+    micro_train_batch_size: int = 1  # --micro_train_batch_size: sequences per rank per forward
+    train_batch_size: int = 8  # --train_batch_size: sequences per optimizer step, all ranks
+    max_norm: float = 1.0  # --max_norm: gradient clipping (0 disables)
+    learning_rate: float = 1e-5  # --learning_rate
+    min_lr_ratio: float = 0.1  # cosine decays to learning_rate x min_lr_ratio
+    lr_warmup_ratio: float = 0.03  # --lr_warmup_ratio
+    lr_scheduler: str = "cosine_with_min_lr"  # --lr_scheduler: cosine_with_min_lr | constant_with_warmup | constant
+    weight_decay: float = 0.0  # --l2
+    adam_betas: tuple[float, float] = (0.9, 0.95)  # --adam_betas
+    gradient_checkpointing: bool = False  # --gradient_checkpointing
+    seed: int = 42  # --seed
+    zero_bucket_bytes: int = 500_000_000  # ZeRO reduce / prefetch bucket size
+
+    def __post_init__(self) -> None:
+        if self.zero_stage not in (0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        for name in ("micro_train_batch_size", "train_batch_size"):
+            v = getattr(self, name)
+            if isinstance(v, bool) or not isinstance(v, int) or v < 1:
+                raise ValueError(f"{name} must be a positive integer, got {v!r}")
+        if self.lr_scheduler not in SCHEDULES:
+            raise ValueError(f"unknown lr_scheduler {self.lr_scheduler!r}; valid: {', '.join(SCHEDULES)}")
+        if not 0 <= self.lr_warmup_ratio < 1:
+            raise ValueError(f"lr_warmup_ratio must be in [0, 1), got {self.lr_warmup_ratio}")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+
+
+SCHEDULES = ("cosine_with_min_lr", "constant_with_warmup", "constant")
+
+
+def lr_lambda(schedule: str, total_steps: int, warmup_steps: int, min_lr_ratio: float):
+    """Multiplier of the base LR at optimizer step ``s`` (linear warmup, then the schedule)."""
+
+    def f(s: int) -> float:
+        if s < warmup_steps:
+            return (s + 1) / (warmup_steps + 1)
+        if schedule == "constant" or schedule == "constant_with_warmup":
+            return 1.0
+        progress = min(1.0, (s - warmup_steps) / max(1, total_steps - warmup_steps))
+        return min_lr_ratio + (1 - min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    return f
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class BatchPlan:
+    """The batch arithmetic every run prints before it starts."""
+
+    world_size: int
+    dp_size: int
+    micro_batch: int
+    accumulation_steps: int
+    global_batch: int
+    total_steps: int | None = None
+
+    def describe(self) -> str:
+        steps = "" if self.total_steps is None else f", total optimizer steps {self.total_steps}"
+        return (f"global batch {self.global_batch} = micro batch {self.micro_batch} x accumulation "
+                f"{self.accumulation_steps} x data parallel {self.dp_size}{steps}")
+
+
+@dataclass
+class DeepSpeedStrategy:
+    cfg: StrategyConfig = field(default_factory=StrategyConfig)
+
+    def __post_init__(self) -> None:
+        self._initialized = False
+
+    # ----- processes --------------------------------------------------------------------
+
+    @property
+    def device(self) -> torch.device:
+        if torch.cuda.is_available():
+            return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        return torch.device("cpu")
+
+    def setup_distributed(self) -> None:
+        """Join (or create) the default process group; a lone process makes a world of 1."""
+        if self._initialized:
+            return
+        import deepspeed
+
+        if "RANK" not in os.environ:  # no launcher: a world of one
+            os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
+            os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+        if torch.cuda.is_available():
+            torch.cuda.set_device(self.device)
+        if not dist.is_initialized():
+            deepspeed.init_distributed(dist_backend=backend)
+        self.set_seed(self.cfg.seed)
+        self._initialized = True
+        logger.info("distributed: backend %s, rank %d of %d", backend, self.rank, self.world_size)
+
+    @property
+    def rank(self) -> int:
+        return dist.get_rank() if dist.is_initialized() else 0
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size() if dist.is_initialized() else 1
+
+    def is_rank_0(self) -> bool:
+        return self.rank == 0
+
+    def barrier(self) -> None:
+        if dist.is_initialized():
+            dist.barrier()
+
+    @staticmethod
+    def set_seed(seed: int) -> None:
+        random.seed(seed)
+        torch.manual_seed(seed)
+        try:
+            import numpy as np
+
+            np.random.seed(seed)
+        except ImportError:
+            pass
+
+    def batch_plan(self, dataset_size: int | None = None, epochs: int = 1) -> BatchPlan:
+        c, dp = self.cfg, self.world_size
+        per_step = c.micro_train_batch_size * dp
+        if c.train_batch_size % per_step:
+            fit = max(per_step, round(c.train_batch_size / per_step) * per_step)
+            raise ValueError(
+                f"train_batch_size {c.train_batch_size} is not divisible by micro_train_batch_size "
+                f"{c.micro_train_batch_size} x data-parallel size {dp} = {per_step}; use train_batch_size {fit} "
+                f"or a micro batch that divides it")
+        total = None
+        if dataset_size is not None:
+            total = max(1, dataset_size // c.train_batch_size) * epochs
+        return BatchPlan(dp, dp, c.micro_train_batch_size, c.train_batch_size // per_step, c.train_batch_size, total)
+
+    # ----- DeepSpeed engine -------------------------------------------------------------
+
+    def ds_config(self, *, train: bool = True) -> dict:
+        c = self.cfg
+        plan = self.batch_plan()
+        zero: dict = {"stage": c.zero_stage if train else (3 if c.zero_stage == 3 else 0),
+                      "reduce_bucket_size": c.zero_bucket_bytes, "allgather_bucket_size": c.zero_bucket_bytes}
+        if c.zero_stage == 3:
+            zero.update(stage3_prefetch_bucket_size=c.zero_bucket_bytes, stage3_param_persistence_threshold=10_000,
+                        stage3_gather_16bit_weights_on_model_save=True)
+        if train and c.adam_offload:
+            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
+        return {
+            "train_micro_batch_size_per_gpu": plan.micro_batch,
+            "gradient_accumulation_steps": plan.accumulation_steps,
+            "train_batch_size": plan.global_batch,
+            "gradient_clipping": c.max_norm if c.max_norm > 0 else 0.0,
+            "zero_optimization": zero,
+            "bf16": {"enabled": c.bf16},
+            "zero_allow_untested_optimizer": True,
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+
+    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        c = self.cfg
+        decay, no_decay = [], []
+        for name, p in model.named_parameters():
+            if p.requires_grad:
+                (no_decay if p.ndim < 2 or "norm" in name.lower() or name.endswith(".bias") else decay).append(p)
+        groups = [{"params": decay, "weight_decay": c.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        groups = [g for g in groups if g["params"]]
+        if not groups:
+            raise ValueError("the model has no trainable parameters (all requires_grad=False): nothing to train")
+        if c.adam_offload:
+            from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+            return DeepSpeedCPUAdam(groups, lr=c.learning_rate, betas=c.adam_betas)
+        return torch.optim.AdamW(groups, lr=c.learning_rate, betas=c.adam_betas)
+
+    def prepare(self, model: nn.Module, *, total_steps: int | None = None, train: bool = True):
+        """Wrap ``model`` in a DeepSpeed engine; with ``train`` also AdamW and the LR schedule.
+
+        ``total_steps`` (optimizer steps) sizes the warmup and cosine schedule.
+        Frozen models (reference, reward) use ``train=False``: ZeRO-3 still
+        partitions them; other stages keep a plain copy on the device.
+        """
+        import deepspeed
+
+        self.setup_distributed()
+        model = model.to(torch.bfloat16 if self.cfg.bf16 else torch.float32)
+        if not train:
+            engine, *_ = deepspeed.initialize(model=model, config=self.ds_config(train=False))
+            engine.eval()
+            return engine
+        if total_steps is None or total_steps < 1:
+            raise ValueError(f"prepare(train=True) needs total_steps >= 1 for the LR schedule, got {total_steps!r}")
+        optim = self.make_optimizer(model)
+        warmup = math.ceil(self.cfg.lr_warmup_ratio * total_steps)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            optim, lr_lambda(self.cfg.lr_scheduler, total_steps, warmup, self.cfg.min_lr_ratio))
+        engine, *_ = deepspeed.initialize(model=model, optimizer=optim, lr_scheduler=sched, config=self.ds_config())
+        if self.cfg.gradient_checkpointing:
+            inner = getattr(engine.module, "model", None) or getattr(engine.module, "body", None)
+            if inner is not None and hasattr(inner, "gradient_checkpointing_enable"):
+                inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        return engine
+
+    @staticmethod
+    def backward(loss: Tensor, engine) -> None:
+        """Backward of an already globally normalised loss (no extra 1/accumulation)."""
+        engine.backward(loss, scale_wrt_gas=False)
+
+    @staticmethod
+    def optimizer_step(engine) -> bool:
+        """DeepSpeed steps the optimizer and schedule only at accumulation boundaries; says if it did."""
+        boundary = engine.is_gradient_accumulation_boundary()
+        engine.step()
+        return boundary
+
+    # ----- reductions ---------------------------------------------------------------------
+
+    def all_reduce(self, value, op: str = "mean"):
+        """Reduce a tensor, a float or a dict of them over ranks (``mean``, ``sum``, ``max``)."""
+        if isinstance(value, dict):
+            keys = sorted(value)
+            flat = self.all_reduce(torch.tensor([float(value[k]) for k in keys], dtype=torch.float64), op)
+            return {k: flat[i].item() for i, k in enumerate(keys)}
+        is_tensor = isinstance(value, torch.Tensor)
+        t = value.detach().clone() if is_tensor else torch.tensor(float(value), dtype=torch.float64)
+        if dist.is_initialized() and self.world_size > 1:
+            dev = t.device
+            t = t.to(self.device)
+            if op not in ("mean", "sum", "max"):
+                raise ValueError(f"unknown reduce op {op!r}; valid: mean, sum, max")
+            dist.all_reduce(t, op=dist.ReduceOp.MAX if op == "max" else dist.ReduceOp.SUM)
+            if op == "mean":
+                t = t / self.world_size
+            t = t.to(dev)
+        return t if is_tensor else t.item()
+
+    # ----- full weights ---------------------------------------------------------------------
+
+    def named_parameter_buckets(self, module: nn.Module, bucket_bytes: int = 256 << 20,
+                                dtype: torch.dtype | None = None) -> Iterator[list[tuple[str, Tensor]]]:
+        """Yield ``[(name, full tensor), ...]`` lists of at most ``bucket_bytes`` (one tensor may exceed it).
+
+        Under ZeRO-3 each bucket's partitioned parameters are gathered together
+        (every rank must iterate: the gather is a collective) and copied out, so
+        peak extra memory is one bucket. Tensors are detached copies on the
+        parameter's device, cast to ``dtype`` when given. Buffers are not included.
+        """
+        params = list(module.named_parameters())
+        bucket: list[tuple[str, nn.Parameter]] = []
+        size = 0
+
+        def flush():
+            return self._gather_bucket(bucket, dtype)
+
+        for name, p in params:
+            nbytes = _full_numel(p) * p.element_size()
+            if bucket and size + nbytes > bucket_bytes:
+                yield flush()
+                bucket, size = [], 0
+            bucket.append((name, p))
+            size += nbytes
+        if bucket:
+            yield flush()
+
+    def _gather_bucket(self, bucket, dtype):
+        zero3 = [p for _, p in bucket if hasattr(p, "ds_id")]
+        if zero3:
+            import deepspeed
+
+            with deepspeed.zero.GatheredParameters(zero3, modifier_rank=None):
+                return [(n, p.detach().clone().to(dtype or p.dtype)) for n, p in bucket]
+        return [(n, p.detach().clone().to(dtype or p.dtype)) for n, p in bucket]
+
+    def full_state_dict(self, module: nn.Module, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
+        """Every parameter (gathered under ZeRO-3) and buffer, on CPU. Collective: call on every rank."""
+        state = {}
+        for bucket in self.named_parameter_buckets(module, dtype=dtype):
+            state.update({n: t.cpu() for n, t in bucket})
+        persistent = set(module.state_dict())  # non-persistent buffers (rotary inv_freq) are not weights
+        for n, b in module.named_buffers():
+            if n in persistent:
+                state[n] = b.detach().cpu()
+        return state
+
+    def describe(self) -> dict:
+        return asdict(self.cfg)
+
+
+def _full_numel(p: nn.Parameter) -> int:
+    return p.ds_numel if hasattr(p, "ds_numel") else p.numel()

@@ -1,0 +1,104 @@
+"""Actor, Critic and RewardModel on the tiny Llama: alignment, padding, packing, save/load."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl_algos import logprobs_from_logits
+from rl_core.models import Actor, Critic, RewardModel, frozen
+from rl_rollout.testing import make_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return make_tiny_model(tmp_path_factory.mktemp("m") / "tiny", peaked=True)
+
+
+@pytest.fixture(scope="module")
+def actor(tiny):
+    return Actor.from_pretrained(tiny, dtype="fp32").eval()
+
+
+SEQS = [[5, 60, 70, 71, 9], [7, 8, 30], [40, 41, 42, 43, 44, 45]]
+
+
+def test_logprobs_are_aligned_with_input_ids(actor):
+    ids = torch.tensor([SEQS[0]])
+    with torch.no_grad():
+        lp = actor(ids).logprobs
+        logits = actor.model(input_ids=ids).logits
+    assert lp.shape == ids.shape and lp[0, 0] == 0
+    expected = logprobs_from_logits(logits[:, :-1], ids[:, 1:])
+    torch.testing.assert_close(lp[:, 1:], expected, atol=1e-6, rtol=0)
+
+
+def test_left_padding_gives_the_unpadded_logprobs(actor):
+    pad = actor.config.pad_token_id
+    T = max(map(len, SEQS))
+    ids = torch.tensor([[pad] * (T - len(s)) + s for s in SEQS])
+    mask = (torch.arange(T) >= torch.tensor([T - len(s) for s in SEQS])[:, None]).long()
+    with torch.no_grad():
+        lp = actor(ids, attention_mask=mask).logprobs
+        for i, s in enumerate(SEQS):
+            alone = actor(torch.tensor([s])).logprobs[0]
+            torch.testing.assert_close(lp[i, T - len(s) + 1:], alone[1:], atol=1e-5, rtol=0)
+
+
+def test_packed_sequences_match_separate_forwards(actor):
+    ids = torch.tensor([sum(SEQS, [])])
+    pos = torch.tensor([sum([list(range(len(s))) for s in SEQS], [])])
+    with torch.no_grad():
+        lp = actor(ids, position_ids=pos).logprobs[0]
+        ent = actor(ids, position_ids=pos, return_entropy=True).entropy[0]
+        start = 0
+        for s in SEQS:
+            out = actor(torch.tensor([s]), return_entropy=True)
+            torch.testing.assert_close(lp[start:start + len(s)], out.logprobs[0], atol=1e-5, rtol=0)
+            torch.testing.assert_close(ent[start:start + len(s)], out.entropy[0], atol=1e-5, rtol=0)
+            assert lp[start] == 0  # nothing is predicted across a sequence boundary
+            start += len(s)
+
+
+def test_frozen_reference_has_no_trainable_parameters(tiny):
+    ref = frozen(Actor.from_pretrained(tiny, dtype="fp32"))
+    assert not ref.training and not any(p.requires_grad for p in ref.parameters())
+
+
+def test_reward_model_scores_at_last_token_and_round_trips(tiny, tmp_path):
+    rm = RewardModel.from_pretrained(tiny, dtype="fp32").eval()
+    pad = rm.config.pad_token_id
+    T = max(map(len, SEQS))
+    right = torch.tensor([s + [pad] * (T - len(s)) for s in SEQS])
+    left = torch.tensor([[pad] * (T - len(s)) + s for s in SEQS])
+    rmask = (right != pad).long()
+    lmask = (left != pad).long()
+    with torch.no_grad():
+        r, l_ = rm(right, rmask), rm(left, lmask)
+        alone = torch.cat([rm(torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long)) for s in SEQS])
+    torch.testing.assert_close(r, alone, atol=1e-5, rtol=0)
+    torch.testing.assert_close(l_, alone, atol=1e-5, rtol=0)
+    rm.mean, rm.std = 0.5, 2.0
+    rm.save_pretrained(tmp_path / "rm")
+    back = RewardModel.from_pretrained(tmp_path / "rm", dtype="fp32").eval()
+    with torch.no_grad():
+        torch.testing.assert_close(back(right, rmask, normalize=True), (alone - 0.5) / 2.0, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match=r"holds a 'score' head, but Critic needs a 'value' head"):
+        Critic.from_pretrained(tmp_path / "rm", dtype="fp32")
+    with pytest.raises(ValueError, match=r"rows with no real token .*rows \[1\]"):
+        rm(right, torch.stack([rmask[0], torch.zeros(T, dtype=torch.long), rmask[2]]))
+
+
+def test_critic_values_are_shifted_like_logprobs(tiny):
+    critic = Critic.from_pretrained(tiny, dtype="fp32").eval()
+    ids = torch.tensor([SEQS[2]])
+    with torch.no_grad():
+        v = critic(ids)
+        raw = critic.head(critic.hidden(ids)).squeeze(-1)
+    assert v.shape == ids.shape and v[0, 0] == 0
+    torch.testing.assert_close(v[:, 1:], raw[:, :-1], atol=1e-6, rtol=0)
+
+
+def test_missing_model_folder_names_the_path(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"nothere is not a transformers model folder .*--pretrain"):
+        Actor.from_pretrained(tmp_path / "nothere")
