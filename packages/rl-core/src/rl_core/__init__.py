@@ -8,17 +8,20 @@
 - :mod:`rl_core.checkpoint`: atomic DeepSpeed checkpoints for exact resume, HF export.
 
 It never imports Ray or rl-placement: its loops talk to worker-group protocols.
-Trainers (SFT, RM, DPO, KTO, PPO family) are still to come.
+- :mod:`rl_core.trainers`: SFTTrainer (RM, DPO, KTO and the PPO family are still to come).
+- :mod:`rl_core.metrics`: metrics.jsonl, TensorBoard and curves.png per run.
 """
 
 from rl_core.attention import attention_implementation
 from rl_core.checkpoint import CheckpointManager, export_hf
 from rl_core.models import Actor, ActorOutput, Critic, LoraSpec, RewardModel, frozen
+from rl_core.metrics import MetricsLogger
 from rl_core.strategy import BatchPlan, DeepSpeedStrategy, StrategyConfig
+from rl_core.trainers import SFTConfig, SFTTrainer
 
 __version__ = "0.2.0"
 
 __all__ = [
     "Actor", "ActorOutput", "BatchPlan", "CheckpointManager", "Critic", "DeepSpeedStrategy", "LoraSpec",
-    "RewardModel", "StrategyConfig", "attention_implementation", "export_hf", "frozen",
+    "MetricsLogger", "RewardModel", "SFTConfig", "SFTTrainer", "StrategyConfig", "attention_implementation", "export_hf", "frozen",
 ]
