@@ -80,6 +80,11 @@ def _load(auto_cls, path, dtype, attn, gradient_checkpointing, lora: LoraSpec | 
     return model
 
 
+def _positions(attention_mask: Tensor) -> Tensor:
+    """Position ids that count real tokens only (left padding), as the engine saw them."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
 def _shift_right(x_BT: Tensor, position_ids: Tensor | None) -> Tensor:
     """Move per-position outputs one step right (position t-1 -> t), 0 at sequence starts."""
     out = torch.zeros_like(x_BT)
@@ -116,8 +121,7 @@ class Actor(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 *, temperature: float = 1.0, return_entropy: bool = False) -> ActorOutput:
         if position_ids is None and attention_mask is not None:
-            # Left-padded rollouts: positions count real tokens only, as the engine saw them.
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            position_ids = _positions(attention_mask)
             pos_for_shift = None
         else:
             pos_for_shift = position_ids
@@ -186,7 +190,7 @@ class _ScalarHeadModel(nn.Module):
 
     def hidden(self, input_ids, attention_mask=None, position_ids=None) -> Tensor:
         if position_ids is None and attention_mask is not None:
-            position_ids = (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+            position_ids = _positions(attention_mask)
         return self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=False).last_hidden_state
 

@@ -18,13 +18,14 @@ and the mean over ranks then give exactly the full-batch loss.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
 import random
 import socket
 from collections.abc import Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -297,28 +298,15 @@ class DeepSpeedStrategy:
         params = list(module.named_parameters())
         bucket: list[tuple[str, nn.Parameter]] = []
         size = 0
-
-        def flush():
-            return self._gather_bucket(bucket, dtype)
-
         for name, p in params:
             nbytes = _full_numel(p) * p.element_size()
             if bucket and size + nbytes > bucket_bytes:
-                yield flush()
+                yield _gather_bucket(bucket, dtype)
                 bucket, size = [], 0
             bucket.append((name, p))
             size += nbytes
         if bucket:
-            yield flush()
-
-    def _gather_bucket(self, bucket, dtype):
-        zero3 = [p for _, p in bucket if hasattr(p, "ds_id")]
-        if zero3:
-            import deepspeed
-
-            with deepspeed.zero.GatheredParameters(zero3, modifier_rank=None):
-                return [(n, p.detach().clone().to(dtype or p.dtype)) for n, p in bucket]
-        return [(n, p.detach().clone().to(dtype or p.dtype)) for n, p in bucket]
+            yield _gather_bucket(bucket, dtype)
 
     def full_state_dict(self, module: nn.Module, dtype: torch.dtype | None = None) -> dict[str, Tensor]:
         """Every parameter (gathered under ZeRO-3) and buffer, on CPU. Collective: call on every rank."""
@@ -331,8 +319,16 @@ class DeepSpeedStrategy:
                 state[n] = b.detach().cpu()
         return state
 
-    def describe(self) -> dict:
-        return asdict(self.cfg)
+
+def _gather_bucket(bucket: list[tuple[str, nn.Parameter]], dtype: torch.dtype | None) -> list[tuple[str, Tensor]]:
+    zero3 = [p for _, p in bucket if hasattr(p, "ds_id")]
+    gathered = contextlib.nullcontext()
+    if zero3:
+        import deepspeed
+
+        gathered = deepspeed.zero.GatheredParameters(zero3, modifier_rank=None)
+    with gathered:
+        return [(n, p.detach().clone().to(dtype or p.dtype)) for n, p in bucket]
 
 
 def _full_numel(p: nn.Parameter) -> int:

@@ -11,6 +11,7 @@ batches. Leaves out: evaluation sets, packing (rows are right-padded).
 
 from __future__ import annotations
 
+import functools
 import logging
 from dataclasses import dataclass
 
@@ -58,9 +59,13 @@ class SFTTrainer:
         self.metrics = MetricsLogger(cfg.run_dir, enabled=strategy.is_rank_0())
         self.pad_id = tokenizer.pad_token_id
 
-    def _global_batch(self, epoch: int, index: int) -> list[int]:
+    @functools.lru_cache(maxsize=1)  # one permutation per epoch, not per step
+    def _permutation(self, epoch: int) -> list[int]:
         g = torch.Generator().manual_seed(self.s.cfg.seed + epoch)
-        perm = torch.randperm(len(self.dataset), generator=g).tolist()
+        return torch.randperm(len(self.dataset), generator=g).tolist()
+
+    def _global_batch(self, epoch: int, index: int) -> list[int]:
+        perm = self._permutation(epoch)
         G = self.plan.global_batch
         mine = perm[index * G:(index + 1) * G]
         per_rank = G // self.plan.dp_size
