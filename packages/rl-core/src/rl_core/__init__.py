@@ -8,7 +8,7 @@
 - :mod:`rl_core.checkpoint`: atomic DeepSpeed checkpoints for exact resume, HF export.
 
 It never imports Ray or rl-placement: its loops talk to worker-group protocols.
-- :mod:`rl_core.trainers`: SFTTrainer (RM, DPO, KTO and the PPO family are still to come).
+- :mod:`rl_core.trainers`: SFT, reward-model, DPO and KTO trainers over one shared loop (the PPO family is still to come).
 - :mod:`rl_core.metrics`: metrics.jsonl, TensorBoard and curves.png per run.
 """
 
@@ -17,11 +17,24 @@ from rl_core.checkpoint import CheckpointManager, export_hf
 from rl_core.models import Actor, ActorOutput, Critic, LoraSpec, RewardModel, frozen
 from rl_core.metrics import MetricsLogger
 from rl_core.strategy import BatchPlan, DeepSpeedStrategy, StrategyConfig
-from rl_core.trainers import SFTConfig, SFTTrainer
+from rl_core.trainers import (
+    DPOConfig,
+    DPOTrainer,
+    KTOConfig,
+    KTOTrainer,
+    RewardModelTrainer,
+    RMConfig,
+    SFTConfig,
+    SFTTrainer,
+    Trainer,
+    TrainerConfig,
+)
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 __all__ = [
-    "Actor", "ActorOutput", "BatchPlan", "CheckpointManager", "Critic", "DeepSpeedStrategy", "LoraSpec",
-    "MetricsLogger", "RewardModel", "SFTConfig", "SFTTrainer", "StrategyConfig", "attention_implementation", "export_hf", "frozen",
+    "Actor", "ActorOutput", "BatchPlan", "CheckpointManager", "Critic", "DPOConfig", "DPOTrainer",
+    "DeepSpeedStrategy", "KTOConfig", "KTOTrainer", "LoraSpec", "MetricsLogger", "RMConfig", "RewardModel",
+    "RewardModelTrainer", "SFTConfig", "SFTTrainer", "StrategyConfig", "Trainer", "TrainerConfig",
+    "attention_implementation", "export_hf", "frozen",
 ]

@@ -3,7 +3,9 @@
 Rank 0 writes; other ranks' loggers are silent. ``metrics.jsonl`` holds one JSON
 object per logged step (``{"step": N, "name": value, ...}``), ``tensorboard/``
 the same scalars, and :meth:`MetricsLogger.close` draws ``curves.png`` (one
-panel per metric). wandb is left to the CLI (it needs an account or offline mode).
+panel per metric). With ``wandb={"project": ..., "name": ..., "config": ...}`` the
+same scalars go to wandb too (``WANDB_MODE=offline`` works without an account);
+wandb is optional and a missing install fails at start-up with the fix.
 """
 
 from __future__ import annotations
@@ -17,8 +19,10 @@ logger = logging.getLogger(__name__)
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: str | Path | None, *, enabled: bool = True, tensorboard: bool = True):
+    def __init__(self, run_dir: str | Path | None, *, enabled: bool = True, tensorboard: bool = True,
+                 wandb: dict | None = None):
         self.enabled = enabled and run_dir is not None
+        self._wandb = _start_wandb(wandb, run_dir) if enabled and wandb is not None else None
         self.history: dict[str, list[tuple[int, float]]] = {}
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self._jsonl = self._tb = None
@@ -37,6 +41,8 @@ class MetricsLogger:
             logger.warning("step %d: non-finite metrics %s", step, {k: clean[k] for k in bad})
         for k, v in clean.items():
             self.history.setdefault(k, []).append((step, v))
+        if self._wandb is not None:
+            self._wandb.log(clean, step=step)
         if not self.enabled:
             return
         self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
@@ -47,6 +53,9 @@ class MetricsLogger:
 
     def close(self) -> Path | None:
         """Flush files and draw ``curves.png``; returns its path (None when disabled or empty)."""
+        if self._wandb is not None:
+            self._wandb.finish()
+            self._wandb = None
         if not self.enabled:
             return None
         self._jsonl.close()
@@ -75,3 +84,17 @@ class MetricsLogger:
         fig.savefig(out, dpi=80)
         plt.close(fig)
         return out
+
+
+def _start_wandb(settings: dict, run_dir: str | Path | None):
+    try:
+        import wandb
+    except ImportError:
+        raise RuntimeError("--use_wandb needs the wandb package: pip install wandb (or rl-core[wandb]); "
+                           "set WANDB_MODE=offline to log without an account") from None
+    kw = {"project": settings.get("project", "rl"), "name": settings.get("name"),
+          "config": settings.get("config") or {}}
+    if run_dir is not None:
+        Path(run_dir).mkdir(parents=True, exist_ok=True)
+        kw["dir"] = str(run_dir)
+    return wandb.init(**kw)

@@ -1,5 +1,14 @@
-"""Trainers over rl_core's models, strategy and data. Today: SFT."""
+"""Offline trainers over rl_core's models, strategy and data: SFT, reward model, DPO, KTO.
 
+All share :class:`rl_core.trainers.base.Trainer` (seeded global batches, resume,
+metrics, export); each file holds one trainer's config and step.
+"""
+
+from rl_core.trainers.base import Trainer, TrainerConfig
+from rl_core.trainers.dpo import DPOConfig, DPOTrainer
+from rl_core.trainers.kto import KTOConfig, KTOTrainer
+from rl_core.trainers.rm import RewardModelTrainer, RMConfig
 from rl_core.trainers.sft import SFTConfig, SFTTrainer
 
-__all__ = ["SFTConfig", "SFTTrainer"]
+__all__ = ["DPOConfig", "DPOTrainer", "KTOConfig", "KTOTrainer", "RMConfig", "RewardModelTrainer", "SFTConfig",
+           "SFTTrainer", "Trainer", "TrainerConfig"]

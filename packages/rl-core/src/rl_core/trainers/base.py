@@ -1,0 +1,183 @@
+"""The loop every offline trainer shares: epochs of seeded global batches, resume, metrics, export.
+
+:class:`Trainer` owns what SFT, RM, DPO and KTO have in common. Each optimizer
+step takes ``train_batch_size`` items of a per-epoch seeded permutation (the
+incomplete last batch is dropped); each data-parallel rank takes its contiguous
+share and splits it into micro-batches (:meth:`Trainer.micro_batches`). A subclass
+says how one global batch becomes losses (:meth:`Trainer.train_step`) and returns
+its metrics; the loop logs them (console bar, metrics.jsonl, TensorBoard,
+curves.png, wandb when asked), writes checkpoints that carry the data position
+(epoch, batch in epoch) so a resumed run continues with the same batches, and
+exports the final model as an HF folder.
+
+Leaves out: evaluation sets and early stopping.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from rl_core.checkpoint import CheckpointManager, export_hf
+from rl_core.metrics import MetricsLogger
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    """Loop settings shared by the offline trainers (OpenRLHF flag names in comments)."""
+
+    max_epochs: int = 1  # --max_epochs
+    save_path: str | None = None  # --save_path: final HF export
+    ckpt_path: str | None = None  # --ckpt_path: DeepSpeed checkpoints for resume
+    save_steps: int = -1  # --save_steps: checkpoint every N optimizer steps (-1: none)
+    max_ckpt_num: int = 3  # --max_ckpt_num
+    load_checkpoint: bool = False  # --load_checkpoint: resume from the latest complete checkpoint
+    logging_steps: int = 1  # --logging_steps
+    run_dir: str | None = None  # metrics.jsonl, tensorboard/, curves.png
+    max_steps: int | None = None  # stop after this many optimizer steps (e.g. to test resume)
+    use_wandb: bool = False  # --use_wandb: also log to wandb (WANDB_MODE=offline works without an account)
+    wandb_project: str = "rl"  # --wandb_project
+    wandb_run_name: str | None = None  # --wandb_run_name
+
+    def __post_init__(self) -> None:
+        if self.max_epochs < 1:
+            raise ValueError(f"max_epochs must be >= 1, got {self.max_epochs}")
+        if self.logging_steps < 1:
+            raise ValueError(f"logging_steps must be >= 1, got {self.logging_steps}")
+        if self.load_checkpoint and not self.ckpt_path:
+            raise ValueError("load_checkpoint needs ckpt_path (--ckpt_path DIR) to find checkpoints in")
+        if self.save_steps > 0 and not self.ckpt_path:
+            raise ValueError(f"save_steps={self.save_steps} needs ckpt_path (--ckpt_path DIR) to write them to")
+        if self.max_steps is not None and self.max_steps < 1:
+            raise ValueError(f"max_steps must be >= 1 or unset, got {self.max_steps}")
+
+
+class Trainer:
+    """Subclasses set ``name`` and implement :meth:`train_step`; may override :meth:`before_export`."""
+
+    name = "train"
+
+    def __init__(self, strategy, model, tokenizer, dataset, cfg: TrainerConfig):
+        self.s, self.tokenizer, self.dataset, self.cfg = strategy, tokenizer, dataset, cfg
+        self.s.setup_distributed()
+        self.plan = strategy.batch_plan(len(dataset), cfg.max_epochs)
+        self.steps_per_epoch = len(dataset) // self.plan.global_batch
+        if self.steps_per_epoch < 1:
+            raise ValueError(f"the dataset has {len(dataset)} rows, fewer than one global batch "
+                             f"({self.plan.global_batch}); lower --train_batch_size or add data")
+        self.engine = strategy.prepare(model, total_steps=self.plan.total_steps)
+        self.ckpt = CheckpointManager(cfg.ckpt_path, strategy, cfg.max_ckpt_num) if cfg.ckpt_path else None
+        self.metrics = MetricsLogger(cfg.run_dir, enabled=strategy.is_rank_0(),
+                                     wandb=_wandb_settings(cfg) if strategy.is_rank_0() else None)
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        if self.pad_id is None:
+            raise ValueError("the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token")
+
+    # ----- batches ---------------------------------------------------------------------------
+
+    @functools.lru_cache(maxsize=1)  # one permutation per epoch, not per step
+    def _permutation(self, epoch: int) -> list[int]:
+        g = torch.Generator().manual_seed(self.s.cfg.seed + epoch)
+        return torch.randperm(len(self.dataset), generator=g).tolist()
+
+    def global_batch(self, epoch: int, index: int) -> list[int]:
+        """This rank's dataset indices for batch ``index`` of ``epoch``."""
+        perm = self._permutation(epoch)
+        G = self.plan.global_batch
+        mine = perm[index * G:(index + 1) * G]
+        per_rank = G // self.plan.dp_size
+        return mine[self.s.rank * per_rank:(self.s.rank + 1) * per_rank]
+
+    def micro_batches(self, indices: list[int]) -> list[list[dict]]:
+        """This rank's items split into ``accumulation_steps`` micro-batches of ``micro_batch`` items."""
+        mb = self.plan.micro_batch
+        return [[self.dataset[i] for i in indices[k * mb:(k + 1) * mb]] for k in range(self.plan.accumulation_steps)]
+
+    @torch.no_grad()
+    def per_row(self, fn, width: int) -> torch.Tensor:
+        """``[len(dataset), width]`` float64: ``fn(items) -> [len(items), width]`` over every row.
+
+        Each rank computes a contiguous share in micro-batches and the shares are summed
+        over ranks. Every rank runs the same number of forwards (a short last share
+        repeats row 0 and discards it), since ZeRO-3 forwards are collective.
+        """
+        n, dp, mb = len(self.dataset), self.plan.dp_size, self.plan.micro_batch
+        share = -(-n // dp)
+        start = self.s.rank * share
+        out = torch.zeros(n, width, dtype=torch.float64)
+        for k in range(0, share, mb):
+            idx = list(range(start + k, min(n, start + k + mb, start + share)))
+            vals = fn([self.dataset[i] for i in (idx or [0])]).detach().double().cpu().reshape(-1, width)
+            if idx:
+                out[idx] = vals[:len(idx)]
+        return self.s.all_reduce(out, "sum")
+
+    def to_device(self, batch: dict) -> dict:
+        return {k: v.to(self.s.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    # ----- what a subclass provides -------------------------------------------------------------
+
+    def train_step(self, indices: list[int]) -> dict[str, float]:
+        """One optimizer step over this rank's ``indices``; returns metrics (reduced over ranks),
+        including ``loss``."""
+        raise NotImplementedError
+
+    def before_fit(self) -> None:
+        """Called once before the first step (e.g. precompute reference logprobs)."""
+
+    def before_export(self) -> None:
+        """Called once after the last step, before the HF export (e.g. reward statistics)."""
+
+    # ----- the loop ------------------------------------------------------------------------------------
+
+    def fit(self) -> list[float]:
+        """Train; returns the loss of every optimizer step this call ran."""
+        start_epoch, start_index, step = 0, 0, 0
+        self.step = 0
+        if self.cfg.load_checkpoint:
+            meta = self.ckpt.load(self.engine)
+            if meta is not None:
+                step, start_epoch, start_index = meta["step"], meta["epoch"], meta["batch_in_epoch"]
+                self.step = step
+        if self.s.is_rank_0():
+            logger.info("%s: %d rows, %s", self.name, len(self.dataset), self.plan.describe())
+        self.before_fit()
+        losses: list[float] = []
+        bar = tqdm(total=self.plan.total_steps, initial=step, desc=self.name, disable=not self.s.is_rank_0())
+        for epoch in range(start_epoch, self.cfg.max_epochs):
+            for index in range(start_index if epoch == start_epoch else 0, self.steps_per_epoch):
+                if self.cfg.max_steps is not None and step >= self.cfg.max_steps:
+                    break
+                self.engine.train()
+                m = self.train_step(self.global_batch(epoch, index))
+                m["lr"] = self.engine.get_lr()[0]
+                step += 1
+                self.step = step
+                losses.append(m["loss"])
+                bar.update(1)
+                bar.set_postfix({k: f"{v:.4g}" for k, v in m.items() if k in self.progress_keys})
+                if step % self.cfg.logging_steps == 0:
+                    self.metrics.log(step, {"train/" + k: v for k, v in m.items()})
+                if self.ckpt and self.cfg.save_steps > 0 and step % self.cfg.save_steps == 0:
+                    nxt_epoch, nxt_index = (epoch, index + 1) if index + 1 < self.steps_per_epoch else (epoch + 1, 0)
+                    self.ckpt.save(self.engine, step, {"epoch": nxt_epoch, "batch_in_epoch": nxt_index})
+        bar.close()
+        self.before_export()
+        self.metrics.close()
+        if self.cfg.save_path:
+            export_hf(self.s, self.engine, self.cfg.save_path, tokenizer=self.tokenizer)
+        return losses
+
+    progress_keys = ("loss",)
+
+
+def _wandb_settings(cfg: TrainerConfig) -> dict | None:
+    if not cfg.use_wandb:
+        return None
+    return {"project": cfg.wandb_project, "name": cfg.wandb_run_name, "config": dict(vars(cfg))}

@@ -1,0 +1,116 @@
+"""DPO trainer: sigmoid DPO, IPO, cDPO label smoothing and an NLL term, against a frozen reference.
+
+Each micro-batch of ``m`` pairs is one ``[2m, T]`` forward of the policy
+(:func:`rl_core.data.preference_collate`); a response's log-probability is the sum
+of its token logprobs under the loss mask (``rl_core.models`` alignment). The
+reference runs beside the policy (a frozen :class:`rl_core.models.Actor` wrapped by
+``strategy.prepare(train=False)``, partitioned under ZeRO-3), or with
+``precompute_ref`` once over the whole dataset before training, after which it is
+released: the same losses at the memory of one model. The loss is
+``rl_algos.dpo_loss`` averaged over the global batch; the NLL term (``nll_loss_coef``)
+is the token-mean NLL of the chosen responses over the global batch.
+
+Logged per step: loss, implicit rewards of chosen and rejected
+(``beta * (logp - ref_logp)``), their margin, and the fraction of pairs whose
+chosen reward is higher (``acc``).
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from rl_algos import dpo_loss, masked_sum
+from rl_core.data import preference_collate
+from rl_core.trainers.base import Trainer, TrainerConfig
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DPOConfig(TrainerConfig):
+    beta: float = 0.1  # --beta
+    label_smoothing: float = 0.0  # --label_smoothing: cDPO
+    ipo: bool = False  # --ipo
+    nll_loss_coef: float = 0.0  # --nll_loss_coef: + coef x token-mean NLL of the chosen responses
+    precompute_ref: bool = False  # compute reference logprobs once, then release the reference model
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.beta <= 0:
+            raise ValueError(f"beta (--beta) must be > 0, got {self.beta}")
+        if not 0 <= self.label_smoothing < 0.5:
+            raise ValueError(f"label_smoothing (--label_smoothing) must be in [0, 0.5), got {self.label_smoothing}")
+        if self.ipo and self.label_smoothing:
+            raise ValueError("--ipo and --label_smoothing (cDPO) are alternatives; set one of them")
+
+
+def sequence_logps(engine, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-row sum of response-token logprobs ``[R]`` and per-token logprobs ``[R, T]``."""
+    lp = engine(batch["input_ids"], attention_mask=batch["attention_mask"]).logprobs
+    return masked_sum(lp, batch["loss_mask"].to(lp.dtype), dim=1), lp
+
+
+class DPOTrainer(Trainer):
+    name = "dpo"
+    progress_keys = ("loss", "acc", "reward_margin")
+
+    def __init__(self, strategy, actor, ref_actor, tokenizer, dataset, cfg: DPOConfig):
+        super().__init__(strategy, actor, tokenizer, dataset, cfg)
+        self.ref = strategy.prepare(ref_actor, train=False)
+        self.ref_logps: torch.Tensor | None = None  # [N, 2] chosen, rejected when precomputed
+
+    def _ref_pair(self, items: list[dict]) -> torch.Tensor:
+        b = self.to_device(preference_collate(items, self.pad_id))
+        with torch.no_grad():
+            s, _ = sequence_logps(self.ref, b)
+        m = len(items)
+        return torch.stack([s[:m], s[m:]], dim=1)
+
+    def before_fit(self) -> None:
+        if not self.cfg.precompute_ref or self.ref_logps is not None:
+            return
+        self.ref_logps = self.per_row(self._ref_pair, 2).float()
+        self.ref = None  # release the reference: its logprobs are all we need
+        gc.collect()
+        logger.info("dpo: reference logprobs precomputed for %d pairs; reference model released", len(self.dataset))
+
+    def train_step(self, indices: list[int]) -> dict[str, float]:
+        cfg, acc = self.cfg, self.plan.accumulation_steps
+        mb = self.plan.micro_batch
+        groups = self.micro_batches(indices)
+        micro = [self.to_device(preference_collate(items, self.pad_id)) for items in groups]
+        chosen_tokens = None
+        if cfg.nll_loss_coef:
+            chosen_tokens = self.s.all_reduce(sum(b["loss_mask"][:mb].sum() for b in micro).float(), "sum")
+        totals = dict.fromkeys(("loss", "chosen_reward", "rejected_reward", "reward_margin", "acc", "nll"), 0.0)
+        for k, (items, b) in enumerate(zip(groups, micro, strict=True)):
+            m = len(items)
+            if self.ref_logps is not None:
+                ref = self.ref_logps[indices[k * mb:k * mb + m]].to(self.s.device)
+            else:
+                ref = self._ref_pair(items)
+            logps, lp = sequence_logps(self.engine, b)
+            nll = None
+            if cfg.nll_loss_coef:
+                # token-mean over the global batch's chosen tokens, times dp (DeepSpeed averages ranks)
+                nll = -masked_sum(lp[:m], b["loss_mask"][:m].to(lp.dtype)) / chosen_tokens * self.plan.dp_size * acc
+            out = dpo_loss(logps[:m], logps[m:], ref[:, 0], ref[:, 1], beta=cfg.beta,
+                           label_smoothing=cfg.label_smoothing, ipo=cfg.ipo, chosen_nll=nll,
+                           nll_coef=cfg.nll_loss_coef)
+            loss = out.loss / acc
+            self.s.backward(loss, self.engine)
+            self.s.optimizer_step(self.engine)
+            totals["loss"] += loss.item()
+            totals["chosen_reward"] += out.chosen_rewards.mean().item() / acc
+            totals["rejected_reward"] += out.rejected_rewards.mean().item() / acc
+            totals["reward_margin"] += (out.chosen_rewards - out.rejected_rewards).mean().item() / acc
+            totals["acc"] += (out.chosen_rewards > out.rejected_rewards).float().mean().item() / acc
+            if nll is not None:
+                totals["nll"] += nll.item() / acc  # this rank's share x dp: the mean over ranks is the global NLL
+        if not cfg.nll_loss_coef:
+            del totals["nll"]
+        return self.s.all_reduce(totals, "mean")

@@ -1,0 +1,101 @@
+"""KTO trainer: unpaired desirable/undesirable responses against a frozen reference.
+
+Rows are :class:`rl_core.data.KTODataset` items (prompt + response, loss mask on the
+response, ``desirable`` flag). The reference point ``kl`` of each step is
+``max(0, mean(logp - ref_logp))`` over mismatched pairs (each row's prompt with the
+next row's response, within this rank's share of the step), averaged over
+data-parallel ranks, without gradient (Ethayarajh et al. 2024; OpenRLHF builds the same
+pairs). The loss is ``rl_algos.kto_loss`` on sequence log-probabilities (sum over the
+loss mask), averaged over the global batch.
+
+Logged per step: loss, kl, the mean implicit reward ``beta * (logp - ref_logp)`` of
+desirable and of undesirable rows, and their margin.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rl_algos import kto_loss
+from rl_core.data import pad_collate
+from rl_core.trainers.base import Trainer, TrainerConfig
+from rl_core.trainers.dpo import sequence_logps
+
+
+@dataclass(frozen=True)
+class KTOConfig(TrainerConfig):
+    beta: float = 0.1  # --beta
+    desirable_loss_weight: float = 1.0  # --desirable_loss_weight
+    undesirable_loss_weight: float = 1.0  # --undesirable_loss_weight
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.beta <= 0:
+            raise ValueError(f"beta (--beta) must be > 0, got {self.beta}")
+        if self.desirable_loss_weight < 0 or self.undesirable_loss_weight < 0:
+            raise ValueError("desirable/undesirable loss weights must be >= 0, got "
+                             f"{self.desirable_loss_weight}, {self.undesirable_loss_weight}")
+
+
+def mismatched_pairs(items: list[dict]) -> list[dict]:
+    """Row ``i``'s prompt with row ``i+1``'s response (cyclic): the KL reference set."""
+    def split(it):
+        on = torch.nonzero(it["loss_mask"]).flatten()
+        start = int(on[0]) if len(on) else len(it["input_ids"])
+        return it["input_ids"][:start], it["input_ids"][start:]
+
+    parts = [split(it) for it in items]
+    out = []
+    for i, (prompt, _) in enumerate(parts):
+        j = (i + 1) % len(parts)
+        budget = max(len(items[i]["input_ids"]), len(items[j]["input_ids"]))  # stay within max_len
+        resp = parts[j][1][:max(1, budget - len(prompt))]
+        out.append({"input_ids": torch.cat([prompt, resp]),
+                    "loss_mask": torch.cat([torch.zeros_like(prompt), torch.ones_like(resp)])})
+    return out
+
+
+class KTOTrainer(Trainer):
+    name = "kto"
+    progress_keys = ("loss", "kl", "reward_margin")
+
+    def __init__(self, strategy, actor, ref_actor, tokenizer, dataset, cfg: KTOConfig):
+        super().__init__(strategy, actor, tokenizer, dataset, cfg)
+        self.ref = strategy.prepare(ref_actor, train=False)
+
+    @torch.no_grad()
+    def reference_kl(self, groups: list[list[dict]]) -> torch.Tensor:
+        pairs, mb, diffs = mismatched_pairs([it for g in groups for it in g]), self.plan.micro_batch, []
+        for k in range(0, len(pairs), mb):
+            b = self.to_device(pad_collate(pairs[k:k + mb], self.pad_id))
+            diffs.append(sequence_logps(self.engine, b)[0] - sequence_logps(self.ref, b)[0])
+        local = torch.cat(diffs).float().mean()
+        return self.s.all_reduce(local, "mean").clamp(min=0)
+
+    def train_step(self, indices: list[int]) -> dict[str, float]:
+        cfg, acc = self.cfg, self.plan.accumulation_steps
+        groups = self.micro_batches(indices)
+        kl = self.reference_kl(groups)
+        loss_sum = 0.0
+        rewards, flags = [], []
+        for items in groups:
+            b = self.to_device(pad_collate(items, self.pad_id))
+            with torch.no_grad():
+                ref, _ = sequence_logps(self.ref, b)
+            logps, _ = sequence_logps(self.engine, b)
+            out = kto_loss(logps, ref, b["desirable"], kl, beta=cfg.beta,
+                           desirable_weight=cfg.desirable_loss_weight, undesirable_weight=cfg.undesirable_loss_weight)
+            loss = out.loss / acc
+            self.s.backward(loss, self.engine)
+            self.s.optimizer_step(self.engine)
+            loss_sum += loss.item()
+            rewards.append(out.rewards.cpu())
+            flags.append(b["desirable"].cpu())
+        r, d = torch.cat(rewards).double(), torch.cat(flags)
+        sums = self.s.all_reduce(torch.stack([r[d].sum(), d.sum().double(), r[~d].sum(), (~d).sum().double()]), "sum")
+        good = (sums[0] / sums[1]).item() if sums[1] > 0 else float("nan")
+        bad = (sums[2] / sums[3]).item() if sums[3] > 0 else float("nan")
+        return {"loss": self.s.all_reduce(loss_sum, "mean"), "kl": kl.item(), "desirable_reward": good,
+                "undesirable_reward": bad, "reward_margin": good - bad}

@@ -1,0 +1,74 @@
+"""Reward-model trainer: pairwise ranking loss on chosen/rejected pairs; writes reward mean/std.
+
+Each micro-batch of ``m`` pairs is one ``[2m, T]`` forward (:func:`rl_core.data.preference_collate`:
+chosen rows first, then the matching rejected rows) through a
+:class:`rl_core.models.RewardModel`; the loss is ``rl_algos.pairwise_loss``
+(``sigmoid`` = -log sigmoid(c - r - margin), or ``logexp``), averaged over the
+global batch. The dataset's ``margin`` column is used when ``margin_loss`` is on.
+After training the scores of every chosen and rejected response of the training
+set give the mean/std stored with the model (``rl_head.json``), which
+``RewardModel(normalize=True)`` applies at inference, as OpenRLHF does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from rl_algos import pairwise_loss
+from rl_core.data import preference_collate
+from rl_core.trainers.base import Trainer, TrainerConfig
+
+
+@dataclass(frozen=True)
+class RMConfig(TrainerConfig):
+    loss: str = "sigmoid"  # --loss: sigmoid | logexp
+    margin_loss: bool = False  # --margin_loss: use the dataset's margin column (--margin_key)
+    normalize_reward: bool = True  # --normalize_reward: store the training-set reward mean/std
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.loss not in ("sigmoid", "logexp"):
+            raise ValueError(f"loss (--loss) must be sigmoid or logexp, got {self.loss!r}")
+
+
+class RewardModelTrainer(Trainer):
+    name = "rm"
+    progress_keys = ("loss", "acc")
+
+    def _scores(self, items: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        b = self.to_device(preference_collate(items, self.pad_id))
+        scores = self.engine(b["input_ids"], attention_mask=b["attention_mask"])
+        m = len(items)
+        return scores[:m], scores[m:], b["margin"]
+
+    def train_step(self, indices: list[int]) -> dict[str, float]:
+        acc = self.plan.accumulation_steps
+        loss_sum, correct, gap, chosen_mean, rejected_mean = 0.0, 0.0, 0.0, 0.0, 0.0
+        for items in self.micro_batches(indices):
+            chosen, rejected, margin = self._scores(items)
+            loss = pairwise_loss(chosen, rejected, margin if self.cfg.margin_loss else None, kind=self.cfg.loss) / acc
+            self.s.backward(loss, self.engine)
+            self.s.optimizer_step(self.engine)
+            loss_sum += loss.item()
+            correct += (chosen > rejected).float().mean().item() / acc
+            gap += (chosen - rejected).mean().item() / acc
+            chosen_mean += chosen.mean().item() / acc
+            rejected_mean += rejected.mean().item() / acc
+        return self.s.all_reduce({"loss": loss_sum, "acc": correct, "reward_gap": gap,
+                                  "chosen_reward": chosen_mean, "rejected_reward": rejected_mean}, "mean")
+
+    def reward_stats(self) -> tuple[float, float]:
+        """Mean and std of the scores of every chosen and rejected training response."""
+        self.engine.eval()
+        scores = self.per_row(lambda items: torch.stack(self._scores(items)[:2], dim=1), 2)
+        return scores.mean().item(), scores.std(unbiased=False).item()
+
+    def before_export(self) -> None:
+        if not self.cfg.normalize_reward:
+            return
+        mean, std = self.reward_stats()
+        module = self.engine.module
+        module.mean, module.std = mean, max(std, 1e-8)
+        self.metrics.log(self.step, {"eval/reward_mean": mean, "eval/reward_std": std})

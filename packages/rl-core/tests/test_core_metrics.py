@@ -1,0 +1,46 @@
+"""MetricsLogger: metrics.jsonl, TensorBoard, curves.png, and wandb in offline mode (or the install hint)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+
+from rl_core.metrics import MetricsLogger
+
+
+def test_files_a_person_can_look_at(tmp_path):
+    m = MetricsLogger(tmp_path)
+    for step in range(1, 4):
+        m.log(step, {"train/loss": 1.0 / step, "train/acc": step / 3})
+    png = m.close()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[2]["train/loss"] == pytest.approx(1 / 3)
+    assert png.stat().st_size > 1000 and list((tmp_path / "tensorboard").iterdir())
+
+
+def test_silent_on_other_ranks(tmp_path):
+    m = MetricsLogger(tmp_path / "r1", enabled=False)
+    m.log(1, {"x": 1.0})
+    assert m.close() is None and not (tmp_path / "r1").exists()
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed: the offline test runs")
+def test_wandb_missing_says_how_to_install(tmp_path):
+    with pytest.raises(RuntimeError, match=r"pip install wandb .*WANDB_MODE=offline"):
+        MetricsLogger(tmp_path, wandb={"project": "t"})
+
+
+@pytest.mark.skipif(importlib.util.find_spec("wandb") is None,
+                    reason="wandb is not installed in this environment (the workspace dev group has it)")
+def test_wandb_offline_run_is_written(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    m = MetricsLogger(tmp_path, wandb={"project": "rl-test", "name": "t", "config": {"lr": 1e-3}})
+    m.log(1, {"train/loss": 2.0})
+    m.log(2, {"train/loss": 1.0})
+    m.close()
+    runs = list((tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1, list((tmp_path / "wandb").iterdir())
+    assert list(runs[0].glob("*.wandb")), "the offline run holds its event file"
