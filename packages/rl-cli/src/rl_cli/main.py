@@ -1,9 +1,10 @@
 """The ``rl`` command: dispatches to subcommands.
 
-Today: ``rl --version`` (every package's version) and ``rl doctor`` (what this machine
-can run: torch device, DeepSpeed, Ray, vLLM, flash-attn). The training subcommands
-(sft, rm, dpo, kto, ppo, ppo-ray, serve-rm, demo) arrive with their issues; asking for
-one that does not exist yet fails with the list of those that do.
+Today: ``rl sft | rm | dpo | kto`` (offline trainers, :mod:`rl_cli.train`; each takes
+``--help``), ``rl --version`` (every package's version) and ``rl doctor`` (what this
+machine can run: torch device, DeepSpeed, Ray, vLLM, flash-attn). ppo, ppo-ray,
+serve-rm and demo arrive with their issues; asking for one that does not exist yet
+fails with the list of those that do.
 """
 
 from __future__ import annotations
@@ -37,10 +38,17 @@ def doctor() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from rl_cli.train import COMMANDS, run
+
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in COMMANDS:
+        return run(argv[0], argv[1:])
     parser = argparse.ArgumentParser(prog="rl", description="RL for LLMs: SFT, RM, DPO, KTO, PPO/GRPO")
     parser.add_argument("--version", action="store_true", help="print every package's version")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("doctor", help="what this machine can run")
+    for name, cmd in COMMANDS.items():
+        sub.add_parser(name, help=f"{cmd.help} (rl {name} --help for its flags)")
     args = parser.parse_args(argv)
     if args.version:
         for name, v in versions().items():

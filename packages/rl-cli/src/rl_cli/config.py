@@ -1,0 +1,249 @@
+"""Command-line flags derived from the packages' typed config dataclasses, plus YAML files.
+
+A command names its groups, e.g. ``{"model": ModelArgs, "data": DataConfig,
+"strategy": StrategyConfig, "train": SFTConfig}``. Every dataclass field becomes a
+dotted flag (``--strategy.zero_stage 3``); a field name that is unique across the
+groups is also accepted bare (``--zero_stage 3``), which is how OpenRLHF's flat flags
+(``--max_len``, ``--micro_train_batch_size``, ``--save_path`` ...) carry over, and
+:data:`ALIASES` maps OpenRLHF names that differ from ours (``--pretrain``, ``--l2``,
+``--flash_attn``). ``--config run.yaml`` supplies values first (nested
+``strategy: {zero_stage: 3}``, dotted or flat keys); flags on the command line win.
+Types come from the annotations: ``int``, ``float``, ``str``, optional ones, booleans
+(``--bf16``, ``--bf16 false``) and tuples (``--adam_betas 0.9 0.95``). The dataclasses'
+own checks run on the result, so a bad value fails with their message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import difflib
+import inspect
+import re
+import types
+import typing
+from pathlib import Path
+
+# OpenRLHF flag -> our dotted name, where the names differ.
+ALIASES = {
+    "pretrain": "model.pretrain",
+    "ref_pretrain": "model.ref_pretrain",
+    "flash_attn": "model.flash_attn",
+    "lora_rank": "model.lora_rank",
+    "lora_alpha": "model.lora_alpha",
+    "lora_dropout": "model.lora_dropout",
+    "target_modules": "model.target_modules",
+    "l2": "strategy.weight_decay",
+    "dataset": "data.dataset",
+    "max_samples": "data.max_samples",
+}
+TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+def parse_bool(text: str) -> bool:
+    t = str(text).strip().lower()
+    if t in TRUE:
+        return True
+    if t in FALSE:
+        return False
+    raise argparse.ArgumentTypeError(f"expected true or false, got {text!r}")
+
+
+def _unwrap_optional(tp):
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if len(args) == 1:
+            return args[0], True
+        if str in args:  # e.g. tuple[str, ...] | str: take the text form
+            return str, type(None) in typing.get_args(tp)
+    return tp, False
+
+
+def _field_kwargs(tp) -> dict:
+    base, optional = _unwrap_optional(tp)
+    if base is bool:
+        return {"type": parse_bool, "nargs": "?", "const": True, "metavar": "BOOL"}
+    if typing.get_origin(base) is tuple:
+        args = typing.get_args(base)
+        inner = args[0]
+        n = "+" if len(args) == 2 and args[1] is Ellipsis else len(args)
+        return {"type": inner, "nargs": n}
+    if base in (int, float, str):
+        if optional:
+            return {"type": lambda s, b=base: None if s.lower() in ("none", "null") else b(s)}
+        return {"type": base}
+    raise TypeError(f"config field type {tp!r} has no command-line form")
+
+
+@dataclasses.dataclass
+class Flag:
+    dotted: str  # group.field
+    group: str
+    field: str
+    kwargs: dict
+
+
+def _comments(cls: type) -> dict[str, str]:
+    """``name: type = default  # text`` -> {name: text}, over the class and its bases."""
+    out: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        try:
+            src = inspect.getsource(klass)
+        except (OSError, TypeError):
+            continue
+        for m in re.finditer(r"^\s+(\w+)\s*:[^=\n]*=[^#\n]*#\s*(.+)$", src, flags=re.M):
+            out[m.group(1)] = m.group(2).strip()
+    return out
+
+
+def _default(f: dataclasses.Field):
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return None
+
+
+def collect_flags(groups: dict[str, type]) -> list[Flag]:
+    flags = []
+    for group, cls in groups.items():
+        hints, notes = typing.get_type_hints(cls), _comments(cls)
+        for f in dataclasses.fields(cls):
+            if f.name.startswith("_"):
+                continue
+            kw = _field_kwargs(hints[f.name])
+            note = re.sub(r"^--\w+(:\s*)?", "", notes.get(f.name, "")).strip()
+            kw["help"] = f"{note + '; ' if note else ''}default: {_default(f)!r}".replace("%", "%%")
+            kw.setdefault("metavar", f.name.upper())
+            flags.append(Flag(f"{group}.{f.name}", group, f.name, kw))
+    return flags
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse that suggests the closest known flag for a misspelt one."""
+
+    known: list[str] = []
+
+    def error(self, message: str):
+        if "unrecognized arguments" in message:
+            bad = [w for w in message.split(":", 1)[1].split() if w.startswith("--")]
+            hints = []
+            for w in bad:
+                close = difflib.get_close_matches(w.split("=")[0], self.known, n=3, cutoff=0.6)
+                if close:
+                    hints.append(f"{w}: did you mean {', '.join(close)}?")
+            if hints:
+                message += "\n  " + "\n  ".join(hints)
+        super().error(message)
+
+
+def build_parser(prog: str, description: str, groups: dict[str, type]) -> tuple[argparse.ArgumentParser, list[Flag]]:
+    flags = collect_flags(groups)
+    counts: dict[str, int] = {}
+    for f in flags:
+        counts[f.field] = counts.get(f.field, 0) + 1
+    parser = _Parser(prog=prog, description=description, argument_default=argparse.SUPPRESS)
+    parser.add_argument("--config", metavar="FILE.yaml", help="read settings from YAML first; flags override it")
+    parser.add_argument("--print_config", action="store_true",
+                        help="print the resolved settings and the batch arithmetic, then exit")
+    by_dotted = {f.dotted: f for f in flags}
+    reverse_alias: dict[str, list[str]] = {}
+    for alias, dotted in ALIASES.items():
+        if dotted in by_dotted:
+            reverse_alias.setdefault(dotted, []).append(alias)
+    known = []
+    for group in groups:
+        g = parser.add_argument_group(group)
+        for f in (f for f in flags if f.group == group):
+            names = [f"--{f.dotted}"]
+            if counts[f.field] == 1 and f.field not in ALIASES:
+                names.append(f"--{f.field}")
+            names += [f"--{a}" for a in reverse_alias.get(f.dotted, [])]
+            g.add_argument(*names, dest=f.dotted, **f.kwargs)
+            known += names
+    parser.known = known
+    return parser, flags
+
+
+def _flatten_yaml(data: dict, groups: dict[str, type], flags: list[Flag], source: str) -> dict[str, object]:
+    by_dotted = {f.dotted: f for f in flags}
+    by_field: dict[str, list[Flag]] = {}
+    for f in flags:
+        by_field.setdefault(f.field, []).append(f)
+    out: dict[str, object] = {}
+
+    def coerce(dotted: str, value):  # YAML reads 1e-5 as text; apply the flag's own parser
+        kw = by_dotted[dotted].kwargs
+        if isinstance(value, str) and kw["type"] is not str:
+            try:
+                return kw["type"](value)
+            except (ValueError, argparse.ArgumentTypeError) as e:
+                raise ValueError(f"{source}: {dotted} = {value!r}: {e}") from None
+        return value
+
+    def put(key: str, value):
+        if key in by_dotted:
+            out[key] = coerce(key, value)
+        elif key in ALIASES and ALIASES[key] in by_dotted:
+            out[ALIASES[key]] = coerce(ALIASES[key], value)
+        elif len(by_field.get(key, [])) == 1:
+            out[by_field[key][0].dotted] = coerce(by_field[key][0].dotted, value)
+        elif key in by_field:
+            raise ValueError(f"{source}: key {key!r} is ambiguous; write one of "
+                             f"{', '.join(f.dotted for f in by_field[key])}")
+        else:
+            close = difflib.get_close_matches(key, list(by_dotted) + list(by_field), n=3, cutoff=0.6)
+            hint = f"; did you mean {', '.join(close)}?" if close else ""
+            raise ValueError(f"{source}: unknown setting {key!r}{hint}")
+
+    for key, value in (data or {}).items():
+        if key in groups and isinstance(value, dict):
+            for k, v in value.items():
+                put(f"{key}.{k}", v)
+        else:
+            put(str(key), value)
+    return out
+
+
+def resolve(groups: dict[str, type], args: argparse.Namespace, flags: list[Flag]) -> dict[str, object]:
+    """Defaults < YAML < command line -> one instance per group (the dataclasses validate)."""
+    values: dict[str, object] = {}
+    cfg_file = getattr(args, "config", None)
+    if cfg_file:
+        import yaml
+
+        path = Path(cfg_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"--config {cfg_file}: no such file")
+        try:
+            data = yaml.safe_load(path.read_text())
+        except yaml.YAMLError as e:
+            raise ValueError(f"--config {cfg_file} is not valid YAML: {e}") from None
+        if data is not None and not isinstance(data, dict):
+            raise ValueError(f"--config {cfg_file}: expected a mapping of settings, got {type(data).__name__}")
+        values.update(_flatten_yaml(data, groups, flags, f"--config {cfg_file}"))
+    values.update({k: v for k, v in vars(args).items() if "." in k})
+    out = {}
+    for group, cls in groups.items():
+        kw = {}
+        for f in dataclasses.fields(cls):
+            key = f"{group}.{f.name}"
+            if key in values:
+                v = values[key]
+                if isinstance(v, list):
+                    v = tuple(v)
+                kw[f.name] = v
+        try:
+            out[group] = cls(**kw)
+        except TypeError as e:
+            raise ValueError(f"{group} settings: {e}") from None
+    return out
+
+
+def describe(configs: dict[str, object]) -> str:
+    lines = []
+    for group, obj in configs.items():
+        for f in dataclasses.fields(obj):
+            if not f.name.startswith("_"):
+                lines.append(f"  {group}.{f.name} = {getattr(obj, f.name)!r}")
+    return "\n".join(lines)

@@ -1,0 +1,186 @@
+"""``rl sft | rm | dpo | kto``: flags -> configs -> data, models, DeepSpeed -> trainer.fit().
+
+Each command is a :class:`Command`: its trainer config class, its dataset class and
+how to build the trainer. Flags come from ``ModelArgs``, rl_core's ``DataConfig``,
+``StrategyConfig`` and the trainer's config (:mod:`rl_cli.config`). Every run prints
+the resolved batch arithmetic (global batch, micro batch, accumulation steps, data
+parallel size, total optimizer steps) and the data report before training starts.
+Works alone (one process) and under ``torchrun`` / ``deepspeed`` (several ranks).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rl_cli.config import build_parser, describe, resolve
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class ModelArgs:
+    """Which model folders to load, and how (OpenRLHF flag names)."""
+
+    pretrain: str | None = None  # --pretrain: local HF folder of the model to train
+    ref_pretrain: str | None = None  # --ref_pretrain: reference for DPO/KTO (default: --pretrain)
+    flash_attn: bool = False  # --flash_attn: flash_attention_2 (needs flash-attn; default sdpa)
+    lora_rank: int = 0  # --lora_rank: >0 trains a LoRA adapter (peft) instead of all weights
+    lora_alpha: int = 16  # --lora_alpha
+    lora_dropout: float = 0.0  # --lora_dropout
+    target_modules: str = "all-linear"  # --target_modules: comma-separated module names or all-linear
+
+    def __post_init__(self) -> None:
+        if self.lora_rank < 0:
+            raise ValueError(f"lora_rank (--lora_rank) must be >= 0, got {self.lora_rank}")
+
+    def lora(self):
+        from rl_core.models import LoraSpec
+
+        if self.lora_rank == 0:
+            return None
+        mods = self.target_modules if self.target_modules == "all-linear" else tuple(
+            m.strip() for m in self.target_modules.split(",") if m.strip())
+        return LoraSpec(self.lora_rank, self.lora_alpha, self.lora_dropout, mods)
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str
+    help: str
+    config_cls: Callable[[], type]
+    dataset_cls: Callable[[], type]
+    build: Callable  # (strategy, args, tokenizer, dataset, train_cfg) -> Trainer
+
+
+def _load_kw(model: ModelArgs, strategy_cfg) -> dict:
+    return {"dtype": "bf16" if strategy_cfg.bf16 else "fp32",
+            "attn_implementation": "flash_attention_2" if model.flash_attn else None,
+            "gradient_checkpointing": strategy_cfg.gradient_checkpointing, "lora": model.lora()}
+
+
+def _build_sft(strategy, cfgs, tok, ds, train):
+    from rl_core.models import Actor
+    from rl_core.trainers import SFTTrainer
+
+    m = cfgs["model"]
+    return SFTTrainer(strategy, Actor.from_pretrained(m.pretrain, **_load_kw(m, strategy.cfg)), tok, ds, train)
+
+
+def _build_rm(strategy, cfgs, tok, ds, train):
+    from rl_core.models import RewardModel
+    from rl_core.trainers import RewardModelTrainer
+
+    m = cfgs["model"]
+    return RewardModelTrainer(strategy, RewardModel.from_pretrained(m.pretrain, **_load_kw(m, strategy.cfg)),
+                              tok, ds, train)
+
+
+def _with_reference(trainer_name: str):
+    def build(strategy, cfgs, tok, ds, train):
+        from rl_core import trainers
+        from rl_core.models import Actor, frozen
+
+        m = cfgs["model"]
+        kw = _load_kw(m, strategy.cfg)
+        ref = frozen(Actor.from_pretrained(m.ref_pretrain or m.pretrain, **{**kw, "lora": None,
+                                                                             "gradient_checkpointing": False}))
+        return getattr(trainers, trainer_name)(strategy, Actor.from_pretrained(m.pretrain, **kw), ref, tok, ds, train)
+
+    return build
+
+
+def _cls(module: str, name: str):
+    def get():
+        import importlib
+
+        return getattr(importlib.import_module(module), name)
+
+    return get
+
+
+COMMANDS = {
+    "sft": Command("sft", "supervised fine-tuning", _cls("rl_core.trainers", "SFTConfig"),
+                   _cls("rl_core.data", "SFTDataset"), _build_sft),
+    "rm": Command("rm", "reward model (pairwise)", _cls("rl_core.trainers", "RMConfig"),
+                  _cls("rl_core.data", "PreferenceDataset"), _build_rm),
+    "dpo": Command("dpo", "direct preference optimization (DPO, IPO, cDPO)", _cls("rl_core.trainers", "DPOConfig"),
+                   _cls("rl_core.data", "PreferenceDataset"), _with_reference("DPOTrainer")),
+    "kto": Command("kto", "Kahneman-Tversky optimization", _cls("rl_core.trainers", "KTOConfig"),
+                   _cls("rl_core.data", "KTODataset"), _with_reference("KTOTrainer")),
+}
+
+
+def _groups(cmd: Command) -> dict[str, type]:
+    from rl_core.data import DataConfig
+    from rl_core.strategy import StrategyConfig
+
+    return {"model": ModelArgs, "data": DataConfig, "strategy": StrategyConfig, "train": cmd.config_cls()}
+
+
+def _wandb_key(argv: list[str]) -> list[str]:
+    """OpenRLHF's ``--use_wandb KEY``: the key goes to WANDB_API_KEY, the flag becomes true."""
+    from rl_cli.config import FALSE, TRUE
+
+    out = list(argv)
+    for i, a in enumerate(out[:-1]):
+        if a in ("--use_wandb", "--train.use_wandb") and not out[i + 1].startswith("--") \
+                and out[i + 1].lower() not in TRUE | FALSE:
+            os.environ["WANDB_API_KEY"] = out[i + 1]
+            out[i + 1] = "true"
+    return out
+
+
+def run(name: str, argv: list[str] | None = None) -> int:
+    cmd = COMMANDS[name]
+    groups = _groups(cmd)
+    parser, flags = build_parser(f"rl {name}", f"rl {name}: {cmd.help}", groups)
+    args = parser.parse_args(_wandb_key(sys.argv[1:] if argv is None else argv))
+    try:
+        cfgs = resolve(groups, args, flags)
+    except (ValueError, FileNotFoundError) as e:
+        parser.error(str(e))
+    if not cfgs["model"].pretrain:
+        parser.error("--pretrain is required: a local HF model folder (config.json, weights, tokenizer)")
+    if not cfgs["data"].dataset:
+        parser.error("--dataset is required: a .jsonl/.json/.parquet file or a save_to_disk folder")
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+
+    from transformers import AutoTokenizer
+
+    from rl_core.data import load_rows
+    from rl_core.strategy import DeepSpeedStrategy
+
+    strategy = DeepSpeedStrategy(cfgs["strategy"])
+    strategy.setup_distributed()
+    rank0 = strategy.is_rank_0()
+    tok = AutoTokenizer.from_pretrained(cfgs["model"].pretrain)
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    data = cfgs["data"]
+    ds = cmd.dataset_cls()(load_rows(data.dataset, data.split, data.max_samples), tok, data)
+    plan = strategy.batch_plan(len(ds), cfgs["train"].max_epochs)
+    if rank0:
+        print(f"[rl {name}] {ds.report.summary()}")
+        print(f"[rl {name}] {plan.describe()}", flush=True)
+    if getattr(args, "print_config", False):
+        if rank0:
+            print(describe(cfgs))
+        return 0
+    trainer = cmd.build(strategy, cfgs, tok, ds, cfgs["train"])
+    losses = trainer.fit()
+    if rank0:
+        where = {k: v for k, v in dataclasses.asdict(cfgs["train"]).items()
+                 if k in ("save_path", "ckpt_path", "run_dir") and v}
+        first, last = (f"{losses[0]:.4f}", f"{losses[-1]:.4f}") if losses else ("-", "-")
+        print(f"[rl {name}] done: {len(losses)} steps, loss {first} -> {last}; {where}", flush=True)
+    return 0
+
+
+def module_main(name: str) -> None:
+    """Entry of ``python -m rl_cli.train_<name>``."""
+    sys.exit(run(name))

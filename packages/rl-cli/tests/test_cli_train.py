@@ -1,0 +1,125 @@
+"""``rl sft | rm | dpo | kto``: flags from the config dataclasses, YAML, OpenRLHF aliases, and real runs
+(one process, and two ranks under torchrun with gloo + ZeRO-3 giving the same losses)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rl_cli.config import build_parser, resolve
+from rl_cli.train import COMMANDS, _groups, _wandb_key, run
+
+pytestmark = pytest.mark.timeout(900)
+WORDS = ["abc", "hello", "xyz", "rl", "ppo", "grpo", "data", "kto"]
+
+
+def parse(name, argv):
+    groups = _groups(COMMANDS[name])
+    parser, flags = build_parser(f"rl {name}", "", groups)
+    return resolve(groups, parser.parse_args(argv), flags)
+
+
+def test_dotted_flags_aliases_and_yaml_with_command_line_winning(tmp_path):
+    y = tmp_path / "run.yaml"
+    y.write_text("strategy:\n  zero_stage: 3\n  learning_rate: 1e-5\nmax_len: 512\ndata.input_key: question\n"
+                 "beta: 0.5\npretrain: /m\n")
+    c = parse("dpo", ["--config", str(y), "--zero_stage", "1", "--strategy.micro_train_batch_size", "2",
+                      "--l2", "0.01", "--adam_betas", "0.9", "0.99", "--ipo", "--bf16", "false", "--dataset", "d.jsonl"])
+    s, d, t, m = c["strategy"], c["data"], c["train"], c["model"]
+    assert (s.zero_stage, s.learning_rate, s.micro_train_batch_size, s.weight_decay) == (1, 1e-5, 2, 0.01)
+    assert s.adam_betas == (0.9, 0.99) and s.bf16 is False
+    assert (d.max_len, d.input_key, d.dataset) == (512, "question", "d.jsonl")
+    assert (t.beta, t.ipo) == (0.5, True) and m.pretrain == "/m"
+
+
+def test_bad_settings_fail_with_the_fix(tmp_path, capsys):
+    y = tmp_path / "bad.yaml"
+    y.write_text("strategy:\n  zero_stgae: 3\n")
+    with pytest.raises(ValueError, match=r"unknown setting 'strategy.zero_stgae'; did you mean strategy.zero_stage"):
+        parse("sft", ["--config", str(y)])
+    with pytest.raises(SystemExit):
+        parse("sft", ["--micro_train_batchsize", "2"])
+    assert "did you mean --micro_train_batch_size" in capsys.readouterr().err
+    with pytest.raises(ValueError, match=r"zero_stage must be 0, 1, 2 or 3, got 5"):
+        parse("sft", ["--zero_stage", "5"])
+    with pytest.raises(SystemExit):
+        parse("sft", ["--bf16", "maybe"])
+    assert "expected true or false, got 'maybe'" in capsys.readouterr().err
+
+
+def test_openrlhf_use_wandb_key_goes_to_the_environment(monkeypatch):
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    assert _wandb_key(["--use_wandb", "abc123", "--bf16"]) == ["--use_wandb", "true", "--bf16"]
+    assert os.environ["WANDB_API_KEY"] == "abc123"
+    assert _wandb_key(["--use_wandb", "--bf16"]) == ["--use_wandb", "--bf16"]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    from rl_rollout.testing import make_tiny_model
+
+    root = tmp_path_factory.mktemp("cli")
+    make_tiny_model(root / "tiny")
+    (root / "sft.jsonl").write_text("".join(json.dumps({"q": f"reverse {w}", "a": w[::-1]}) + "\n" for w in WORDS))
+    (root / "pairs.jsonl").write_text("".join(
+        json.dumps({"prompt": f"reverse {w}", "chosen": w[::-1], "rejected": w}) + "\n" for w in WORDS))
+    (root / "kto.jsonl").write_text("".join(
+        json.dumps({"input": f"reverse {w}", "output": o, "label": good}) + "\n"
+        for w in WORDS for o, good in ((w[::-1], True), (w, False))))
+    return root
+
+
+COMMON = ["--micro_train_batch_size", "2", "--train_batch_size", "4", "--learning_rate", "3e-3", "--bf16", "false",
+          "--lr_warmup_ratio", "0"]
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def losses_of(run_dir):
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r["train/loss"] for r in rows if "train/loss" in r]
+
+
+@pytest.mark.parametrize("name,extra", [
+    ("rm", ["--dataset", "pairs.jsonl", "--prompt_key", "prompt", "--max_epochs", "2"]),
+    ("dpo", ["--dataset", "pairs.jsonl", "--prompt_key", "prompt", "--beta", "0.1", "--max_epochs", "2"]),
+    ("kto", ["--dataset", "kto.jsonl", "--output_key", "output", "--max_epochs", "1"]),  # 16 rows
+])
+def test_preference_commands_train_and_export(files, name, extra, capsys, monkeypatch):
+    monkeypatch.chdir(files)
+    out = files / f"out-{name}"
+    assert run(name, ["--pretrain", "tiny", *extra, *COMMON, "--save_path", str(out), "--run_dir", f"run-{name}"]) == 0
+    printed = capsys.readouterr().out
+    assert f"[rl {name}] global batch 4 = micro batch 2 x accumulation 2 x data parallel 1" in printed
+    losses = losses_of(files / f"run-{name}")
+    assert len(losses) == 4 and all(0 < x < 100 for x in losses), losses  # learning itself: rl-core's tests
+    assert (out / "config.json").is_file() and ((out / "rl_head.json").is_file() == (name == "rm"))
+
+
+def test_two_ranks_under_torchrun_match_one_process(files, tmp_path):
+    """ZeRO-3 over 2 gloo ranks (micro 2 x 1 x dp 2) gives one process's losses (micro 2 x accumulation 2)."""
+    args = ["--pretrain", str(files / "tiny"), "--dataset", str(files / "sft.jsonl"), "--input_key", "q",
+            "--output_key", "a", "--apply_chat_template", "--zero_stage", "3", "--max_epochs", "2", *COMMON]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    env.pop("RANK", None)
+    one = subprocess.run([sys.executable, "-m", "rl_cli.train_sft", *args, "--run_dir", str(tmp_path / "one")],
+                         capture_output=True, text=True, timeout=600, env=env)
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
+                          "-m", "rl_cli.train_sft", *args, "--run_dir", str(tmp_path / "two")],
+                         capture_output=True, text=True, timeout=300, env=env)
+    assert two.returncode == 0, two.stderr[-3000:]
+    assert "accumulation 1 x data parallel 2" in two.stdout and "accumulation 2 x data parallel 1" in one.stdout
+    a, b = losses_of(tmp_path / "one"), losses_of(tmp_path / "two")
+    assert len(a) == len(b) == 4
+    assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5, (a, b)
