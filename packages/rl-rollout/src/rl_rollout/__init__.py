@@ -1,22 +1,42 @@
-"""rl-rollout: generation engines for RL on LLMs (token ids in, samples with logprobs out).
+"""rl-rollout: generation engines for RL on LLMs (token ids in, samples with logprobs out),
+rewards (:mod:`rl_rollout.rewards`) and multi-turn agents (:mod:`rl_rollout.agents`).
 
 Importing this package imports torch and nothing heavy; the engines import
 transformers or vLLM when they are built (``make_engine``, or their modules).
 """
 
+from rl_rollout.agents import AgentExecutor, AgentRequest, CalculatorEnv, Environment, EnvStepError, StepResult
 from rl_rollout.engine import EngineKind, RolloutEngine, make_engine, vllm_usable
 from rl_rollout.pool import EnginePool
+from rl_rollout.rewards import (
+    RemoteRewardClient,
+    RemoteRewardError,
+    RewardRunner,
+    RewardServer,
+    load_reward_fn,
+)
 from rl_rollout.types import RolloutRequest, RolloutSample, SamplingParams
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
+    "AgentExecutor",
+    "AgentRequest",
+    "CalculatorEnv",
     "EngineKind",
     "EnginePool",
+    "EnvStepError",
+    "Environment",
+    "RemoteRewardClient",
+    "RemoteRewardError",
+    "RewardRunner",
+    "RewardServer",
     "RolloutEngine",
     "RolloutRequest",
     "RolloutSample",
     "SamplingParams",
+    "StepResult",
+    "load_reward_fn",
     "make_engine",
     "vllm_usable",
 ]

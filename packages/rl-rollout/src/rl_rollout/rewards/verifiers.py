@@ -1,0 +1,216 @@
+"""Built-in verifiers: exact match, numeric / ``\\boxed{}`` math answer, regex format check.
+
+Each verifier is a small frozen dataclass with the reward-function signature
+``(prompt, response, label, **info) -> float`` returning 1.0 or 0.0; being
+plain picklable objects they run in the process pool as well as in-process.
+Addressed by spec string (:func:`make_builtin` gets the part after ``builtin:``):
+
+=============================  ==============================================================
+``builtin:exact_match``        response == label after stripping, collapsing whitespace, casefold
+``builtin:exact_match:strict`` response == label, byte for byte
+``builtin:math``               last ``\\boxed{}`` (else last number) == label numerically,
+                               ``math.isclose`` with rel_tol 1e-6, abs_tol 1e-9
+``builtin:math:REL_TOL``       the same with another relative tolerance, e.g. ``math:1e-4``
+``builtin:format:REGEX``       1.0 when ``re.search(REGEX, response)`` matches (``re.DOTALL``;
+                               anchor with ``^...$`` to check the whole response)
+=============================  ==============================================================
+
+Math answers parse integers, decimals, scientific notation, thousands commas
+(``1,234``), fractions (``1/2``, ``\\frac{1}{2}``, ``\\dfrac12``), a leading
+``x =``, ``$``, ``\\%`` and degree marks; answers that are not numbers (``\\pi/2``,
+``x+1``) are compared as strings with spaces and ``\\left``/``\\right`` removed.
+A label may itself hold a ``\\boxed{}`` or a GSM8K-style ``#### 42`` tail.
+Verifiers that need a label raise ValueError when it is None (the runner counts
+that as an error). Left out: symbolic equivalence (sympy), units, intervals.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Builtin(str, Enum):
+    EXACT_MATCH = "exact_match"
+    MATH = "math"
+    FORMAT = "format"
+
+
+BUILTIN_FORMS = ["exact_match", "exact_match:strict", "math", "math:REL_TOL", "format:REGEX"]
+
+
+def make_builtin(name: str) -> Any:
+    """Build the verifier for ``name`` (a spec without its ``builtin:`` prefix), e.g. ``"math:1e-4"``."""
+    from rl_rollout.rewards.loading import RewardLoadError
+
+    base, _, arg = name.partition(":")
+    try:
+        kind = Builtin(base)
+    except ValueError:
+        raise RewardLoadError(
+            f"unknown builtin reward {name!r}; valid: {['builtin:' + f for f in BUILTIN_FORMS]}"
+        ) from None
+    if kind is Builtin.EXACT_MATCH:
+        if arg not in ("", "strict"):
+            raise RewardLoadError(f"builtin:exact_match takes no option or ':strict', got {arg!r} in {name!r}")
+        return ExactMatch(normalize=arg == "")
+    if kind is Builtin.MATH:
+        if not arg:
+            return MathAnswer()
+        try:
+            return MathAnswer(rel_tol=float(arg))
+        except ValueError as e:
+            raise RewardLoadError(f"builtin:math:REL_TOL needs a float >= 0 after 'math:', got {arg!r}: {e}") from None
+    if not arg:
+        raise RewardLoadError("builtin:format needs a regex after 'format:', e.g. 'builtin:format:^<a>.*</a>$'")
+    try:
+        return FormatCheck(arg)
+    except re.error as e:
+        raise RewardLoadError(f"builtin:format: {arg!r} is not a valid regex ({e}); fix the pattern") from None
+
+
+def _need_label(label: str | None, who: str) -> str:
+    if label is None:
+        raise ValueError(f"{who} needs a reference answer but label is None; set the dataset's label_key")
+    return label
+
+
+def normalize_text(text: str) -> str:
+    """Strip, collapse runs of whitespace to one space, casefold."""
+    return " ".join(text.split()).casefold()
+
+
+@dataclass(frozen=True)
+class ExactMatch:
+    """1.0 when the response equals the label (after :func:`normalize_text` when ``normalize``)."""
+
+    normalize: bool = True
+
+    def __call__(self, prompt: str, response: str, label: str | None, **info: Any) -> float:
+        label = _need_label(label, "builtin:exact_match")
+        if self.normalize:
+            return float(normalize_text(response) == normalize_text(label))
+        return float(response == label)
+
+
+@dataclass(frozen=True)
+class FormatCheck:
+    """1.0 when ``re.search(pattern, response, re.DOTALL)`` matches; the label is not used."""
+
+    pattern: str
+    _regex: re.Pattern = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_regex", re.compile(self.pattern, re.DOTALL))
+
+    def __call__(self, prompt: str, response: str, label: str | None, **info: Any) -> float:
+        return float(self._regex.search(response) is not None)
+
+
+@dataclass(frozen=True)
+class MathAnswer:
+    """1.0 when the response's final answer equals the label's (numerically within tolerance, else as text)."""
+
+    rel_tol: float = 1e-6
+    abs_tol: float = 1e-9
+
+    def __post_init__(self) -> None:
+        if not (self.rel_tol >= 0 and self.abs_tol >= 0):
+            raise ValueError(f"MathAnswer tolerances must be >= 0, got rel_tol={self.rel_tol}, abs_tol={self.abs_tol}")
+
+    def __call__(self, prompt: str, response: str, label: str | None, **info: Any) -> float:
+        reference = label_answer(_need_label(label, "builtin:math"))
+        predicted = extract_math_answer(response)
+        if predicted is None:
+            return 0.0
+        a, b = parse_number(predicted), parse_number(reference)
+        if a is not None and b is not None:
+            return float(math.isclose(a, b, rel_tol=self.rel_tol, abs_tol=self.abs_tol))
+        return float(_canonical(predicted) == _canonical(reference))
+
+
+def last_boxed(text: str) -> str | None:
+    """Content of the last ``\\boxed{...}`` (or ``\\fbox{...}``), braces balanced; None when there is none."""
+    start = max(text.rfind("\\boxed"), text.rfind("\\fbox"))
+    if start < 0:
+        return None
+    i = text.find("{", start)
+    if i < 0 or text[start:i].strip() not in ("\\boxed", "\\fbox"):
+        return None
+    depth = 0
+    for j in range(i, len(text)):
+        depth += {"{": 1, "}": -1}.get(text[j], 0)
+        if depth == 0:
+            return text[i + 1 : j].strip()
+    return None  # unbalanced: the response was cut off inside the box
+
+
+_INT = r"(?:\d{1,3}(?:,\d{3})+|\d+)"
+_NUM = rf"{_INT}(?:\.\d+)?"
+# A sign counts only when it does not follow a word character (so "3-4" ends in "4", not "-4").
+_LAST_NUMBER_RE = re.compile(
+    rf"(?<![\w.])[-+]?(?:\\[dt]?frac\{{[^{{}}]+\}}\{{[^{{}}]+\}}|{_NUM}(?:\s*/\s*{_NUM}|[eE][-+]?\d+)?)"
+)
+
+
+def extract_math_answer(text: str) -> str | None:
+    """The last ``\\boxed{}`` content, else the last number (``1,234``, ``-2.5``, ``1/2``, ``\\frac{1}{2}``)."""
+    boxed = last_boxed(text)
+    if boxed is not None:
+        return boxed
+    numbers_found = _LAST_NUMBER_RE.findall(text)
+    return numbers_found[-1] if numbers_found else None
+
+
+def label_answer(label: str) -> str:
+    """The reference answer in a label: its last ``\\boxed{}``, the text after ``####`` (GSM8K), or the label."""
+    boxed = last_boxed(label)
+    if boxed is not None:
+        return boxed
+    if "####" in label:
+        return label.rsplit("####", 1)[1].strip()
+    return label.strip()
+
+
+_PLAIN_RE = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_COMMA_INT_RE = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d*)?")
+_FRAC_RE = re.compile(r"([+-]?)\\frac\{([^{}]+)\}\{([^{}]+)\}")
+_FRAC_SHORT_RE = re.compile(r"([+-]?)\\frac(\d)(\d)")
+_SLASH_RE = re.compile(r"([+-]?)([\d.,]+)/([\d.,]+)")
+
+
+def _clean(text: str) -> str:
+    s = re.sub(r"\\(?:text|mathrm|mbox)\{([^{}]*)\}", r"\1", text)
+    s = s.replace("\\left", "").replace("\\right", "").replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    for junk in ("$", "\\!", "\\,", "\\;", "\\ ", "^{\\circ}", "^\\circ", "\\%", "%", "°"):
+        s = s.replace(junk, "")
+    s = "".join(s.split())
+    if "=" in s:
+        s = s.rsplit("=", 1)[1]
+    return s.rstrip(".")
+
+
+def _plain_number(s: str) -> float | None:
+    if _COMMA_INT_RE.fullmatch(s):
+        s = s.replace(",", "")
+    return float(s) if _PLAIN_RE.fullmatch(s) else None
+
+
+def parse_number(text: str) -> float | None:
+    """``text`` as a number (see the module docstring for the forms), or None when it is not one."""
+    s = _clean(text)
+    m = _FRAC_RE.fullmatch(s) or _FRAC_SHORT_RE.fullmatch(s) or _SLASH_RE.fullmatch(s)
+    if m is None:
+        return _plain_number(s)
+    sign_text, num_text, den_text = m.groups()
+    num, den = _plain_number(num_text), _plain_number(den_text)
+    if num is None or den is None or den == 0:
+        return None
+    return (-num if sign_text == "-" else num) / den
+
+
+def _canonical(text: str) -> str:
+    return _clean(text).casefold()
