@@ -65,3 +65,35 @@ def test_resume_continues_with_the_same_batches(setup, tmp_path):
 def test_resume_without_a_checkpoint_folder_fails_early():
     with pytest.raises(ValueError, match=r"load_checkpoint needs ckpt_path"):
         SFTConfig(load_checkpoint=True)
+
+
+def test_lora_trains_the_adapter_only_and_exports_merged(setup, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rl_core.models import LoraSpec
+
+    root, model = setup
+    tok = AutoTokenizer.from_pretrained(model)
+    ds = SFTDataset(load_rows(str(root / "train.jsonl")), tok,
+                    DataConfig(input_key="q", output_key="a", apply_chat_template=True, max_len=64))
+    actor = Actor.from_pretrained(model, dtype="fp32", lora=LoraSpec(rank=4, alpha=8))
+    base_before = {k: v.clone() for k, v in actor.named_parameters() if "lora_" not in k}
+    assert all(not p.requires_grad for k, p in actor.named_parameters() if "lora_" not in k)
+    s = DeepSpeedStrategy(StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=2, train_batch_size=4,
+                                         learning_rate=1e-2, lr_warmup_ratio=0.0))
+    trainer = SFTTrainer(s, actor, tok, ds, SFTConfig(max_epochs=2, save_path=str(tmp_path / "out")))
+    losses = trainer.fit()
+    assert losses[-1] < losses[0], losses
+    trained = trainer.engine.module
+    for k, p in trained.named_parameters():
+        if "lora_" not in k:
+            torch.testing.assert_close(p, base_before[k], rtol=0, atol=0)  # the base stays frozen
+    assert (tmp_path / "out" / "adapter" / "adapter_config.json").is_file()
+    merged = AutoModelForCausalLM.from_pretrained(tmp_path / "out", dtype=torch.float32).eval()
+    ids = ds[0]["input_ids"].unsqueeze(0)
+    with torch.no_grad():
+        want = trained.model(input_ids=ids).logits
+        got = merged(input_ids=ids).logits
+        base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)(input_ids=ids).logits
+    assert (want - base).abs().max() > 1e-3, "the adapter changed the model"
+    torch.testing.assert_close(got, want, atol=1e-4, rtol=0)

@@ -115,8 +115,38 @@ class CheckpointManager:
         return meta
 
 
+def merge_lora_state(state: dict[str, torch.Tensor], peft_config: dict) -> dict[str, torch.Tensor]:
+    """A peft LoRA model's full state -> the base model's state with ``W + scale * B @ A`` merged in.
+
+    Keys ``base_model.model.X.base_layer.weight`` / ``X.lora_A.NAME.weight`` /
+    ``X.lora_B.NAME.weight`` become ``X.weight``; ``scale = alpha / r`` (``alpha / sqrt(r)``
+    with rsLoRA). The merge runs in float32 and is cast back to the base weight's dtype.
+    """
+    if len(peft_config) != 1:
+        raise NotImplementedError(f"export of a model with {len(peft_config)} LoRA adapters; merge one first")
+    (name, cfg), = peft_config.items()
+    scale = cfg.lora_alpha / (cfg.r ** 0.5 if getattr(cfg, "use_rslora", False) else cfg.r)
+    prefix = "base_model.model."
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        if ".lora_" in key:
+            continue
+        k = key[len(prefix):] if key.startswith(prefix) else key
+        if ".base_layer." in k:
+            layer = key.replace(".base_layer." + key.rsplit(".", 1)[1], "")
+            a, b = state.get(f"{layer}.lora_A.{name}.weight"), state.get(f"{layer}.lora_B.{name}.weight")
+            if a is not None and b is not None and k.endswith(".weight"):
+                value = (value.float() + scale * (b.float() @ a.float())).to(value.dtype)
+            k = k.replace(".base_layer.", ".")
+        out[k] = value
+    return out
+
+
 def export_hf(strategy, model, save_path: str | Path, tokenizer=None) -> Path:
     """Write ``model`` (an Actor, Critic or RewardModel, possibly inside a DeepSpeed engine) as an HF folder.
+
+    A LoRA actor is written merged (:func:`merge_lora_state`, loadable by transformers
+    and vLLM without peft), with the adapter alone in ``adapter/``.
 
     Collective under ZeRO-3 (every rank gathers); rank 0 writes into a temp folder
     and renames it over ``save_path``, so readers never see a half-written model.
@@ -131,9 +161,12 @@ def export_hf(strategy, model, save_path: str | Path, tokenizer=None) -> Path:
             module.save_pretrained(tmp, state_dict=state)
         else:
             inner = module.model
-            if hasattr(inner, "merge_and_unload"):  # LoRA: export merged weights
-                raise NotImplementedError("export of LoRA models: merge first (merge_lora)")
-            inner.save_pretrained(tmp, state_dict={k[len("model."):]: v for k, v in state.items()})
+            state = {k[len("model."):]: v for k, v in state.items()}
+            if hasattr(inner, "peft_config"):  # LoRA: merged weights for transformers/vLLM + the adapter
+                inner.save_pretrained(tmp / "adapter", state_dict=state)
+                inner.get_base_model().save_pretrained(tmp, state_dict=merge_lora_state(state, inner.peft_config))
+            else:
+                inner.save_pretrained(tmp, state_dict=state)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if save_path.exists():
