@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from dataclasses import dataclass
 
 import torch
@@ -149,7 +150,7 @@ class Trainer:
             logger.info("%s: %d rows, %s", self.name, len(self.dataset), self.plan.describe())
         self.before_fit()
         losses: list[float] = []
-        bar = tqdm(total=self.plan.total_steps, initial=step, desc=self.name, disable=not self.s.is_rank_0())
+        bar = tqdm(total=self.plan.total_steps, initial=step, desc=self.name, disable=not self.s.is_rank_0() or os.environ.get("TQDM_DISABLE") == "1")
         for epoch in range(start_epoch, self.cfg.max_epochs):
             for index in range(start_index if epoch == start_epoch else 0, self.steps_per_epoch):
                 if self.cfg.max_steps is not None and step >= self.cfg.max_steps:
