@@ -97,3 +97,34 @@ def test_lora_trains_the_adapter_only_and_exports_merged(setup, tmp_path):
         base = AutoModelForCausalLM.from_pretrained(model, dtype=torch.float32)(input_ids=ids).logits
     assert (want - base).abs().max() > 1e-3, "the adapter changed the model"
     torch.testing.assert_close(got, want, atol=1e-4, rtol=0)
+
+
+def test_packing_gives_the_padded_losses(setup, tmp_path):
+    from transformers import AutoTokenizer
+
+    root, model = setup
+    tok = AutoTokenizer.from_pretrained(model)
+    losses = {}
+    for packing in (False, True):
+        ds = SFTDataset(load_rows(str(root / "train.jsonl")), tok,
+                        DataConfig(input_key="q", output_key="a", apply_chat_template=True, max_len=64, packing=packing))
+        s = DeepSpeedStrategy(StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=2, train_batch_size=4,
+                                             learning_rate=3e-3, lr_warmup_ratio=0.0))
+        losses[packing] = SFTTrainer(s, Actor.from_pretrained(model, dtype="fp32"), tok, ds,
+                                     SFTConfig(max_epochs=2)).fit()
+    torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), atol=1e-5, rtol=0)
+
+
+def test_trainers_without_packing_refuse_the_flag(setup):
+    from transformers import AutoTokenizer
+
+    from rl_core.data import PreferenceDataset
+    from rl_core.models import RewardModel
+    from rl_core.trainers import RewardModelTrainer, RMConfig
+
+    _, model = setup
+    tok = AutoTokenizer.from_pretrained(model)
+    ds = PreferenceDataset([{"chosen": "ab", "rejected": "ba"}] * 4, tok, DataConfig(packing=True, max_len=16))
+    s = DeepSpeedStrategy(StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=2, train_batch_size=4))
+    with pytest.raises(ValueError, match="RewardModelTrainer does not pack sequences.*drop --packing"):
+        RewardModelTrainer(s, RewardModel.from_pretrained(model, dtype="fp32"), tok, ds, RMConfig())

@@ -63,9 +63,14 @@ class Trainer:
     """Subclasses set ``name`` and implement :meth:`train_step`; may override :meth:`before_export`."""
 
     name = "train"
+    supports_packing = False
 
     def __init__(self, strategy, model, tokenizer, dataset, cfg: TrainerConfig):
         self.s, self.tokenizer, self.dataset, self.cfg = strategy, tokenizer, dataset, cfg
+        self.packing = bool(getattr(getattr(dataset, "cfg", None), "packing", False))
+        if self.packing and not self.supports_packing:
+            raise ValueError(f"{type(self).__name__} does not pack sequences (packing is implemented for SFT); "
+                             "drop --packing")
         self.s.setup_distributed()
         self.plan = strategy.batch_plan(len(dataset), cfg.max_epochs)
         self.steps_per_epoch = len(dataset) // self.plan.global_batch
