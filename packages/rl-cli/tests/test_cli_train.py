@@ -106,17 +106,21 @@ def test_preference_commands_train_and_export(files, name, extra, capsys, monkey
     assert (out / "config.json").is_file() and ((out / "rl_head.json").is_file() == (name == "rm"))
 
 
-def test_two_ranks_under_torchrun_match_one_process(files, tmp_path):
-    """ZeRO-3 over 2 gloo ranks (micro 2 x 1 x dp 2) gives one process's losses (micro 2 x accumulation 2)."""
-    args = ["--pretrain", str(files / "tiny"), "--dataset", str(files / "sft.jsonl"), "--input_key", "q",
-            "--output_key", "a", "--apply_chat_template", "--zero_stage", "3", "--max_epochs", "2", *COMMON]
+@pytest.mark.parametrize("name,zero,extra", [
+    ("sft", "3", ["--dataset", "sft.jsonl", "--input_key", "q", "--output_key", "a", "--apply_chat_template"]),
+    ("dpo", "2", ["--dataset", "pairs.jsonl", "--prompt_key", "prompt", "--beta", "0.1"]),
+])
+def test_two_ranks_under_torchrun_match_one_process(files, tmp_path, name, zero, extra):
+    """2 gloo ranks (micro 2 x 1 x dp 2) give one process's losses (micro 2 x accumulation 2)."""
+    extra = [str(files / a) if a.endswith(".jsonl") else a for a in extra]
+    args = ["--pretrain", str(files / "tiny"), *extra, "--zero_stage", zero, "--max_epochs", "2", *COMMON]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     env.pop("RANK", None)
-    one = subprocess.run([sys.executable, "-m", "rl_cli.train_sft", *args, "--run_dir", str(tmp_path / "one")],
+    one = subprocess.run([sys.executable, "-m", f"rl_cli.train_{name}", *args, "--run_dir", str(tmp_path / "one")],
                          capture_output=True, text=True, timeout=600, env=env)
     assert one.returncode == 0, one.stderr[-3000:]
     two = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port()),
-                          "-m", "rl_cli.train_sft", *args, "--run_dir", str(tmp_path / "two")],
+                          "-m", f"rl_cli.train_{name}", *args, "--run_dir", str(tmp_path / "two")],
                          capture_output=True, text=True, timeout=300, env=env)
     assert two.returncode == 0, two.stderr[-3000:]
     assert "accumulation 1 x data parallel 2" in two.stdout and "accumulation 2 x data parallel 1" in one.stdout
