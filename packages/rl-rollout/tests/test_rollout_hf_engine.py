@@ -213,3 +213,17 @@ def test_weight_buckets_roundtrip():
     assert [len(unpack_bucket(x.meta, x.payload)) for x in buckets] == [1, 2]
     with pytest.raises(ValueError, match="different buckets"):
         unpack_bucket(b.meta, b.payload[:8])
+
+
+def test_ignore_eos_generates_past_the_models_eos(engine):
+    """A prompt whose greedy answer ends at EOS: with ignore_eos the engine must keep going."""
+    eos = engine.eos_token_ids[0]
+    for a in range(5, 128):
+        stopped = engine.generate([RolloutRequest([a, 23], greedy(20))])[0][0]
+        if stopped.finish_reason == "stop" and stopped.response_ids[-1] == eos:
+            break
+    else:
+        pytest.fail("no prompt of the tiny model ends at EOS within 20 greedy tokens")
+    free = engine.generate([RolloutRequest([a, 23], greedy(20, ignore_eos=True))])[0][0]
+    assert free.finish_reason == "length" and len(free.response_ids) == 20
+    assert free.response_ids[:len(stopped.response_ids)] == stopped.response_ids

@@ -15,6 +15,7 @@ from rl_rollout.rewards import (
     RewardServer,
     load_reward_fn,
 )
+from rl_rollout.transport import CollectiveReceiver, CollectiveSender, SyncStats, WeightSyncError
 from rl_rollout.types import RolloutRequest, RolloutSample, SamplingParams
 
 __version__ = "0.2.0"
@@ -23,6 +24,8 @@ __all__ = [
     "AgentExecutor",
     "AgentRequest",
     "CalculatorEnv",
+    "CollectiveReceiver",
+    "CollectiveSender",
     "EngineKind",
     "EnginePool",
     "EnvStepError",
@@ -36,6 +39,8 @@ __all__ = [
     "RolloutSample",
     "SamplingParams",
     "StepResult",
+    "SyncStats",
+    "WeightSyncError",
     "load_reward_fn",
     "make_engine",
     "vllm_usable",

@@ -6,7 +6,9 @@ Requests are grouped by identical :class:`~rl_rollout.types.SamplingParams`
 for the distribution sampled from: ``log_softmax`` of the processed scores
 transformers samples with (logits / temperature, then top-k / top-p masking);
 greedy requests report ``log_softmax(logits)``. Weights change in place
-(``update_weights``). ``sleep`` moves the model to the host when it lives on an
+(``update_weights``, or ``init_weight_group`` + ``receive_weights`` from a
+trainer's :class:`~rl_rollout.transport.CollectiveSender`, verified after the
+load where the model's dtype is the wire dtype). ``sleep`` moves the model to the host when it lives on an
 accelerator and is a no-op on CPU. Not here: continuous batching (``agenerate``
 runs one request at a time under a lock), stop strings, prefix caching.
 """
@@ -64,6 +66,7 @@ class HFEngine:
         self.policy_version = 0
         self._sleeping = False
         self._lock = threading.Lock()
+        self._receiver = None  # a CollectiveReceiver after init_weight_group
 
     # ---- generation ----
 
@@ -104,7 +107,9 @@ class HFEngine:
         gen_cfg = GenerationConfig(
             max_new_tokens=params.max_new_tokens,
             min_new_tokens=0,
-            eos_token_id=stop_ids or None,
+            # None would let transformers fall back to the checkpoint's EOS (ignore_eos would not ignore it);
+            # vocab_size is one past the last logit: a stop id that is never sampled
+            eos_token_id=stop_ids or [self.model.config.vocab_size],
             pad_token_id=self.pad_token_id,
             output_scores=params.logprobs,
             return_dict_in_generate=True,
@@ -150,21 +155,71 @@ class HFEngine:
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy ``(hf_name, tensor)`` pairs into the model in place; a subset is fine."""
         with self._lock:
-            state = self.model.state_dict()
-            for name, tensor in named_tensors:
-                if name not in state:
-                    known = ", ".join(list(state)[:4])
-                    raise KeyError(
-                        f"update_weights: {name!r} is not a parameter of this model "
-                        f"(names look like {known}, ...); send Hugging Face parameter names"
-                    )
-                if state[name].shape != tensor.shape:
-                    raise ValueError(
-                        f"update_weights: {name!r} has shape {tuple(tensor.shape)}, "
-                        f"the model expects {tuple(state[name].shape)}"
-                    )
-                state[name].copy_(tensor)
+            self._copy_weights(named_tensors)
             self.policy_version = version
+
+    def init_weight_group(
+        self,
+        master_addr: str,
+        master_port: int,
+        world_size: int,
+        *,
+        rank: int = 1,
+        backend: str = "gloo",
+        timeout_s: float = 600.0,
+    ) -> None:
+        """Join the trainer's weight broadcast group as ``rank`` (blocks until every rank joined)."""
+        from rl_rollout.transport import CollectiveReceiver
+
+        device = self.device if backend == "nccl" else "cpu"
+        self._receiver = CollectiveReceiver(
+            master_addr, master_port, rank, world_size, backend=backend, device=device, timeout_s=timeout_s
+        )
+
+    @torch.no_grad()
+    def receive_weights(self, *, verify: bool = True):
+        """Take one broadcast sync (blocks until the sender's end frame); returns its ``SyncStats``.
+
+        Generation waits meanwhile. ``policy_version`` becomes the version sent; on a failed check
+        (:class:`~rl_rollout.transport.WeightSyncError`) it stays and the weights are mixed.
+        """
+        receiver = self._receiver
+        if receiver is None:
+            raise RuntimeError("receive_weights needs a weight group: call init_weight_group(...) first")
+        with self._lock:
+            self._check_awake()
+            stats = receiver.receive(self._copy_weights, verify=verify, check_loaded=self._loaded_sha256)
+            self.policy_version = stats.version
+        return stats
+
+    def _copy_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
+        state = self.model.state_dict()
+        for name, tensor in named_tensors:
+            if name not in state:
+                known = ", ".join(list(state)[:4])
+                raise KeyError(
+                    f"update_weights: {name!r} is not a parameter of this model "
+                    f"(names look like {known}, ...); send Hugging Face parameter names"
+                )
+            if state[name].shape != tensor.shape:
+                raise ValueError(
+                    f"update_weights: {name!r} has shape {tuple(tensor.shape)}, "
+                    f"the model expects {tuple(state[name].shape)}"
+                )
+            state[name].copy_(tensor)
+
+    def _loaded_sha256(self, named_tensors: list[tuple[str, torch.Tensor]]) -> str | None:
+        """sha256 of the model's tensors of those names, in wire layout; None if a dtype differs (no exact check)."""
+        import hashlib
+
+        state = self.model.state_dict()
+        h = hashlib.sha256()
+        for name, wire in named_tensors:
+            loaded = state[name]
+            if loaded.dtype != wire.dtype:
+                return None
+            h.update(loaded.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy())
+        return h.hexdigest()
 
     def sleep(self, level: int = 1) -> None:
         if level not in (1, 2):

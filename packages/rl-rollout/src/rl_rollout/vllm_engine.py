@@ -26,8 +26,14 @@ pause and resume scheduling but keep all memory (the CPU worker logs
 "sleep mode is not supported on CPU, ignore it"), so weights survive even
 ``sleep(level=2)``. ``sleep_frees_memory`` says which case holds.
 
-Not here: weight transports other than in-process (CUDA IPC, NCCL/gloo
-broadcast); they can feed :meth:`VLLMEngine.load_bucket` between
+Collective broadcast (:mod:`rl_rollout.transport`): ``init_weight_group``
+makes every worker join the trainer's gloo/NCCL group, ``receive_weights``
+blocks in ``collective_rpc`` while the workers load the trainer's broadcast
+into a layerwise-reload session (the trainer's ``CollectiveSender.send`` runs
+meanwhile in its own process or thread); the workers verify the sha256 of the
+bytes received, not the loaded weights (vLLM fuses and repacks them).
+
+Not here: CUDA IPC; it can feed :meth:`VLLMEngine.load_bucket` between
 :meth:`begin_weight_update` and :meth:`finish_weight_update`, or wrap vLLM
 0.32's own ``vllm.distributed.weight_transfer`` engines (NCCL, IPC), which use
 the same layerwise-reload session.
@@ -261,6 +267,46 @@ class VLLMEngine:
             self._run(self._llm.resume_generation())
         else:
             self._lock.release()
+
+    def init_weight_group(
+        self,
+        master_addr: str,
+        master_port: int,
+        world_size: int,
+        *,
+        rank_offset: int = 1,
+        backend: str = "gloo",
+        timeout_s: float = 600.0,
+    ) -> list[int]:
+        """Make every worker join the trainer's broadcast group as rank ``rank_offset + worker rank``.
+
+        Blocks until all ``world_size`` ranks joined; returns the workers' ranks. Several engines
+        take consecutive offsets (1, 1 + TP, ...).
+        """
+        from rl_rollout.transport import BACKENDS
+
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        return self._rpc("rl_init_weight_group", master_addr, master_port, rank_offset, world_size, backend, timeout_s)
+
+    def receive_weights(self, *, verify: bool = True):
+        """Take one broadcast sync into all workers (blocks until the sender's end frame); returns ``SyncStats``.
+
+        ``policy_version`` becomes the version sent. On failure (e.g. a corrupted bucket:
+        :class:`~rl_rollout.transport.WeightSyncError`) the session is closed with mixed
+        weights, ``policy_version`` stays and the error propagates.
+        """
+        from rl_rollout.transport import SyncStats
+
+        self.begin_weight_update()
+        try:
+            results = self._rpc("rl_receive_weights", verify)
+        except BaseException:
+            self.finish_weight_update(version=None)
+            raise
+        stats = [SyncStats(**r) for r in results]
+        self.finish_weight_update(stats[0].version)
+        return stats[0]
 
     def weights_digest(self) -> list[str]:
         """sha256 of the parameters, one per worker (see ``WorkerExtension.rl_weights_digest``)."""

@@ -17,7 +17,11 @@ loading and lose their ``weight_loader`` ("'Parameter' object has no attribute
 'weight_loader'"). A layer that received no weights in a session keeps its old
 values. Names other than ``load_weights`` carry an ``rl_`` prefix: vLLM refuses an
 extension method that shadows a worker method (its worker has its own
-``finish_weight_update``). Imported inside vLLM workers only: vLLM imports stay inside methods.
+``finish_weight_update``). The collective transport (:mod:`rl_rollout.transport`)
+runs inside the same session: ``rl_init_weight_group`` joins the trainer's group
+as rank ``rank_offset + worker rank``, ``rl_receive_weights`` loads bucket after
+bucket as they arrive and verifies the received bytes (vLLM fuses and repacks
+weights on load, so they cannot be compared with the bytes sent). Imported inside vLLM workers only: vLLM imports stay inside methods.
 """
 
 from __future__ import annotations
@@ -62,6 +66,36 @@ class WorkerExtension:
         n = self._rl_loaded
         del self._rl_loaded
         return n
+
+    def rl_init_weight_group(
+        self, master_addr: str, master_port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float
+    ) -> int:
+        """Join the trainer's weight broadcast group; returns this worker's rank in it."""
+        from rl_rollout.transport import CollectiveReceiver
+
+        rank = rank_offset + self.rank
+        device = "cpu" if backend == "gloo" else self.device
+        self._rl_receiver = CollectiveReceiver(
+            master_addr, master_port, rank, world_size, backend=backend, device=device, timeout_s=timeout_s
+        )
+        return rank
+
+    def rl_receive_weights(self, verify: bool) -> dict:
+        """Receive one broadcast sync into the open session; returns ``SyncStats.as_dict()``."""
+        from vllm.config import set_current_vllm_config
+
+        if not hasattr(self, "_rl_loaded"):
+            raise RuntimeError("rl_receive_weights called outside a weight update: call rl_begin_weight_update first")
+        receiver = getattr(self, "_rl_receiver", None)
+        if receiver is None:
+            raise RuntimeError("rl_receive_weights needs a weight group: call rl_init_weight_group first")
+
+        def load(weights) -> None:
+            with set_current_vllm_config(self.vllm_config):
+                self.model_runner.get_model().load_weights(weights=weights)
+            self._rl_loaded += len(weights)
+
+        return receiver.receive(load, verify=verify).as_dict()
 
     def rl_weights_digest(self) -> str:
         """sha256 over the worker's parameters in name order: changes iff a weight changed."""

@@ -6,10 +6,12 @@ payload plus msgpack metadata (name, dtype, shape, byte offset per tensor).
 the vLLM engine packs it into buckets of at most ``bucket_bytes`` and ships each
 through ``collective_rpc`` (plain bytes, so no pickle and no
 ``VLLM_ALLOW_INSECURE_SERIALIZATION``). Later transports (CUDA IPC, a gloo or
-NCCL broadcast) move the same payload by other means and reuse
-:func:`unpack_bucket` on the receiving side.
+NCCL broadcast, :mod:`rl_rollout.transport`) move the same payload by other
+means: :func:`pack_tensors` / :func:`unpack_tensors` are the same format on a
+flat ``uint8`` tensor that stays on its device (no host bytes), which
+:func:`pack_bucket` / :func:`unpack_bucket` wrap.
 
-Left out here: checksums across the wire and the transports themselves.
+Left out here: checksums and the transports themselves (:mod:`rl_rollout.transport`).
 """
 
 from __future__ import annotations
@@ -47,23 +49,36 @@ def _dtype_from_name(name: str) -> torch.dtype:
     return dtype
 
 
-def pack_bucket(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> WeightBucket:
-    """Flatten ``named_tensors`` (any device) into one CPU byte payload."""
+def pack_tensors(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], device: str | torch.device = "cpu"
+) -> tuple[bytes, torch.Tensor]:
+    """Flatten ``named_tensors`` into one ``uint8`` tensor on ``device``: ``(meta, payload_U8)``."""
     metas: list[list] = []
     chunks: list[torch.Tensor] = []
     offset = 0
     for name, tensor in named_tensors:
-        flat_U8 = tensor.detach().contiguous().reshape(-1).view(torch.uint8).cpu()
+        flat_U8 = tensor.detach().contiguous().reshape(-1).view(torch.uint8).to(device)
         metas.append([name, str(tensor.dtype).removeprefix("torch."), list(tensor.shape), offset, flat_U8.numel()])
         chunks.append(flat_U8)
         offset += flat_U8.numel()
-    payload = torch.cat(chunks).numpy().tobytes() if chunks else b""
-    return WeightBucket(meta=msgpack.packb(metas), payload=payload)
+    payload_U8 = torch.cat(chunks) if chunks else torch.empty(0, dtype=torch.uint8, device=device)
+    return msgpack.packb(metas), payload_U8
+
+
+def pack_bucket(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> WeightBucket:
+    """Flatten ``named_tensors`` (any device) into one CPU byte payload."""
+    meta, payload_U8 = pack_tensors(named_tensors)
+    return WeightBucket(meta=meta, payload=payload_U8.numpy().tobytes())
 
 
 def unpack_bucket(meta: bytes, payload: bytes | bytearray | memoryview) -> list[tuple[str, torch.Tensor]]:
     """Inverse of :func:`pack_bucket`: CPU tensors viewing one copy of ``payload``."""
     buf_U8 = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if len(payload) else torch.empty(0, dtype=torch.uint8)
+    return unpack_tensors(meta, buf_U8)
+
+
+def unpack_tensors(meta: bytes, buf_U8: torch.Tensor) -> list[tuple[str, torch.Tensor]]:
+    """Inverse of :func:`pack_tensors`: tensors viewing ``buf_U8`` (no copy, same device)."""
     out = []
     for name, dtype, shape, offset, nbytes in msgpack.unpackb(meta):
         if offset + nbytes > buf_U8.numel():
@@ -80,6 +95,14 @@ def iter_buckets(
     named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES
 ) -> Iterator[WeightBucket]:
     """Group tensors in order into buckets of at most ``bucket_bytes`` (one tensor may exceed it alone)."""
+    for group in iter_groups(named_tensors, bucket_bytes):
+        yield pack_bucket(group)
+
+
+def iter_groups(
+    named_tensors: Iterable[tuple[str, torch.Tensor]], bucket_bytes: int = DEFAULT_BUCKET_BYTES
+) -> Iterator[list[tuple[str, torch.Tensor]]]:
+    """The grouping of :func:`iter_buckets`, unpacked: lists of ``(name, tensor)`` of at most ``bucket_bytes``."""
     if bucket_bytes <= 0:
         raise ValueError(f"bucket_bytes must be > 0, got {bucket_bytes}")
     group: list[tuple[str, torch.Tensor]] = []
@@ -87,9 +110,9 @@ def iter_buckets(
     for name, tensor in named_tensors:
         nbytes = tensor.numel() * tensor.element_size()
         if group and size + nbytes > bucket_bytes:
-            yield pack_bucket(group)
+            yield group
             group, size = [], 0
         group.append((name, tensor))
         size += nbytes
     if group:
-        yield pack_bucket(group)
+        yield group
