@@ -2,8 +2,9 @@
 
 Today: ``rl sft | rm | dpo | kto`` (offline trainers, :mod:`rl_cli.train`; each takes
 ``--help``), ``rl --version`` (every package's version) and ``rl doctor`` (what this
-machine can run: torch device, DeepSpeed, Ray, vLLM, flash-attn). ppo, ppo-ray,
-serve-rm and demo arrive with their issues; asking for one that does not exist yet
+machine can run: torch device, DeepSpeed, Ray, vLLM, flash-attn). ``rl demo`` (GRPO on a tiny
+model, :mod:`rl_cli.demo`). ppo, ppo-ray and
+serve-rm arrive with their issues; asking for one that does not exist yet
 fails with the list of those that do.
 """
 
@@ -43,10 +44,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in COMMANDS:
         return run(argv[0], argv[1:])
+    if argv and argv[0] == "demo":
+        from rl_cli.demo import main as demo
+
+        return demo(argv[1:])
     parser = argparse.ArgumentParser(prog="rl", description="RL for LLMs: SFT, RM, DPO, KTO, PPO/GRPO")
     parser.add_argument("--version", action="store_true", help="print every package's version")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("doctor", help="what this machine can run")
+    sub.add_parser("demo", help="GRPO on a tiny model and a synthetic task, CPU, minutes (rl demo --help)")
     for name, cmd in COMMANDS.items():
         sub.add_parser(name, help=f"{cmd.help} (rl {name} --help for its flags)")
     args = parser.parse_args(argv)

@@ -8,7 +8,8 @@
 - :mod:`rl_core.checkpoint`: atomic DeepSpeed checkpoints for exact resume, HF export.
 
 It never imports Ray or rl-placement: its loops talk to worker-group protocols.
-- :mod:`rl_core.trainers`: SFT, reward-model, DPO and KTO trainers over one shared loop (the PPO family is still to come).
+- :mod:`rl_core.trainers`: SFT, reward-model, DPO and KTO trainers over one shared loop, and the GRPO-family RL loop
+  (PPO with a critic is still to come).
 - :mod:`rl_core.metrics`: metrics.jsonl, TensorBoard and curves.png per run.
 """
 
@@ -20,6 +21,8 @@ from rl_core.strategy import BatchPlan, DeepSpeedStrategy, StrategyConfig
 from rl_core.trainers import (
     DPOConfig,
     DPOTrainer,
+    GRPOConfig,
+    GRPOTrainer,
     KTOConfig,
     KTOTrainer,
     RewardModelTrainer,
@@ -34,7 +37,7 @@ __version__ = "0.3.0"
 
 __all__ = [
     "Actor", "ActorOutput", "BatchPlan", "CheckpointManager", "Critic", "DPOConfig", "DPOTrainer",
-    "DeepSpeedStrategy", "KTOConfig", "KTOTrainer", "LoraSpec", "MetricsLogger", "RMConfig", "RewardModel",
+    "DeepSpeedStrategy", "GRPOConfig", "GRPOTrainer", "KTOConfig", "KTOTrainer", "LoraSpec", "MetricsLogger", "RMConfig", "RewardModel",
     "RewardModelTrainer", "SFTConfig", "SFTTrainer", "StrategyConfig", "Trainer", "TrainerConfig",
     "attention_implementation", "export_hf", "frozen",
 ]

@@ -1,14 +1,16 @@
-"""Offline trainers over rl_core's models, strategy and data: SFT, reward model, DPO, KTO.
+"""Trainers over rl_core's models, strategy and data: SFT, reward model, DPO, KTO, and GRPO.
 
-All share :class:`rl_core.trainers.base.Trainer` (seeded global batches, resume,
-metrics, export); each file holds one trainer's config and step.
+The offline ones share :class:`rl_core.trainers.base.Trainer` (seeded global batches,
+resume, metrics, export); each file holds one trainer's config and step.
+:mod:`rl_core.trainers.grpo` is the single-controller RL loop over a rollout engine.
 """
 
 from rl_core.trainers.base import Trainer, TrainerConfig
 from rl_core.trainers.dpo import DPOConfig, DPOTrainer
+from rl_core.trainers.grpo import GRPOConfig, GRPOTrainer
 from rl_core.trainers.kto import KTOConfig, KTOTrainer
 from rl_core.trainers.rm import RewardModelTrainer, RMConfig
 from rl_core.trainers.sft import SFTConfig, SFTTrainer
 
-__all__ = ["DPOConfig", "DPOTrainer", "KTOConfig", "KTOTrainer", "RMConfig", "RewardModelTrainer", "SFTConfig",
+__all__ = ["DPOConfig", "DPOTrainer", "GRPOConfig", "GRPOTrainer", "KTOConfig", "KTOTrainer", "RMConfig", "RewardModelTrainer", "SFTConfig",
            "SFTTrainer", "Trainer", "TrainerConfig"]
