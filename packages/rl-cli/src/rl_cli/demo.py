@@ -6,8 +6,8 @@ file, and a verifier. The task: for ``Repeat the letter X: `` answer with as man
 ``X`` as fit (4 letters by default); the reward is the fraction of the ``max_new_tokens``
 response slots that hold an ``X`` (1.0 = all of them). The random model starts near 0.06
 and has to learn to answer each prompt with its own letter; measured on 2 CPU cores the
-mean reward goes 0.06 -> about 0.2 in 15 iterations and keeps climbing (about 4 s per
-iteration). ``workdir/summary.json`` holds the per-iteration mean rewards. The stack is the real one: rl-core's
+default 100 iterations take about a minute and the mean reward goes 0.06 -> 0.75 (0.26
+after 30 iterations). ``workdir/summary.json`` holds the per-iteration mean rewards. The stack is the real one: rl-core's
 GRPOTrainer over DeepSpeed (ZeRO-0, fp32, one process), rl-rollout's HFEngine
 receiving the new weights every iteration, rl_rollout.RewardRunner scoring,
 rl-algos' group-normalised advantages and clipped loss. Writes
@@ -35,7 +35,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="rl demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="rl-demo", help="where the model, data and run go (default ./rl-demo)")
-    ap.add_argument("--iterations", type=int, default=30)
+    ap.add_argument("--iterations", type=int, default=100)
     ap.add_argument("--max_new_tokens", type=int, default=8)
     ap.add_argument("--n_samples_per_prompt", type=int, default=16)
     ap.add_argument("--rollout_batch_size", type=int, default=4)
