@@ -2,6 +2,7 @@
 
     uv run python benchmarks/weight_sync.py              # 256 MiB of float32 tensors, 64 MiB buckets
     uv run python benchmarks/weight_sync.py --mib 32     # a quick size
+    python benchmarks/weight_sync.py --backend nccl --mib 2048   # 2 GPUs: cuda:0 -> cuda:1
 
 Methods:
 - ``copy``: ``dst.copy_(src)`` tensor by tensor in one process (the memory-bandwidth ceiling).
@@ -11,7 +12,9 @@ Methods:
   Time is the sender's wall time of a whole sync: packing, hashing, broadcast, the receiver's
   load and check, and the final all-reduce.
 
-Prints the best of ``--repeats`` for each, in GB/s (1e9 bytes), and the ratio gloo / copy.
+With ``--backend nccl`` the sender's tensors sit on ``cuda:0`` and the receiver's on
+``cuda:1``, and ``copy`` is a ``cuda:0 -> cuda:1`` ``copy_`` of the same tensors (the
+peer-to-peer ceiling). Prints the best of ``--repeats`` for each, in GB/s (1e9 bytes), and the ratio gloo / copy.
 """
 
 from __future__ import annotations
@@ -28,36 +31,45 @@ import torch
 TENSOR_MIB = 4
 
 
-def make_weights(mib: int, seed: int = 0) -> list[tuple[str, torch.Tensor]]:
+def make_weights(mib: int, seed: int = 0, device: str = "cpu") -> list[tuple[str, torch.Tensor]]:
     g = torch.Generator().manual_seed(seed)
     n = TENSOR_MIB * 2**20 // 4
-    return [(f"layer.{i}.weight", torch.randn(n, generator=g)) for i in range(mib // TENSOR_MIB)]
+    return [(f"layer.{i}.weight", torch.randn(n, generator=g).to(device)) for i in range(mib // TENSOR_MIB)]
+
+
+def sync(device) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def receiver(args) -> None:
     """Rank 1: takes ``2 * repeats`` syncs into preallocated tensors; prints its stats as JSON lines."""
     from rl_rollout.transport import CollectiveReceiver
 
-    dst = {name: torch.empty_like(t) for name, t in make_weights(args.mib, seed=1)}
+    dev = "cpu" if args.backend == "gloo" else "cuda:1"
+    dst = {name: torch.empty_like(t) for name, t in make_weights(args.mib, seed=1, device=dev)}
 
     def load(named):
         for name, t in named:
             dst[name].copy_(t)
+        sync(dev)
 
-    rx = CollectiveReceiver("127.0.0.1", args.port, 1, 2, timeout_s=300)
+    rx = CollectiveReceiver("127.0.0.1", args.port, 1, 2, backend=args.backend, device=dev, timeout_s=300)
     for i in range(2 * args.repeats):
         stats = rx.receive(load, verify=i < args.repeats)
         print(json.dumps(stats.as_dict()), flush=True)
     rx.close()
 
 
-def bench_copy(weights, repeats: int) -> float:
-    dst = [torch.empty_like(t) for _, t in weights]
+def bench_copy(weights, repeats: int, dst_device: str = "cpu") -> float:
+    dst = [torch.empty_like(t, device=dst_device) for _, t in weights]
     best = float("inf")
     for _ in range(repeats + 1):  # the first pass faults the destination pages in
+        sync(dst_device)
         t0 = time.perf_counter()
         for d, (_, s) in zip(dst, weights, strict=True):
             d.copy_(s)
+        sync(dst_device)
         best = min(best, time.perf_counter() - t0)
     return best
 
@@ -67,6 +79,7 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=256, help="total MiB of tensors (multiple of 4)")
     ap.add_argument("--bucket-mib", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--backend", choices=("gloo", "nccl"), default="gloo")
     ap.add_argument("--receiver", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -75,24 +88,30 @@ def main() -> None:
 
     from rl_rollout.transport import CollectiveSender
 
-    weights = make_weights(args.mib)
+    if args.backend == "nccl" and torch.cuda.device_count() < 2:
+        raise SystemExit(f"--backend nccl needs 2 GPUs (sender cuda:0, receiver cuda:1); "
+                         f"this machine has {torch.cuda.device_count()}")
+    dev = "cpu" if args.backend == "gloo" else "cuda:0"
+    weights = make_weights(args.mib, device=dev)
     nbytes = sum(t.numel() * t.element_size() for _, t in weights)
     print(f"weight_sync: {len(weights)} float32 tensors, {nbytes / 2**20:.0f} MiB, buckets of {args.bucket_mib} MiB, "
           f"torch {torch.__version__}, {torch.get_num_threads()} threads")
-    copy_s = bench_copy(weights, args.repeats)
+    copy_s = bench_copy(weights, args.repeats, "cpu" if args.backend == "gloo" else "cuda:1")
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     child = subprocess.Popen(
-        [sys.executable, __file__, "--receiver", "--port", str(port), "--mib", str(args.mib), "--repeats", str(args.repeats)],
+        [sys.executable, __file__, "--receiver", "--port", str(port), "--mib", str(args.mib), "--repeats", str(args.repeats),
+         "--backend", args.backend],
         stdout=subprocess.PIPE, text=True,
     )
-    sender = CollectiveSender("127.0.0.1", port, 2, timeout_s=300)
-    times = {"gloo verify": [], "gloo no-verify": []}
+    sender = CollectiveSender("127.0.0.1", port, 2, backend=args.backend, device=dev, timeout_s=300)
+    b = args.backend
+    times = {f"{b} verify": [], f"{b} no-verify": []}
     for i in range(2 * args.repeats):
-        key = "gloo verify" if i < args.repeats else "gloo no-verify"
-        stats = sender.send(weights, version=i, bucket_bytes=args.bucket_mib * 2**20, checksum=key == "gloo verify")
+        key = f"{b} verify" if i < args.repeats else f"{b} no-verify"
+        stats = sender.send(weights, version=i, bucket_bytes=args.bucket_mib * 2**20, checksum=key == f"{b} verify")
         assert stats.bytes == nbytes
         times[key].append(stats.seconds)
     received = [json.loads(line) for line in child.communicate(timeout=300)[0].splitlines()]
@@ -104,8 +123,8 @@ def main() -> None:
     for key, ts in times.items():
         best = min(ts)
         print(f"{key:<16}{best:>9.3f}{nbytes / best / 1e9:>9.2f}{copy_s / best:>10.3f}")
-    best = min(times["gloo verify"])
-    print(f"ratio: gloo (verified) runs at {copy_s / best:.3f}x the GB/s of a local torch copy "
+    best = min(times[f"{b} verify"])
+    print(f"ratio: {b} (verified) runs at {copy_s / best:.3f}x the GB/s of a plain torch copy "
           f"({nbytes / best / 1e9:.2f} vs {nbytes / copy_s / 1e9:.2f} GB/s)")
 
 
