@@ -115,7 +115,8 @@ def test_two_ranks_under_torchrun_match_one_process(files, tmp_path, name, zero,
     extra = [str(files / a) if a.endswith(".jsonl") else a for a in extra]
     args = ["--pretrain", str(files / "tiny"), *extra, "--zero_stage", zero, "--max_epochs", "2", *COMMON]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    env.pop("RANK", None)
+    for var in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"):  # set by earlier in-process runs
+        env.pop(var, None)
     one = subprocess.run([sys.executable, "-m", f"rl_cli.train_{name}", *args, "--run_dir", str(tmp_path / "one")],
                          capture_output=True, text=True, timeout=600, env=env)
     assert one.returncode == 0, one.stderr[-3000:]

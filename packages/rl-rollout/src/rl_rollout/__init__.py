@@ -7,6 +7,7 @@ transformers or vLLM when they are built (``make_engine``, or their modules).
 
 from rl_rollout.agents import AgentExecutor, AgentRequest, CalculatorEnv, Environment, EnvStepError, StepResult
 from rl_rollout.engine import EngineKind, RolloutEngine, make_engine, vllm_usable
+from rl_rollout.ipc import IpcBucket, open_bucket, share_buckets
 from rl_rollout.pool import EnginePool
 from rl_rollout.rewards import (
     RemoteRewardClient,
@@ -30,6 +31,7 @@ __all__ = [
     "EnginePool",
     "EnvStepError",
     "Environment",
+    "IpcBucket",
     "RemoteRewardClient",
     "RemoteRewardError",
     "RewardRunner",
@@ -42,6 +44,8 @@ __all__ = [
     "SyncStats",
     "WeightSyncError",
     "load_reward_fn",
+    "open_bucket",
+    "share_buckets",
     "make_engine",
     "vllm_usable",
 ]

@@ -158,6 +158,24 @@ class HFEngine:
             self._copy_weights(named_tensors)
             self.policy_version = version
 
+    @torch.no_grad()
+    def update_weights_ipc(self, buckets, version: int, *, verify: bool = True) -> int:
+        """Load :class:`~rl_rollout.ipc.IpcBucket`s shared by a trainer on this GPU (CUDA IPC, no copy
+        through the host); returns the number of tensors loaded. The trainer keeps each bucket alive
+        until this returns."""
+        from rl_rollout.ipc import open_bucket
+
+        n = 0
+        with self._lock:
+            for bucket in buckets:
+                named = open_bucket(bucket, verify=verify)
+                self._copy_weights(named)
+                n += len(named)
+            if self.device.type == "cuda":
+                torch.cuda.synchronize(self.device)
+            self.policy_version = version
+        return n
+
     def init_weight_group(
         self,
         master_addr: str,

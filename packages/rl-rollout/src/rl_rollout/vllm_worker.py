@@ -54,6 +54,24 @@ class WorkerExtension:
         self._rl_loaded += len(weights)
         return len(weights)
 
+    def rl_load_ipc_bucket(self, meta: bytes, handle: bytes, nbytes: int, sha256: str | None) -> int:
+        """Load one CUDA IPC bucket (:mod:`rl_rollout.ipc`) shared by a trainer on this GPU.
+
+        Written for the colocated (hybrid) placement on GPU; not yet run under vLLM here
+        (the vLLM CPU build has no CUDA, the GPU machine has no vLLM).
+        """
+        from vllm.config import set_current_vllm_config
+
+        from rl_rollout.ipc import IpcBucket, open_bucket
+
+        if not hasattr(self, "_rl_loaded"):
+            raise RuntimeError("rl_load_ipc_bucket called outside a weight update: call rl_begin_weight_update first")
+        weights = open_bucket(IpcBucket(meta, handle, nbytes, sha256))
+        with set_current_vllm_config(self.vllm_config):
+            self.model_runner.get_model().load_weights(weights=weights)
+        self._rl_loaded += len(weights)
+        return len(weights)
+
     def rl_finish_weight_update(self) -> int:
         """Re-process the layers into kernel layout; returns the tensors loaded in this session."""
         from vllm.config import set_current_vllm_config
