@@ -22,7 +22,7 @@ def test_cpu_tensors_are_refused_with_the_alternative():
         next(share_buckets([("w", torch.zeros(2))], device="cpu"))
 
 
-def run_ipc(tmp: Path, corrupt: bool = False):
+def run_ipc(tmp: Path, corrupt: bool = False, pack: bool = True):
     import torch.multiprocessing as mp
 
     from rl_rollout.hf_engine import HFEngine
@@ -32,7 +32,7 @@ def run_ipc(tmp: Path, corrupt: bool = False):
     engine = HFEngine(path, device="cuda")
     ctx = mp.get_context("spawn")
     queue, done = ctx.Queue(), ctx.Event()
-    proc = ctx.Process(target=ipc_trainer_process, args=(str(path), queue, done, corrupt))
+    proc = ctx.Process(target=ipc_trainer_process, args=(str(path), queue, done, corrupt, 1, pack))
     proc.start()
     try:
         buckets = None
@@ -70,8 +70,9 @@ def run_ipc(tmp: Path, corrupt: bool = False):
 
 
 @needs_cuda
-def test_ipc_loads_the_trainers_weights_exactly(tmp_path):
-    assert run_ipc(tmp_path) > 0
+@pytest.mark.parametrize("pack", [True, False])
+def test_ipc_loads_the_trainers_weights_exactly(tmp_path, pack):
+    assert run_ipc(tmp_path, pack=pack) > 0
 
 
 @needs_cuda
@@ -81,7 +82,7 @@ def test_memory_changed_after_sharing_fails_loudly(tmp_path):
 
 if __name__ == "__main__":  # the GPU machine has no pytest
     with tempfile.TemporaryDirectory() as d:
-        print("tensors loaded over CUDA IPC:", run_ipc(Path(d) / "a"))
+        print("tensors loaded over CUDA IPC:", run_ipc(Path(d) / "a"), run_ipc(Path(d) / "c", pack=False))
         run_ipc(Path(d) / "b", corrupt=True)
         print("corrupted bucket refused: ok")
     sys.exit(0)

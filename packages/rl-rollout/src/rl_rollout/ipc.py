@@ -26,6 +26,7 @@ import pickle
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
+import msgpack
 import torch
 
 from rl_rollout.weights import DEFAULT_BUCKET_BYTES, iter_groups, pack_tensors, unpack_tensors
@@ -50,14 +51,31 @@ def _digest(payload_U8: torch.Tensor) -> str:
 
 
 def share_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], *, device: str | torch.device = "cuda",
-                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, checksum: bool = False) -> Iterator[IpcBucket]:
-    """Trainer side: pack tensors into CUDA buckets of at most ``bucket_bytes`` and share each."""
+                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, checksum: bool = False,
+                  pack: bool = True) -> Iterator[IpcBucket]:
+    """Trainer side: pack tensors into CUDA buckets of at most ``bucket_bytes`` and share each.
+
+    ``pack=False`` shares every (contiguous, CUDA) tensor's own memory instead, one bucket
+    per tensor: no packing copy, so the engine's copy is the only one (the trainer must not
+    update those tensors until the engine has loaded them). Packing costs one device copy
+    but gives a few large handles and a snapshot the optimizer may overwrite right away.
+    """
     from torch.multiprocessing.reductions import reduce_tensor
 
     device = torch.device(device)
     if device.type != "cuda":
         raise ValueError(f"CUDA IPC shares CUDA memory; got device {device}. On CPU use the in-process "
                          "update_weights or the gloo transport (rl_rollout.transport)")
+    if not pack:
+        for name, t in named_tensors:
+            if not t.is_cuda:
+                raise ValueError(f"share_buckets(pack=False): {name!r} is on {t.device}; only CUDA memory can be "
+                                 "shared in place (use pack=True to copy it onto the GPU)")
+            flat_U8 = t.detach().contiguous().reshape(-1).view(torch.uint8)
+            meta = msgpack.packb([[name, str(t.dtype).removeprefix("torch."), list(t.shape), 0, flat_U8.numel()]])
+            yield IpcBucket(meta, pickle.dumps(reduce_tensor(flat_U8)), flat_U8.numel(),
+                            _digest(flat_U8) if checksum else None, flat_U8)
+        return
     for group in iter_groups(named_tensors, bucket_bytes):
         meta, payload_U8 = pack_tensors(group, device)
         torch.cuda.current_stream(device).synchronize()  # the copy must be done before another process reads

@@ -136,13 +136,13 @@ def peaked_weights(model, *, seed: int = 0, embed_std: float = 0.3, residual_gai
     return out
 
 
-def ipc_trainer_process(model_path: str, queue, done, corrupt: bool = False, seed: int = 1) -> None:
+def ipc_trainer_process(model_path: str, queue, done, corrupt: bool = False, seed: int = 1, pack: bool = True) -> None:
     """A child process standing in for a trainer on the GPU (tests and benchmarks of :mod:`rl_rollout.ipc`).
 
     Loads ``model_path`` on CUDA, sets :func:`peaked_weights` (``seed``), shares its state as
     checksummed CUDA IPC buckets through ``queue`` and keeps them alive until ``done`` is set.
     ``corrupt`` overwrites one byte of bucket 1 after sharing it (a trainer that changed memory
-    it had shared). Lives here, not in a test file, so a spawned process can import it.
+    it had shared); ``pack=False`` shares the parameters' own memory. Lives here, not in a test file, so a spawned process can import it.
     """
     import torch
     from transformers import AutoModelForCausalLM
@@ -151,7 +151,7 @@ def ipc_trainer_process(model_path: str, queue, done, corrupt: bool = False, see
 
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).cuda()
     model.load_state_dict(peaked_weights(model, seed=seed), strict=False)
-    buckets = list(share_buckets(model.state_dict().items(), bucket_bytes=1 << 20, checksum=True))
+    buckets = list(share_buckets(model.state_dict().items(), bucket_bytes=1 << 20, checksum=True, pack=pack))
     if corrupt:
         buckets[1]._payload[0] ^= 1
         torch.cuda.synchronize()
