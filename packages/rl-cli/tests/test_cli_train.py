@@ -106,6 +106,7 @@ def test_preference_commands_train_and_export(files, name, extra, capsys, monkey
     assert (out / "config.json").is_file() and ((out / "rl_head.json").is_file() == (name == "rm"))
 
 
+@pytest.mark.multiprocess
 @pytest.mark.parametrize("name,zero,extra", [
     ("sft", "3", ["--dataset", "sft.jsonl", "--input_key", "q", "--output_key", "a", "--apply_chat_template"]),
     ("dpo", "2", ["--dataset", "pairs.jsonl", "--prompt_key", "prompt", "--beta", "0.1"]),

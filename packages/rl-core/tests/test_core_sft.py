@@ -128,3 +128,40 @@ def test_trainers_without_packing_refuse_the_flag(setup):
     s = DeepSpeedStrategy(StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=2, train_batch_size=4))
     with pytest.raises(ValueError, match="RewardModelTrainer does not pack sequences.*drop --packing"):
         RewardModelTrainer(s, RewardModel.from_pretrained(model, dtype="fp32"), tok, ds, RMConfig())
+
+
+def test_adam_offload_gives_the_same_losses(setup, tmp_path):
+    """--adam_offload: ZeRO-2 with optimizer states on CPU (DeepSpeedCPUAdam, built by DeepSpeed on first
+    use) follows the same AdamW trajectory as torch's AdamW."""
+    from transformers import AutoTokenizer
+
+    root, model = setup
+    tok = AutoTokenizer.from_pretrained(model)
+    ds = SFTDataset(load_rows(str(root / "train.jsonl")), tok,
+                    DataConfig(input_key="q", output_key="a", apply_chat_template=True, max_len=64))
+    losses = {}
+    for offload in (False, True):
+        s = DeepSpeedStrategy(StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=2, train_batch_size=4,
+                                             learning_rate=3e-3, lr_warmup_ratio=0.0, adam_offload=offload))
+        trainer = SFTTrainer(s, Actor.from_pretrained(model, dtype="fp32"), tok, ds, SFTConfig(max_epochs=2))
+        if offload:
+            assert type(trainer.engine.optimizer.optimizer).__name__ == "DeepSpeedCPUAdam"
+        losses[offload] = trainer.fit()
+    torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), atol=1e-4, rtol=0)
+
+
+def test_gradient_checkpointing_gives_the_same_losses(setup, tmp_path):
+    from transformers import AutoTokenizer
+
+    root, model = setup
+    tok = AutoTokenizer.from_pretrained(model)
+    ds = SFTDataset(load_rows(str(root / "train.jsonl")), tok,
+                    DataConfig(input_key="q", output_key="a", apply_chat_template=True, max_len=64))
+    losses = {}
+    for ckpt in (False, True):
+        s = DeepSpeedStrategy(StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=2, train_batch_size=4,
+                                             learning_rate=3e-3, lr_warmup_ratio=0.0, gradient_checkpointing=ckpt))
+        actor = Actor.from_pretrained(model, dtype="fp32", gradient_checkpointing=ckpt)
+        assert actor.model.is_gradient_checkpointing == ckpt
+        losses[ckpt] = SFTTrainer(s, actor, tok, ds, SFTConfig(max_epochs=2)).fit()
+    torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), atol=1e-5, rtol=0)
