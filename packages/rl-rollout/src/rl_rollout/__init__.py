@@ -7,7 +7,7 @@ transformers or vLLM when they are built (``make_engine``, or their modules).
 
 from rl_rollout.agents import AgentExecutor, AgentRequest, CalculatorEnv, Environment, EnvStepError, StepResult
 from rl_rollout.engine import EngineKind, RolloutEngine, make_engine, vllm_usable
-from rl_rollout.ipc import IpcBucket, open_bucket, share_buckets
+from rl_rollout.ipc import IpcBucket, IpcReceiver, IpcSender, IpcSync, open_bucket, share_buckets
 from rl_rollout.pool import EnginePool
 from rl_rollout.rewards import (
     RemoteRewardClient,
@@ -32,6 +32,9 @@ __all__ = [
     "EnvStepError",
     "Environment",
     "IpcBucket",
+    "IpcReceiver",
+    "IpcSender",
+    "IpcSync",
     "RemoteRewardClient",
     "RemoteRewardError",
     "RewardRunner",

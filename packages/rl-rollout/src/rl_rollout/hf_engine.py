@@ -159,16 +159,26 @@ class HFEngine:
             self.policy_version = version
 
     @torch.no_grad()
-    def update_weights_ipc(self, buckets, version: int, *, verify: bool = True) -> int:
-        """Load :class:`~rl_rollout.ipc.IpcBucket`s shared by a trainer on this GPU (CUDA IPC, no copy
-        through the host); returns the number of tensors loaded. The trainer keeps each bucket alive
-        until this returns."""
-        from rl_rollout.ipc import open_bucket
+    def update_weights_ipc(self, sync, version: int, *, verify: bool = True) -> int:
+        """Load weights a trainer on this GPU shares over CUDA IPC (no copy through the host);
+        returns the number of tensors loaded.
+
+        ``sync`` is an :class:`~rl_rollout.ipc.IpcSync` from an :class:`~rl_rollout.ipc.IpcSender`
+        (handles opened once, reused on later syncs) or a list of one-shot
+        :class:`~rl_rollout.ipc.IpcBucket`\ s from :func:`~rl_rollout.ipc.share_buckets`. The
+        trainer must not touch the shared memory until this returns.
+        """
+        from rl_rollout.ipc import IpcReceiver, IpcSync, open_bucket
 
         n = 0
         with self._lock:
-            for bucket in buckets:
-                named = open_bucket(bucket, verify=verify)
+            if isinstance(sync, IpcSync):
+                if getattr(self, "_ipc", None) is None:
+                    self._ipc = IpcReceiver()
+                groups = self._ipc.load(sync, verify=verify)
+            else:
+                groups = (open_bucket(bucket, verify=verify) for bucket in sync)
+            for named in groups:
                 self._copy_weights(named)
                 n += len(named)
             if self.device.type == "cuda":
@@ -255,6 +265,8 @@ class HFEngine:
 
     def shutdown(self) -> None:
         self.model = None
+        if getattr(self, "_ipc", None) is not None:
+            self._ipc.close()  # releases the trainer's memory this engine had opened
 
     def _check_awake(self) -> None:
         if self._sleeping:

@@ -17,12 +17,25 @@ handle fails loudly instead of loading garbage.
 The handle is a pickled ``(rebuild function, args)`` pair: open handles only from the
 trainer you trust, exactly as vLLM's own IPC weight path does. Needs CUDA (a CPU
 tensor has no IPC handle); on a CPU machine use the in-process or gloo transports.
+
+Repeated syncs (every RL step) should not pay for new handles each time: opening one
+costs milliseconds (``cudaIpcOpenMemHandle``), which dominated the one-shot path's time.
+:class:`IpcSender` allocates its buckets once, shares their handles with the first
+sync, and afterwards refills the same device memory and sends only keys;
+:class:`IpcReceiver` keeps each opened bucket (and its tensor views) by key. With
+``pack=False`` the sender shares the trainer's tensors themselves, and a sync is then
+the engine's single device copy. A new layout (names, shapes, dtypes, or, in place,
+addresses) starts a new generation with fresh handles; a receiver asked for a generation
+it never opened (a restarted engine) fails with the fix (:meth:`IpcSender.reset`). What
+crosses per repeated sync is an :class:`IpcSync` of a few hundred bytes, not a handle
+and metadata per bucket (pickling a thousand of those cost more than the copy).
 """
 
 from __future__ import annotations
 
 import hashlib
 import pickle
+import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
@@ -83,20 +96,132 @@ def share_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], *, device: 
                         _digest(payload_U8) if checksum else None, payload_U8)
 
 
-def open_bucket(bucket: IpcBucket, *, verify: bool = True) -> list[tuple[str, torch.Tensor]]:
-    """Engine side: views of the sender's tensors (same device memory, no copy).
-
-    Copy them into the model before the sender drops the bucket. With ``verify`` and a
-    sender checksum, a payload whose sha256 differs raises before anything is loaded.
-    """
+def _open_handle(bucket: IpcBucket) -> torch.Tensor:
     rebuild, args = pickle.loads(bucket.handle)
     payload_U8 = rebuild(*args)
     if payload_U8.numel() != bucket.nbytes:
         raise ValueError(f"IPC bucket handle opens {payload_U8.numel()} bytes, its metadata says {bucket.nbytes}: "
                          "the handle and the metadata come from different buckets")
+    return payload_U8
+
+
+def open_bucket(bucket: IpcBucket, *, verify: bool = True) -> list[tuple[str, torch.Tensor]]:
+    """Engine side: views of the sender's tensors (same device memory, no copy).
+
+    Copy them into the model before the sender drops the bucket. With ``verify`` and a
+    sender checksum, a payload whose sha256 differs raises before anything is loaded.
+    Opens the handle every call; for repeated syncs use :class:`IpcReceiver`.
+    """
+    payload_U8 = _open_handle(bucket)
     if verify and bucket.sha256 is not None:
         got = _digest(payload_U8)
         if got != bucket.sha256:
             raise ValueError(f"IPC bucket checksum mismatch (sender {bucket.sha256[:16]}..., read "
                              f"{got[:16]}...): the sender changed or freed the memory before the engine loaded it")
     return unpack_tensors(bucket.meta, payload_U8)
+
+
+def _layout(named: list[tuple[str, torch.Tensor]], in_place: bool) -> list:
+    if in_place:
+        return [(n, t.dtype, t.shape, t.data_ptr()) for n, t in named]
+    return [(n, t.dtype, t.shape) for n, t in named]
+
+
+@dataclass(frozen=True)
+class IpcSync:
+    """One sync from an :class:`IpcSender`; what crosses the process boundary is a few hundred bytes
+    once the receiver holds the generation's buckets.
+
+    ``buckets`` (with handles) comes with a generation's first sync only; later syncs carry the
+    ``key`` (``"sender/generation"``) and ``count`` alone, plus a sha256 per bucket when the
+    sender checksums.
+    """
+
+    key: str
+    count: int
+    buckets: tuple[IpcBucket, ...] | None = None
+    sha256: tuple[str, ...] | None = None
+
+
+class IpcSender:
+    """Trainer side of repeated CUDA IPC syncs: buckets allocated and shared once, refilled in place.
+
+    ``share(named_tensors)`` returns the :class:`IpcSync` of one sync. The first call (and any
+    call whose layout differs from the last) allocates the buckets and sends their handles;
+    later calls copy the new values into the same memory and send the key only. The protocol
+    is synchronous: call ``share`` for the next version only after the engine finished loading
+    the previous one (its update call returned), since the buckets are overwritten in place.
+    ``pack=False`` shares the tensors' own memory (each must be CUDA and contiguous and stay
+    where it is; the trainer must not update it until the engine has loaded it): a sync is then
+    the engine's single copy.
+    """
+
+    def __init__(self, *, device: str | torch.device = "cuda", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+                 pack: bool = True, checksum: bool = False) -> None:
+        self.device, self.bucket_bytes, self.pack, self.checksum = torch.device(device), bucket_bytes, pack, checksum
+        if self.device.type != "cuda":
+            raise ValueError(f"CUDA IPC shares CUDA memory; got device {self.device}. On CPU use the in-process "
+                             "update_weights or the gloo transport (rl_rollout.transport)")
+        self.id = uuid.uuid4().hex[:12]
+        self.generation = 0
+        self._layout: list | None = None
+        self._buckets: list[IpcBucket] = []
+        self._views: list[torch.Tensor] = []  # every tensor's view in the buckets, in order (pack=True)
+
+    def reset(self) -> None:
+        """Forget the shared buckets: the next ``share`` starts a new generation with fresh handles."""
+        self._layout, self._buckets, self._views = None, [], []
+
+    @torch.no_grad()
+    def share(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> IpcSync:
+        named = list(named_tensors)
+        layout = _layout(named, not self.pack)
+        fresh = layout != self._layout
+        if fresh:
+            self.generation += 1
+            self._buckets = list(share_buckets(named, device=self.device, bucket_bytes=self.bucket_bytes,
+                                               pack=self.pack))
+            self._views = [t for b in self._buckets for _, t in unpack_tensors(b.meta, b._payload)] if self.pack else []
+            self._layout = layout
+        elif self.pack:
+            torch._foreach_copy_(self._views, [t.reshape(v.shape) for v, (_, t) in zip(self._views, named, strict=True)])
+        torch.cuda.current_stream(self.device).synchronize()  # written before another process reads
+        sha = tuple(_digest(b._payload) for b in self._buckets) if self.checksum else None
+        return IpcSync(f"{self.id}/{self.generation}", len(self._buckets),
+                       tuple(self._buckets) if fresh else None, sha)
+
+
+class IpcReceiver:
+    """Engine side of :class:`IpcSender`: opens a generation's handles once and keeps its views.
+
+    ``load(sync)`` returns, per bucket, ``(name, view)`` pairs of the sender's memory. A newer
+    generation of the same sender releases the older one.
+    """
+
+    def __init__(self) -> None:
+        self._open: dict[str, list[tuple[torch.Tensor, list[tuple[str, torch.Tensor]]]]] = {}
+
+    def load(self, sync: IpcSync, *, verify: bool = True) -> list[list[tuple[str, torch.Tensor]]]:
+        if sync.buckets is not None:
+            sender = sync.key.split("/")[0]
+            for k in [k for k in self._open if k.split("/")[0] == sender]:
+                del self._open[k]
+            opened = [_open_handle(b) for b in sync.buckets]
+            self._open[sync.key] = [(p, unpack_tensors(b.meta, p)) for p, b in zip(opened, sync.buckets, strict=True)]
+        elif sync.key not in self._open:
+            raise ValueError(f"IPC sync {sync.key} carries no handles and this engine never opened that generation "
+                             "(it was restarted or missed the generation's first sync): call the trainer's "
+                             "IpcSender.reset() so that the next sync sends fresh handles")
+        buckets = self._open[sync.key]
+        if len(buckets) != sync.count:
+            raise ValueError(f"IPC sync {sync.key} has {sync.count} buckets, this engine opened {len(buckets)}")
+        if verify and sync.sha256 is not None:
+            for index, ((payload_U8, _), sha) in enumerate(zip(buckets, sync.sha256, strict=True)):
+                got = _digest(payload_U8)
+                if got != sha:
+                    raise ValueError(f"IPC sync {sync.key} bucket {index}: checksum mismatch (sender {sha[:16]}..., "
+                                     f"read {got[:16]}...): the sender changed the memory before the engine loaded it")
+        return [named for _, named in buckets]
+
+    def close(self) -> None:
+        self._open.clear()

@@ -157,3 +157,24 @@ def ipc_trainer_process(model_path: str, queue, done, corrupt: bool = False, see
         torch.cuda.synchronize()
     queue.put(buckets)
     done.wait(120)
+
+
+def ipc_sender_process(model_path: str, to_engine, from_engine, seeds: list[int], pack: bool = True) -> None:
+    """A trainer process for repeated syncs (:class:`rl_rollout.ipc.IpcSender`): for each seed, sets
+    :func:`peaked_weights` in place, puts ``sender.share(...)`` on ``to_engine`` and waits for the
+    engine's acknowledgement on ``from_engine`` (``"reset"`` there makes the next sync send fresh handles)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from rl_rollout.ipc import IpcSender
+
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).cuda()
+    sender = IpcSender(bucket_bytes=1 << 20, checksum=True, pack=pack)
+    for seed in seeds:
+        with torch.no_grad():
+            for name, t in peaked_weights(model, seed=seed).items():
+                model.state_dict()[name].copy_(t)
+        to_engine.put(sender.share(model.state_dict().items()))
+        if from_engine.get(timeout=120) == "reset":
+            sender.reset()
+    to_engine.put(None)

@@ -33,10 +33,12 @@ into a layerwise-reload session (the trainer's ``CollectiveSender.send`` runs
 meanwhile in its own process or thread); the workers verify the sha256 of the
 bytes received, not the loaded weights (vLLM fuses and repacks them).
 
-Not here: CUDA IPC; it can feed :meth:`VLLMEngine.load_bucket` between
-:meth:`begin_weight_update` and :meth:`finish_weight_update`, or wrap vLLM
-0.32's own ``vllm.distributed.weight_transfer`` engines (NCCL, IPC), which use
-the same layerwise-reload session.
+CUDA IPC (a trainer colocated on the engine's GPU, :mod:`rl_rollout.ipc`):
+:meth:`VLLMEngine.update_weights_ipc` hands the pickled sync to the worker, which
+opens it (once per :class:`~rl_rollout.ipc.IpcSender` generation) into the same
+layerwise-reload session. Written, not yet run: the vLLM CPU build has no CUDA and
+the GPU machine lent so far has no vLLM. Not here: vLLM 0.32's own
+``vllm.distributed.weight_transfer`` engines.
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ class VLLMEngine:
         self.sleep_frees_memory = bool(enable_sleep_mode)
         self.mode = mode
         self.bucket_bytes = bucket_bytes
+        self.tensor_parallel_size = tensor_parallel_size
         self.pause_mode = pause_mode
         self.policy_version = 0
         args = dict(
@@ -267,6 +270,27 @@ class VLLMEngine:
             self._run(self._llm.resume_generation())
         else:
             self._lock.release()
+
+    def update_weights_ipc(self, sync, version: int, *, verify: bool = True) -> int:
+        """Load weights a trainer on this engine's GPU shares over CUDA IPC (:mod:`rl_rollout.ipc`):
+        an :class:`~rl_rollout.ipc.IpcSync` or a list of :class:`~rl_rollout.ipc.IpcBucket`.
+
+        Tensor parallel 1 only (each TP worker sits on its own GPU and would need that GPU's
+        buckets). Written for the hybrid placement; not yet run: the vLLM CPU build has no CUDA.
+        """
+        import pickle
+
+        if self.tensor_parallel_size != 1:
+            raise NotImplementedError(f"update_weights_ipc with tensor_parallel_size={self.tensor_parallel_size}: "
+                                      "each TP worker needs the buckets of its own GPU; use the broadcast transport")
+        self.begin_weight_update()
+        try:
+            n = self._rpc("rl_load_ipc", pickle.dumps(sync), verify)[0]
+        except BaseException:
+            self.finish_weight_update(version=None)
+            raise
+        self.finish_weight_update(version)
+        return n
 
     def init_weight_group(
         self,

@@ -54,23 +54,37 @@ class WorkerExtension:
         self._rl_loaded += len(weights)
         return len(weights)
 
-    def rl_load_ipc_bucket(self, meta: bytes, handle: bytes, nbytes: int, sha256: str | None) -> int:
-        """Load one CUDA IPC bucket (:mod:`rl_rollout.ipc`) shared by a trainer on this GPU.
+    def rl_load_ipc(self, sync: bytes, verify: bool) -> int:
+        """Load weights shared over CUDA IPC by a trainer on this GPU (:mod:`rl_rollout.ipc`).
 
-        Written for the colocated (hybrid) placement on GPU; not yet run under vLLM here
-        (the vLLM CPU build has no CUDA, the GPU machine has no vLLM).
+        ``sync`` is a pickled :class:`~rl_rollout.ipc.IpcSync` (opened once per generation and
+        kept) or a pickled list of one-shot :class:`~rl_rollout.ipc.IpcBucket`. Pickle, because a
+        handle is a pickled rebuild call anyway: only from a trainer you trust. Written for the
+        colocated (hybrid) placement on GPU; not yet run under vLLM here (the vLLM CPU build has
+        no CUDA, the GPU machine has no vLLM).
         """
+        import pickle
+
         from vllm.config import set_current_vllm_config
 
-        from rl_rollout.ipc import IpcBucket, open_bucket
+        from rl_rollout.ipc import IpcReceiver, IpcSync, open_bucket
 
         if not hasattr(self, "_rl_loaded"):
-            raise RuntimeError("rl_load_ipc_bucket called outside a weight update: call rl_begin_weight_update first")
-        weights = open_bucket(IpcBucket(meta, handle, nbytes, sha256))
-        with set_current_vllm_config(self.vllm_config):
-            self.model_runner.get_model().load_weights(weights=weights)
-        self._rl_loaded += len(weights)
-        return len(weights)
+            raise RuntimeError("rl_load_ipc called outside a weight update: call rl_begin_weight_update first")
+        shared = pickle.loads(sync)
+        if isinstance(shared, IpcSync):
+            if getattr(self, "_rl_ipc", None) is None:
+                self._rl_ipc = IpcReceiver()  # keeps an IpcSender's buckets open across syncs
+            groups = self._rl_ipc.load(shared, verify=verify)
+        else:
+            groups = (open_bucket(bucket, verify=verify) for bucket in shared)
+        n = 0
+        for weights in groups:
+            with set_current_vllm_config(self.vllm_config):
+                self.model_runner.get_model().load_weights(weights=weights)
+            n += len(weights)
+        self._rl_loaded += n
+        return n
 
     def rl_finish_weight_update(self) -> int:
         """Re-process the layers into kernel layout; returns the tensors loaded in this session."""
