@@ -127,6 +127,7 @@ def test_after_load_check_catches_a_loader_that_drops_a_tensor(linked, monkeypat
     copy = engine._copy_weights
     # a faulty loader: the wire bytes are intact, the model misses one tensor
     monkeypatch.setattr(engine, "_copy_weights", lambda named: copy([kv for kv in named if "o_proj" not in kv[0]]))
+    monkeypatch.setattr(engine, "receive_in_place", False)  # every tensor through the (faulty) loader
     trainer.send(seed=5, version=version + 1, bucket_bytes=BUCKET_BYTES)
     with pytest.raises(WeightSyncError, match=rf"of version {version + 1} .*after the load the engine's weights"):
         engine.receive_weights()

@@ -204,6 +204,8 @@ class HFEngine:
             master_addr, master_port, rank, world_size, backend=backend, device=device, timeout_s=timeout_s
         )
 
+    receive_in_place = True  # broadcast bytes land straight in matching parameters (no copy through a buffer)
+
     @torch.no_grad()
     def receive_weights(self, *, verify: bool = True):
         """Take one broadcast sync (blocks until the sender's end frame); returns its ``SyncStats``.
@@ -216,7 +218,8 @@ class HFEngine:
             raise RuntimeError("receive_weights needs a weight group: call init_weight_group(...) first")
         with self._lock:
             self._check_awake()
-            stats = receiver.receive(self._copy_weights, verify=verify, check_loaded=self._loaded_sha256)
+            stats = receiver.receive(self._copy_weights, verify=verify, check_loaded=self._loaded_sha256,
+                                     targets=self.model.state_dict() if self.receive_in_place else None)
             self.policy_version = stats.version
         return stats
 

@@ -11,10 +11,16 @@ and vLLM's workers already use.
 Wire, per bucket (:func:`rl_rollout.weights.iter_groups`, at most
 ``bucket_bytes``): a header ``int64[kind, meta_len, payload_len]``, the msgpack
 metadata as ``uint8[meta_len]`` (version, bucket index, the tensors' name /
-dtype / shape / offset, the sha256 of the payload), then the payload as one flat
-``uint8`` tensor. An ``end`` frame carries the version and the totals (buckets,
-bytes, tensors); last, every rank all-reduces a failure count, so the sender
-fails too when a worker could not load.
+dtype / shape / offset, the sha256 of their bytes in order), then one broadcast
+per tensor of its bytes. Nothing is packed: the sender broadcasts its tensors'
+own memory, and a receiver given ``targets`` (an engine's parameters, same name,
+dtype and shape, on the group's device) receives straight into them; the other
+tensors land at their offsets in a reused buffer and go to ``load``. So a sync
+costs the collective's own time plus at most the engine's one copy. An ``end``
+frame carries the version and the totals (buckets, bytes, tensors); last, every
+rank all-reduces a failure count, so the sender fails too when a worker could not
+load. The sender keeps bucket k's broadcasts in flight while it prepares (and
+hashes) bucket k+1.
 
 Verification (``verify=True``): a receiver hashes each payload it received and
 compares with the sender's sha256 before loading it (wire integrity; an error
@@ -22,8 +28,9 @@ names the bucket and the version). An engine may also pass ``check_loaded``,
 which re-reads its weights after the load: the HF engine does (exact where the
 model's dtype is the wire dtype); vLLM fuses and repacks weights on load, so
 there only the received bytes are verified. A failed check leaves the engine
-with old and new weights mixed and its ``policy_version`` unchanged: send again
-(the group stays usable, the receiver drains the stream before it raises).
+with old and new weights mixed (with ``targets``, including the bad bucket's bytes)
+and its ``policy_version`` unchanged: send again (the group stays usable, the
+receiver drains the stream before it raises).
 
 Each sync logs one line (bytes, seconds, GB/s) and returns :class:`SyncStats`.
 Not here: CUDA IPC, the choice of transport by placement, several trainers.
@@ -36,13 +43,13 @@ import datetime
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 import msgpack
 import torch
 
-from rl_rollout.weights import DEFAULT_BUCKET_BYTES, iter_groups, pack_tensors, unpack_tensors
+from rl_rollout.weights import DEFAULT_BUCKET_BYTES, _dtype_from_name, iter_groups
 
 logger = logging.getLogger(__name__)
 
@@ -117,20 +124,26 @@ class WeightGroup:
         self._pg.broadcast(tensor, 0).wait()
         return tensor
 
-    def send_frame(self, kind: int, meta: bytes, payload_U8: torch.Tensor) -> None:
-        header = torch.tensor([kind, len(meta), payload_U8.numel()], dtype=torch.int64, device=self.device)
-        self.broadcast_(header)
-        self.broadcast_(torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(self.device))
-        if payload_U8.numel():
-            self.broadcast_(payload_U8)
+    def send_frame(self, kind: int, meta: bytes, chunks: list[torch.Tensor] = ()) -> list:
+        """Broadcast a frame: header, metadata, then each chunk (flat ``uint8``). Returns the
+        in-flight ``(work, tensor)`` pairs; the tensors must stay unchanged until each is waited on."""
+        payload_len = sum(c.numel() for c in chunks)
+        header = torch.tensor([kind, len(meta), payload_len], dtype=torch.int64, device=self.device)
+        tensors = [header, torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(self.device), *chunks]
+        return [(self._pg.broadcast(t, 0), t) for t in tensors if t.numel()]
 
-    def recv_frame(self) -> tuple[int, bytes, torch.Tensor]:
+    def recv_header(self) -> tuple[int, bytes, int]:
+        """A frame's kind, metadata and payload length; the payload's broadcasts follow."""
         kind, meta_len, payload_len = self.broadcast_(torch.empty(3, dtype=torch.int64, device=self.device)).tolist()
         meta = self.broadcast_(torch.empty(meta_len, dtype=torch.uint8, device=self.device)).cpu().numpy().tobytes()
-        payload_U8 = torch.empty(payload_len, dtype=torch.uint8, device=self.device)
-        if payload_len:
-            self.broadcast_(payload_U8)
-        return kind, meta, payload_U8
+        return kind, meta, payload_len
+
+    def buffer(self, nbytes: int) -> torch.Tensor:
+        """A ``uint8[nbytes]`` view of a receive buffer reused by every frame (warm memory: no page faults)."""
+        buf = getattr(self, "_recv_buf", None)
+        if buf is None or buf.numel() < nbytes:
+            buf = self._recv_buf = torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+        return buf[:nbytes]
 
     def count_failures(self, failed: bool) -> int:
         """All-reduce (sum) of one flag per rank: how many ranks failed."""
@@ -145,9 +158,16 @@ class WeightGroup:
         self._pg = None
 
 
-def payload_sha256(payload_U8: torch.Tensor) -> str:
-    """sha256 of a flat ``uint8`` tensor's bytes (copied to the host first when on an accelerator)."""
-    return hashlib.sha256(payload_U8.detach().cpu().contiguous().numpy()).hexdigest()
+def payload_sha256(*chunks_U8: torch.Tensor) -> str:
+    """sha256 of flat ``uint8`` tensors' bytes in order (copied to the host first when on an accelerator)."""
+    h = hashlib.sha256()
+    for chunk in chunks_U8:
+        h.update(chunk.detach().cpu().contiguous().numpy())
+    return h.hexdigest()
+
+
+def _flat_bytes(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return t.detach().contiguous().reshape(-1).view(torch.uint8).to(device)
 
 
 def _stats(version: int, nbytes: int, buckets: int, tensors: int, seconds: float) -> SyncStats:
@@ -188,18 +208,32 @@ class CollectiveSender:
         """
         t0 = time.perf_counter()
         nbytes = n_buckets = n_tensors = 0
+        in_flight: list[list] = []  # bucket k's broadcasts run while bucket k+1 is prepared and hashed
         for index, group in enumerate(iter_groups(named_tensors, bucket_bytes)):
-            meta, payload_U8 = pack_tensors(group, self.group.device)
-            sha = payload_sha256(payload_U8) if checksum else None
-            if corrupt_bucket_for_test == index and payload_U8.numel():
-                payload_U8[payload_U8.numel() // 2] ^= 0xFF
-            info = {"version": version, "index": index, "tensors": meta, "sha256": sha}
-            self.group.send_frame(_BUCKET, msgpack.packb(info), payload_U8)
-            nbytes += payload_U8.numel()
+            chunks = [_flat_bytes(t, self.group.device) for _, t in group]  # views, copies only across devices
+            metas, offset = [], 0
+            for (name, t), chunk in zip(group, chunks, strict=True):
+                metas.append([name, str(t.dtype).removeprefix("torch."), list(t.shape), offset, chunk.numel()])
+                offset += chunk.numel()
+            sha = payload_sha256(*chunks) if checksum else None
+            if corrupt_bucket_for_test == index and offset:
+                k = max(range(len(chunks)), key=lambda i: chunks[i].numel())
+                chunks[k] = chunks[k].clone()  # never the trainer's own weights
+                chunks[k][chunks[k].numel() // 2] ^= 0xFF
+            info = {"version": version, "index": index, "tensors": metas, "sha256": sha}
+            in_flight.append(self.group.send_frame(_BUCKET, msgpack.packb(info), chunks))
+            while len(in_flight) > 1:
+                for work, _ in in_flight.pop(0):
+                    work.wait()
+            nbytes += offset
             n_buckets += 1
             n_tensors += len(group)
+        for frame in in_flight:
+            for work, _ in frame:
+                work.wait()
         end = {"version": version, "buckets": n_buckets, "bytes": nbytes, "tensors": n_tensors}
-        self.group.send_frame(_END, msgpack.packb(end), torch.empty(0, dtype=torch.uint8, device=self.group.device))
+        for work, _ in self.group.send_frame(_END, msgpack.packb(end)):
+            work.wait()
         failed = self.group.count_failures(False)
         stats = _stats(version, nbytes, n_buckets, n_tensors, time.perf_counter() - t0)
         logger.info(
@@ -243,9 +277,17 @@ class CollectiveReceiver:
         *,
         verify: bool = True,
         check_loaded: Callable[[NamedTensors], str | None] | None = None,
+        targets: Mapping[str, torch.Tensor] | None = None,
+        reuse_buffer: bool = True,
     ) -> SyncStats:
-        """Receive buckets until the end frame; ``load(named_tensors)`` per bucket (views into the payload).
+        """Receive buckets until the end frame; ``load(named_tensors)`` per bucket.
 
+        ``targets``: tensors that take their bytes in place (an engine's parameters by name);
+        a tensor of the same name, dtype and shape, contiguous and on the group's device is
+        received straight into its target and not passed to ``load``. The others are views
+        into a buffer that the next bucket reuses, valid only during the ``load`` call; a loader
+        that keeps references (vLLM's layerwise reload holds a layer's tensors until the layer is
+        complete) passes ``reuse_buffer=False`` and gets a fresh buffer per bucket.
         ``check_loaded(named_tensors)`` (with ``verify``) returns the sha256 of the engine's weights
         for those names after the load, in the wire layout, or ``None`` where not comparable.
         Raises :class:`WeightSyncError` naming bucket and version on a mismatch; the rest of the
@@ -255,16 +297,16 @@ class CollectiveReceiver:
         failure: BaseException | None = None
         nbytes = n_buckets = n_tensors = 0
         while True:
-            kind, meta, payload_U8 = self.group.recv_frame()
+            kind, meta, payload_len = self.group.recv_header()
             info = msgpack.unpackb(meta)
             if kind == _END:
                 break
             n_buckets += 1
-            nbytes += payload_U8.numel()
-            if failure is not None:
-                continue  # drain: the sender broadcasts the whole stream regardless
+            nbytes += payload_len
             try:
-                n_tensors += self._load_bucket(info, payload_U8, load, verify, check_loaded)
+                n_tensors += self._receive_bucket(info, payload_len, load, verify, check_loaded,
+                                                  targets if failure is None else None, drain=failure is not None,
+                                                  reuse_buffer=reuse_buffer)
             except Exception as e:  # reported after the stream ends
                 failure = e
         version = info["version"]
@@ -283,19 +325,45 @@ class CollectiveReceiver:
         )
         return stats
 
-    @staticmethod
-    def _load_bucket(info: dict, payload_U8: torch.Tensor, load, verify: bool, check_loaded) -> int:
-        where = f"weight bucket {info['index']} of version {info['version']} ({payload_U8.numel()} bytes)"
+    def _receive_bucket(self, info: dict, payload_len: int, load, verify: bool, check_loaded, targets,
+                        drain: bool, reuse_buffer: bool) -> int:
+        """Receive one bucket's tensors (all of them, even when it fails: the stream must stay in step)."""
+        if reuse_buffer:
+            buf = self.group.buffer(payload_len)
+        else:
+            buf = torch.empty(payload_len, dtype=torch.uint8, device=self.group.device)
+        named, chunks, to_load = [], [], []
+        for name, dtype, shape, offset, nbytes in info["tensors"]:
+            if offset + nbytes > payload_len:
+                raise WeightSyncError(f"weight bucket metadata for {name!r} points past the payload "
+                                      f"({offset}+{nbytes} > {payload_len} bytes)")
+            target = None if targets is None else targets.get(name)
+            if (target is not None and str(target.dtype).removeprefix("torch.") == dtype
+                    and list(target.shape) == shape and target.is_contiguous() and target.device == self.group.device):
+                chunk = target.detach().reshape(-1).view(torch.uint8)
+                view = target
+            else:
+                chunk = buf[offset:offset + nbytes]
+                view = chunk.view(_dtype_from_name(dtype)).reshape(shape)
+                to_load.append((name, view))
+            chunks.append(chunk)
+            named.append((name, view))
+        for work in [self.group._pg.broadcast(c, 0) for c in chunks if c.numel()]:
+            work.wait()
+        if drain:
+            return 0
+        where = f"weight bucket {info['index']} of version {info['version']} ({payload_len} bytes)"
         expected = info["sha256"]
         if verify and expected is not None:
-            got = payload_sha256(payload_U8)
+            got = payload_sha256(*chunks)
             if got != expected:
                 raise WeightSyncError(
                     f"{where} arrived corrupted: sha256 {got[:16]}... != the sender's {expected[:16]}...; "
-                    "nothing of it was loaded (earlier buckets were): send again"
+                    f"{len(named) - len(to_load)} of its {len(named)} tensors were received in place (earlier "
+                    "buckets were loaded): send again"
                 )
-        named = unpack_tensors(info["tensors"], payload_U8)
-        load(named)
+        if to_load:
+            load(to_load)
         if verify and expected is not None and check_loaded is not None:
             loaded = check_loaded(named)
             if loaded is not None and loaded != expected:

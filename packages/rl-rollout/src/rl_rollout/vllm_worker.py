@@ -127,7 +127,8 @@ class WorkerExtension:
                 self.model_runner.get_model().load_weights(weights=weights)
             self._rl_loaded += len(weights)
 
-        return receiver.receive(load, verify=verify).as_dict()
+        # layerwise reload keeps a layer's tensors until the layer is complete: no buffer reuse
+        return receiver.receive(load, verify=verify, reuse_buffer=False).as_dict()
 
     def rl_weights_digest(self) -> str:
         """sha256 over the worker's parameters in name order: changes iff a weight changed."""
