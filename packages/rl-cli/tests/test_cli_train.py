@@ -36,6 +36,18 @@ def test_dotted_flags_aliases_and_yaml_with_command_line_winning(tmp_path):
     assert (t.beta, t.ipo) == (0.5, True) and m.pretrain == "/m"
 
 
+def test_eval_flags_parse_under_openrlhf_names():
+    c = parse("sft", ["--dataset", "t.jsonl", "--eval_dataset", "e.jsonl", "--eval_steps", "50", "--eval_split", "test",
+                      "--max_eval_samples", "100"])
+    d, t = c["data"], c["train"]
+    assert (d.eval_dataset, d.eval_split, d.max_eval_samples, t.eval_steps) == ("e.jsonl", "test", 100, 50)
+    c = parse("dpo", ["--data.eval_dataset", "e.jsonl", "--train.eval_steps", "-1"])
+    assert (c["data"].eval_dataset, c["train"].eval_steps) == ("e.jsonl", -1)
+    assert (parse("kto", [])["data"].eval_dataset, parse("kto", [])["train"].eval_steps) == (None, -1)
+    with pytest.raises(ValueError, match=r"eval_steps \(--eval_steps\) must be >= 1, or -1"):
+        parse("rm", ["--eval_steps", "0"])
+
+
 def test_bad_settings_fail_with_the_fix(tmp_path, capsys):
     y = tmp_path / "bad.yaml"
     y.write_text("strategy:\n  zero_stgae: 3\n")
@@ -104,6 +116,32 @@ def test_preference_commands_train_and_export(files, name, extra, capsys, monkey
     losses = losses_of(files / f"run-{name}")
     assert len(losses) == 4 and all(0 < x < 100 for x in losses), losses  # learning itself: rl-core's tests
     assert (out / "config.json").is_file() and ((out / "rl_head.json").is_file() == (name == "rm"))
+
+
+def test_sft_with_an_eval_set_logs_eval_metrics_and_names_a_bad_eval_file(files, capsys, monkeypatch):
+    from rl_core.data import DataError
+
+    monkeypatch.chdir(files)
+    (files / "sft_eval.jsonl").write_text("".join(json.dumps({"q": f"reverse {w}", "a": w[::-1]}) + "\n"
+                                                  for w in ("cat", "sun", "map")))
+    base = ["--pretrain", "tiny", "--dataset", "sft.jsonl", "--input_key", "q", "--output_key", "a",
+            "--apply_chat_template", "--max_epochs", "2", *COMMON]
+    assert run("sft", [*base, "--eval_dataset", "sft_eval.jsonl", "--eval_steps", "2", "--run_dir", "run-eval"]) == 0
+    printed = capsys.readouterr().out
+    assert "[rl sft] eval set: SFTDataset: kept 3/3 rows" in printed and ", eval loss " in printed
+    rows = [json.loads(x) for x in (files / "run-eval" / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["eval/tokens"]) for r in rows if "eval/loss" in r] == [(2, 12.0), (4, 12.0)]  # 3 x (3 + eos)
+
+    (files / "no_answers.jsonl").write_text(json.dumps({"q": "reverse cat"}) + "\n")
+    with pytest.raises(DataError, match=r"eval set \(--eval_dataset no_answers.jsonl\): .*kept 0/1 rows.* in "
+                                        r"\S*no_answers.jsonl: no usable rows"):
+        run("sft", [*base, "--eval_dataset", "no_answers.jsonl", "--skip_bad_rows"])
+    (files / "empty.jsonl").write_text("")
+    with pytest.raises(DataError, match=r"eval set \(--eval_dataset empty.jsonl\): no rows in 'empty.jsonl'"):
+        run("sft", [*base, "--eval_dataset", "empty.jsonl"])
+    with pytest.raises(SystemExit):
+        run("sft", [*base, "--eval_steps", "2"])
+    assert "--eval_steps 2 needs --eval_dataset PATH" in capsys.readouterr().err
 
 
 @pytest.mark.multiprocess

@@ -69,6 +69,8 @@ def write_jsonl(path, rows):
         ({"input_template": "Q: {}", "apply_chat_template": True}, "drop --input_template or --apply_chat_template"),
         ({"max_len": 0}, r"max_len \(--max_len\) must be a positive number of tokens, got 0"),
         ({"max_samples": -1}, "max_samples.*got -1"),
+        ({"max_eval_samples": 0}, r"max_eval_samples \(--max_eval_samples\) must be a positive row count.*got 0"),
+        ({"eval_dataset": " "}, r"eval_dataset \(--eval_dataset\) must be a non-empty path or unset"),
         ({"input_key": ""}, r"input_key \(--input_key\) must be a column name"),
         ({"chosen_key": "x", "rejected_key": "x"}, "two different columns"),
         ({"apply_chat_template": "yes"}, "must be true or false, got 'yes'"),

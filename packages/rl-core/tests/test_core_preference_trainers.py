@@ -7,6 +7,7 @@ the preferred answer is the word reversed, the other one the word as is.
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
@@ -18,6 +19,7 @@ from rl_core.trainers import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer, Rewar
 
 pytestmark = pytest.mark.timeout(600)
 WORDS = ["abc", "hello", "xyz", "rl", "ppo", "grpo", "data", "kto", "model", "token", "reward", "value"]
+EVAL_WORDS = ["cat", "sun", "map", "tree", "bird", "lamp"]  # held out: the same preference on unseen words
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +35,12 @@ def setup(tmp_path_factory):
     kto = [{"input": p["prompt"], "output": p[side], "label": side == "chosen"}
            for p in pairs for side in ("chosen", "rejected")]
     (root / "kto.jsonl").write_text("".join(json.dumps(r) + "\n" for r in kto))
+    held_out = [{"prompt": f"reverse {w}", "chosen": w[::-1] + ".", "rejected": w + "?", "margin": 1.0}
+                for w in EVAL_WORDS]
+    (root / "eval_pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in held_out))
+    (root / "eval_kto.jsonl").write_text("".join(
+        json.dumps({"input": p["prompt"], "output": p[side], "label": side == "chosen"}) + "\n"
+        for p in held_out for side in ("chosen", "rejected")))
     return root, model, AutoTokenizer.from_pretrained(model)
 
 
@@ -42,9 +50,9 @@ def strategy(**kw):
     return DeepSpeedStrategy(StrategyConfig(**{**base, **kw}))
 
 
-def pref_data(setup, **kw):
+def pref_data(setup, name="pairs.jsonl", **kw):
     root, _, tok = setup
-    return PreferenceDataset(load_rows(str(root / "pairs.jsonl")), tok,
+    return PreferenceDataset(load_rows(str(root / name)), tok,
                              DataConfig(prompt_key="prompt", apply_chat_template=False, max_len=64, **kw))
 
 
@@ -73,11 +81,11 @@ def test_reward_model_learns_the_preference_and_stores_its_statistics(setup, tmp
     assert norm.std(unbiased=False).item() == pytest.approx(1.0, abs=1e-3)
 
 
-def run_dpo(setup, tmp_path, **cfg):
+def run_dpo(setup, tmp_path, eval_dataset=None, **cfg):
     _, model, tok = setup
     trainer = DPOTrainer(strategy(), Actor.from_pretrained(model, dtype="fp32"),
                          frozen(Actor.from_pretrained(model, dtype="fp32")), tok, pref_data(setup),
-                         DPOConfig(max_epochs=3, run_dir=str(tmp_path), **cfg))
+                         DPOConfig(**{"max_epochs": 3, "run_dir": str(tmp_path), **cfg}), eval_dataset=eval_dataset)
     losses = trainer.fit()
     return losses, {k[len("train/"):]: [v for _, v in h] for k, h in trainer.metrics.history.items()}
 
@@ -115,6 +123,73 @@ def test_kto_separates_desirable_from_undesirable(setup, tmp_path):
     assert abs(m["reward_margin"][0]) < 1e-4 and m["kl"][0] == pytest.approx(0.0, abs=1e-5)
     assert min(m["reward_margin"][-3:]) > 0.5, m["reward_margin"]
     assert losses[-1] < losses[0], losses
+
+
+def test_reward_model_eval_metrics_improve_and_equal_a_direct_computation(setup, tmp_path):
+    from rl_core.data import preference_collate
+
+    _, model, tok = setup
+    ev = pref_data(setup, "eval_pairs.jsonl")
+    trainer = RewardModelTrainer(strategy(), RewardModel.from_pretrained(model, dtype="fp32"), tok, pref_data(setup),
+                                 RMConfig(max_epochs=2, run_dir=str(tmp_path), normalize_reward=False), eval_dataset=ev)
+    before = trainer.evaluate()
+    trainer.fit()
+    after = trainer.eval_history
+    print("RM eval: before", before, "after", after)
+    assert [e["step"] for e in after] == [6]  # eval_steps -1: once, after the last step
+    # the random head happens to rank these pairs right by a hair (gap ~0.006): the gap and loss show the learning
+    assert 0 <= before["acc"] <= 1 and after[-1]["acc"] == 1.0, (before, after)
+    assert after[-1]["reward_gap"] > 1.0 > 100 * before["reward_gap"] and after[-1]["loss"] < 0.5 * before["loss"]
+    b = preference_collate([ev[i] for i in range(len(ev))], tok.pad_token_id)  # one [2N, T] forward by hand
+    with torch.no_grad():
+        scores = trainer.engine.module.eval()(b["input_ids"], b["attention_mask"]).double()
+    c, r = scores[:len(ev)], scores[len(ev):]
+    assert after[-1]["acc"] == (c > r).double().mean().item()
+    assert after[-1]["loss"] == pytest.approx(torch.nn.functional.softplus(r - c).mean().item(), abs=1e-5)
+    assert after[-1]["reward_gap"] == pytest.approx((c - r).mean().item(), abs=1e-5)
+
+
+def test_dpo_eval_starts_at_log2_widens_and_precomputes_the_eval_reference(setup, tmp_path):
+    ev = pref_data(setup, "eval_pairs.jsonl")
+    _, m = run_dpo(setup, tmp_path / "a", beta=0.1, max_epochs=2, eval_steps=3, eval_dataset=ev)
+    lines = [json.loads(x) for x in (tmp_path / "a" / "metrics.jsonl").read_text().splitlines()]
+    evals = [x for x in lines if "eval/loss" in x]
+    print("DPO eval:", evals)
+    assert [x["step"] for x in evals] == [3, 6]
+    for x in evals:
+        assert 0 <= x["eval/acc"] <= 1
+    assert evals[-1]["eval/reward_margin"] > evals[0]["eval/reward_margin"] > 0
+    assert evals[-1]["eval/acc"] == 1.0 and evals[-1]["eval/loss"] < evals[0]["eval/loss"] < math.log(2)
+    _, model, tok = setup
+    trainer = DPOTrainer(strategy(), Actor.from_pretrained(model, dtype="fp32"),
+                         frozen(Actor.from_pretrained(model, dtype="fp32")), tok, pref_data(setup),
+                         DPOConfig(max_epochs=2, beta=0.1, eval_steps=3, precompute_ref=True), eval_dataset=ev)
+    start = trainer.evaluate()  # policy == reference: every implicit reward is 0
+    assert start["loss"] == pytest.approx(math.log(2), abs=1e-6) and start["reward_margin"] == 0 == start["acc"]
+    trainer.fit()
+    assert trainer.ref is None and trainer.eval_ref_logps.shape == (len(ev), 2)  # released, eval rows precomputed
+    for k in ("loss", "acc", "reward_margin", "chosen_reward", "rejected_reward"):
+        got = [e[k] for e in trainer.eval_history]
+        assert got == pytest.approx([x["eval/" + k] for x in evals], abs=1e-5), k
+    with pytest.raises(ValueError, match="reference model was released after precompute_ref"):
+        trainer.evaluate(pref_data(setup))
+
+
+def test_kto_eval_starts_at_half_and_separates_held_out_rows(setup, tmp_path):
+    root, model, tok = setup
+    cfg = DataConfig(input_key="input", output_key="output", desirable_key="label", max_len=64)
+    ds, ev = (KTODataset(load_rows(str(root / n)), tok, cfg) for n in ("kto.jsonl", "eval_kto.jsonl"))
+    trainer = KTOTrainer(strategy(train_batch_size=8, micro_train_batch_size=4),
+                         Actor.from_pretrained(model, dtype="fp32"), frozen(Actor.from_pretrained(model, dtype="fp32")),
+                         tok, ds, KTOConfig(max_epochs=2, beta=0.1, run_dir=str(tmp_path)), eval_dataset=ev)
+    start = trainer.evaluate()
+    # z = logp - ref_logp = 0 and kl = 0: every row's loss is 1 - sigmoid(0)
+    assert start["loss"] == pytest.approx(0.5, abs=1e-6) and start["kl"] == 0 and start["reward_margin"] == 0
+    trainer.fit()
+    end = trainer.eval_history[-1]
+    print("KTO eval: start", start, "end", end)
+    assert end["step"] == 6 and end["reward_margin"] > 0.1 and end["loss"] < 0.5, end
+    assert trainer.metrics.history["eval/reward_margin"] == [(6, end["reward_margin"])]
 
 
 def test_configs_reject_bad_values():

@@ -1,5 +1,5 @@
 """SFTTrainer end to end on CPU (real DeepSpeed ZeRO-2, gloo): data file -> loss falls -> metrics,
-checkpoints, resume with the same batches, HF export."""
+checkpoints, resume with the same batches (also LoRA adapter-only checkpoints), eval sets, HF export."""
 
 from __future__ import annotations
 
@@ -23,20 +23,33 @@ def setup(tmp_path_factory):
     model = make_tiny_model(root / "tiny")
     rows = [{"q": f"reverse {w}", "a": w[::-1]} for w in ["abc", "hello", "xyz", "rl", "ppo", "grpo", "data", "kto"]]
     (root / "train.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    held_out = [{"q": f"reverse {w}", "a": w[::-1]} for w in ["cat", "sun", "map", "tree"]]  # same task, unseen words
+    (root / "eval.jsonl").write_text("".join(json.dumps(r) + "\n" for r in held_out))
     return root, model
 
 
-def run(setup, tmp, **cfg):
+DATA = DataConfig(input_key="q", output_key="a", apply_chat_template=True, max_len=64)
+
+
+def sft_data(setup, name="train.jsonl"):
+    from transformers import AutoTokenizer
+
+    root, model = setup
+    return SFTDataset(load_rows(str(root / name)), AutoTokenizer.from_pretrained(model), DATA)
+
+
+def run(setup, tmp, *, lora=None, zero_stage=2, lr=3e-3, eval_dataset=None, fit=True, **cfg):
     from transformers import AutoTokenizer
 
     root, model = setup
     tok = AutoTokenizer.from_pretrained(model)
-    ds = SFTDataset(load_rows(str(root / "train.jsonl")), tok,
-                    DataConfig(input_key="q", output_key="a", apply_chat_template=True, max_len=64))
-    s = DeepSpeedStrategy(StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=2, train_batch_size=4,
-                                         learning_rate=3e-3, lr_warmup_ratio=0.0))
-    trainer = SFTTrainer(s, Actor.from_pretrained(model, dtype="fp32"), tok, ds, SFTConfig(max_epochs=5, **cfg))
-    return trainer, trainer.fit()
+    ds = SFTDataset(load_rows(str(root / "train.jsonl")), tok, DATA)
+    s = DeepSpeedStrategy(StrategyConfig(zero_stage=zero_stage, bf16=False, micro_train_batch_size=2,
+                                         train_batch_size=4, learning_rate=lr, lr_warmup_ratio=0.0))
+    torch.manual_seed(0)  # peft draws the LoRA A init from the global RNG: the same adapter in every run
+    trainer = SFTTrainer(s, Actor.from_pretrained(model, dtype="fp32", lora=lora), tok, ds,
+                         SFTConfig(max_epochs=5, **cfg), eval_dataset=eval_dataset)
+    return trainer, (trainer.fit() if fit else None)
 
 
 def test_sft_trains_logs_and_exports(setup, tmp_path):
@@ -165,3 +178,103 @@ def test_gradient_checkpointing_gives_the_same_losses(setup, tmp_path):
         assert actor.model.is_gradient_checkpointing == ckpt
         losses[ckpt] = SFTTrainer(s, actor, tok, ds, SFTConfig(max_epochs=2)).fit()
     torch.testing.assert_close(torch.tensor(losses[True]), torch.tensor(losses[False]), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("zero_stage", [2, 3])
+def test_lora_checkpoints_hold_the_adapter_only_and_resume_exactly(setup, tmp_path, zero_stage):
+    """A LoRA checkpoint skips the frozen base (DeepSpeed exclude_frozen_parameters) and still
+    resumes onto the uninterrupted run's losses; a checkpoint of another LoRA layout fails loudly."""
+    from rl_core.checkpoint import CheckpointManager
+    from rl_core.models import LoraSpec
+
+    lora = LoraSpec(rank=8, alpha=16)
+    _, full = run(setup, tmp_path, lora=lora, lr=1e-2, zero_stage=zero_stage)
+    ck = tmp_path / "ck"
+    trainer, first = run(setup, tmp_path, lora=lora, lr=1e-2, zero_stage=zero_stage, ckpt_path=str(ck), save_steps=3,
+                         max_steps=5)
+    _, rest = run(setup, tmp_path, lora=lora, lr=1e-2, zero_stage=zero_stage, ckpt_path=str(ck), load_checkpoint=True)
+    assert len(first) == 5 and len(rest) == 7
+    torch.testing.assert_close(torch.tensor(first[:3] + rest), torch.tensor(full), atol=1e-6, rtol=0)
+    lora_b = [p for n, p in trainer.engine.module.named_parameters() if "lora_B" in n]
+    # B starts at 0, so the checkpoint held trained adapter weights (ZeRO-3: this rank's partition is all of it)
+    assert lora_b and all(getattr(p, "ds_tensor", p).abs().max() > 0 for p in lora_b)
+    if zero_stage == 3:  # ZeRO-3 model-states files hold partition placeholders whatever is excluded
+        return
+
+    states = ck / "step_00000003" / "ds" / "mp_rank_00_model_states.pt"
+    saved = torch.load(states, map_location="cpu", weights_only=False)["module"]
+    module = trainer.engine.module
+    trainable = {n for n, p in module.named_parameters() if p.requires_grad}
+    frozen_ = {n for n, p in module.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    assert trainable and trainable <= set(saved)  # every adapter weight is in the checkpoint
+    tied = {"model.base_model.model.lm_head.weight"}  # DeepSpeed drops a tied weight under its first name only
+    assert set(saved) & frozen_ <= tied, sorted(set(saved) & frozen_)
+    trainer.engine.save_checkpoint(str(tmp_path / "whole"), tag="ds")  # what CheckpointManager wrote before
+    ratio = states.stat().st_size / (tmp_path / "whole" / "ds" / "mp_rank_00_model_states.pt").stat().st_size
+    base_bytes = sum(p.numel() * p.element_size() for p in module.parameters())
+    print(f"LoRA model-states {states.stat().st_size} bytes, {ratio:.3f} of a full checkpoint's; "
+          f"{states.stat().st_size / base_bytes:.3f} of the model's parameter bytes")
+    assert ratio < 0.25 and states.stat().st_size < 0.5 * base_bytes, ratio
+
+    other, _ = run(setup, tmp_path, lora=LoraSpec(rank=8, alpha=16, target_modules=("q_proj", "v_proj")), fit=False)
+    with pytest.raises(ValueError, match=r"does not fit the model: missing trainable \[\] \(0\), unexpected .*lora"):
+        CheckpointManager(ck, other.s).load(other.engine)  # adapters on every linear -> only q and v
+    qv = tmp_path / "ck_qv"
+    CheckpointManager(qv, other.s).save(other.engine, 1, {"epoch": 0, "batch_in_epoch": 1})
+    with pytest.raises(ValueError, match=r"missing trainable \['[^']*k_proj\.lora_A[^]]*\] \(20\), unexpected \[\]"):
+        CheckpointManager(qv, trainer.s).load(trainer.engine)  # q and v only -> every linear: 20 adapters missing
+
+
+def test_eval_loss_falls_on_held_out_rows_and_is_logged(setup, tmp_path):
+    trainer, _ = run(setup, tmp_path, eval_dataset=sft_data(setup, "eval.jsonl"), fit=False,
+                     run_dir=str(tmp_path / "run"), eval_steps=4)
+    before = trainer.evaluate()
+    losses = trainer.fit()
+    ev = trainer.eval_history
+    print("SFT eval loss: before", before["loss"], "then", [(e["step"], e["loss"]) for e in ev])
+    assert [e["step"] for e in ev] == [4, 8, 10]  # every 4 steps, and the final model
+    assert ev[-1]["loss"] < 0.8 * before["loss"], (before, ev)
+    assert before["tokens"] == ev[-1]["tokens"] > 0
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    logged = [(x["step"], x["eval/loss"]) for x in lines if "eval/loss" in x]
+    assert logged == [(e["step"], pytest.approx(e["loss"])) for e in ev]
+    assert trainer.metrics.history["eval/loss"] == [(e["step"], e["loss"]) for e in ev]
+    assert all(not k.startswith("train/") for x in lines if "eval/loss" in x for k in x)
+    _, plain = run(setup, tmp_path)  # evaluating does not touch the training trajectory
+    assert losses == plain
+
+
+def test_eval_before_training_equals_the_first_steps_loss(setup, tmp_path):
+    """The eval loss is the train loss's definition: on the first global batch's rows, before any step,
+    it equals the loss the first step reports; the mean of per-row means (a plausible wrong definition)
+    differs from it on these rows of unequal length."""
+    trainer, _ = run(setup, tmp_path, fit=False, max_steps=1)
+    rows = [trainer.dataset[i] for i in trainer.global_batch(0, 0)]
+    before = trainer.evaluate(rows)
+    singles = [trainer.evaluate([r]) for r in rows]
+    losses = trainer.fit()
+    assert before["loss"] == pytest.approx(losses[0], abs=1e-6, rel=0)
+    assert before["tokens"] == trainer.metrics.history["train/tokens"][0][1]
+    weighted = sum(x["loss"] * x["tokens"] for x in singles) / sum(x["tokens"] for x in singles)
+    assert weighted == pytest.approx(before["loss"], abs=1e-6, rel=0)
+    assert abs(sum(x["loss"] for x in singles) / len(singles) - losses[0]) > 1e-3, singles
+
+
+def test_bad_eval_settings_fail_with_the_fix(setup, tmp_path):
+    from transformers import AutoTokenizer
+
+    from rl_core.data import DataError
+
+    root, model = setup
+    with pytest.raises(ValueError, match=r"eval_steps \(--eval_steps\) must be >= 1, or -1.*got 0"):
+        SFTConfig(eval_steps=0)
+    (tmp_path / "long.jsonl").write_text(json.dumps({"q": "x" * 80, "a": "y"}) + "\n")
+    with pytest.raises(DataError, match=r"kept 0/1 rows.* in .*long.jsonl: no usable rows"):
+        SFTDataset(load_rows(str(tmp_path / "long.jsonl")), AutoTokenizer.from_pretrained(model),
+                   DataConfig(input_key="q", output_key="a", max_len=16))
+    tok, ds = AutoTokenizer.from_pretrained(model), sft_data(setup)
+    s = DeepSpeedStrategy(StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=2, train_batch_size=4))
+    with pytest.raises(ValueError, match=r"eval_steps=2 needs an eval set \(--eval_dataset PATH\)"):
+        SFTTrainer(s, None, tok, ds, SFTConfig(eval_steps=2))
+    with pytest.raises(ValueError, match="the eval set has no rows"):
+        SFTTrainer(s, None, tok, ds, SFTConfig(), eval_dataset=[])

@@ -5,6 +5,8 @@ how to build the trainer. Flags come from ``ModelArgs``, rl_core's ``DataConfig`
 ``StrategyConfig`` and the trainer's config (:mod:`rl_cli.config`). Every run prints
 the resolved batch arithmetic (global batch, micro batch, accumulation steps, data
 parallel size, total optimizer steps) and the data report before training starts.
+``--eval_dataset`` (same formats and keys as ``--dataset``) adds an eval set that the
+trainer measures every ``--eval_steps`` steps and after the last one.
 Works alone (one process) and under ``torchrun`` / ``deepspeed`` (several ranks).
 """
 
@@ -54,7 +56,7 @@ class Command:
     help: str
     config_cls: Callable[[], type]
     dataset_cls: Callable[[], type]
-    build: Callable  # (strategy, args, tokenizer, dataset, train_cfg) -> Trainer
+    build: Callable  # (strategy, configs, tokenizer, dataset, train_cfg, eval_dataset or None) -> Trainer
 
 
 def _load_kw(model: ModelArgs, strategy_cfg) -> dict:
@@ -63,25 +65,26 @@ def _load_kw(model: ModelArgs, strategy_cfg) -> dict:
             "gradient_checkpointing": strategy_cfg.gradient_checkpointing, "lora": model.lora()}
 
 
-def _build_sft(strategy, cfgs, tok, ds, train):
+def _build_sft(strategy, cfgs, tok, ds, train, eval_ds):
     from rl_core.models import Actor
     from rl_core.trainers import SFTTrainer
 
     m = cfgs["model"]
-    return SFTTrainer(strategy, Actor.from_pretrained(m.pretrain, **_load_kw(m, strategy.cfg)), tok, ds, train)
+    return SFTTrainer(strategy, Actor.from_pretrained(m.pretrain, **_load_kw(m, strategy.cfg)), tok, ds, train,
+                      eval_dataset=eval_ds)
 
 
-def _build_rm(strategy, cfgs, tok, ds, train):
+def _build_rm(strategy, cfgs, tok, ds, train, eval_ds):
     from rl_core.models import RewardModel
     from rl_core.trainers import RewardModelTrainer
 
     m = cfgs["model"]
     return RewardModelTrainer(strategy, RewardModel.from_pretrained(m.pretrain, **_load_kw(m, strategy.cfg)),
-                              tok, ds, train)
+                              tok, ds, train, eval_dataset=eval_ds)
 
 
 def _with_reference(trainer_name: str):
-    def build(strategy, cfgs, tok, ds, train):
+    def build(strategy, cfgs, tok, ds, train, eval_ds):
         from rl_core import trainers
         from rl_core.models import Actor, frozen
 
@@ -89,7 +92,8 @@ def _with_reference(trainer_name: str):
         kw = _load_kw(m, strategy.cfg)
         ref = frozen(Actor.from_pretrained(m.ref_pretrain or m.pretrain, **{**kw, "lora": None,
                                                                              "gradient_checkpointing": False}))
-        return getattr(trainers, trainer_name)(strategy, Actor.from_pretrained(m.pretrain, **kw), ref, tok, ds, train)
+        return getattr(trainers, trainer_name)(strategy, Actor.from_pretrained(m.pretrain, **kw), ref, tok, ds, train,
+                                               eval_dataset=eval_ds)
 
     return build
 
@@ -148,11 +152,13 @@ def run(name: str, argv: list[str] | None = None) -> int:
         parser.error("--pretrain is required: a local HF model folder (config.json, weights, tokenizer)")
     if not cfgs["data"].dataset:
         parser.error("--dataset is required: a .jsonl/.json/.parquet file or a save_to_disk folder")
+    if cfgs["train"].eval_steps > 0 and not cfgs["data"].eval_dataset:
+        parser.error(f"--eval_steps {cfgs['train'].eval_steps} needs --eval_dataset PATH (the rows to evaluate on)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from transformers import AutoTokenizer
 
-    from rl_core.data import load_rows
+    from rl_core.data import DataError, load_rows
     from rl_core.strategy import DeepSpeedStrategy
 
     strategy = DeepSpeedStrategy(cfgs["strategy"])
@@ -163,21 +169,31 @@ def run(name: str, argv: list[str] | None = None) -> int:
         tok.pad_token = tok.eos_token
     data = cfgs["data"]
     ds = cmd.dataset_cls()(load_rows(data.dataset, data.split, data.max_samples), tok, data)
+    eval_ds = None
+    if data.eval_dataset:
+        try:
+            eval_ds = cmd.dataset_cls()(load_rows(data.eval_dataset, data.eval_split, data.max_eval_samples), tok, data)
+        except DataError as e:  # say which of the two sets is bad
+            raise type(e)(f"eval set (--eval_dataset {data.eval_dataset}): {e}") from None
     plan = strategy.batch_plan(len(ds), cfgs["train"].max_epochs)
     if rank0:
         print(f"[rl {name}] {ds.report.summary()}")
+        if eval_ds is not None:
+            print(f"[rl {name}] eval set: {eval_ds.report.summary()}")
         print(f"[rl {name}] {plan.describe()}", flush=True)
     if getattr(args, "print_config", False):
         if rank0:
             print(describe(cfgs))
         return 0
-    trainer = cmd.build(strategy, cfgs, tok, ds, cfgs["train"])
+    trainer = cmd.build(strategy, cfgs, tok, ds, cfgs["train"], eval_ds)
     losses = trainer.fit()
     if rank0:
         where = {k: v for k, v in dataclasses.asdict(cfgs["train"]).items()
                  if k in ("save_path", "ckpt_path", "run_dir") and v}
         first, last = (f"{losses[0]:.4f}", f"{losses[-1]:.4f}") if losses else ("-", "-")
-        print(f"[rl {name}] done: {len(losses)} steps, loss {first} -> {last}; {where}", flush=True)
+        evals = trainer.eval_history
+        ev = f", eval loss {evals[0]['loss']:.4f} -> {evals[-1]['loss']:.4f}" if evals else ""
+        print(f"[rl {name}] done: {len(losses)} steps, loss {first} -> {last}{ev}; {where}", flush=True)
     return 0
 
 

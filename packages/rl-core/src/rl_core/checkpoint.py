@@ -11,6 +11,12 @@ commit marker), so a crash leaves either the old set or the new one, never a
 half checkpoint that looks complete. :meth:`CheckpointManager.latest` skips (with a
 warning) any ``step_*`` folder without the marker.
 
+A peft (LoRA) model's checkpoint holds only its trainable parameters (the adapter, and a
+reward or value head) with the optimizer, scheduler and RNG state: the frozen base weights
+are the ones ``--pretrain`` loads again at resume, so writing them each time would only
+cost disk and time. Loading such a checkpoint accepts missing keys only where the model's
+parameter is frozen; any other missing or unexpected key fails with the names.
+
 :func:`export_hf` writes a transformers/vLLM-loadable folder (safetensors) the
 same way: gathered weights (ZeRO-3 included), temp folder, then rename.
 """
@@ -48,6 +54,26 @@ def _step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:08d}"
 
 
+def is_peft(module: torch.nn.Module) -> bool:
+    """Whether ``module`` holds a peft model (e.g. an Actor from ``from_pretrained(lora=...)``)."""
+    return any(hasattr(m, "peft_config") for m in module.modules())
+
+
+def _load_trainable(where: Path):
+    """DeepSpeed ``custom_load_fn``: a checkpoint without frozen parameters into the full model."""
+    def load(src: dict, dst: torch.nn.Module) -> None:
+        result = dst.load_state_dict(src, strict=False)
+        frozen = {n for n, p in dst.named_parameters(remove_duplicate=False) if not p.requires_grad}
+        missing = [k for k in result.missing_keys if k not in frozen]
+        if missing or result.unexpected_keys:
+            raise ValueError(
+                f"checkpoint {where} does not fit the model: missing trainable {missing[:5]} ({len(missing)}), "
+                f"unexpected {result.unexpected_keys[:5]} ({len(result.unexpected_keys)}); it was written for a "
+                f"different model or LoRA setting (--lora_rank, --target_modules): resume with the run's settings, "
+                f"or point --ckpt_path at a new folder")
+    return load
+
+
 class CheckpointManager:
     """Save and find DeepSpeed checkpoints under ``root``, keeping the last ``keep_last``."""
 
@@ -82,7 +108,8 @@ class CheckpointManager:
             for old in self.root.glob(".tmp-step_*"):
                 shutil.rmtree(old, ignore_errors=True)
         s.barrier()
-        engine.save_checkpoint(str(tmp), tag=DS_TAG, client_state={"rng": rng_state()})
+        engine.save_checkpoint(str(tmp), tag=DS_TAG, client_state={"rng": rng_state()},
+                               exclude_frozen_parameters=is_peft(engine.module))
         s.barrier()
         if s.is_rank_0():
             (tmp / MARKER).write_text(json.dumps({"step": step, **client_state}))
@@ -96,7 +123,10 @@ class CheckpointManager:
         return final
 
     def load(self, engine, path: Path | None = None) -> dict | None:
-        """Restore model, optimizer, scheduler and RNG from ``path`` (default: latest); returns its client state."""
+        """Restore model, optimizer, scheduler and RNG from ``path`` (default: latest); returns its client state.
+
+        A peft model keeps its current frozen weights (the base it was built from) and takes
+        every trainable parameter from the checkpoint."""
         path = path or self.latest()
         if path is None:
             return None
@@ -106,7 +136,11 @@ class CheckpointManager:
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"checkpoint {path} is corrupt: {marker} does not read as JSON ({e}); delete the "
                              f"folder to resume from the previous one") from None
-        load_path, client = engine.load_checkpoint(str(path), tag=DS_TAG, load_module_strict=True)
+        if is_peft(engine.module):  # saved without the frozen base weights (see the module docstring)
+            load_path, client = engine.load_checkpoint(str(path), tag=DS_TAG, load_module_strict=False,
+                                                       custom_load_fn=_load_trainable(path))
+        else:
+            load_path, client = engine.load_checkpoint(str(path), tag=DS_TAG, load_module_strict=True)
         if load_path is None:
             raise ValueError(f"checkpoint {path} has no DeepSpeed state under tag {DS_TAG!r}; delete the folder "
                              f"to resume from the previous one")

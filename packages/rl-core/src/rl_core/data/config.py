@@ -27,6 +27,10 @@ class DataConfig:
     template is applied. ``max_len`` bounds every tokenized sequence (prompts for
     prompt datasets). ``skip_bad_rows`` counts and skips malformed rows instead of
     failing. ``packing`` asks trainers to use :func:`rl_core.data.collate.pack_collate`.
+
+    ``eval_dataset`` (OpenRLHF's ``--eval_dataset``): an evaluation set in the same formats,
+    read with the same keys and limits, from split ``eval_split`` (``train`` by default, as
+    OpenRLHF: a separate eval file usually holds one split), at most ``max_eval_samples`` rows.
     """
 
     dataset: str | None = None
@@ -45,12 +49,21 @@ class DataConfig:
     max_samples: int | None = None
     skip_bad_rows: bool = False
     packing: bool = False
+    eval_dataset: str | None = None
+    eval_split: str = "train"
+    max_eval_samples: int | None = None
 
     def __post_init__(self) -> None:
         if self.dataset is not None and (not isinstance(self.dataset, str) or not self.dataset.strip()):
             raise ValueError(f"dataset (--dataset) must be a non-empty path, got {self.dataset!r}")
         if not isinstance(self.split, str) or not self.split:
             raise ValueError(f"split (--split) must be a non-empty name such as 'train', got {self.split!r}")
+        if self.eval_dataset is not None and (not isinstance(self.eval_dataset, str) or not self.eval_dataset.strip()):
+            raise ValueError(
+                f"eval_dataset (--eval_dataset) must be a non-empty path or unset, got {self.eval_dataset!r}")
+        if not isinstance(self.eval_split, str) or not self.eval_split:
+            raise ValueError(
+                f"eval_split (--eval_split) must be a non-empty name such as 'test', got {self.eval_split!r}")
         for name in ("input_key", "chosen_key", "rejected_key", "desirable_key"):
             _check_key(name, getattr(self, name), optional=False)
         for name in ("output_key", "label_key", "prompt_key", "margin_key"):
@@ -66,12 +79,10 @@ class DataConfig:
         self._check_template()
         if isinstance(self.max_len, bool) or not isinstance(self.max_len, int) or self.max_len <= 0:
             raise ValueError(f"max_len (--max_len) must be a positive number of tokens, got {self.max_len!r}")
-        if self.max_samples is not None and (
-            isinstance(self.max_samples, bool) or not isinstance(self.max_samples, int) or self.max_samples <= 0
-        ):
-            raise ValueError(
-                f"max_samples (--max_samples) must be a positive row count or unset (all rows), got {self.max_samples!r}"
-            )
+        for name in ("max_samples", "max_eval_samples"):
+            v = getattr(self, name)
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v <= 0):
+                raise ValueError(f"{name} (--{name}) must be a positive row count or unset (all rows), got {v!r}")
 
     def _check_template(self) -> None:
         tpl = self.input_template

@@ -36,7 +36,7 @@ from rl_core.data.encoding import (
     encode_completion,
     render_prompt,
 )
-from rl_core.data.loading import DataError, where_of
+from rl_core.data.loading import DataError, Row, where_of
 
 logger = logging.getLogger(__name__)
 
@@ -106,8 +106,10 @@ class _EagerDataset(Dataset):
             )
         logger.info(report.summary())
         if not self.items:
+            sources = sorted({r.source for r in rows if isinstance(r, Row)})
             raise DataError(
-                f"{report.summary()}: no usable rows, refusing to build an empty dataset; "
+                f"{report.summary()}{' in ' + ', '.join(sources) if sources else ''}: no usable rows, "
+                "refusing to build an empty dataset; "
                 "raise --max_len or fix the rows" + (f" (e.g. {report.bad_reasons[0]})" if report.bad_reasons else "")
             )
 

@@ -1,7 +1,7 @@
 """Trainers over rl_core's models, strategy and data: SFT, reward model, DPO, KTO, and GRPO.
 
 The offline ones share :class:`rl_core.trainers.base.Trainer` (seeded global batches,
-resume, metrics, export); each file holds one trainer's config and step.
+eval sets, resume, metrics, export); each file holds one trainer's config, step and eval metrics.
 :mod:`rl_core.trainers.grpo` is the single-controller RL loop over a rollout engine.
 """
 

@@ -1,4 +1,4 @@
-"""The loop every offline trainer shares: epochs of seeded global batches, resume, metrics, export.
+"""The loop every offline trainer shares: epochs of seeded global batches, evaluation, resume, metrics, export.
 
 :class:`Trainer` owns what SFT, RM, DPO and KTO have in common. Each optimizer
 step takes ``train_batch_size`` items of a per-epoch seeded permutation (the
@@ -10,7 +10,13 @@ curves.png, wandb when asked), writes checkpoints that carry the data position
 (epoch, batch in epoch) so a resumed run continues with the same batches, and
 exports the final model as an HF folder.
 
-Leaves out: evaluation sets and early stopping.
+Evaluation: with an eval set (``eval_dataset=``, the CLI's ``--eval_dataset``) the loop
+calls :meth:`Trainer.evaluate` every ``eval_steps`` optimizer steps and once after the
+last step; a subclass says what it measures (:meth:`Trainer.eval_metrics`) over rows
+that :meth:`Trainer.per_row` spreads over the data-parallel ranks. Results are logged
+as ``eval/NAME`` and kept in :attr:`Trainer.eval_history`.
+
+Leaves out: early stopping and best-checkpoint selection on eval metrics.
 """
 
 from __future__ import annotations
@@ -42,6 +48,7 @@ class TrainerConfig:
     logging_steps: int = 1  # --logging_steps
     run_dir: str | None = None  # metrics.jsonl, tensorboard/, curves.png
     max_steps: int | None = None  # stop after this many optimizer steps (e.g. to test resume)
+    eval_steps: int = -1  # --eval_steps: evaluate on the eval set every N optimizer steps (-1: only after the last)
     use_wandb: bool = False  # --use_wandb: also log to wandb (WANDB_MODE=offline works without an account)
     wandb_project: str = "rl"  # --wandb_project
     wandb_run_name: str | None = None  # --wandb_run_name
@@ -57,16 +64,26 @@ class TrainerConfig:
             raise ValueError(f"save_steps={self.save_steps} needs ckpt_path (--ckpt_path DIR) to write them to")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1 or unset, got {self.max_steps}")
+        if self.eval_steps == 0 or self.eval_steps < -1:
+            raise ValueError(f"eval_steps (--eval_steps) must be >= 1, or -1 to evaluate only after the last step, "
+                             f"got {self.eval_steps}")
 
 
 class Trainer:
-    """Subclasses set ``name`` and implement :meth:`train_step`; may override :meth:`before_export`."""
+    """Subclasses set ``name`` and implement :meth:`train_step` and :meth:`eval_metrics`; may
+    override :meth:`before_fit` and :meth:`before_export`."""
 
     name = "train"
     supports_packing = False
 
-    def __init__(self, strategy, model, tokenizer, dataset, cfg: TrainerConfig):
+    def __init__(self, strategy, model, tokenizer, dataset, cfg: TrainerConfig, *, eval_dataset=None):
         self.s, self.tokenizer, self.dataset, self.cfg = strategy, tokenizer, dataset, cfg
+        self.eval_dataset = eval_dataset
+        if eval_dataset is not None and len(eval_dataset) == 0:
+            raise ValueError("the eval set has no rows; pass --eval_dataset a file with usable rows, or leave it unset")
+        if eval_dataset is None and cfg.eval_steps > 0:
+            raise ValueError(f"eval_steps={cfg.eval_steps} needs an eval set (--eval_dataset PATH) to evaluate on")
+        self.eval_history: list[dict[str, float]] = []  # {"step": N, NAME: value, ...} per evaluation of fit()
         self.packing = bool(getattr(getattr(dataset, "cfg", None), "packing", False))
         if self.packing and not self.supports_packing:
             raise ValueError(f"{type(self).__name__} does not pack sequences (packing is implemented for SFT); "
@@ -106,20 +123,22 @@ class Trainer:
         return [[self.dataset[i] for i in indices[k * mb:(k + 1) * mb]] for k in range(self.plan.accumulation_steps)]
 
     @torch.no_grad()
-    def per_row(self, fn, width: int) -> torch.Tensor:
-        """``[len(dataset), width]`` float64: ``fn(items) -> [len(items), width]`` over every row.
+    def per_row(self, fn, width: int, dataset=None) -> torch.Tensor:
+        """``[len(dataset), width]`` float64: ``fn(items) -> [len(items), width]`` over every row
+        of ``dataset`` (default: the training set; any sequence of items works).
 
         Each rank computes a contiguous share in micro-batches and the shares are summed
         over ranks. Every rank runs the same number of forwards (a short last share
         repeats row 0 and discards it), since ZeRO-3 forwards are collective.
         """
-        n, dp, mb = len(self.dataset), self.plan.dp_size, self.plan.micro_batch
+        dataset = self.dataset if dataset is None else dataset
+        n, dp, mb = len(dataset), self.plan.dp_size, self.plan.micro_batch
         share = -(-n // dp)
         start = self.s.rank * share
         out = torch.zeros(n, width, dtype=torch.float64)
         for k in range(0, share, mb):
             idx = list(range(start + k, min(n, start + k + mb, start + share)))
-            vals = fn([self.dataset[i] for i in (idx or [0])]).detach().double().cpu().reshape(-1, width)
+            vals = fn([dataset[i] for i in (idx or [0])]).detach().double().cpu().reshape(-1, width)
             if idx:
                 out[idx] = vals[:len(idx)]
         return self.s.all_reduce(out, "sum")
@@ -134,11 +153,46 @@ class Trainer:
         including ``loss``."""
         raise NotImplementedError
 
+    def eval_metrics(self, dataset) -> dict[str, float]:
+        """Metrics of the current model over every row of ``dataset`` (reduced over ranks), including
+        ``loss`` with the training loss's definition. Runs under ``torch.no_grad()`` in eval mode;
+        forwards go through :meth:`per_row` so every rank runs the same number."""
+        raise NotImplementedError(f"{type(self).__name__} does not define eval_metrics; it cannot evaluate")
+
     def before_fit(self) -> None:
         """Called once before the first step (e.g. precompute reference logprobs)."""
 
     def before_export(self) -> None:
         """Called once after the last step, before the HF export (e.g. reward statistics)."""
+
+    # ----- evaluation ----------------------------------------------------------------------------------
+
+    def evaluate(self, dataset=None) -> dict[str, float]:
+        """:meth:`eval_metrics` over ``dataset`` (default: the eval set), without gradients, in eval mode.
+
+        Collective: every rank calls it. Returns the metrics (no ``eval/`` prefix) and logs nothing;
+        the loop's evaluations are logged and kept in :attr:`eval_history`.
+        """
+        dataset = self.eval_dataset if dataset is None else dataset
+        if dataset is None:
+            raise ValueError(f"{type(self).__name__}.evaluate() has no eval set: pass eval_dataset= to the trainer "
+                             "(--eval_dataset PATH) or a dataset to evaluate()")
+        if len(dataset) == 0:
+            raise ValueError(f"{type(self).__name__}.evaluate() got a dataset with no rows; pass rows to measure")
+        was_training = self.engine.module.training  # DeepSpeedEngine.train() sets the module's flag only
+        self.engine.eval()
+        try:
+            with torch.no_grad():
+                return self.eval_metrics(dataset)
+        finally:
+            self.engine.train(was_training)
+
+    def _evaluate_and_log(self, step: int) -> None:
+        m = self.evaluate()
+        self.eval_history.append({"step": step, **m})
+        self.metrics.log(step, {"eval/" + k: v for k, v in m.items()})
+        if self.s.is_rank_0():
+            logger.info("%s eval at step %d: %s", self.name, step, ", ".join(f"{k} {v:.4g}" for k, v in m.items()))
 
     # ----- the loop ------------------------------------------------------------------------------------
 
@@ -152,7 +206,8 @@ class Trainer:
                 step, start_epoch, start_index = meta["step"], meta["epoch"], meta["batch_in_epoch"]
                 self.step = step
         if self.s.is_rank_0():
-            logger.info("%s: %d rows, %s", self.name, len(self.dataset), self.plan.describe())
+            logger.info("%s: %d rows, %s%s", self.name, len(self.dataset), self.plan.describe(),
+                        "" if self.eval_dataset is None else f"; eval set {len(self.eval_dataset)} rows")
         self.before_fit()
         losses: list[float] = []
         bar = tqdm(total=self.plan.total_steps, initial=step, desc=self.name, disable=not self.s.is_rank_0() or os.environ.get("TQDM_DISABLE") == "1")
@@ -173,7 +228,11 @@ class Trainer:
                 if self.ckpt and self.cfg.save_steps > 0 and step % self.cfg.save_steps == 0:
                     nxt_epoch, nxt_index = (epoch, index + 1) if index + 1 < self.steps_per_epoch else (epoch + 1, 0)
                     self.ckpt.save(self.engine, step, {"epoch": nxt_epoch, "batch_in_epoch": nxt_index})
+                if self.eval_dataset is not None and self.cfg.eval_steps > 0 and step % self.cfg.eval_steps == 0:
+                    self._evaluate_and_log(step)
         bar.close()
+        if self.eval_dataset is not None and (not self.eval_history or self.eval_history[-1]["step"] != step):
+            self._evaluate_and_log(step)  # the final model's metrics, unless the last step just measured them
         self.before_export()
         self.metrics.close()
         if self.cfg.save_path:

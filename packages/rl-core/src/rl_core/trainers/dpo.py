@@ -13,6 +13,11 @@ is the token-mean NLL of the chosen responses over the global batch.
 Logged per step: loss, implicit rewards of chosen and rejected
 (``beta * (logp - ref_logp)``), their margin, and the fraction of pairs whose
 chosen reward is higher (``acc``).
+
+Evaluation (:meth:`DPOTrainer.eval_metrics`): the same quantities over every pair of the
+eval set (the NLL term as the token-mean over all its chosen tokens). With
+``precompute_ref`` the eval set's reference logprobs are precomputed too, before the
+reference is released.
 """
 
 from __future__ import annotations
@@ -58,10 +63,11 @@ class DPOTrainer(Trainer):
     name = "dpo"
     progress_keys = ("loss", "acc", "reward_margin")
 
-    def __init__(self, strategy, actor, ref_actor, tokenizer, dataset, cfg: DPOConfig):
-        super().__init__(strategy, actor, tokenizer, dataset, cfg)
+    def __init__(self, strategy, actor, ref_actor, tokenizer, dataset, cfg: DPOConfig, *, eval_dataset=None):
+        super().__init__(strategy, actor, tokenizer, dataset, cfg, eval_dataset=eval_dataset)
         self.ref = strategy.prepare(ref_actor, train=False)
         self.ref_logps: torch.Tensor | None = None  # [N, 2] chosen, rejected when precomputed
+        self.eval_ref_logps: torch.Tensor | None = None  # [N_eval, 2], the same for the eval set
 
     def _ref_pair(self, items: list[dict]) -> torch.Tensor:
         b = self.to_device(preference_collate(items, self.pad_id))
@@ -74,9 +80,12 @@ class DPOTrainer(Trainer):
         if not self.cfg.precompute_ref or self.ref_logps is not None:
             return
         self.ref_logps = self.per_row(self._ref_pair, 2).float()
+        if self.eval_dataset is not None:
+            self.eval_ref_logps = self.per_row(self._ref_pair, 2, self.eval_dataset).float()
         self.ref = None  # release the reference: its logprobs are all we need
         gc.collect()
-        logger.info("dpo: reference logprobs precomputed for %d pairs; reference model released", len(self.dataset))
+        logger.info("dpo: reference logprobs precomputed for %d pairs (+%d eval pairs); reference model released",
+                    len(self.dataset), 0 if self.eval_dataset is None else len(self.eval_dataset))
 
     def train_step(self, indices: list[int]) -> dict[str, float]:
         cfg, acc = self.cfg, self.plan.accumulation_steps
@@ -114,3 +123,34 @@ class DPOTrainer(Trainer):
         if not cfg.nll_loss_coef:
             del totals["nll"]
         return self.s.all_reduce(totals, "mean")
+
+    def _eval_ref(self, dataset) -> torch.Tensor:
+        if dataset is self.eval_dataset and self.eval_ref_logps is not None:
+            return self.eval_ref_logps.double()
+        if self.ref is None:
+            raise ValueError("the reference model was released after precompute_ref, and its logprobs were "
+                             "precomputed for the training and eval sets only; pass this dataset as the "
+                             "trainer's eval_dataset, or evaluate it before fit()")
+        return self.per_row(self._ref_pair, 2, dataset)
+
+    def eval_metrics(self, dataset) -> dict[str, float]:
+        cfg = self.cfg
+
+        def policy(items: list[dict]) -> torch.Tensor:  # [m, 4]: logp chosen, rejected; chosen NLL sum, tokens
+            b = self.to_device(preference_collate(items, self.pad_id))
+            s, lp = sequence_logps(self.engine, b)
+            m = len(items)
+            mask = b["loss_mask"][:m].to(lp.dtype)
+            return torch.stack([s[:m], s[m:], -masked_sum(lp[:m], mask, dim=1), mask.sum(1)], dim=1)
+
+        pol, ref = self.per_row(policy, 4, dataset), self._eval_ref(dataset)
+        nll = pol[:, 2].sum() / pol[:, 3].sum()
+        out = dpo_loss(pol[:, 0], pol[:, 1], ref[:, 0], ref[:, 1], beta=cfg.beta, label_smoothing=cfg.label_smoothing,
+                       ipo=cfg.ipo, chosen_nll=nll if cfg.nll_loss_coef else None, nll_coef=cfg.nll_loss_coef)
+        m = {"loss": out.loss.item(), "chosen_reward": out.chosen_rewards.mean().item(),
+             "rejected_reward": out.rejected_rewards.mean().item(),
+             "reward_margin": (out.chosen_rewards - out.rejected_rewards).mean().item(),
+             "acc": (out.chosen_rewards > out.rejected_rewards).double().mean().item()}
+        if cfg.nll_loss_coef:
+            m["nll"] = nll.item()
+        return m

@@ -10,6 +10,9 @@ loss mask), averaged over the global batch.
 
 Logged per step: loss, kl, the mean implicit reward ``beta * (logp - ref_logp)`` of
 desirable and of undesirable rows, and their margin.
+
+Evaluation (:meth:`KTOTrainer.eval_metrics`): the same quantities over the whole eval set,
+its reference point ``kl`` taken over the set's mismatched pairs (cyclic over all its rows).
 """
 
 from __future__ import annotations
@@ -61,8 +64,8 @@ class KTOTrainer(Trainer):
     name = "kto"
     progress_keys = ("loss", "kl", "reward_margin")
 
-    def __init__(self, strategy, actor, ref_actor, tokenizer, dataset, cfg: KTOConfig):
-        super().__init__(strategy, actor, tokenizer, dataset, cfg)
+    def __init__(self, strategy, actor, ref_actor, tokenizer, dataset, cfg: KTOConfig, *, eval_dataset=None):
+        super().__init__(strategy, actor, tokenizer, dataset, cfg, eval_dataset=eval_dataset)
         self.ref = strategy.prepare(ref_actor, train=False)
 
     @torch.no_grad()
@@ -99,3 +102,22 @@ class KTOTrainer(Trainer):
         bad = (sums[2] / sums[3]).item() if sums[3] > 0 else float("nan")
         return {"loss": self.s.all_reduce(loss_sum, "mean"), "kl": kl.item(), "desirable_reward": good,
                 "undesirable_reward": bad, "reward_margin": good - bad}
+
+    def eval_metrics(self, dataset) -> dict[str, float]:
+        cfg = self.cfg
+
+        def policy_and_ref(items: list[dict]) -> torch.Tensor:  # [m, 2]
+            b = self.to_device(pad_collate(items, self.pad_id))
+            return torch.stack([sequence_logps(self.engine, b)[0], sequence_logps(self.ref, b)[0]], dim=1)
+
+        rows = [dataset[i] for i in range(len(dataset))]
+        lp = self.per_row(policy_and_ref, 2, rows)
+        pairs = self.per_row(policy_and_ref, 2, mismatched_pairs(rows))
+        kl = (pairs[:, 0] - pairs[:, 1]).mean().clamp(min=0)
+        d = torch.tensor([bool(r["desirable"]) for r in rows])
+        out = kto_loss(lp[:, 0], lp[:, 1], d, kl, beta=cfg.beta, desirable_weight=cfg.desirable_loss_weight,
+                       undesirable_weight=cfg.undesirable_loss_weight)
+        good = out.rewards[d].mean().item() if d.any() else float("nan")
+        bad = out.rewards[~d].mean().item() if (~d).any() else float("nan")
+        return {"loss": out.loss.item(), "kl": kl.item(), "desirable_reward": good, "undesirable_reward": bad,
+                "reward_margin": good - bad}

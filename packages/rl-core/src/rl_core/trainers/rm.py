@@ -8,6 +8,10 @@ global batch. The dataset's ``margin`` column is used when ``margin_loss`` is on
 After training the scores of every chosen and rejected response of the training
 set give the mean/std stored with the model (``rl_head.json``), which
 ``RewardModel(normalize=True)`` applies at inference, as OpenRLHF does.
+
+Evaluation (:meth:`RewardModelTrainer.eval_metrics`): the same loss over every pair of the
+eval set, ``acc`` (fraction of pairs with chosen score > rejected score), the mean reward gap
+and the mean chosen / rejected scores.
 """
 
 from __future__ import annotations
@@ -58,6 +62,14 @@ class RewardModelTrainer(Trainer):
             rejected_mean += rejected.mean().item() / acc
         return self.s.all_reduce({"loss": loss_sum, "acc": correct, "reward_gap": gap,
                                   "chosen_reward": chosen_mean, "rejected_reward": rejected_mean}, "mean")
+
+    def eval_metrics(self, dataset) -> dict[str, float]:
+        scores = self.per_row(lambda items: torch.stack([x.float() for x in self._scores(items)], dim=1), 3, dataset)
+        chosen, rejected, margin = scores.unbind(1)
+        loss = pairwise_loss(chosen, rejected, margin if self.cfg.margin_loss else None, kind=self.cfg.loss)
+        return {"loss": loss.item(), "acc": (chosen > rejected).double().mean().item(),
+                "reward_gap": (chosen - rejected).mean().item(), "chosen_reward": chosen.mean().item(),
+                "rejected_reward": rejected.mean().item()}
 
     def reward_stats(self) -> tuple[float, float]:
         """Mean and std of the scores of every chosen and rejected training response."""

@@ -5,6 +5,8 @@ global batch, so micro-batching and data parallelism do not change it. Rows are
 right-padded (:func:`rl_core.data.pad_collate`), or with the dataset's
 ``packing`` each micro-batch becomes one packed row (:func:`rl_core.data.pack_collate`,
 position ids restarting per sequence, no padding computed): the same loss, fewer FLOPs.
+Evaluation (:meth:`SFTTrainer.eval_metrics`): the same token-mean NLL over every response
+token of the eval set (padded rows, also with ``packing``: the value does not depend on it).
 The loop, resume and export are :class:`rl_core.trainers.base.Trainer`'s.
 """
 
@@ -12,7 +14,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from rl_algos import sft_loss
+import torch
+
+from rl_algos import masked_sum, sft_loss
 from rl_core.data import pack_collate, pad_collate
 from rl_core.trainers.base import Trainer, TrainerConfig
 
@@ -46,3 +50,14 @@ class SFTTrainer(Trainer):
             loss_sum += loss.item()
         return {"loss": self.s.all_reduce(loss_sum, "mean"),
                 "tokens": float(total)}
+
+    def eval_metrics(self, dataset) -> dict[str, float]:
+        """``loss``: sum of response-token NLL / number of response tokens over the whole set; ``tokens``."""
+        def nll_and_tokens(items: list[dict]) -> torch.Tensor:  # [len(items), 2]
+            b = self.to_device(pad_collate(items, self.pad_id))
+            lp = self.engine(b["input_ids"], attention_mask=b["attention_mask"]).logprobs
+            mask = b["loss_mask"].to(lp.dtype)
+            return torch.stack([-masked_sum(lp, mask, dim=1), mask.sum(1)], dim=1)
+
+        nll, tokens = self.per_row(nll_and_tokens, 2, dataset).sum(0)
+        return {"loss": (nll / tokens).item(), "tokens": tokens.item()}
