@@ -36,6 +36,8 @@ ALIASES = {
     "l2": "strategy.weight_decay",
     "dataset": "data.dataset",
     "max_samples": "data.max_samples",
+    "prompt_data": "data.dataset",  # rl ppo / ppo-ray
+    "prompt_max_len": "data.max_len",
 }
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
 

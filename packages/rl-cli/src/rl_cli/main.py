@@ -1,11 +1,11 @@
 """The ``rl`` command: dispatches to subcommands.
 
-Today: ``rl sft | rm | dpo | kto`` (offline trainers, :mod:`rl_cli.train`; each takes
-``--help``), ``rl --version`` (every package's version) and ``rl doctor`` (what this
-machine can run: torch device, DeepSpeed, Ray, vLLM, flash-attn). ``rl demo`` (GRPO on a tiny
-model, :mod:`rl_cli.demo`). ppo, ppo-ray and
-serve-rm arrive with their issues; asking for one that does not exist yet
-fails with the list of those that do.
+``rl sft | rm | dpo | kto`` (offline trainers, :mod:`rl_cli.train`), ``rl ppo`` and
+``rl ppo-ray`` (the PPO-family RL loop in one process or over Ray, :mod:`rl_cli.ppo`),
+each with ``--help``; ``rl demo`` (GRPO on a tiny model, :mod:`rl_cli.demo`);
+``rl --version`` (every package's version) and ``rl doctor`` (what this machine can
+run: torch device, DeepSpeed, Ray, vLLM, flash-attn). serve-rm is still to come;
+asking for a command that does not exist fails with the list of those that do.
 """
 
 from __future__ import annotations
@@ -15,6 +15,8 @@ import importlib
 import importlib.metadata as md
 import sys
 
+RL_COMMANDS = {"ppo": ("run_local", "PPO / GRPO / REINFORCE++ / RLOO in one process"),
+               "ppo-ray": ("run_ray", "the same RL loop over Ray: a placement plan, actors per role, vLLM/HF engines")}
 PACKAGES = ("rl-algos", "rl-rollout", "rl-placement", "rl-core", "rl-cli")
 
 
@@ -44,6 +46,10 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in COMMANDS:
         return run(argv[0], argv[1:])
+    if argv and argv[0] in RL_COMMANDS:
+        from rl_cli import ppo
+
+        return getattr(ppo, RL_COMMANDS[argv[0]][0])(argv[1:])
     if argv and argv[0] == "demo":
         from rl_cli.demo import main as demo
 
@@ -55,6 +61,8 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("demo", help="GRPO on a tiny model and a synthetic task, CPU, minutes (rl demo --help)")
     for name, cmd in COMMANDS.items():
         sub.add_parser(name, help=f"{cmd.help} (rl {name} --help for its flags)")
+    for name, (_, text) in RL_COMMANDS.items():
+        sub.add_parser(name, help=f"{text} (rl {name} --help for its flags)")
     args = parser.parse_args(argv)
     if args.version:
         for name, v in versions().items():

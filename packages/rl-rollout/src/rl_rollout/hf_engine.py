@@ -192,12 +192,21 @@ class HFEngine:
         master_port: int,
         world_size: int,
         *,
-        rank: int = 1,
+        rank: int | None = None,
+        rank_offset: int | None = None,
         backend: str = "gloo",
         timeout_s: float = 600.0,
     ) -> None:
-        """Join the trainer's weight broadcast group as ``rank`` (blocks until every rank joined)."""
+        """Join the trainer's weight broadcast group as ``rank`` (blocks until every rank joined).
+
+        ``rank_offset`` is the same number under VLLMEngine's name (an HF engine has one worker),
+        so a trainer can set up any engine with one call; default rank 1.
+        """
         from rl_rollout.transport import CollectiveReceiver
+
+        if rank is not None and rank_offset is not None and rank != rank_offset:
+            raise ValueError(f"init_weight_group: rank={rank} and rank_offset={rank_offset} disagree; give one")
+        rank = rank if rank is not None else (rank_offset if rank_offset is not None else 1)
 
         device = self.device if backend == "nccl" else "cpu"
         self._receiver = CollectiveReceiver(

@@ -1,0 +1,166 @@
+"""Worker groups and what the RL loop does over them: generation and weight sync.
+
+The loop (:class:`rl_core.trainers.ppo.PPOTrainer`) talks to each role through the
+*worker-group protocol*: ``world_size``, ``call(method, *args)`` (every rank,
+results in rank order), ``call_rank(rank, method, ...)``, ``call_sharded(method,
+items, ...)`` (contiguous shards, concatenated results) and ``shutdown()``.
+:class:`LocalGroup` is the in-process one (a single rank, ``rl ppo``);
+rl-placement's ``RayActorGroup`` is the Ray one (``rl ppo-ray``), with the same
+methods. rl-core never imports Ray.
+
+- :class:`GroupRollout`: ``generate(requests)`` spread over rollout-engine groups
+  (each a group whose rank 0 is an engine: ``HFEngine`` / ``VLLMEngine`` in a Ray
+  actor), in parallel, results in request order.
+- :class:`BroadcastWeightSync`: policy -> engines over rl-rollout's collective
+  transport (gloo on CPU, NCCL on GPU): policy rank 0 is the sender, each engine's
+  workers the receivers; the policy ranks and engines are called concurrently
+  (a broadcast needs both ends).
+- :class:`DirectWeightSync`: an engine in the controller's process
+  (``engine.update_weights``), for ``rl ppo`` with a :class:`LocalGroup` policy.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Protocol
+
+logger = logging.getLogger(__name__)
+
+
+class WorkerGroup(Protocol):
+    world_size: int
+
+    def call(self, method: str, *args: Any, **kwargs: Any) -> list[Any]: ...
+
+    def call_rank(self, rank: int, method: str, *args: Any, **kwargs: Any) -> Any: ...
+
+    def call_sharded(self, method: str, items: Sequence[Any], *args: Any, **kwargs: Any) -> list[Any]: ...
+
+    def shutdown(self) -> None: ...
+
+
+class LocalGroup:
+    """A one-rank group over an object in this process (the same calls as a ``RayActorGroup``)."""
+
+    world_size = 1
+
+    def __init__(self, worker: Any, role: str = "local"):
+        self.worker, self.role = worker, role
+
+    def call(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> list[Any]:
+        return [getattr(self.worker, method)(*args, **kwargs)]
+
+    def call_rank(self, rank: int, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> Any:
+        if rank != 0:
+            raise ValueError(f"{self.role}: rank {rank} is out of range 0..0 (a local group has one rank)")
+        return getattr(self.worker, method)(*args, **kwargs)
+
+    def call_sharded(self, method: str, items: Sequence[Any], *args: Any, timeout: float | None = None,
+                     allow_uneven: bool = False, **kwargs: Any) -> list[Any]:
+        out = getattr(self.worker, method)(list(items), *args, **kwargs)
+        if not isinstance(out, (list, tuple)):
+            raise TypeError(f"{self.role}: {method!r} returned {type(out).__name__}, call_sharded needs a list")
+        return list(out)
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        close = getattr(self.worker, "shutdown", None)
+        if callable(close):
+            close()
+
+
+def concurrently(*calls: Callable[[], Any]) -> list[Any]:
+    """Run blocking calls at once (threads), wait for all, re-raise the first failure; results in order."""
+    with ThreadPoolExecutor(max_workers=max(len(calls), 1)) as pool:
+        futures = [pool.submit(c) for c in calls]
+        errors = []
+        results = []
+        for f in futures:
+            try:
+                results.append(f.result())
+            except BaseException as e:  # noqa: BLE001 - re-raised below, after every call has ended
+                errors.append(e)
+                results.append(None)
+    if errors:
+        raise errors[0]
+    return results
+
+
+class GroupRollout:
+    """``generate`` over rollout-engine groups (rank 0 of each holds the engine), requests split evenly."""
+
+    def __init__(self, engines: Sequence[WorkerGroup]):
+        if not engines:
+            raise ValueError("GroupRollout needs at least one engine group")
+        self.engines = list(engines)
+
+    def generate(self, requests: list) -> list[list]:
+        n, k = len(requests), len(self.engines)
+        bounds = [round(i * n / k) for i in range(k + 1)]
+        shards = [(g, requests[bounds[i]:bounds[i + 1]]) for i, g in enumerate(self.engines)
+                  if bounds[i + 1] > bounds[i]]
+        parts = concurrently(*[(lambda g=g, s=s: g.call_rank(0, "generate", s)) for g, s in shards])
+        return [group for part in parts for group in part]
+
+    def sleep(self, level: int = 1) -> None:
+        concurrently(*[(lambda g=g: g.call_rank(0, "sleep", level)) for g in self.engines])
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        concurrently(*[(lambda g=g: g.call_rank(0, "wake_up", tags)) for g in self.engines])
+
+    def call(self, method: str, *args: Any) -> list[Any]:
+        """``method`` on every engine (rank 0 of each group), in parallel."""
+        return concurrently(*[(lambda g=g: g.call_rank(0, method, *args)) for g in self.engines])
+
+    def shutdown(self) -> None:
+        for g in self.engines:
+            g.shutdown()
+
+
+class BroadcastWeightSync:
+    """Policy -> engines over the collective transport. ``engine_workers[i]``: engine i's TP size.
+
+    :meth:`setup` builds the weight group once (policy rank 0 = rank 0, engine i's
+    workers the next ``engine_workers[i]`` ranks); each call broadcasts one version.
+    """
+
+    def __init__(self, policy: WorkerGroup, rollout: GroupRollout, *, backend: str = "gloo",
+                 engine_workers: Sequence[int] | None = None, verify: bool = False, timeout_s: float = 600.0):
+        self.policy, self.rollout, self.backend, self.verify, self.timeout_s = policy, rollout, backend, verify, timeout_s
+        self.engine_workers = list(engine_workers or [1] * len(rollout.engines))
+        if len(self.engine_workers) != len(rollout.engines):
+            raise ValueError(f"engine_workers has {len(self.engine_workers)} entries for {len(rollout.engines)} engines")
+        self._ready = False
+
+    def setup(self) -> None:
+        addr, port = self.policy.call_rank(0, "weight_sender_address")
+        world = 1 + sum(self.engine_workers)
+        offsets = [1 + sum(self.engine_workers[:i]) for i in range(len(self.engine_workers))]
+        t = self.timeout_s
+        calls = [lambda: self.policy.call("init_weight_sender", addr, port, world, self.backend, t)]
+        for g, off in zip(self.rollout.engines, offsets, strict=True):
+            calls.append(lambda g=g, off=off: g.call_rank(0, "init_weight_group", addr, port, world,
+                                                          rank_offset=off, backend=self.backend, timeout_s=t))
+        concurrently(*calls)
+        logger.info("weight group: %s:%d, %d ranks (%s)", addr, port, world, self.backend)
+        self._ready = True
+
+    def __call__(self, version: int) -> dict:
+        if not self._ready:
+            self.setup()
+        results = concurrently(
+            lambda: self.policy.call("broadcast_weights", version, self.verify),
+            *[(lambda g=g: g.call_rank(0, "receive_weights", verify=self.verify)) for g in self.rollout.engines])
+        stats = results[0][0]
+        return stats if isinstance(stats, dict) else {}
+
+
+class DirectWeightSync:
+    """Policy (a :class:`LocalGroup`) -> an engine object in this process, bucket by bucket."""
+
+    def __init__(self, policy: LocalGroup, engine: Any):
+        self.policy, self.engine = policy, engine
+
+    def __call__(self, version: int) -> dict:
+        return self.policy.call_rank(0, "push_weights", self.engine, version)

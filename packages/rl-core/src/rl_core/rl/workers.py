@@ -1,0 +1,320 @@
+"""The RL roles' workers: one object per rank of the policy, critic, reference and reward model.
+
+Each worker owns a :class:`~rl_core.strategy.DeepSpeedStrategy` and one model, and
+has plain methods that take and return picklable values (lists of experience items,
+floats, dicts), so the same class runs in-process (:class:`rl_core.rl.groups.LocalGroup`,
+``rl ppo``) and as a Ray actor per rank (rl-placement's ``RayActorGroup``,
+``rl ppo-ray``). A group of several ranks is one data-parallel DeepSpeed world:
+every rank gets the same call with its shard (``call_sharded``) and they step
+together, so under ZeRO-3 each shard must hold the same number of items.
+
+- :class:`PolicyWorker`: old logprobs, the clipped policy loss (+ KL loss), weight
+  broadcast to the rollout engines (rank 0 sends, every rank gathers under ZeRO-3),
+  checkpoints and HF export.
+- :class:`CriticWorker`: values and the (clipped) value loss.
+- :class:`ReferenceWorker`: frozen logprobs.
+- :class:`RewardModelWorker`: one score per sample.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+from dataclasses import replace
+
+import torch
+
+from rl_core.rl.experience import collate, rows
+
+logger = logging.getLogger(__name__)
+
+
+def hf_names(named_params):
+    """Actor parameter names (``model.<hf name>``) -> the engine's HF names."""
+    for name, t in named_params:
+        yield (name[len("model."):] if name.startswith("model.") else name), t
+
+
+class _Worker:
+    """Strategy, distributed init and micro-batched no-grad forwards shared by every role."""
+
+    def __init__(self, strategy_cfg, *, pad_id: int = 0, micro_batch: int | None = None):
+        from rl_core.strategy import DeepSpeedStrategy
+
+        self.s = DeepSpeedStrategy(strategy_cfg)
+        self.s.setup_distributed()
+        self.pad_id = pad_id
+        self.micro_batch = micro_batch or strategy_cfg.micro_train_batch_size
+
+    @property
+    def rank(self) -> int:
+        return self.s.rank
+
+    def world(self) -> dict:
+        """This rank's place: rank, world size, device (for the controller's log and checks)."""
+        return {"rank": self.s.rank, "world_size": self.s.world_size, "device": str(self.s.device),
+                "pid": os.getpid()}
+
+    @torch.no_grad()
+    def _forward_items(self, fn, items: list[dict]) -> list[torch.Tensor]:
+        out: list[torch.Tensor] = []
+        for k in range(0, len(items), self.micro_batch):
+            chunk = items[k:k + self.micro_batch]
+            b = collate(chunk, self.pad_id)
+            res = fn(b["input_ids"].to(self.s.device), b["attention_mask"].to(self.s.device))
+            out.extend(rows(res, chunk) if res.dim() == 2 else [r.item() for r in res.float().cpu()])
+        return out
+
+    def _global_batches(self, items: list[dict], epochs: int):
+        """Each epoch's local slices of the global batches (items come in :func:`dp_order`)."""
+        local = self.s.cfg.train_batch_size // self.s.world_size
+        if len(items) % local:
+            raise ValueError(f"rank {self.rank}: {len(items)} items are not whole local batches of {local} "
+                             f"(train_batch_size {self.s.cfg.train_batch_size} / {self.s.world_size} ranks)")
+        for _ in range(epochs):
+            for g in range(0, len(items), local):
+                yield items[g:g + local]
+
+    def _global_count(self, mask: torch.Tensor) -> torch.Tensor:
+        return self.s.all_reduce(mask.sum().float(), "sum").clamp(min=1)
+
+    def barrier(self) -> None:
+        self.s.barrier()
+
+
+class PolicyWorker(_Worker):
+    """One rank of the policy (actor): ``logprobs``, ``train``, weight broadcast, checkpoints, export."""
+
+    def __init__(self, strategy_cfg, pretrain: str, ppo_cfg, total_steps: int, *, load_kw: dict | None = None,
+                 pad_id: int = 0, ckpt_path: str | None = None):
+        super().__init__(strategy_cfg, pad_id=pad_id)
+        from rl_core.models import Actor
+
+        kw = dict(load_kw or {})
+        if kw.get("lora") is not None:
+            raise NotImplementedError("LoRA in the RL loop is not wired yet (weight sync would need merged weights); "
+                                      "train all weights (drop --lora_rank) for ppo")
+        self.cfg = ppo_cfg
+        actor = Actor.from_pretrained(pretrain, **kw)
+        self.engine = self.s.prepare(actor, total_steps=total_steps)
+        self._sender = None
+        self.ckpt = None
+        if ckpt_path:
+            from rl_core.checkpoint import CheckpointManager
+
+            self.ckpt = CheckpointManager(os.path.join(ckpt_path, "policy"), self.s, ppo_cfg.max_ckpt_num)
+
+    def logprobs(self, items: list[dict]) -> list[torch.Tensor]:
+        self.engine.eval()
+        try:
+            return self._forward_items(lambda i, a: self.engine(i, attention_mask=a).logprobs, items)
+        finally:
+            self.engine.train()
+
+    def train(self, items: list[dict], kl_coef: float = 0.0) -> list[dict[str, float]]:
+        """Policy epochs over this rank's slices of every global batch (items in ``dp_order``).
+
+        Returns ``[metrics]`` (a list, as ``call_sharded`` wants), averaged over steps and ranks."""
+        from rl_algos import aggregate_loss, approx_kl, policy_loss
+
+        c, dev, world = self.cfg, self.s.device, self.s.world_size
+        keys = ["old_logprobs", "advantages"] + (["ref_logprobs"] if c.use_kl_loss else []) + \
+            (["rollout_logprobs"] if c.is_correction else [])
+        sums = {"policy_loss": 0.0, "clip_fraction": 0.0, "kl_loss": 0.0}
+        steps = 0
+        self.engine.train()
+        for chunk in self._global_batches(items, c.max_epochs):
+            b = collate(chunk, self.pad_id, keys)
+            total = self._global_count(b["loss_mask"])
+            G = self.s.cfg.train_batch_size
+            for k in range(0, len(chunk), self.micro_batch):
+                sl = slice(k, k + self.micro_batch)
+                m = b["loss_mask"][sl].to(dev)
+                lp = self.engine(b["input_ids"][sl].to(dev), attention_mask=b["attention_mask"][sl].to(dev)).logprobs
+                out = policy_loss(lp, b["old_logprobs"][sl].to(dev), b["advantages"][sl].to(dev), m,
+                                  clip_eps_low=c.eps_clip, clip_eps_high=c.eps_clip_high, dual_clip=c.dual_clip,
+                                  aggregation=c.loss_agg_mode, global_tokens=total, global_seqs=G, dp_size=world,
+                                  rollout_logprobs_BT=b["rollout_logprobs"][sl].to(dev) if c.is_correction else None,
+                                  correction=c.is_correction)
+                loss = out.loss
+                if c.use_kl_loss:
+                    kl = approx_kl(lp, b["ref_logprobs"][sl].to(dev), c.kl_estimator, mask=m)
+                    kl_term = aggregate_loss(kl, m, "token-mean", global_tokens=total, dp_size=world)
+                    loss = loss + kl_coef * kl_term
+                    sums["kl_loss"] += kl_term.item() / world
+                self.s.backward(loss, self.engine)
+                self.s.optimizer_step(self.engine)
+                share = m.sum().item() / total.item()
+                sums["policy_loss"] += out.loss.item() / world
+                sums["clip_fraction"] += out.clip_fraction.item() * share
+            steps += 1
+        sums = {k: v / max(steps, 1) for k, v in sums.items()}
+        sums = self.s.all_reduce(sums, "sum")  # per-rank shares -> global step means
+        sums["lr"] = self.engine.get_lr()[0]
+        return [sums]
+
+    # ----- weights to the rollout engines --------------------------------------------------
+
+    def weight_sender_address(self) -> tuple[str, int]:
+        """This node's address (MASTER_ADDR of the group, else this host) and a port free here now."""
+        addr = os.environ.get("MASTER_ADDR") or socket.gethostbyname(socket.gethostname())
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.bind(("", 0))
+            return addr, sock.getsockname()[1]
+
+    def init_weight_sender(self, master_addr: str, master_port: int, world_size: int, backend: str = "gloo",
+                           timeout_s: float = 600.0) -> None:
+        """Rank 0 joins the engines' weight group as its sender (blocks until every engine worker joined)."""
+        if self.rank == 0:
+            from rl_rollout.transport import CollectiveSender
+
+            device = self.s.device if backend == "nccl" else "cpu"
+            self._sender = CollectiveSender(master_addr, master_port, world_size, backend=backend, device=device,
+                                            timeout_s=timeout_s)
+
+    def broadcast_weights(self, version: int, verify: bool = False) -> dict | None:
+        """Every rank gathers (ZeRO-3); rank 0 broadcasts each bucket to the engines. Rank 0 returns the stats."""
+        buckets = self.s.named_parameter_buckets(self.engine.module)
+        if self.rank != 0:
+            for _ in buckets:  # take part in each bucket's gather
+                pass
+            return None
+        if self._sender is None:
+            raise RuntimeError("broadcast_weights before init_weight_sender: the weight group is not set up")
+        stats = self._sender.send((nt for b in buckets for nt in hf_names(b)), version, checksum=verify)
+        return stats.as_dict()
+
+    def push_weights(self, engine, version: int) -> dict:
+        """In-process sync: hand every bucket to ``engine.update_weights`` (an engine in this process)."""
+        import time
+
+        t0, nbytes = time.perf_counter(), 0
+        for bucket in self.s.named_parameter_buckets(self.engine.module):
+            nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
+            engine.update_weights(hf_names(bucket), version=version)
+        sec = time.perf_counter() - t0
+        return {"version": version, "bytes": nbytes, "seconds": sec, "gb_per_s": nbytes / max(sec, 1e-9) / 1e9}
+
+    def weights_digest(self) -> dict[str, float]:
+        """Per-parameter sums (HF names), to check an engine holds these weights. Collective under ZeRO-3."""
+        out = {}
+        for bucket in self.s.named_parameter_buckets(self.engine.module):
+            out.update({n: t.double().sum().item() for n, t in hf_names(bucket)})
+        return out
+
+    # ----- checkpoints and export ----------------------------------------------------------
+
+    def save_checkpoint(self, step: int, client_state: dict) -> str:
+        if self.ckpt is None:
+            raise ValueError("save_checkpoint needs ckpt_path (--ckpt_path DIR)")
+        return str(self.ckpt.save(self.engine, step, client_state))
+
+    def load_checkpoint(self) -> dict | None:
+        return None if self.ckpt is None else self.ckpt.load(self.engine)
+
+    def export(self, save_path: str, tokenizer_path: str | None = None) -> str:
+        from rl_core.checkpoint import export_hf
+
+        tok = None
+        if tokenizer_path:
+            from transformers import AutoTokenizer
+
+            tok = AutoTokenizer.from_pretrained(tokenizer_path)
+        return str(export_hf(self.s, self.engine, save_path, tokenizer=tok))
+
+
+class CriticWorker(_Worker):
+    """One rank of the critic: ``values`` and ``train`` on returns with the (clipped) value loss."""
+
+    def __init__(self, strategy_cfg, pretrain: str, ppo_cfg, total_steps: int, *, load_kw: dict | None = None,
+                 pad_id: int = 0, ckpt_path: str | None = None):
+        if ppo_cfg.critic_learning_rate is not None:
+            strategy_cfg = replace(strategy_cfg, learning_rate=ppo_cfg.critic_learning_rate)
+        super().__init__(strategy_cfg, pad_id=pad_id)
+        from rl_core.models import Critic
+
+        self.cfg = ppo_cfg
+        kw = {k: v for k, v in (load_kw or {}).items() if k != "lora"}
+        self.engine = self.s.prepare(Critic.from_pretrained(pretrain, **kw), total_steps=total_steps)
+        self.ckpt = None
+        if ckpt_path:
+            from rl_core.checkpoint import CheckpointManager
+
+            self.ckpt = CheckpointManager(os.path.join(ckpt_path, "critic"), self.s, ppo_cfg.max_ckpt_num)
+
+    def values(self, items: list[dict]) -> list[torch.Tensor]:
+        self.engine.eval()
+        try:
+            return self._forward_items(lambda i, a: self.engine(i, attention_mask=a), items)
+        finally:
+            self.engine.train()
+
+    def train(self, items: list[dict]) -> list[dict[str, float]]:
+        """Critic epochs, like :meth:`PolicyWorker.train`; returns ``[metrics]``."""
+        from rl_algos import value_loss
+
+        c, dev, world = self.cfg, self.s.device, self.s.world_size
+        sums, steps = {"critic_loss": 0.0, "value_clip_fraction": 0.0}, 0
+        self.engine.train()
+        for chunk in self._global_batches(items, c.max_epochs):
+            b = collate(chunk, self.pad_id, ("values", "returns"))
+            total = self._global_count(b["loss_mask"])
+            for k in range(0, len(chunk), self.micro_batch):
+                sl = slice(k, k + self.micro_batch)
+                m = b["loss_mask"][sl].to(dev)
+                v = self.engine(b["input_ids"][sl].to(dev), attention_mask=b["attention_mask"][sl].to(dev))
+                out = value_loss(v, b["values"][sl].to(dev), b["returns"][sl].to(dev), m, clip_eps=c.value_clip,
+                                 global_tokens=total, dp_size=world)
+                self.s.backward(out.loss, self.engine)
+                self.s.optimizer_step(self.engine)
+                sums["critic_loss"] += out.loss.item() / world
+                sums["value_clip_fraction"] += out.clip_fraction.item() * m.sum().item() / total.item()
+            steps += 1
+        return [self.s.all_reduce({k: v / max(steps, 1) for k, v in sums.items()}, "sum")]
+
+    def save_checkpoint(self, step: int, client_state: dict) -> str:
+        if self.ckpt is None:
+            raise ValueError("save_checkpoint needs ckpt_path (--ckpt_path DIR)")
+        return str(self.ckpt.save(self.engine, step, client_state))
+
+    def load_checkpoint(self) -> dict | None:
+        return None if self.ckpt is None else self.ckpt.load(self.engine)
+
+    def export(self, save_path: str, tokenizer_path: str | None = None) -> str:
+        from rl_core.checkpoint import export_hf
+
+        return str(export_hf(self.s, self.engine, save_path))
+
+
+class ReferenceWorker(_Worker):
+    """One rank of the frozen reference policy: ``logprobs``."""
+
+    def __init__(self, strategy_cfg, pretrain: str, *, load_kw: dict | None = None, pad_id: int = 0):
+        super().__init__(strategy_cfg, pad_id=pad_id)
+        from rl_core.models import Actor, frozen
+
+        kw = {k: v for k, v in (load_kw or {}).items() if k not in ("lora", "gradient_checkpointing")}
+        self.engine = self.s.prepare(frozen(Actor.from_pretrained(pretrain, **kw)), train=False)
+
+    def logprobs(self, items: list[dict]) -> list[torch.Tensor]:
+        return self._forward_items(lambda i, a: self.engine(i, attention_mask=a).logprobs, items)
+
+
+class RewardModelWorker(_Worker):
+    """One rank of a reward model: ``score`` (normalised by the stored mean/std unless told otherwise)."""
+
+    def __init__(self, strategy_cfg, pretrain: str, *, load_kw: dict | None = None, pad_id: int = 0,
+                 normalize: bool = True):
+        super().__init__(strategy_cfg, pad_id=pad_id)
+        from rl_core.models import RewardModel
+
+        kw = {k: v for k, v in (load_kw or {}).items() if k not in ("lora", "gradient_checkpointing")}
+        model = RewardModel.from_pretrained(pretrain, **kw)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        self.engine = self.s.prepare(model, train=False)
+        self.normalize = normalize
+
+    def score(self, items: list[dict]) -> list[float]:
+        return self._forward_items(lambda i, a: self.engine(i, attention_mask=a, normalize=self.normalize), items)

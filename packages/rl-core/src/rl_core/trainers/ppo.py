@@ -1,0 +1,437 @@
+"""The PPO-family RL loop (PPO with a critic, GRPO, REINFORCE++, RLOO, Dr.GRPO) over worker groups.
+
+One loop, two transports: the roles are worker groups (:mod:`rl_core.rl.groups`),
+in-process (:class:`~rl_core.rl.groups.LocalGroup`, ``rl ppo``) or Ray actors
+(rl-placement's ``RayActorGroup``, ``rl ppo-ray``). One iteration:
+
+1. ``rollout_batch_size`` prompts x ``n_samples_per_prompt`` samples from the rollout
+   (an engine, an ``EnginePool`` or :class:`~rl_core.rl.groups.GroupRollout`).
+2. Rewards: a reward function (``fn(prompt, response, label)``, or anything with
+   ``score(prompts, responses, labels)`` such as ``rl_rollout.RewardRunner``) and/or
+   a reward-model group; optional clipping. Dynamic filtering (DAPO) drops groups
+   whose mean reward is outside ``dynamic_filtering_reward_range`` or that have no
+   variance, and samples new prompts (at most ``dynamic_filtering_max_rounds``
+   rounds; short of that, dropped groups fill the batch and the count is logged).
+3. Experience: old logprobs (policy), reference logprobs, critic values; the
+   groups on different GPUs compute at the same time.
+4. Advantages (rl-algos): KL to the reference as a per-token reward penalty
+   (``init_kl_coef``, adaptive with ``kl_target``) or as a loss (``use_kl_loss``),
+   the chosen estimator, whitening for gae / reinforce / reinforce_baseline.
+5. Train the critic, then the policy (``max_epochs`` passes, global batches of
+   ``train_batch_size`` split over each group's data-parallel ranks the same way
+   whatever their number).
+6. Weight sync policy -> engines (version = iteration), then metrics and a
+   checkpoint every ``save_steps`` iterations (policy, critic, the loop's own
+   state), resumable with ``load_checkpoint``.
+
+Metrics per iteration (``metrics.jsonl``, TensorBoard, ``curves.png``, the console
+bar): rewards, lengths, truncation, KL, losses, clip fractions, dynamic-filtering
+counts, the policy-vs-engine logprob gap (a stale or wrong sync shows there),
+sync GB/s and seconds per phase.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+
+import torch
+from tqdm import tqdm
+
+from rl_core.metrics import MetricsLogger
+from rl_core.rl.experience import collate, dp_order, make_item, rows
+from rl_core.rl.groups import LocalGroup, concurrently
+
+logger = logging.getLogger(__name__)
+
+CRITIC_FREE = ("reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo")
+GROUP_ESTIMATORS = ("reinforce_baseline", "rloo", "group_norm", "dr_grpo")
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """RL loop settings (OpenRLHF flag names in comments)."""
+
+    advantage_estimator: str = "gae"  # --advantage_estimator: gae (PPO, needs a critic) | group_norm | rloo | reinforce | reinforce_baseline | dr_grpo
+    gamma: float = 1.0  # --gamma
+    lambd: float = 0.95  # --lambd: GAE lambda
+    n_samples_per_prompt: int = 1  # --n_samples_per_prompt
+    rollout_batch_size: int = 8  # --rollout_batch_size: prompts per iteration
+    generate_max_len: int = 64  # --generate_max_len: new tokens per sample
+    temperature: float = 1.0  # --temperature
+    top_p: float = 1.0  # --top_p
+    num_episodes: int = 1  # --num_episodes: passes over the prompts
+    max_iterations: int = 0  # stop after this many iterations (0: num_episodes passes)
+    max_epochs: int = 1  # --max_epochs: passes over each iteration's samples
+    eps_clip: float = 0.2  # --eps_clip
+    eps_clip_high: float | None = None  # --eps_clip_high (DAPO clip-higher); default: eps_clip
+    dual_clip: float | None = None  # --dual_clip (> 1)
+    value_clip: float | None = 0.5  # --value_clip (None: plain squared error)
+    loss_agg_mode: str = "token-mean"  # --policy_loss_agg: token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
+    init_kl_coef: float = 0.01  # --init_kl_coef: KL to the reference (0: no reference model)
+    kl_target: float | None = None  # --kl_target: adaptive KL coefficient steering to this KL
+    kl_horizon: int = 10000  # --kl_horizon
+    use_kl_loss: bool = False  # --use_kl_loss: KL as a loss term (GRPO) instead of a reward penalty
+    kl_estimator: str = "k1"  # --kl_estimator: k1 | k2 | k3
+    is_correction: str | None = None  # --vllm_is_correction: tis | icepop | seq-mask-tis (rollout logprobs)
+    reward_clip_range: tuple[float, float] | None = None  # --reward_clip_range LOW HIGH
+    whiten_advantages: bool | None = None  # default: on for gae, reinforce, reinforce_baseline
+    dynamic_filtering: bool = False  # --dynamic_filtering: drop groups without signal, refill (DAPO)
+    dynamic_filtering_reward_range: tuple[float, float] = (0.0, 1.0)  # --dynamic_filtering_reward_range
+    dynamic_filtering_max_rounds: int = 4  # rollout rounds per iteration before filling with dropped groups
+    critic_learning_rate: float | None = None  # --critic_learning_rate (default: --learning_rate)
+    freezing_actor_steps: int = 0  # --freezing_actor_steps: first iterations train the critic only
+    save_steps: int = -1  # --save_steps: checkpoint every N iterations (-1: none)
+    ckpt_path: str | None = None  # --ckpt_path
+    max_ckpt_num: int = 3  # --max_ckpt_num
+    load_checkpoint: bool = False  # --load_checkpoint: resume from the latest complete checkpoint
+    save_path: str | None = None  # --save_path: final HF export of the policy
+    save_value_network: bool = False  # --save_value_network: also export the critic (save_path/critic)
+    run_dir: str | None = None  # metrics.jsonl, tensorboard/, curves.png
+    verify_weights: bool = False  # sha256 of every weight bucket on both ends of a sync
+
+    def __post_init__(self) -> None:
+        for name in ("n_samples_per_prompt", "rollout_batch_size", "generate_max_len", "num_episodes", "max_epochs",
+                     "dynamic_filtering_max_rounds", "max_ckpt_num"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} (--{name}) must be >= 1, got {getattr(self, name)}")
+        if self.advantage_estimator in GROUP_ESTIMATORS and self.n_samples_per_prompt < 2:
+            raise ValueError(f"--advantage_estimator {self.advantage_estimator} compares the samples of a prompt: "
+                             f"set --n_samples_per_prompt >= 2 (got {self.n_samples_per_prompt})")
+        if self.dynamic_filtering and self.n_samples_per_prompt < 2:
+            raise ValueError("--dynamic_filtering judges groups of samples: set --n_samples_per_prompt >= 2")
+        if self.init_kl_coef < 0:
+            raise ValueError(f"init_kl_coef (--init_kl_coef) must be >= 0, got {self.init_kl_coef}")
+        if self.kl_estimator not in ("k1", "k2", "k3"):
+            raise ValueError(f"kl_estimator (--kl_estimator) must be k1, k2 or k3, got {self.kl_estimator!r}")
+        if self.load_checkpoint and not self.ckpt_path:
+            raise ValueError("load_checkpoint needs ckpt_path (--ckpt_path DIR) to find checkpoints in")
+        if self.save_steps > 0 and not self.ckpt_path:
+            raise ValueError(f"save_steps={self.save_steps} needs ckpt_path (--ckpt_path DIR) to write them to")
+        if self.max_iterations < 0:
+            raise ValueError(f"max_iterations must be >= 0 (0: num_episodes passes), got {self.max_iterations}")
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.advantage_estimator == "gae"
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.init_kl_coef > 0
+
+    @property
+    def whiten(self) -> bool:
+        if self.whiten_advantages is not None:
+            return self.whiten_advantages
+        return self.advantage_estimator in ("gae", "reinforce", "reinforce_baseline")
+
+    def iterations(self, num_prompts: int) -> int:
+        return self.max_iterations or max(1, self.num_episodes * num_prompts // self.rollout_batch_size)
+
+    def optimizer_steps(self, num_prompts: int, train_batch_size: int) -> int:
+        """Policy (and critic) optimizer steps over the run, for the LR schedule."""
+        samples = self.rollout_batch_size * self.n_samples_per_prompt
+        return self.iterations(num_prompts) * (samples // train_batch_size) * self.max_epochs
+
+
+class PPOTrainer:
+    """The loop. ``policy``, ``critic``, ``ref``, ``reward_model``: worker groups (or None);
+    ``rollout``: ``generate(requests) -> [[RolloutSample]]`` (+ optional ``sleep``/``wake_up``);
+    ``weight_sync``: ``sync(version) -> stats dict``; ``prompts``: a PromptDataset; ``seed`` fixes the
+    prompt order (one permutation per pass) and the sampling (seed + 1000 x iteration + round).
+    """
+
+    def __init__(self, cfg: PPOConfig, *, policy, rollout, weight_sync, prompts, tokenizer, train_batch_size: int,
+                 reward_fn=None, reward_model=None, critic=None, ref=None, sleep_engines: bool = False,
+                 metrics: MetricsLogger | None = None, seed: int = 42):
+        self.cfg, self.policy, self.rollout, self.weight_sync, self.seed = cfg, policy, rollout, weight_sync, seed
+        self.critic, self.ref, self.reward_model, self.reward_fn = critic, ref, reward_model, reward_fn
+        self.prompts, self.tokenizer, self.G, self.sleep_engines = prompts, tokenizer, train_batch_size, sleep_engines
+        if reward_fn is None and reward_model is None:
+            raise ValueError("no reward: give a reward function (--reward_fn / --remote_rm_url) or a reward model "
+                             "(--reward_pretrain)")
+        if cfg.needs_critic and critic is None:
+            raise ValueError("--advantage_estimator gae (PPO) needs a critic (--critic_pretrain); or pick a "
+                             f"critic-free estimator: {', '.join(CRITIC_FREE)}")
+        if cfg.needs_reference and ref is None:
+            raise ValueError(f"init_kl_coef={cfg.init_kl_coef} needs a reference model; or set --init_kl_coef 0")
+        samples = cfg.rollout_batch_size * cfg.n_samples_per_prompt
+        if samples % train_batch_size:
+            raise ValueError(f"rollout_batch_size x n_samples_per_prompt = {samples} samples per iteration is not a "
+                             f"multiple of train_batch_size {train_batch_size}; make it one "
+                             f"(e.g. --train_batch_size {samples})")
+        for role, g in (("policy", policy), ("critic", critic), ("ref", ref), ("reward", reward_model)):
+            if g is not None and (samples % g.world_size or train_batch_size % g.world_size):
+                raise ValueError(f"{role}: {g.world_size} ranks do not divide the {samples} samples per iteration "
+                                 f"and train_batch_size {train_batch_size}; use a rank count that divides both")
+        if len(prompts) < cfg.rollout_batch_size:
+            raise ValueError(f"{len(prompts)} prompts, fewer than rollout_batch_size {cfg.rollout_batch_size}")
+        self.num_iterations = cfg.iterations(len(prompts))
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.eos = [t for t in {tokenizer.eos_token_id} if t is not None]
+        self.metrics = metrics or MetricsLogger(cfg.run_dir)
+        self.history: list[dict[str, float]] = []
+        self.cursor = 0  # prompts consumed so far (over epochs of seeded permutations)
+        self.kl = None
+        if cfg.needs_reference and not cfg.use_kl_loss:
+            from rl_algos import AdaptiveKLController, FixedKLController
+
+            self.kl = (AdaptiveKLController(cfg.init_kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.kl_target
+                       else FixedKLController(cfg.init_kl_coef))
+        local = [g for g in (policy, critic, ref, reward_model) if g is not None]
+        self.parallel = not all(isinstance(g, LocalGroup) for g in local)
+
+    # ----- prompts -----------------------------------------------------------------------
+
+    def _take_prompts(self, k: int) -> list[dict]:
+        n, out = len(self.prompts), []
+        while len(out) < k:
+            epoch, i = divmod(self.cursor, n)
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
+            out.append(self.prompts[order[i]])
+            self.cursor += 1
+        return out
+
+    # ----- rollout and rewards --------------------------------------------------------------
+
+    def _generate(self, prompts: list[dict], seed: int):
+        from rl_rollout import RolloutRequest, SamplingParams
+
+        c = self.cfg
+        params = SamplingParams(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.generate_max_len,
+                                n=c.n_samples_per_prompt, stop_token_ids=self.eos, seed=seed)
+        groups = self.rollout.generate([RolloutRequest(list(p["prompt_ids"]), params) for p in prompts])
+        if len(groups) != len(prompts) or any(len(g) != c.n_samples_per_prompt for g in groups):
+            raise RuntimeError(f"the rollout returned {[len(g) for g in groups]} samples for {len(prompts)} prompts "
+                               f"x n={c.n_samples_per_prompt}")
+        return [s for g in groups for s in g]
+
+    def _rewards(self, prompts: list[dict], samples, items: list[dict]) -> tuple[torch.Tensor, dict]:
+        n = self.cfg.n_samples_per_prompt
+        parts, info = [], {}
+        if self.reward_fn is not None:
+            ps = [prompts[i // n]["prompt"] for i in range(len(samples))]
+            labels = [prompts[i // n].get("label") for i in range(len(samples))]
+            texts = [self.tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+            if callable(getattr(self.reward_fn, "score", None)):
+                r = self.reward_fn.score(ps, texts, labels)
+            else:
+                r = [float(self.reward_fn(p, t, y)) for p, t, y in zip(ps, texts, labels, strict=True)]
+            parts.append(torch.tensor(r, dtype=torch.float32))
+            info["reward_fn_mean"] = parts[-1].mean().item()
+        if self.reward_model is not None:
+            parts.append(torch.tensor(self.reward_model.call_sharded("score", items), dtype=torch.float32))
+            info["reward_model_mean"] = parts[-1].mean().item()
+        scores = sum(parts[1:], parts[0])
+        if self.cfg.reward_clip_range is not None:
+            from rl_algos import clip_rewards
+
+            scores = clip_rewards(scores, *self.cfg.reward_clip_range)
+        return scores, info
+
+    def _sample_round(self, k: int, seed: int):
+        prompts = self._take_prompts(k)
+        samples = self._generate(prompts, seed)
+        items = [make_item(s.prompt_ids, s.response_ids, s.loss_mask, s.rollout_logprobs) for s in samples]
+        t0 = time.perf_counter()
+        scores, info = self._rewards(prompts, samples, items)
+        return prompts, samples, items, scores, info, time.perf_counter() - t0
+
+    def _collect(self, it: int):
+        """Samples of ``rollout_batch_size`` prompts, filtered dynamically when asked; per-phase seconds."""
+        from rl_algos import filter_groups
+
+        c, n, want = self.cfg, self.cfg.n_samples_per_prompt, self.cfg.rollout_batch_size
+        kept: list[tuple] = []
+        dropped: list[tuple] = []
+        stats = {"generate_s": 0.0, "reward_s": 0.0, "rounds": 0, "groups_seen": 0}
+        for r in range(c.dynamic_filtering_max_rounds if c.dynamic_filtering else 1):
+            t0 = time.perf_counter()
+            need = want - len(kept)
+            prompts, samples, items, scores, info, reward_s = self._sample_round(need, self.seed + 1000 * it + r)
+            stats["generate_s"] += time.perf_counter() - t0 - reward_s
+            stats["reward_s"] += reward_s
+            stats["rounds"] += 1
+            stats["groups_seen"] += need
+            stats.update(info)
+            groups = [(prompts[g], samples[g * n:(g + 1) * n], items[g * n:(g + 1) * n], scores[g * n:(g + 1) * n])
+                      for g in range(need)]
+            if not c.dynamic_filtering:
+                kept = groups
+                break
+            keep = filter_groups(scores, n, mean_range=tuple(c.dynamic_filtering_reward_range)).keep_groups.tolist()
+            kept += [g for g, k in zip(groups, keep, strict=True) if k]
+            dropped += [g for g, k in zip(groups, keep, strict=True) if not k]
+            if len(kept) >= want:
+                break
+        if c.dynamic_filtering:
+            stats["dynamic/kept_fraction"] = min(len(kept), want) / max(stats["groups_seen"], 1)
+            filled = max(0, want - len(kept))
+            if filled:
+                logger.warning("iteration %d: dynamic filtering kept %d of %d groups in %d rounds; %d filtered-out "
+                               "groups fill the batch (raise --dynamic_filtering_max_rounds or widen the range)",
+                               it, len(kept), want, stats["rounds"], filled)
+            stats["dynamic/filled"] = filled
+            kept = (kept + dropped[:filled])[:want]
+        stats["dynamic/rounds"] = stats.pop("rounds")
+        stats.pop("groups_seen")
+        prompts = [g[0] for g in kept]
+        samples = [s for g in kept for s in g[1]]
+        items = [x for g in kept for x in g[2]]
+        scores = torch.cat([g[3] for g in kept])
+        return prompts, samples, items, scores, stats
+
+    # ----- experience and advantages -------------------------------------------------------
+
+    def _experience(self, items: list[dict]) -> None:
+        calls = {"old_logprobs": lambda: self.policy.call_sharded("logprobs", items)}
+        if self.ref is not None:
+            calls["ref_logprobs"] = lambda: self.ref.call_sharded("logprobs", items)
+        if self.critic is not None:
+            calls["values"] = lambda: self.critic.call_sharded("values", items)
+        if self.parallel:
+            results = dict(zip(calls, concurrently(*calls.values()), strict=True))
+        else:
+            results = {k: f() for k, f in calls.items()}
+        for key, per_item in results.items():
+            for it, t in zip(items, per_item, strict=True):
+                it[key] = t
+
+    def _advantages(self, items: list[dict], scores: torch.Tensor) -> dict[str, float]:
+        from rl_algos import approx_kl, compute_advantages, masked_mean, masked_whiten
+
+        c = self.cfg
+        b = collate(items, self.pad_id, ("old_logprobs", "ref_logprobs", "values", "rollout_logprobs"))
+        mask = b["loss_mask"].float()
+        out: dict[str, float] = {}
+        token_rewards = None
+        if self.ref is not None:
+            kl = approx_kl(b["old_logprobs"], b["ref_logprobs"], c.kl_estimator, mask=mask)
+            out["kl"] = masked_mean(kl, mask).item()
+            if self.kl is not None:
+                out["kl_coef"] = self.kl.value
+                token_rewards = -self.kl.value * kl * mask
+        kw = {"n_samples": c.n_samples_per_prompt, "token_rewards_BT": token_rewards, "gamma": c.gamma}
+        if c.needs_critic:
+            kw.update(values_BT=b["values"] * mask, lambd=c.lambd)
+        adv = compute_advantages(c.advantage_estimator, scores, mask, **kw)
+        a = masked_whiten(adv.advantages, mask) if c.whiten else adv.advantages
+        for item, x in zip(items, rows(a * mask, items), strict=True):
+            item["advantages"] = x
+        if c.needs_critic:
+            for item, x in zip(items, rows(adv.returns * mask, items), strict=True):
+                item["returns"] = x
+            out["value_mean"] = masked_mean(b["values"], mask).item()
+            out["return_mean"] = masked_mean(adv.returns, mask).item()
+        out["advantage_abs_mean"] = masked_mean(a.abs(), mask).item()
+        has_rollout = [bool(s.get("rollout_logprobs") is not None) for s in items]
+        if all(has_rollout):
+            m = mask.clone()
+            m[:, 0] = 0
+            out["rollout_logprob_gap"] = masked_mean((b["old_logprobs"] - b["rollout_logprobs"]).abs(), m).item()
+        if c.is_correction and not all(has_rollout):
+            raise ValueError(f"--vllm_is_correction {c.is_correction} needs the engine's rollout logprobs; this "
+                             "rollout returned samples without them")
+        return out
+
+    # ----- train and sync --------------------------------------------------------------------
+
+    def _train(self, items: list[dict], it: int) -> dict[str, float]:
+        """Critic, then policy (unless still frozen); each gets every global batch split over its ranks."""
+        def ordered(group):
+            return [items[i] for i in dp_order(len(items), self.G, group.world_size)]
+
+        out: dict[str, float] = {}
+        t0 = time.perf_counter()
+        if self.critic is not None:
+            out.update(self.critic.call_sharded("train", ordered(self.critic))[0])
+        t1 = time.perf_counter()
+        out["critic_train_s"] = t1 - t0
+        if it > self.cfg.freezing_actor_steps:
+            kl_coef = self.cfg.init_kl_coef if self.cfg.use_kl_loss else 0.0
+            out.update(self.policy.call_sharded("train", ordered(self.policy), kl_coef)[0])
+        out["policy_train_s"] = time.perf_counter() - t1
+        return out
+
+    def _sync(self, version: int) -> dict[str, float]:
+        t0 = time.perf_counter()
+        if self.sleep_engines:
+            self.rollout.wake_up()
+        stats = self.weight_sync(version) or {}
+        return {"sync_s": time.perf_counter() - t0, "sync_gb_per_s": float(stats.get("gb_per_s", 0.0))}
+
+    # ----- checkpoints ---------------------------------------------------------------------
+
+    def _groups_with_state(self):
+        return [g for g in (self.policy, self.critic) if g is not None]
+
+    def save_checkpoint(self, it: int) -> None:
+        state = {"iteration": it, "cursor": self.cursor, "kl_coef": self.kl.value if self.kl is not None else None,
+                 "history": self.history}
+        for g in self._groups_with_state():
+            g.call("save_checkpoint", it, state)
+
+    def load_checkpoint(self) -> int:
+        """Restore the latest complete checkpoint; returns its iteration (0 when none)."""
+        metas = [g.call("load_checkpoint")[0] for g in self._groups_with_state()]
+        if metas[0] is None:
+            logger.info("no checkpoint under %s: starting fresh", self.cfg.ckpt_path)
+            return 0
+        its = {m["iteration"] if m else None for m in metas}
+        if len(its) != 1:
+            raise ValueError(f"policy and critic checkpoints under {self.cfg.ckpt_path} are at different iterations "
+                             f"{sorted(map(str, its))}: delete the newer step folders so both match")
+        meta = metas[0]
+        self.cursor = meta["cursor"]
+        if self.kl is not None and meta.get("kl_coef") is not None:
+            self.kl.value = meta["kl_coef"]
+        self.history = list(meta.get("history", []))
+        return meta["iteration"]
+
+    # ----- the loop --------------------------------------------------------------------------
+
+    def fit(self) -> list[dict[str, float]]:
+        c = self.cfg
+        start = self.load_checkpoint() if c.load_checkpoint else 0
+        if start:
+            logger.info("resumed at iteration %d of %d; pushing its weights to the engines", start, self.num_iterations)
+            self._sync(start)
+        bar = tqdm(total=self.num_iterations, initial=start, desc=f"rl {c.advantage_estimator}")
+        for it in range(start + 1, self.num_iterations + 1):
+            t0 = time.perf_counter()
+            prompts, samples, items, scores, m = self._collect(it)
+            if self.sleep_engines:
+                self.rollout.sleep()
+            t1 = time.perf_counter()
+            self._experience(items)
+            m.update(self._advantages(items, scores))
+            t2 = time.perf_counter()
+            m.update(self._train(items, it))
+            m.update(self._sync(it))
+            if self.kl is not None and "kl" in m:
+                self.kl.update(m["kl"], len(items))
+            lengths = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.float32)
+            m.update({
+                "reward_mean": scores.mean().item(), "reward_std": scores.std().item() if len(scores) > 1 else 0.0,
+                "response_length": lengths.mean().item(),
+                "truncated": sum(s.finish_reason == "length" for s in samples) / len(samples),
+                "experience_s": t2 - t1, "iteration_s": time.perf_counter() - t0,
+            })
+            if not all(math.isfinite(v) for v in m.values()):
+                logger.warning("iteration %d: non-finite metrics %s", it, m)
+            self.history.append(m)
+            self.metrics.log(it, {"rl/" + k: v for k, v in m.items()})
+            bar.update(1)
+            bar.set_postfix(reward=f"{m['reward_mean']:.3f}", kl=f"{m.get('kl', 0.0):.4f}")
+            if c.save_steps > 0 and (it % c.save_steps == 0 or it == self.num_iterations):
+                self.save_checkpoint(it)
+        bar.close()
+        self.metrics.close()
+        if c.save_path:
+            tok_path = getattr(self.tokenizer, "name_or_path", None)
+            self.policy.call("export", c.save_path, tok_path)
+            if c.save_value_network and self.critic is not None:
+                self.critic.call("export", f"{c.save_path.rstrip('/')}/critic")
+        return self.history
