@@ -8,7 +8,7 @@ response slots that hold an ``X`` (1.0 = all of them). The random model starts n
 and has to learn to answer each prompt with its own letter; measured on 2 CPU cores the
 default 100 iterations take about a minute and the mean reward goes 0.06 -> 0.75 (0.26
 after 30 iterations). ``workdir/summary.json`` holds the per-iteration mean rewards. The stack is the real one: rl-core's
-GRPOTrainer over DeepSpeed (ZeRO-0, fp32, one process), rl-rollout's HFEngine
+PPOTrainer (GRPO's group_norm estimator, a one-rank LocalGroup policy) over DeepSpeed (ZeRO-0, fp32, one process), rl-rollout's HFEngine
 receiving the new weights every iteration, rl_rollout.RewardRunner scoring,
 rl-algos' group-normalised advantages and clipped loss. Writes
 ``workdir/run/metrics.jsonl``, TensorBoard scalars and ``workdir/run/curves.png``.
@@ -52,9 +52,9 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from rl_core.data import DataConfig, PromptDataset, load_rows
-    from rl_core.models import Actor
-    from rl_core.strategy import DeepSpeedStrategy, StrategyConfig
-    from rl_core.trainers.grpo import GRPOConfig, GRPOTrainer
+    from rl_core.rl import DirectWeightSync, LocalGroup, PolicyWorker
+    from rl_core.strategy import StrategyConfig
+    from rl_core.trainers.ppo import PPOConfig, PPOTrainer
     from rl_rollout import RewardRunner
     from rl_rollout.hf_engine import HFEngine
     from rl_rollout.testing import make_tiny_model
@@ -69,22 +69,25 @@ def main(argv: list[str] | None = None) -> int:
         ap.error(f"--letters must be in 1..{len(LETTERS)}, got {args.letters}")
     prompts = PromptDataset(load_rows(str(data)), tok, DataConfig(input_key="prompt", label_key="label", max_len=64))
     samples = args.rollout_batch_size * args.n_samples_per_prompt
-    strategy = DeepSpeedStrategy(StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=samples // 2,
-                                                train_batch_size=samples, learning_rate=args.learning_rate,
-                                                lr_warmup_ratio=0.0, lr_scheduler="constant", seed=args.seed,
-                                                max_norm=args.max_norm))
-    cfg = GRPOConfig(n_samples_per_prompt=args.n_samples_per_prompt, rollout_batch_size=args.rollout_batch_size,
-                     max_new_tokens=args.max_new_tokens, num_iterations=args.iterations, run_dir=str(work / "run"),
-                     save_path=str(work / "final"), seed=args.seed, max_epochs=args.max_epochs)
+    strategy = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=samples // 2, train_batch_size=samples,
+                              learning_rate=args.learning_rate, lr_warmup_ratio=0.0, lr_scheduler="constant",
+                              seed=args.seed, max_norm=args.max_norm)
+    cfg = PPOConfig(advantage_estimator="group_norm", init_kl_coef=0.0, n_samples_per_prompt=args.n_samples_per_prompt,
+                    rollout_batch_size=args.rollout_batch_size, generate_max_len=args.max_new_tokens,
+                    max_iterations=args.iterations, run_dir=str(work / "run"), save_path=str(work / "final"),
+                    max_epochs=args.max_epochs)
     reward = RewardRunner(partial(letter_reward, max_new_tokens=args.max_new_tokens), workers=0)
-    trainer = GRPOTrainer(strategy, Actor.from_pretrained(model, dtype="fp32"), tok, prompts,
-                          HFEngine(model, dtype="float32"), reward, cfg)
-    print(f"[rl demo] {len(prompts)} prompts x {cfg.n_samples_per_prompt} samples, {cfg.num_iterations} iterations; "
-          f"{trainer.plan.describe()}", flush=True)
+    policy = LocalGroup(PolicyWorker(strategy, model, cfg, cfg.optimizer_steps(len(prompts), samples),
+                                     load_kw={"dtype": "fp32"}, pad_id=tok.pad_token_id), "policy")
+    engine = HFEngine(model, dtype="float32")
+    trainer = PPOTrainer(cfg, policy=policy, rollout=engine, weight_sync=DirectWeightSync(policy, engine),
+                         prompts=prompts, tokenizer=tok, train_batch_size=samples, reward_fn=reward, seed=args.seed)
+    print(f"[rl demo] {len(prompts)} prompts x {cfg.n_samples_per_prompt} samples, {trainer.num_iterations} iterations; "
+          f"GRPO (group_norm), ZeRO-0 fp32, one process", flush=True)
     history = trainer.fit()
     reward.close()
     for i, m in enumerate(history, 1):
-        print(f"[rl demo] iteration {i:3d}  reward {m['reward_mean']:.3f}  loss {m['loss']:+.4f}  "
+        print(f"[rl demo] iteration {i:3d}  reward {m['reward_mean']:.3f}  loss {m['policy_loss']:+.4f}  "
               f"length {m['response_length']:.1f}")
     k = max(1, len(history) // 5)
     first = sum(m["reward_mean"] for m in history[:k]) / k

@@ -8,8 +8,10 @@
 - :mod:`rl_core.checkpoint`: atomic DeepSpeed checkpoints for exact resume, HF export.
 
 It never imports Ray or rl-placement: its loops talk to worker-group protocols.
-- :mod:`rl_core.trainers`: SFT, reward-model, DPO and KTO trainers over one shared loop, and the GRPO-family RL loop
-  (PPO with a critic is still to come).
+- :mod:`rl_core.trainers`: SFT, reward-model, DPO and KTO trainers over one shared loop, and the PPO-family
+  RL loop (:mod:`rl_core.trainers.ppo`: PPO with a critic, GRPO, REINFORCE++, RLOO, Dr.GRPO).
+- :mod:`rl_core.rl`: the RL roles' workers (policy, critic, reference, reward model), the in-process
+  worker group, generation over engine groups and weight syncs.
 - :mod:`rl_core.metrics`: metrics.jsonl, TensorBoard and curves.png per run.
 """
 
@@ -21,10 +23,10 @@ from rl_core.strategy import BatchPlan, DeepSpeedStrategy, StrategyConfig
 from rl_core.trainers import (
     DPOConfig,
     DPOTrainer,
-    GRPOConfig,
-    GRPOTrainer,
     KTOConfig,
     KTOTrainer,
+    PPOConfig,
+    PPOTrainer,
     RewardModelTrainer,
     RMConfig,
     SFTConfig,
@@ -33,11 +35,11 @@ from rl_core.trainers import (
     TrainerConfig,
 )
 
-__version__ = "0.3.0"
+__version__ = "0.5.0"
 
 __all__ = [
     "Actor", "ActorOutput", "BatchPlan", "CheckpointManager", "Critic", "DPOConfig", "DPOTrainer",
-    "DeepSpeedStrategy", "GRPOConfig", "GRPOTrainer", "KTOConfig", "KTOTrainer", "LoraSpec", "MetricsLogger", "RMConfig", "RewardModel",
+    "DeepSpeedStrategy", "KTOConfig", "KTOTrainer", "LoraSpec", "MetricsLogger", "PPOConfig", "PPOTrainer", "RMConfig", "RewardModel",
     "RewardModelTrainer", "SFTConfig", "SFTTrainer", "StrategyConfig", "Trainer", "TrainerConfig",
     "attention_implementation", "export_hf", "frozen",
 ]

@@ -165,7 +165,7 @@ class HFEngine:
 
         ``sync`` is an :class:`~rl_rollout.ipc.IpcSync` from an :class:`~rl_rollout.ipc.IpcSender`
         (handles opened once, reused on later syncs) or a list of one-shot
-        :class:`~rl_rollout.ipc.IpcBucket`\ s from :func:`~rl_rollout.ipc.share_buckets`. The
+        :class:`~rl_rollout.ipc.IpcBucket` objects from :func:`~rl_rollout.ipc.share_buckets`. The
         trainer must not touch the shared memory until this returns.
         """
         from rl_rollout.ipc import IpcReceiver, IpcSync, open_bucket

@@ -2,15 +2,15 @@
 
 The offline ones share :class:`rl_core.trainers.base.Trainer` (seeded global batches,
 eval sets, resume, metrics, export); each file holds one trainer's config, step and eval metrics.
-:mod:`rl_core.trainers.grpo` is the single-controller RL loop over a rollout engine.
+:mod:`rl_core.trainers.ppo` is the RL loop (PPO, GRPO, REINFORCE++, RLOO) over worker groups.
 """
 
 from rl_core.trainers.base import Trainer, TrainerConfig
 from rl_core.trainers.dpo import DPOConfig, DPOTrainer
-from rl_core.trainers.grpo import GRPOConfig, GRPOTrainer
 from rl_core.trainers.kto import KTOConfig, KTOTrainer
+from rl_core.trainers.ppo import PPOConfig, PPOTrainer
 from rl_core.trainers.rm import RewardModelTrainer, RMConfig
 from rl_core.trainers.sft import SFTConfig, SFTTrainer
 
-__all__ = ["DPOConfig", "DPOTrainer", "GRPOConfig", "GRPOTrainer", "KTOConfig", "KTOTrainer", "RMConfig", "RewardModelTrainer", "SFTConfig",
+__all__ = ["DPOConfig", "DPOTrainer", "KTOConfig", "KTOTrainer", "PPOConfig", "PPOTrainer", "RMConfig", "RewardModelTrainer", "SFTConfig",
            "SFTTrainer", "Trainer", "TrainerConfig"]
