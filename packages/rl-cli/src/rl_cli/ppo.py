@@ -300,7 +300,12 @@ def run_ray(argv: list[str] | None = None) -> int:
         return 0
     cfgs, tok, prompts, steps = prepared
     m, s, p, r, a = cfgs["model"], cfgs["strategy"], cfgs["ppo"], cfgs["rollout"], cfgs["ray"]
-    plan = plan_from(a, p, m)  # validated in pure Python before Ray starts
+    from rl_placement import PlacementError
+
+    try:
+        plan = plan_from(a, p, m)  # validated in pure Python before Ray starts
+    except PlacementError as e:
+        raise SystemExit(f"rl ppo-ray: the placement cannot work: {e}") from None
     print(f"[rl ppo-ray] placement:\n{plan.describe()}", flush=True)
     if a.vllm_tensor_parallel_size > 1:
         raise SystemExit("rl ppo-ray: --vllm_tensor_parallel_size > 1 needs vLLM's Ray executor on the engine's "
@@ -325,7 +330,10 @@ def run_ray(argv: list[str] | None = None) -> int:
     placed = None
     reward = None
     try:
-        placed = create_placement_groups(plan, strategy=a.placement_strategy)
+        try:
+            placed = create_placement_groups(plan, strategy=a.placement_strategy)
+        except PlacementError as e:
+            raise SystemExit(f"rl ppo-ray: the placement does not fit this cluster: {e}") from None
         kw, pad = _load_kw(m, s), tok.pad_token_id
         opts = {"call_timeout_s": a.call_timeout_s}
 

@@ -93,6 +93,9 @@ class PPOConfig:
     verify_weights: bool = False  # sha256 of every weight bucket on both ends of a sync
 
     def __post_init__(self) -> None:
+        from rl_algos import get_estimator
+
+        get_estimator(self.advantage_estimator)  # an unknown name fails listing the valid ones
         for name in ("n_samples_per_prompt", "rollout_batch_size", "generate_max_len", "num_episodes", "max_epochs",
                      "dynamic_filtering_max_rounds", "max_ckpt_num"):
             if getattr(self, name) < 1:

@@ -1,0 +1,131 @@
+"""``rl ppo`` and ``rl ppo-ray``: OpenRLHF's flags, placement checked before actors start, and the same
+PPO run in one process and over Ray (actor ZeRO-3 on two logical GPUs, critic, colocated reference, an HF
+engine actor fed over a gloo broadcast) giving the same rewards and losses."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+
+import pytest
+
+from rl_cli.config import build_parser, resolve
+from rl_cli.main import main
+from rl_cli.ppo import _groups, plan_from
+
+pytestmark = pytest.mark.timeout(900)
+REWARD = "def letter(prompt, response, label, **info):\n    return min(response.count(label), 8) / 8\n"
+
+
+def parse(argv, ray=True):
+    groups = _groups(ray)
+    parser, flags = build_parser("rl ppo-ray", "", groups)
+    return resolve(groups, parser.parse_args(argv), flags)
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    from rl_rollout.testing import make_tiny_model
+
+    root = tmp_path_factory.mktemp("ppo-cli")
+    model = make_tiny_model(root / "tiny")
+    (root / "prompts.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"Repeat the letter {c}: ", "label": c}) + "\n" for c in "abcd"))
+    (root / "reward.py").write_text(REWARD)
+    return root, model
+
+
+def common(root, model, run):
+    return ["--pretrain", str(model), "--prompt_data", str(root / "prompts.jsonl"), "--input_key", "prompt",
+            "--label_key", "label", "--reward_fn", f"{root / 'reward.py'}:letter", "--advantage_estimator", "gae",
+            "--n_samples_per_prompt", "4", "--rollout_batch_size", "4", "--train_batch_size", "16",
+            "--generate_max_len", "8", "--max_iterations", "3", "--bf16", "false", "--learning_rate", "1e-3",
+            "--init_kl_coef", "0.01", "--seed", "7", "--run_dir", str(root / run)]
+
+
+def metrics(path):
+    return [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_openrlhf_flags_parse_and_the_plan_has_the_roles_the_run_needs():
+    c = parse(["--pretrain", "/m", "--prompt_data", "p.jsonl", "--prompt_max_len", "256", "--reward_pretrain", "/rm",
+               "--advantage_estimator", "group_norm", "--n_samples_per_prompt", "8", "--eps_clip_high", "0.28",
+               "--dynamic_filtering", "--dynamic_filtering_reward_range", "0.1", "0.9", "--use_kl_loss",
+               "--init_kl_coef", "0.001", "--actor_num_gpus_per_node", "4", "--vllm_num_engines", "2",
+               "--colocate_actor_ref", "--zero_stage", "3", "--vllm_enable_sleep", "--seed", "3"])
+    m, d, p, r, a = c["model"], c["data"], c["ppo"], c["rollout"], c["ray"]
+    assert (m.pretrain, m.reward_pretrain, d.dataset, d.max_len) == ("/m", "/rm", "p.jsonl", 256)
+    assert (p.advantage_estimator, p.n_samples_per_prompt, p.eps_clip_high, p.use_kl_loss) == ("group_norm", 8, 0.28, True)
+    assert p.dynamic_filtering and p.dynamic_filtering_reward_range == (0.1, 0.9)
+    assert (a.actor_num_gpus_per_node, a.vllm_num_engines, r.vllm_enable_sleep, c["strategy"].seed) == (4, 2, True, 3)
+    plan = plan_from(a, p, m)
+    assert plan.critic is None  # group_norm: no critic
+    assert plan.ref.num_gpus == 4 and plan.reward.num_gpus == 4 and plan.total_gpus == 4 + 4 + 2
+    gae = parse(["--advantage_estimator", "gae", "--init_kl_coef", "0", "--critic_num_gpus_per_node", "2"])
+    plan = plan_from(gae["ray"], gae["ppo"], gae["model"])
+    assert plan.critic.num_gpus == 2 and plan.ref is None and plan.reward is None
+
+
+def test_bad_runs_fail_before_any_model_loads_naming_the_fix(task, capsys):
+    root, model = task
+    with pytest.raises(SystemExit, match=r"placement cannot work: .*colocate_all_models"):  # before Ray starts
+        main(["ppo-ray", *common(root, model, "bad"), "--actor_num_gpus_per_node", "2", "--colocate_all_models",
+              "--vllm_num_engines", "1"])
+    with pytest.raises(SystemExit):
+        main(["ppo", *common(root, model, "bad"), "--advantage_estimator", "rlooo"])
+    assert "unknown advantage estimator 'rlooo'; valid: dr_grpo, gae" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["ppo", *common(root, model, "bad"), "--advantage_estimator", "rloo", "--n_samples_per_prompt", "1"])
+    assert "--n_samples_per_prompt >= 2" in capsys.readouterr().err
+    assert not (root / "bad").exists()  # nothing ran
+
+
+def test_a_cluster_too_small_fails_before_any_actor_starts(task):
+    root, model = task
+    out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *common(root, model, "small"), "--num_gpus",
+                          "2", "--actor_num_gpus_per_node", "2", "--critic_num_gpus_per_node", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode != 0
+    assert "does not fit this cluster" in out.stderr, out.stderr[-3000:]
+    assert re.search(r"the plan needs 6 GPUs but the cluster has 2", out.stderr), out.stderr[-3000:]
+    assert "RayPolicyWorker" not in out.stderr + out.stdout  # no actor was started
+
+
+def test_rl_ppo_runs_one_process_writes_metrics_checkpoints_and_the_model(task):
+    root, model = task
+    argv = common(root, model, "local") + ["--zero_stage", "2", "--micro_train_batch_size", "8", "--save_path",
+                                           str(root / "final"), "--ckpt_path", str(root / "ck"), "--save_steps", "2"]
+    assert main(["ppo", *argv]) == 0
+    rows = metrics(root / "local")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["rl/rollout_logprob_gap"] < 1e-4 for r in rows)
+    assert (root / "final" / "config.json").is_file() and (root / "local" / "curves.png").is_file()
+    assert sorted(p.name for p in (root / "ck" / "policy").iterdir()) == ["step_00000002", "step_00000003"]
+
+
+@pytest.mark.multiprocess
+def test_rl_ppo_ray_over_logical_gpus_matches_the_one_process_run(task):
+    """Actor: 2 ranks ZeRO-3 (DeepSpeed over gloo), critic 1, reference colocated with the actor, one HF engine
+    actor that receives every version over a gloo broadcast; the same seeds as the one-process run."""
+    root, model = task
+    if not (root / "local" / "metrics.jsonl").is_file():
+        assert main(["ppo", *common(root, model, "local"), "--zero_stage", "2", "--micro_train_batch_size", "8"]) == 0
+    argv = common(root, model, "ray") + ["--zero_stage", "3", "--micro_train_batch_size", "4", "--num_gpus", "4",
+                                         "--actor_num_gpus_per_node", "2", "--critic_num_gpus_per_node", "1",
+                                         "--colocate_actor_ref", "--vllm_num_engines", "1"]
+    env = {**os.environ, "RAY_DEDUP_LOGS": "0"}
+    out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *argv], capture_output=True, text=True,
+                         timeout=800, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    assert "policy on cpu x 2" in out.stdout and "weight sync gloo" in out.stdout, out.stdout[-2000:]
+    assert "GPU" in out.stdout  # the placement map was printed
+    local, ray_rows = metrics(root / "local"), metrics(root / "ray")
+    assert [r["step"] for r in ray_rows] == [1, 2, 3]
+    for a, b in zip(local, ray_rows, strict=True):
+        assert b["rl/rollout_logprob_gap"] < 1e-4, b  # the engine actor holds the broadcast weights
+        assert b["rl/sync_gb_per_s"] > 0
+        for k in ("rl/reward_mean", "rl/kl", "rl/critic_loss", "rl/policy_loss", "rl/value_mean"):
+            assert b[k] == pytest.approx(a[k], abs=1e-4), (k, a["step"], a[k], b[k])
