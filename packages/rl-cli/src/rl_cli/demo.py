@@ -6,8 +6,8 @@ file, and a verifier. The task: for ``Repeat the letter X: `` answer with as man
 ``X`` as fit (4 letters by default); the reward is the fraction of the ``max_new_tokens``
 response slots that hold an ``X`` (1.0 = all of them). The random model starts near 0.06
 and has to learn to answer each prompt with its own letter; measured on 2 CPU cores the
-default 100 iterations take about a minute and the mean reward goes 0.06 -> 0.75 (0.26
-after 30 iterations). ``workdir/summary.json`` holds the per-iteration mean rewards. The stack is the real one: rl-core's
+default 100 iterations take about a minute (64 s with start-up) and the mean reward goes 0.06
+at the first iteration, 0.18 over the first 20, 0.20 at iteration 30, 0.96 over the last 20. ``workdir/summary.json`` holds the per-iteration mean rewards. The stack is the real one: rl-core's
 PPOTrainer (GRPO's group_norm estimator, a one-rank LocalGroup policy) over DeepSpeed (ZeRO-0, fp32, one process), rl-rollout's HFEngine
 receiving the new weights every iteration, rl_rollout.RewardRunner scoring,
 rl-algos' group-normalised advantages and clipped loss. Writes
