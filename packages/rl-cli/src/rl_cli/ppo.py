@@ -236,7 +236,7 @@ def run_local(argv: list[str] | None = None) -> int:
     reward = _reward_fn(cfgs["reward"])
     trainer = PPOTrainer(p, policy=policy, rollout=engine, weight_sync=DirectWeightSync(policy, engine),
                          prompts=prompts, tokenizer=tok, train_batch_size=s.train_batch_size, reward_fn=reward,
-                         reward_model=rm, critic=critic, ref=ref, seed=s.seed)
+                         reward_model=rm, critic=critic, ref=ref, sleep_engines=r.vllm_enable_sleep, seed=s.seed)
     try:
         trainer.fit()
     finally:

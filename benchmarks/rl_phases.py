@@ -1,0 +1,162 @@
+"""Seconds per phase of one RL iteration (rl-core's PPOTrainer, PPO with a critic), against plain baselines.
+
+    uv run python benchmarks/rl_phases.py --small          # CPU, tiny model, a minute
+    python benchmarks/rl_phases.py --device cuda            # GPU: a Qwen2.5-0.5B-shaped random Llama, bf16
+
+Runs ``--iterations`` iterations of the real loop in one process (policy, critic and
+reference as LocalGroups over DeepSpeed ZeRO-0 / --zero_stage, rl-rollout's HFEngine
+receiving the weights in memory, a reward function) and prints the mean seconds of
+each phase (generate, reward, experience, critic train, policy train, sync) over the
+iterations after the first. Baselines measured in the same run on the same batch:
+
+- generate: plain transformers ``model.generate`` of the same prompts x n samples
+  (sampling, same length), vs the loop's generate phase;
+- policy train: a plain PyTorch loop (AdamW, the same micro-batches, forward +
+  clipped policy loss + backward + step, the same number of optimizer steps), vs the
+  loop's policy-train phase.
+
+Ratios > 1 are the framework's overhead over the plain code.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+
+def sync(device):
+    if device.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--small", action="store_true", help="tiny model for a CPU run")
+    ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--iterations", type=int, default=4)
+    ap.add_argument("--rollout_batch_size", type=int, default=16)
+    ap.add_argument("--n_samples_per_prompt", type=int, default=4)
+    ap.add_argument("--generate_max_len", type=int, default=128)
+    ap.add_argument("--micro_train_batch_size", type=int, default=8)
+    ap.add_argument("--zero_stage", type=int, default=0)
+    ap.add_argument("--out", default=None, help="write the numbers as JSON here")
+    args = ap.parse_args()
+    dev = torch.device(args.device)
+    bf16 = dev.type == "cuda"
+
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rl_core.data import DataConfig, PromptDataset
+    from rl_core.rl import CriticWorker, DirectWeightSync, LocalGroup, PolicyWorker, ReferenceWorker, collate, make_item
+    from rl_core.strategy import StrategyConfig
+    from rl_core.trainers.ppo import PPOConfig, PPOTrainer
+    from rl_rollout.hf_engine import HFEngine
+    from rl_rollout.testing import make_tiny_model
+
+    work = Path(tempfile.mkdtemp(prefix="rl-phases-"))
+    shape = (dict(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256) if args.small else
+             dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864))
+    if args.small:
+        args.generate_max_len = min(args.generate_max_len, 32)
+    model = make_tiny_model(work / "model", **shape, max_position_embeddings=2048)
+    tok = AutoTokenizer.from_pretrained(model)
+    rows = [{"prompt": f"Question {i}: repeat the letter {c} as often as you can. Answer: ", "label": c}
+            for i, c in enumerate("abcdefghijklmnopqrstuvwxyz" * 2)]
+    prompts = PromptDataset(rows, tok, DataConfig(input_key="prompt", label_key="label", max_len=256))
+    n, P = args.n_samples_per_prompt, args.rollout_batch_size
+    G = P * n
+    cfg = PPOConfig(advantage_estimator="gae", n_samples_per_prompt=n, rollout_batch_size=P,
+                    generate_max_len=args.generate_max_len, max_iterations=args.iterations, init_kl_coef=0.01)
+    s = StrategyConfig(zero_stage=args.zero_stage, bf16=bf16, micro_train_batch_size=args.micro_train_batch_size,
+                       train_batch_size=G, learning_rate=1e-6, lr_warmup_ratio=0.0, lr_scheduler="constant")
+    steps = cfg.optimizer_steps(len(prompts), G)
+    kw, pad = {"dtype": "bf16" if bf16 else "fp32"}, tok.pad_token_id
+    policy = LocalGroup(PolicyWorker(s, str(model), cfg, steps, load_kw=kw, pad_id=pad), "policy")
+    critic = LocalGroup(CriticWorker(s, str(model), cfg, steps, load_kw=kw, pad_id=pad), "critic")
+    ref = LocalGroup(ReferenceWorker(s, str(model), load_kw=kw, pad_id=pad), "ref")
+    engine = HFEngine(model, dtype="bfloat16" if bf16 else "float32", device=dev, max_batch_sequences=G)
+
+    def reward(prompt, response, label):
+        return response.count(label) / max(len(response), 1)
+
+    trainer = PPOTrainer(cfg, policy=policy, critic=critic, ref=ref, rollout=engine,
+                         weight_sync=DirectWeightSync(policy, engine), prompts=prompts, tokenizer=tok,
+                         train_batch_size=G, reward_fn=reward)
+    t0 = time.perf_counter()
+    hist = trainer.fit()
+    total = time.perf_counter() - t0
+    phases = ["generate_s", "reward_s", "experience_s", "critic_train_s", "policy_train_s", "sync_s", "iteration_s"]
+    later = hist[1:] or hist
+    mean = {k: statistics.mean(m[k] for m in later) for k in phases}
+    tokens = statistics.mean(m["response_length"] for m in later) * G
+
+    # baseline 1: plain transformers generate of the same prompts x n
+    hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16 if bf16 else torch.float32).to(dev).eval()
+    ids = [prompts[i]["prompt_ids"] for i in range(P)]
+    T = max(map(len, ids))
+    inp = torch.full((P, T), pad, dtype=torch.long)
+    att = torch.zeros(P, T, dtype=torch.long)
+    for i, x in enumerate(ids):  # left padding
+        inp[i, T - len(x):] = torch.tensor(x)
+        att[i, T - len(x):] = 1
+    gen_times = []
+    for _ in range(max(len(later), 1)):
+        sync(dev)
+        g0 = time.perf_counter()
+        with torch.no_grad():
+            hf.generate(input_ids=inp.to(dev), attention_mask=att.to(dev), do_sample=True, max_new_tokens=args.generate_max_len,
+                        min_new_tokens=args.generate_max_len, num_return_sequences=n, pad_token_id=pad)
+        sync(dev)
+        gen_times.append(time.perf_counter() - g0)
+    del hf
+
+    # baseline 2: a plain PyTorch policy loop over the same micro-batches and optimizer steps
+    from rl_algos import logprobs_from_logits, policy_loss
+
+    plain = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16 if bf16 else torch.float32).to(dev).train()
+    opt = torch.optim.AdamW(plain.parameters(), lr=1e-6)
+    L = args.generate_max_len
+    items = [make_item(ids[i % P], [5] * L) for i in range(G)]
+    b = collate(items, pad)
+    train_times = []
+    for _ in range(max(len(later), 1)):
+        sync(dev)
+        g0 = time.perf_counter()
+        for k in range(0, G, args.micro_train_batch_size):
+            x, a = b["input_ids"][k:k + args.micro_train_batch_size].to(dev), b["attention_mask"][k:k + args.micro_train_batch_size].to(dev)
+            m = b["loss_mask"][k:k + args.micro_train_batch_size].to(dev)
+            logits = plain(input_ids=x, attention_mask=a, use_cache=False).logits[:, :-1]
+            lp = torch.nn.functional.pad(logprobs_from_logits(logits, x[:, 1:]), (1, 0))
+            out = policy_loss(lp, lp.detach(), torch.ones_like(lp), m, global_tokens=b["loss_mask"].sum())
+            out.loss.backward()
+        torch.nn.utils.clip_grad_norm_(plain.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sync(dev)
+        train_times.append(time.perf_counter() - g0)
+
+    gen_base, train_base = statistics.mean(gen_times), statistics.mean(train_times)
+    name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
+    print(f"rl_phases: {name}; model {shape}; {P} prompts x {n} samples x {L} new tokens; "
+          f"ZeRO-{args.zero_stage} {'bf16' if bf16 else 'fp32'}; {args.iterations} iterations in {total:.1f} s "
+          f"(means over iterations 2..)")
+    print(f"{'phase':<16}{'seconds':>10}{'share':>8}")
+    for k in phases:
+        print(f"{k[:-2]:<16}{mean[k]:>10.3f}{mean[k] / mean['iteration_s']:>8.1%}")
+    print(f"generate: {tokens / mean['generate_s']:.0f} tok/s; plain model.generate {gen_base:.3f} s "
+          f"-> ratio {mean['generate_s'] / gen_base:.3f}")
+    print(f"policy train: plain PyTorch loop {train_base:.3f} s -> ratio {mean['policy_train_s'] / train_base:.3f}")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"device": name, "shape": shape, "phases": mean, "tokens": tokens,
+                                              "generate_baseline_s": gen_base, "train_baseline_s": train_base,
+                                              "history": hist}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
