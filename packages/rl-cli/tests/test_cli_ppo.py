@@ -129,3 +129,20 @@ def test_rl_ppo_ray_over_logical_gpus_matches_the_one_process_run(task):
         assert b["rl/sync_gb_per_s"] > 0
         for k in ("rl/reward_mean", "rl/kl", "rl/critic_loss", "rl/policy_loss", "rl/value_mean"):
             assert b[k] == pytest.approx(a[k], abs=1e-4), (k, a["step"], a[k], b[k])
+
+
+@pytest.mark.multiprocess
+def test_rl_ppo_ray_hybrid_engine_sleeps_and_wakes_with_the_new_weights(task):
+    """--colocate_all_models: the actor and the engine share one (logical) GPU; the engine sleeps while the
+    policy trains and takes every version after waking."""
+    root, model = task
+    argv = common(root, model, "hybrid") + ["--advantage_estimator", "group_norm", "--init_kl_coef", "0",
+                                            "--micro_train_batch_size", "8", "--num_gpus", "1",
+                                            "--colocate_all_models", "--vllm_num_engines", "1", "--vllm_enable_sleep"]
+    out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *argv], capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    assert "gpu0 [actor r0, vllm e0/tp0]" in out.stdout, out.stdout[-2000:]
+    rows = metrics(root / "hybrid")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["rl/rollout_logprob_gap"] < 1e-4 for r in rows), rows
