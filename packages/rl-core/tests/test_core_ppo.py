@@ -199,3 +199,19 @@ def test_bad_settings_fail_before_training_with_the_fix(setup, tmp_path):
     with pytest.raises(ValueError, match=r"no reward"):
         PPOTrainer(PPOConfig(advantage_estimator="rloo", init_kl_coef=0, rollout_batch_size=4, n_samples_per_prompt=2),
                    train_batch_size=8, **{**base, "reward_fn": None})
+
+
+def test_cuda_ipc_sync_refuses_what_it_cannot_pair_or_share(setup):
+    """The hybrid engine's IPC sync pairs policy rank i with engine i on one GPU; on CPU there is no
+    CUDA memory to share. Both fail with the fix (the GPU run is test_core_ppo_gpu.py)."""
+    from rl_core.rl import GroupRollout, IpcWeightSync
+
+    model, tok, _ = setup
+    c = PPOConfig(advantage_estimator="rloo", init_kl_coef=0, rollout_batch_size=4, n_samples_per_prompt=2)
+    s = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=4, train_batch_size=8)
+    policy = LocalGroup(PolicyWorker(s, model, c, 1, load_kw={"dtype": "fp32"}), "policy")
+    two_engines = GroupRollout([LocalGroup(object(), "e0"), LocalGroup(object(), "e1")])
+    with pytest.raises(ValueError, match=r"1 policy ranks but 2 engines; use --colocate_all_models"):
+        IpcWeightSync(policy, two_engines)
+    with pytest.raises(ValueError, match=r"CUDA IPC shares CUDA memory; got device cpu"):
+        IpcWeightSync(policy, GroupRollout([LocalGroup(object(), "e0")]))(1)

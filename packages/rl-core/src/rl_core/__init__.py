@@ -35,7 +35,7 @@ from rl_core.trainers import (
     TrainerConfig,
 )
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 __all__ = [
     "Actor", "ActorOutput", "BatchPlan", "CheckpointManager", "Critic", "DPOConfig", "DPOTrainer",

@@ -15,6 +15,10 @@ methods. rl-core never imports Ray.
   transport (gloo on CPU, NCCL on GPU): policy rank 0 is the sender, each engine's
   workers the receivers; the policy ranks and engines are called concurrently
   (a broadcast needs both ends).
+- :class:`IpcWeightSync`: the hybrid engine on GPUs: policy rank i and engine i share a GPU;
+  each rank gathers the full weights into CUDA IPC buckets its engine reads in place
+  (rl-rollout's :class:`~rl_rollout.ipc.IpcSender`), only a few hundred bytes cross the
+  process boundary per sync.
 - :class:`DirectWeightSync`: an engine in the controller's process
   (``engine.update_weights``), for ``rl ppo`` with a :class:`LocalGroup` policy.
 """
@@ -154,6 +158,30 @@ class BroadcastWeightSync:
             *[(lambda g=g: g.call_rank(0, "receive_weights", verify=self.verify)) for g in self.rollout.engines])
         stats = results[0][0]
         return stats if isinstance(stats, dict) else {}
+
+
+class IpcWeightSync:
+    """Policy rank i -> engine i over CUDA IPC (hybrid engine, tensor parallel 1: one engine per policy rank)."""
+
+    def __init__(self, policy: WorkerGroup, rollout: GroupRollout, *, verify: bool = False):
+        if len(rollout.engines) != policy.world_size:
+            raise ValueError(f"CUDA IPC sync pairs policy rank i with engine i on one GPU: {policy.world_size} policy "
+                             f"ranks but {len(rollout.engines)} engines; use --colocate_all_models with "
+                             f"vllm_num_engines == actor GPUs (tensor parallel 1), or the broadcast sync")
+        self.policy, self.rollout, self.verify = policy, rollout, verify
+
+    def __call__(self, version: int) -> dict:
+        import time
+
+        t0 = time.perf_counter()
+        shared = self.policy.call("share_weights_ipc", version, self.verify)
+        loaded = concurrently(*[(lambda g=g, s=s: g.call_rank(0, "update_weights_ipc", s["sync"], version,
+                                                               verify=self.verify))
+                                for g, s in zip(self.rollout.engines, shared, strict=True)])
+        sec = time.perf_counter() - t0
+        nbytes = shared[0]["bytes"]  # what each engine loaded (every rank shares the full weights)
+        return {"version": version, "tensors": sum(int(n or 0) for n in loaded), "bytes": nbytes, "seconds": sec,
+                "gb_per_s": nbytes / max(sec, 1e-9) / 1e9}
 
 
 class DirectWeightSync:

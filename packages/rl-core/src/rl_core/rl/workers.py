@@ -99,6 +99,7 @@ class PolicyWorker(_Worker):
         actor = Actor.from_pretrained(pretrain, **kw)
         self.engine = self.s.prepare(actor, total_steps=total_steps)
         self._sender = None
+        self._ipc = None  # an rl_rollout.ipc.IpcSender after the first share_weights_ipc
         self.ckpt = None
         if ckpt_path:
             from rl_core.checkpoint import CheckpointManager
@@ -195,6 +196,24 @@ class PolicyWorker(_Worker):
             engine.update_weights(hf_names(bucket), version=version)
         sec = time.perf_counter() - t0
         return {"version": version, "bytes": nbytes, "seconds": sec, "gb_per_s": nbytes / max(sec, 1e-9) / 1e9}
+
+    def share_weights_ipc(self, version: int, verify: bool = False) -> dict:
+        """Hybrid engine on this rank's GPU: every rank gathers the full weights (ZeRO-3) into its
+        persistent CUDA IPC buckets and returns ``{"sync": IpcSync, "bytes": n}`` for the engine it
+        shares the GPU with (a few hundred bytes cross the process boundary after the first sync).
+
+        The buckets are refilled in place on the next call: call it again only after the engine
+        loaded this one (:class:`rl_core.rl.groups.IpcWeightSync` does)."""
+        from rl_rollout.ipc import IpcSender
+
+        if self._ipc is None:
+            self._ipc = IpcSender(device=self.s.device, pack=True, checksum=verify)
+        module = self.engine.module
+        if self.s.cfg.zero_stage == 3:  # gathered copies, one bucket of partitions at a time
+            named = [nt for bucket in self.s.named_parameter_buckets(module) for nt in hf_names(bucket)]
+        else:  # the live weights: the sender's one copy into its buckets is the only one
+            named = list(hf_names((n, p.detach()) for n, p in module.named_parameters()))
+        return {"sync": self._ipc.share(named), "bytes": sum(t.numel() * t.element_size() for _, t in named)}
 
     def weights_digest(self) -> dict[str, float]:
         """Per-parameter sums (HF names), to check an engine holds these weights. Collective under ZeRO-3."""
