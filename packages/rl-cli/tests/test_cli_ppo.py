@@ -74,6 +74,11 @@ def test_bad_runs_fail_before_any_model_loads_naming_the_fix(task, capsys):
     with pytest.raises(SystemExit, match=r"placement cannot work: .*colocate_all_models"):  # before Ray starts
         main(["ppo-ray", *common(root, model, "bad"), "--actor_num_gpus_per_node", "2", "--colocate_all_models",
               "--vllm_num_engines", "1"])
+    with pytest.raises(SystemExit, match=r"vllm_sync_backend ipc .*--colocate_all_models"):  # before Ray starts
+        main(["ppo-ray", *common(root, model, "bad"), "--vllm_sync_backend", "ipc", "--vllm_num_engines", "1"])
+    with pytest.raises(SystemExit):
+        main(["ppo-ray", *common(root, model, "bad"), "--vllm_sync_backend", "shm"])
+    assert "--vllm_sync_backend must be auto, nccl, gloo or ipc, got 'shm'" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["ppo", *common(root, model, "bad"), "--advantage_estimator", "rlooo"])
     assert "unknown advantage estimator 'rlooo'; valid: dr_grpo, gae" in capsys.readouterr().err

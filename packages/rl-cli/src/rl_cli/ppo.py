@@ -11,8 +11,10 @@ workers; they differ in where the workers live:
   validated before any actor starts and printed as a GPU map; one Ray actor per rank
   of each role (DeepSpeed data parallel across an actor group), one per engine, and
   weights broadcast over rl-rollout's collective transport (NCCL between GPUs, gloo
-  otherwise). Without a cluster it starts a local Ray; ``--num_gpus N`` declares N
-  logical GPUs on a machine without any (how the tests run it on CPU).
+  otherwise) or, for the hybrid engine on GPUs (``--colocate_all_models``), read in
+  place over CUDA IPC by the engine that shares each actor rank's GPU. Without a
+  cluster it starts a local Ray; ``--num_gpus N`` declares N logical GPUs on a
+  machine without any (how the tests run it on CPU).
 
 Rewards: ``--reward_fn`` (``file.py:func``, ``module:func``, ``builtin:math`` ...)
 run by a :class:`rl_rollout.RewardRunner` (a raising or hanging function becomes a
@@ -64,7 +66,7 @@ class RolloutArgs:
     vllm_gpu_memory_utilization: float = 0.5  # --vllm_gpu_memory_utilization
     enforce_eager: bool = False  # --enforce_eager: no CUDA graphs in vLLM
     vllm_enable_sleep: bool = False  # --vllm_enable_sleep: engines sleep while the models train
-    vllm_sync_backend: str = "auto"  # --vllm_sync_backend: nccl | gloo | auto (nccl between GPUs)
+    vllm_sync_backend: str = "auto"  # --vllm_sync_backend: nccl | gloo | ipc | auto (nccl between GPUs, ipc for the hybrid engine on GPUs)
     max_batch_sequences: int = 256  # HF engine: sequences per generate call
 
 
@@ -163,8 +165,8 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
                      "or --reward_pretrain FOLDER")
     if cfgs["rollout"].rollout_engine not in ("auto", "vllm", "hf"):
         parser.error(f"--rollout_engine must be auto, vllm or hf, got {cfgs['rollout'].rollout_engine!r}")
-    if cfgs["rollout"].vllm_sync_backend not in ("auto", "nccl", "gloo"):
-        parser.error(f"--vllm_sync_backend must be auto, nccl or gloo, got {cfgs['rollout'].vllm_sync_backend!r}")
+    if cfgs["rollout"].vllm_sync_backend not in ("auto", "nccl", "gloo", "ipc"):
+        parser.error(f"--vllm_sync_backend must be auto, nccl, gloo or ipc, got {cfgs['rollout'].vllm_sync_backend!r}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from transformers import AutoTokenizer
@@ -310,13 +312,17 @@ def run_ray(argv: list[str] | None = None) -> int:
     if a.vllm_tensor_parallel_size > 1:
         raise SystemExit("rl ppo-ray: --vllm_tensor_parallel_size > 1 needs vLLM's Ray executor on the engine's "
                          "bundles, which is not wired yet; use tensor parallel 1 with more engines")
+    if r.vllm_sync_backend == "ipc" and not a.colocate_all_models:
+        raise SystemExit("rl ppo-ray: --vllm_sync_backend ipc reads the weights in place on the GPU an actor rank "
+                         "shares with its engine: add --colocate_all_models (the hybrid engine), or use nccl/gloo "
+                         "for engines on their own GPUs")
 
     import os
 
     import ray
 
     from rl_cli import ray_workers as rw
-    from rl_core.rl import BroadcastWeightSync, GroupRollout
+    from rl_core.rl import BroadcastWeightSync, GroupRollout, IpcWeightSync
     from rl_core.trainers.ppo import PPOTrainer
     from rl_placement import RayActorGroup, create_placement_groups
 
@@ -366,14 +372,20 @@ def run_ray(argv: list[str] | None = None) -> int:
             engines.append(g)
         device = policy.call_rank(0, "world")["device"]
         backend = r.vllm_sync_backend
-        if backend == "auto":
-            backend = "nccl" if device.startswith("cuda") and not a.colocate_all_models else "gloo"
+        if backend == "auto":  # colocated on GPUs: NCCL refuses two ranks on one GPU, IPC reads in place
+            backend = ("ipc" if a.colocate_all_models else "nccl") if device.startswith("cuda") else "gloo"
+        if backend == "ipc" and not device.startswith("cuda"):
+            raise SystemExit(f"rl ppo-ray: --vllm_sync_backend ipc shares CUDA memory, but the policy runs on "
+                             f"{device}: use gloo (or auto) on a machine without GPUs")
         print(f"[rl ppo-ray] {len(groups)} actor groups up; policy on {device} x {policy.world_size}; "
               f"{len(engines)} engine(s) {engines[0].call_rank(0, 'describe')['kind']}; weight sync {backend}",
               flush=True)
         rollout = GroupRollout(engines)
-        sync = BroadcastWeightSync(policy, rollout, backend=backend, engine_workers=[a.vllm_tensor_parallel_size] *
-                                   len(engines), verify=p.verify_weights)
+        if backend == "ipc":
+            sync = IpcWeightSync(policy, rollout, verify=p.verify_weights)
+        else:
+            sync = BroadcastWeightSync(policy, rollout, backend=backend, engine_workers=[a.vllm_tensor_parallel_size]
+                                       * len(engines), verify=p.verify_weights)
         reward = _reward_fn(cfgs["reward"])
         trainer = PPOTrainer(p, policy=policy, rollout=rollout, weight_sync=sync, prompts=prompts, tokenizer=tok,
                              train_batch_size=s.train_batch_size, reward_fn=reward, reward_model=rm, critic=critic,

@@ -65,6 +65,9 @@ class RolloutEngineActor:
     def update_weights(self, named_tensors: list, version: int) -> None:
         self.engine.update_weights(named_tensors, version)
 
+    def update_weights_ipc(self, sync, version: int, verify: bool = False) -> int:
+        return self.engine.update_weights_ipc(sync, version, verify=verify)
+
     def init_weight_group(self, master_addr: str, master_port: int, world_size: int, **kw):
         return self.engine.init_weight_group(master_addr, master_port, world_size, **kw)
 
