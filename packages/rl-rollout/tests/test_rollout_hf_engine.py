@@ -124,6 +124,21 @@ def test_sleep_wake_and_agenerate(engine):
     assert [s.response_ids for s in via_async] == [s.response_ids for s in direct]
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="GPU memory release needs a GPU (none here)")
+def test_sleep_on_a_gpu_returns_the_weights_memory_to_the_driver(tmp_path):
+    """A colocated trainer allocates in another process: what the engine frees must leave its cache."""
+    path = make_tiny_model(tmp_path / "m", hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=2,
+                           intermediate_size=2048, peaked=True, seed=1)
+    eng = HFEngine(path, device="cuda")
+    before = eng.generate([RolloutRequest(PROMPTS[1], greedy())])[0].response_ids
+    weights = sum(p.numel() * p.element_size() for p in eng.model.parameters())
+    reserved = torch.cuda.memory_reserved()
+    eng.sleep(1)
+    assert reserved - torch.cuda.memory_reserved() >= weights, (reserved, torch.cuda.memory_reserved(), weights)
+    eng.wake_up()
+    assert eng.generate([RolloutRequest(PROMPTS[1], greedy())])[0].response_ids == before
+
+
 def test_pool_balances_by_outstanding_work(model_path):
     class Gated:
         """Real generation, but the answer is held until the test opens the gate: no timing luck."""

@@ -8,8 +8,9 @@ transformers samples with (logits / temperature, then top-k / top-p masking);
 greedy requests report ``log_softmax(logits)``. Weights change in place
 (``update_weights``, or ``init_weight_group`` + ``receive_weights`` from a
 trainer's :class:`~rl_rollout.transport.CollectiveSender`, verified after the
-load where the model's dtype is the wire dtype). ``sleep`` moves the model to the host when it lives on an
-accelerator and is a no-op on CPU. Not here: continuous batching (``agenerate``
+load where the model's dtype is the wire dtype). ``sleep`` moves the model to the
+host when it lives on an accelerator (on CUDA, returning the freed memory to the
+driver, where a colocated trainer can allocate it) and is a no-op on CPU. Not here: continuous batching (``agenerate``
 runs one request at a time under a lock), stop strings, prefix caching.
 """
 
@@ -267,6 +268,8 @@ class HFEngine:
         with self._lock:
             if self.device.type != "cpu":
                 self.model.to("cpu")
+                if self.device.type == "cuda":  # hand the freed blocks back to the driver: the colocated
+                    torch.cuda.empty_cache()    # trainer allocates in another process, not from our cache
             self._sleeping = True
 
     def wake_up(self, tags: list[str] | None = None) -> None:
