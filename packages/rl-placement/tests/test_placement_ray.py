@@ -163,6 +163,22 @@ def test_hybrid_engine_gpus_and_engine_bundles():
         stop_roles(placed, groups)
 
 
+def test_bundle_gpu_ids_are_the_gpus_the_bundles_actors_get():
+    """What a TP>1 engine sets CUDA_VISIBLE_DEVICES to: its bundles' GPUs, the ones Ray gives actors there."""
+    from rl_placement import bundle_gpu_ids
+
+    pg = create_placement_group(3, timeout_s=30)
+    try:
+        ids = bundle_gpu_ids(pg, [2, 0])
+        assert len(set(ids)) == 2 and all(i.isdigit() for i in ids)
+        with RayActorGroup(Worker, "vllm", 2, placement_group=pg, bundle_indices=[2, 0], start_timeout_s=60) as g:
+            assert [str(w["gpus"][0]) for w in g.call("where")] == ids
+            with pytest.raises(PlacementError, match=r"bundles \[0\]: no GPU id within 2 s .*before actors take"):
+                bundle_gpu_ids(pg, [0], timeout_s=2)  # the actor holds bundle 0's whole GPU
+    finally:
+        ray.util.remove_placement_group(pg)
+
+
 def test_plan_that_cannot_fit_fails_before_any_actor(tmp_path):
     pgs_before = len(placement_group_table())
     plan = PlacementPlan(actor=RoleSpec(1, 4), critic=RoleSpec(1, 4))

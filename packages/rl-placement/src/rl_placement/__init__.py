@@ -37,6 +37,7 @@ if TYPE_CHECKING:
         RankFailure,
         RankInfo,
         RayActorGroup,
+        bundle_gpu_ids,
         bundle_node_ids,
         cluster_gpus,
         create_placement_group,
@@ -44,11 +45,11 @@ if TYPE_CHECKING:
         node_ordered_bundles,
     )
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _RAY_NAMES = {
     "STRATEGIES", "ActorCallError", "PlacedEngine", "PlacedRole", "PlacementGroups", "RankFailure", "RankInfo",
-    "RayActorGroup", "bundle_node_ids", "cluster_gpus", "create_placement_group", "create_placement_groups",
+    "RayActorGroup", "bundle_gpu_ids", "bundle_node_ids", "cluster_gpus", "create_placement_group", "create_placement_groups",
     "node_ordered_bundles",
 }
 

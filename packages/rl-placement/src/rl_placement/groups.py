@@ -161,6 +161,39 @@ def bundle_node_ids(pg: PlacementGroup) -> dict[int, str]:
     return {int(k): v for k, v in table["bundles_to_node_id"].items()}
 
 
+@ray.remote(num_cpus=0)
+def _visible_gpus() -> tuple[str, ...]:
+    return tuple(str(g) for g in ray.get_gpu_ids())
+
+
+def bundle_gpu_ids(pg: PlacementGroup, bundle_indices: Sequence[int], *, timeout_s: float = 60.0) -> list[str]:
+    """The GPU id Ray gives each of ``bundle_indices`` (one-GPU bundles), in that order.
+
+    For a process that drives several bundles' GPUs itself, such as a vLLM engine with
+    tensor parallel > 1 and its own worker processes: it sets ``CUDA_VISIBLE_DEVICES`` to
+    these. A tiny task on each bundle reads ``ray.get_gpu_ids()``; it needs 0.01 of the
+    bundle's GPU free, so call this before actors fill the bundles.
+    """
+    nodes = bundle_node_ids(pg)
+    refs = [_visible_gpus.options(num_gpus=0.01, scheduling_strategy=PlacementGroupSchedulingStrategy(
+        pg, placement_group_bundle_index=b)).remote() for b in bundle_indices]
+    ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
+    if len(ready) < len(refs):
+        for r in refs:
+            ray.cancel(r, force=True)
+        raise PlacementError(f"bundles {list(bundle_indices)}: no GPU id within {timeout_s:g} s (a probe needs "
+                             f"0.01 GPU free on each: call bundle_gpu_ids before actors take the bundles)")
+    ids = ray.get(refs)
+    bad = {b: g for b, g in zip(bundle_indices, ids, strict=True) if len(g) != 1}
+    if bad:
+        raise PlacementError(f"bundles {bad} see {'/'.join(map(str, bad.values()))} GPUs: bundle_gpu_ids needs "
+                             f"one-GPU bundles")
+    if len({nodes[b] for b in bundle_indices}) > 1:
+        raise PlacementError(f"bundles {list(bundle_indices)} are on several nodes: one process cannot drive "
+                             f"their GPUs")
+    return [g[0] for g in ids]
+
+
 def node_ordered_bundles(pg: PlacementGroup) -> list[int]:
     """Bundle indices grouped by node (nodes in order of their first bundle), so ranks run node-major.
 
