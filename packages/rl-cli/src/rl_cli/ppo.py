@@ -309,19 +309,21 @@ def run_ray(argv: list[str] | None = None) -> int:
     except PlacementError as e:
         raise SystemExit(f"rl ppo-ray: the placement cannot work: {e}") from None
     print(f"[rl ppo-ray] placement:\n{plan.describe()}", flush=True)
-    if a.vllm_tensor_parallel_size > 1:
-        raise SystemExit("rl ppo-ray: --vllm_tensor_parallel_size > 1 needs vLLM's Ray executor on the engine's "
-                         "bundles, which is not wired yet; use tensor parallel 1 with more engines")
-    if r.vllm_sync_backend == "ipc" and not a.colocate_all_models:
+    tp = a.vllm_tensor_parallel_size
+    if tp > 1 and r.rollout_engine == "hf":
+        raise SystemExit(f"rl ppo-ray: --vllm_tensor_parallel_size {tp} shards each engine over {tp} GPUs, which "
+                         f"the HF engine cannot: use --rollout_engine vllm (or auto), or tensor parallel 1")
+    if r.vllm_sync_backend == "ipc" and not (a.colocate_all_models and tp == 1):
         raise SystemExit("rl ppo-ray: --vllm_sync_backend ipc reads the weights in place on the GPU an actor rank "
-                         "shares with its engine: add --colocate_all_models (the hybrid engine), or use nccl/gloo "
-                         "for engines on their own GPUs")
+                         "shares with its engine: it needs --colocate_all_models (the hybrid engine) with "
+                         "--vllm_tensor_parallel_size 1; use nccl or gloo otherwise")
 
     import os
 
     import ray
 
     from rl_cli import ray_workers as rw
+    from rl_cli.ray_engines import engine_gpus, start_engines
     from rl_core.rl import BroadcastWeightSync, GroupRollout, IpcWeightSync
     from rl_core.trainers.ppo import PPOTrainer
     from rl_placement import RayActorGroup, create_placement_groups
@@ -340,6 +342,7 @@ def run_ray(argv: list[str] | None = None) -> int:
             placed = create_placement_groups(plan, strategy=a.placement_strategy)
         except PlacementError as e:
             raise SystemExit(f"rl ppo-ray: the placement does not fit this cluster: {e}") from None
+        gpus = engine_gpus(placed)  # TP > 1 engines' GPU ids, read before any actor fills the bundles
         kw, pad = _load_kw(m, s), tok.pad_token_id
         opts = {"call_timeout_s": a.call_timeout_s}
 
@@ -356,36 +359,31 @@ def run_ray(argv: list[str] | None = None) -> int:
                    pad_id=pad) if plan.ref else None
         rm = role(rw.RayRewardModelWorker, "reward", s, m.reward_pretrain, load_kw=kw, pad_id=pad,
                   normalize=m.normalize_reward) if plan.reward else None
-        engines = []
-        for pe in placed.engines():
-            g = RayActorGroup(rw.RolloutEngineActor, f"engine{pe.engine}", 1, placement_group=pe.placement_group,
-                              bundle_indices=[pe.bundle_indices[0]], num_gpus_per_actor=pe.gpu_share,
-                              init_args=(r.rollout_engine, m.pretrain),
-                              init_kwargs={"hf_options": {"dtype": "bfloat16" if s.bf16 else "float32",
-                                                          "max_batch_sequences": r.max_batch_sequences},
-                                           "vllm_options": {"seed": s.seed + pe.engine, "enforce_eager": r.enforce_eager,
-                                                            "enable_sleep_mode": r.vllm_enable_sleep,
-                                                            "engine_kwargs": {"gpu_memory_utilization":
-                                                                              r.vllm_gpu_memory_utilization}}},
-                              **opts)
-            groups.append(g)
-            engines.append(g)
+        engines = start_engines(
+            placed, r.rollout_engine, m.pretrain, gpus=gpus, seed=s.seed, call_timeout_s=a.call_timeout_s,
+            hf_options={"dtype": "bfloat16" if s.bf16 else "float32", "max_batch_sequences": r.max_batch_sequences},
+            vllm_options={"enforce_eager": r.enforce_eager, "enable_sleep_mode": r.vllm_enable_sleep,
+                          "engine_kwargs": {"gpu_memory_utilization": r.vllm_gpu_memory_utilization}})
+        groups.extend(engines)
         device = policy.call_rank(0, "world")["device"]
         backend = r.vllm_sync_backend
         if backend == "auto":  # colocated on GPUs: NCCL refuses two ranks on one GPU, IPC reads in place
-            backend = ("ipc" if a.colocate_all_models else "nccl") if device.startswith("cuda") else "gloo"
+            backend = (("ipc" if tp == 1 else "gloo") if a.colocate_all_models else "nccl") \
+                if device.startswith("cuda") else "gloo"
         if backend == "ipc" and not device.startswith("cuda"):
             raise SystemExit(f"rl ppo-ray: --vllm_sync_backend ipc shares CUDA memory, but the policy runs on "
                              f"{device}: use gloo (or auto) on a machine without GPUs")
+        e0 = engines[0].call_rank(0, "describe")
         print(f"[rl ppo-ray] {len(groups)} actor groups up; policy on {device} x {policy.world_size}; "
-              f"{len(engines)} engine(s) {engines[0].call_rank(0, 'describe')['kind']}; weight sync {backend}",
-              flush=True)
+              f"{len(engines)} engine(s) {e0['kind']} TP {e0['tensor_parallel_size']}"
+              f"{' on GPUs ' + ','.join(e0['visible_devices']) if e0['visible_devices'] else ''}; "
+              f"weight sync {backend}", flush=True)
         rollout = GroupRollout(engines)
         if backend == "ipc":
             sync = IpcWeightSync(policy, rollout, verify=p.verify_weights)
         else:
-            sync = BroadcastWeightSync(policy, rollout, backend=backend, engine_workers=[a.vllm_tensor_parallel_size]
-                                       * len(engines), verify=p.verify_weights)
+            sync = BroadcastWeightSync(policy, rollout, backend=backend, engine_workers=[tp] * len(engines),
+                                       verify=p.verify_weights)
         reward = _reward_fn(cfgs["reward"])
         trainer = PPOTrainer(p, policy=policy, rollout=rollout, weight_sync=sync, prompts=prompts, tokenizer=tok,
                              train_batch_size=s.train_batch_size, reward_fn=reward, reward_model=rm, critic=critic,

@@ -1,0 +1,132 @@
+"""Rollout engines as Ray actors for ``rl ppo-ray``: one actor per engine, on the plan's bundles.
+
+An engine of tensor parallel size 1 is one actor on its bundle with the plan's GPU
+share (Ray narrows ``CUDA_VISIBLE_DEVICES`` to that GPU). An engine of TP > 1 is
+one actor on its first bundle that runs vLLM's multiprocessing executor: its TP
+worker processes use the GPUs of all the engine's bundles, which :func:`engine_gpus`
+reads from Ray (``rl_placement.bundle_gpu_ids``) before any actor fills the
+bundles, and the actor sets ``CUDA_VISIBLE_DEVICES`` to them before vLLM starts.
+(OpenRLHF hands vLLM's Ray executor the bundles instead; the vLLM CPU build has no
+Ray executor, so this path is the one that runs and is tested on CPU too.)
+
+Imports neither rl-core nor vLLM at module level: the vLLM CPU environment tests
+it with Ray, rl-placement and rl-rollout alone.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+
+def _one_visible_gpu() -> None:
+    """Ray narrows CUDA_VISIBLE_DEVICES to the actor's own GPU: its local index is 0, whatever
+    LOCAL_RANK the group computed from the node's ranks (DeepSpeed and the strategy read it)."""
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible is not None and visible.strip() and "," not in visible:
+        os.environ["LOCAL_RANK"] = "0"
+
+
+class RolloutEngineActor:
+    """One rollout engine (rl-rollout's HFEngine or VLLMEngine) in a Ray actor, with the methods the loop calls.
+
+    ``visible_devices``: the GPU ids of a TP > 1 engine's bundles (its workers' devices)."""
+
+    def __init__(self, kind: str, model: str, hf_options: dict | None = None, vllm_options: dict | None = None,
+                 visible_devices: list[str] | None = None):
+        if visible_devices:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible_devices)
+        else:
+            _one_visible_gpu()
+        import torch
+
+        from rl_rollout import make_engine
+
+        hf = {"device": "cuda" if torch.cuda.is_available() else "cpu", **(hf_options or {})}
+        self.engine = make_engine(kind, model, hf_options=hf, vllm_options=vllm_options)
+        self.kind = type(self.engine).__name__
+        self.visible_devices = list(visible_devices or [])
+
+    def describe(self) -> dict:
+        return {"kind": self.kind, "pid": os.getpid(), "policy_version": self.engine.policy_version,
+                "tensor_parallel_size": getattr(self.engine, "tensor_parallel_size", 1),
+                "visible_devices": self.visible_devices}
+
+    def generate(self, requests: list) -> list[list]:
+        return self.engine.generate(requests)
+
+    def update_weights(self, named_tensors: list, version: int) -> None:
+        self.engine.update_weights(named_tensors, version)
+
+    def update_weights_ipc(self, sync, version: int, verify: bool = False) -> int:
+        return self.engine.update_weights_ipc(sync, version, verify=verify)
+
+    def init_weight_group(self, master_addr: str, master_port: int, world_size: int, **kw):
+        return self.engine.init_weight_group(master_addr, master_port, world_size, **kw)
+
+    def receive_weights(self, verify: bool = False) -> dict:
+        return self.engine.receive_weights(verify=verify).as_dict()
+
+    def weights_digest(self) -> dict[str, float]:
+        """An HF engine's per-parameter sums (HF names, to compare with the policy's); a VLLMEngine's own digest."""
+        digest = getattr(self.engine, "weights_digest", None)
+        if callable(digest):
+            return digest()
+        return {n: p.detach().double().sum().item() for n, p in self.engine.model.named_parameters()}
+
+    def sleep(self, level: int = 1) -> None:
+        self.engine.sleep(level)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        self.engine.wake_up(tags)
+
+    def shutdown(self) -> None:
+        self.engine.shutdown()
+
+
+def engine_gpus(placed) -> dict[int, list[str]]:
+    """Engine index -> the GPU ids of its bundles, for the engines with TP > 1 (call before any actor starts)."""
+    from rl_placement import bundle_gpu_ids
+
+    return {pe.engine: bundle_gpu_ids(pe.placement_group, pe.bundle_indices)
+            for pe in placed.engines() if len(pe.bundle_indices) > 1}
+
+
+def start_engines(placed, kind: str, model: str, *, gpus: dict[int, list[str]] | None = None,
+                  hf_options: dict | None = None, vllm_options: dict | None = None, seed: int = 0,
+                  env: dict[str, str] | None = None, call_timeout_s: float = 3600.0,
+                  start_timeout_s: float = 600.0) -> list[Any]:
+    """One :class:`RolloutEngineActor` group per engine of the plan; ``gpus`` from :func:`engine_gpus`.
+
+    Engine e gets seed ``seed + e``; a TP > 1 engine runs vLLM (``kind`` "hf" cannot shard a model)
+    with the multiprocessing executor over ``gpus[e]``."""
+    from rl_placement import RayActorGroup
+
+    groups = []
+    try:
+        for pe in placed.engines():
+            tp = len(pe.bundle_indices)
+            vopts = {**(vllm_options or {}), "seed": seed + pe.engine}
+            visible = None
+            if tp > 1:
+                if kind == "hf":
+                    raise ValueError(f"engine {pe.engine} has tensor parallel size {tp}: the HF engine runs on one "
+                                     f"GPU; use --rollout_engine vllm (or tensor parallel 1 with more engines)")
+                kind = "vllm"
+                visible = (gpus or {}).get(pe.engine)
+                if not visible or len(visible) != tp:
+                    raise ValueError(f"engine {pe.engine} (TP {tp}) needs the GPU ids of its {tp} bundles: "
+                                     f"pass gpus=engine_gpus(placed), read before any actor started")
+                vopts["tensor_parallel_size"] = tp
+                vopts["engine_kwargs"] = {**vopts.get("engine_kwargs", {}), "distributed_executor_backend": "mp"}
+            groups.append(RayActorGroup(
+                RolloutEngineActor, f"engine{pe.engine}", 1, placement_group=pe.placement_group,
+                bundle_indices=[pe.bundle_indices[0]], num_gpus_per_actor=pe.gpu_share, env=env,
+                init_args=(kind, model), init_kwargs={"hf_options": hf_options, "vllm_options": vopts,
+                                                      "visible_devices": visible},
+                call_timeout_s=call_timeout_s, start_timeout_s=start_timeout_s))
+    except BaseException:
+        for g in groups:
+            g.shutdown()
+        raise
+    return groups
