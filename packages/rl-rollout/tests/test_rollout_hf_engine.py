@@ -130,13 +130,13 @@ def test_sleep_on_a_gpu_returns_the_weights_memory_to_the_driver(tmp_path):
     path = make_tiny_model(tmp_path / "m", hidden_size=512, num_layers=4, num_heads=8, num_kv_heads=2,
                            intermediate_size=2048, peaked=True, seed=1)
     eng = HFEngine(path, device="cuda")
-    before = eng.generate([RolloutRequest(PROMPTS[1], greedy())])[0].response_ids
+    before = eng.generate([RolloutRequest(PROMPTS[1], greedy())])[0][0].response_ids
     weights = sum(p.numel() * p.element_size() for p in eng.model.parameters())
     reserved = torch.cuda.memory_reserved()
     eng.sleep(1)
     assert reserved - torch.cuda.memory_reserved() >= weights, (reserved, torch.cuda.memory_reserved(), weights)
     eng.wake_up()
-    assert eng.generate([RolloutRequest(PROMPTS[1], greedy())])[0].response_ids == before
+    assert eng.generate([RolloutRequest(PROMPTS[1], greedy())])[0][0].response_ids == before
 
 
 def test_pool_balances_by_outstanding_work(model_path):
