@@ -36,8 +36,9 @@ bytes received, not the loaded weights (vLLM fuses and repacks them).
 CUDA IPC (a trainer colocated on the engine's GPU, :mod:`rl_rollout.ipc`):
 :meth:`VLLMEngine.update_weights_ipc` hands the pickled sync to the worker, which
 opens it (once per :class:`~rl_rollout.ipc.IpcSender` generation) into the same
-layerwise-reload session. Written, not yet run: the vLLM CPU build has no CUDA and
-the GPU machine lent so far has no vLLM. Not here: vLLM 0.32's own
+layerwise-reload session. Run on one H200 with vLLM 0.26 (tests/test_rollout_vllm_ipc.py:
+three syncs, greedy equal to transformers after each); the vLLM CPU build has no CUDA,
+so CI skips it with the reason. Not here: vLLM 0.32's own
 ``vllm.distributed.weight_transfer`` engines.
 """
 
@@ -276,7 +277,7 @@ class VLLMEngine:
         an :class:`~rl_rollout.ipc.IpcSync` or a list of :class:`~rl_rollout.ipc.IpcBucket`.
 
         Tensor parallel 1 only (each TP worker sits on its own GPU and would need that GPU's
-        buckets). Written for the hybrid placement; not yet run: the vLLM CPU build has no CUDA.
+        buckets). For the hybrid placement; needs CUDA (tests/test_rollout_vllm_ipc.py, on a GPU).
         """
         import pickle
 

@@ -59,9 +59,8 @@ class WorkerExtension:
 
         ``sync`` is a pickled :class:`~rl_rollout.ipc.IpcSync` (opened once per generation and
         kept) or a pickled list of one-shot :class:`~rl_rollout.ipc.IpcBucket`. Pickle, because a
-        handle is a pickled rebuild call anyway: only from a trainer you trust. Written for the
-        colocated (hybrid) placement on GPU; not yet run under vLLM here (the vLLM CPU build has
-        no CUDA, the GPU machine has no vLLM).
+        handle is a pickled rebuild call anyway: only from a trainer you trust. For the colocated
+        (hybrid) placement on GPU (ran on an H200 under vLLM 0.26; the vLLM CPU build has no CUDA).
         """
         import pickle
 
