@@ -66,7 +66,7 @@ class RolloutArgs:
     vllm_gpu_memory_utilization: float = 0.5  # --vllm_gpu_memory_utilization
     enforce_eager: bool = False  # --enforce_eager: no CUDA graphs in vLLM
     vllm_enable_sleep: bool = False  # --vllm_enable_sleep: engines sleep while the models train
-    vllm_sync_backend: str = "auto"  # --vllm_sync_backend: nccl | gloo | ipc | auto (nccl between GPUs, ipc for the hybrid engine on GPUs)
+    vllm_sync_backend: str = "auto"  # --vllm_sync_backend: nccl | gloo | ipc | auto (GPUs: nccl; hybrid engine: ipc)
     max_batch_sequences: int = 256  # HF engine: sequences per generate call
 
 

@@ -3,14 +3,14 @@
 - :mod:`rl_core.rl.experience`: per-sample experience items, padding, data-parallel order.
 - :mod:`rl_core.rl.workers`: one class per role rank (policy, critic, reference, reward model).
 - :mod:`rl_core.rl.groups`: the worker-group protocol, the in-process group, generation over
-  engine groups and the weight syncs (collective broadcast, in-process).
+  engine groups and the weight syncs (collective broadcast, CUDA IPC, in-process).
 """
 
 from rl_core.rl.experience import collate, dp_order, make_item, rows
-from rl_core.rl.groups import (BroadcastWeightSync, DirectWeightSync, GroupRollout, IpcWeightSync, LocalGroup, WorkerGroup,
-                               concurrently)
+from rl_core.rl.groups import (BroadcastWeightSync, DirectWeightSync, GroupRollout, IpcWeightSync, LocalGroup,
+                               WorkerGroup, concurrently)
 from rl_core.rl.workers import CriticWorker, PolicyWorker, ReferenceWorker, RewardModelWorker, hf_names
 
-__all__ = ["BroadcastWeightSync", "CriticWorker", "DirectWeightSync", "GroupRollout", "IpcWeightSync", "LocalGroup", "PolicyWorker",
-           "ReferenceWorker", "RewardModelWorker", "WorkerGroup", "collate", "concurrently", "dp_order", "hf_names",
-           "make_item", "rows"]
+__all__ = ["BroadcastWeightSync", "CriticWorker", "DirectWeightSync", "GroupRollout", "IpcWeightSync", "LocalGroup",
+           "PolicyWorker", "ReferenceWorker", "RewardModelWorker", "WorkerGroup", "collate", "concurrently", "dp_order",
+           "hf_names", "make_item", "rows"]
