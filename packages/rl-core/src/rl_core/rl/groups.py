@@ -161,7 +161,12 @@ class BroadcastWeightSync:
 
 
 class IpcWeightSync:
-    """Policy rank i -> engine i over CUDA IPC (hybrid engine, tensor parallel 1: one engine per policy rank)."""
+    """Policy rank i -> engine i over CUDA IPC (hybrid engine, tensor parallel 1: one engine per policy rank).
+
+    Memory: each rank keeps one packed copy of the full weights in its IPC buckets between syncs
+    (so that later syncs send keys, not handles), and under ZeRO-3 a gathered copy as well while a
+    sync runs: plan for one to two extra model copies per GPU in the hybrid engine.
+    """
 
     def __init__(self, policy: WorkerGroup, rollout: GroupRollout, *, verify: bool = False):
         if len(rollout.engines) != policy.world_size:
