@@ -4,7 +4,7 @@ weight-sync rate against a device copy of the same bytes measured in the same ru
     python benchmarks/rl_ray_gpus.py --mode hybrid                  # 1 GPU: actor + HF engine share it, CUDA IPC
     python benchmarks/rl_ray_gpus.py --mode hybrid --actor_gpus 2   # 2 GPUs: ZeRO-3 actor, an engine on each, IPC
     python benchmarks/rl_ray_gpus.py --mode split --actor_gpus 2    # 3 GPUs: ZeRO-3 actor on 2, engine on a 3rd, NCCL
-    python benchmarks/rl_ray_gpus.py --mode split --tp 2 --rollout_engine vllm   # vLLM tensor parallel 2 (4 GPUs)
+    python benchmarks/rl_ray_gpus.py --mode split --tp 2 --rollout_engine vllm   # 3 GPUs: vLLM tensor parallel 2
 
 It makes a random Llama of the chosen shape (``--shape 0.5b``: Qwen2.5-0.5B's layer sizes;
 ``tiny`` for a smoke run) with a character tokenizer, a "repeat the letter" prompt set and
