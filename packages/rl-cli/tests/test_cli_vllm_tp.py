@@ -32,7 +32,7 @@ except ImportError as e:
 from rl_cli.ray_engines import engine_gpus, start_engines  # noqa: E402
 from rl_placement import PlacementPlan, create_placement_groups  # noqa: E402
 from rl_rollout import RolloutRequest, SamplingParams  # noqa: E402
-from rl_rollout.testing import make_tiny_model, peaked_weights  # noqa: E402
+from rl_rollout.testing import greedy_reference, make_tiny_model, peaked_weights  # noqa: E402
 from rl_rollout.transport import CollectiveSender  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -45,21 +45,6 @@ def model_path(tmp_path_factory):
     # head_dim 64 (the CPU attention's smallest), 2 KV heads: one per TP rank
     return make_tiny_model(tmp_path_factory.mktemp("tp") / "m", hidden_size=128, num_heads=2, num_kv_heads=2,
                            peaked=True, seed=1)
-
-
-@torch.no_grad()
-def reference_greedy(hf, state, n_tokens=12):
-    """Argmax decoding of PROMPTS by full forward passes of ``hf`` holding ``state``; stops after EOS."""
-    hf.load_state_dict(state)
-    out = []
-    for prompt in PROMPTS:
-        ids = list(prompt)
-        for _ in range(n_tokens):
-            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
-            if ids[-1] == hf.config.eos_token_id:
-                break
-        out.append(ids[len(prompt):])
-    return out
 
 
 def greedy(engine, n_tokens=12):
@@ -93,7 +78,7 @@ def test_tp2_engine_on_its_bundles_gpus_takes_a_broadcast_into_both_workers(mode
 
         hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
         state = peaked_weights(hf, seed=99)
-        want = reference_greedy(hf, state)
+        want = greedy_reference(hf, PROMPTS, 12, state=state)
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]

@@ -18,7 +18,7 @@ import torch
 
 from rl_rollout import RolloutRequest, SamplingParams
 from rl_rollout.hf_engine import HFEngine
-from rl_rollout.testing import make_tiny_model, peaked_weights
+from rl_rollout.testing import greedy_reference, make_tiny_model, peaked_weights
 from rl_rollout.transport import WeightSyncError
 
 pytestmark = pytest.mark.timeout(300)
@@ -52,22 +52,12 @@ def linked(model_path):
         trainer.close()
 
 
-@torch.no_grad()
 def reference_greedy(model_path, state, n_tokens=12):
     """Argmax decoding of PROMPTS by full forward passes of a transformers model with ``state``; stops after EOS."""
     from transformers import AutoModelForCausalLM
 
     hf = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).eval()
-    hf.load_state_dict(state)
-    out = []
-    for prompt in PROMPTS:
-        ids = list(prompt)
-        for _ in range(n_tokens):
-            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
-            if ids[-1] == hf.config.eos_token_id:
-                break
-        out.append(ids[len(prompt) :])
-    return out
+    return greedy_reference(hf, PROMPTS, n_tokens, state=state)
 
 
 def greedy_outputs(engine, n_tokens=12):

@@ -39,17 +39,10 @@ def greedy(engine) -> list[list[int]]:
     return [g[0].response_ids for g in engine.generate([RolloutRequest(p, params) for p in PROMPTS])]
 
 
-@torch.no_grad()
 def reference_greedy(hf) -> list[list[int]]:
-    out = []
-    for prompt in PROMPTS:
-        ids = list(prompt)
-        for _ in range(N_TOKENS):
-            ids.append(int(hf(torch.tensor([ids], device="cuda")).logits[0, -1].argmax()))
-            if ids[-1] == hf.config.eos_token_id:
-                break
-        out.append(ids[len(prompt):])
-    return out
+    from rl_rollout.testing import greedy_reference
+
+    return greedy_reference(hf, PROMPTS, N_TOKENS)
 
 
 def test_vllm_engine_takes_repeated_ipc_syncs_and_generates_from_them(tmp_path):

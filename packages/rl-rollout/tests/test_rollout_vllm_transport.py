@@ -29,7 +29,7 @@ except ImportError as e:
     )
 
 from rl_rollout import RolloutRequest, SamplingParams  # noqa: E402
-from rl_rollout.testing import make_tiny_model, peaked_weights  # noqa: E402
+from rl_rollout.testing import greedy_reference, make_tiny_model, peaked_weights  # noqa: E402
 from rl_rollout.transport import WeightSyncError  # noqa: E402
 from rl_rollout.vllm_engine import VLLMEngine  # noqa: E402
 
@@ -79,19 +79,8 @@ def linked(model_path):
         engine.shutdown()
 
 
-@torch.no_grad()
 def reference_greedy(hf, state, n_tokens=12):
-    """Argmax decoding of PROMPTS by full forward passes of ``hf`` holding ``state``; stops after EOS."""
-    hf.load_state_dict(state)
-    out = []
-    for prompt in PROMPTS:
-        ids = list(prompt)
-        for _ in range(n_tokens):
-            ids.append(int(hf(torch.tensor([ids])).logits[0, -1].argmax()))
-            if ids[-1] == hf.config.eos_token_id:
-                break
-        out.append(ids[len(prompt) :])
-    return out
+    return greedy_reference(hf, PROMPTS, n_tokens, state=state)
 
 
 def greedy_outputs(engine, n_tokens=12):

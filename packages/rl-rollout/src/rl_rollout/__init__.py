@@ -19,7 +19,7 @@ from rl_rollout.rewards import (
 from rl_rollout.transport import CollectiveReceiver, CollectiveSender, SyncStats, WeightSyncError
 from rl_rollout.types import RolloutRequest, RolloutSample, SamplingParams
 
-__version__ = "0.4.1"
+__version__ = "0.5.0"
 
 __all__ = [
     "AgentExecutor",

@@ -136,6 +136,27 @@ def peaked_weights(model, *, seed: int = 0, embed_std: float = 0.3, residual_gai
     return out
 
 
+def greedy_reference(model, prompts: list[list[int]], n_tokens: int = 12, state: dict | None = None) -> list[list[int]]:
+    """What an engine's greedy decoding of ``prompts`` must give: argmax continuations from full forward
+    passes of the transformers ``model`` (after loading ``state`` when given), on the model's device,
+    each stopping after EOS. The reference the engine tests compare token for token."""
+    import torch
+
+    if state is not None:
+        model.load_state_dict(state)
+    device = next(model.parameters()).device
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            ids = list(prompt)
+            for _ in range(n_tokens):
+                ids.append(int(model(torch.tensor([ids], device=device)).logits[0, -1].argmax()))
+                if ids[-1] == model.config.eos_token_id:
+                    break
+            out.append(ids[len(prompt):])
+    return out
+
+
 def ipc_trainer_process(model_path: str, queue, done, corrupt: bool = False, seed: int = 1, pack: bool = True) -> None:
     """A child process standing in for a trainer on the GPU (tests and benchmarks of :mod:`rl_rollout.ipc`).
 
