@@ -12,7 +12,9 @@ from rl_algos.advantages import (
     ESTIMATORS,
     AdvantageEstimator,
     Advantages,
+    EstimatorSpec,
     compute_advantages,
+    estimator_names,
     get_estimator,
     masked_whiten,
 )
@@ -25,6 +27,11 @@ from rl_algos.losses import (
     kto_loss,
     kto_reference_kl,
     logprobs_from_logits,
+    POLICY_LOSSES,
+    GSPOLossConfig,
+    ISCorrectionConfig,
+    PPOLossConfig,
+    policy_loss_config,
     pairwise_loss,
     policy_loss,
     sft_loss,
@@ -33,9 +40,11 @@ from rl_algos.losses import (
 from rl_algos.shaping import clip_rewards, kl_penalized_rewards, overlong_penalty, stop_properly_penalty
 from rl_algos._masked import masked_mean, masked_sum
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 __all__ = [
+    "POLICY_LOSSES", "EstimatorSpec", "GSPOLossConfig", "ISCorrectionConfig", "PPOLossConfig", "estimator_names",
+    "policy_loss_config",
     "ESTIMATORS", "AdaptiveKLController", "AdvantageEstimator", "Advantages", "FixedKLController",
     "GroupFilterResult", "advantages", "aggregate_loss", "approx_kl", "clip_rewards", "compute_advantages",
     "dpo_loss", "entropy_from_logits", "filter_groups", "filters", "get_estimator", "kl", "kl_penalized_rewards",

@@ -60,11 +60,6 @@ class AdvantageEstimator(str, enum.Enum):
     DR_GRPO = "dr_grpo"
 
 
-WHITENED_BY_DEFAULT = frozenset(
-    {AdvantageEstimator.GAE, AdvantageEstimator.REINFORCE, AdvantageEstimator.REINFORCE_BASELINE}
-)
-
-
 @dataclass(frozen=True)
 class Advantages:
     """Output of every estimator. Shapes: ``advantages``/``returns`` ``[B, T]``, ``scores`` ``[B]``."""
@@ -258,33 +253,61 @@ dr_grpo = _returns_based("dr_grpo", mean_baseline)
 dr_grpo.__doc__ = "Dr. GRPO: score minus group mean (no std division), then discounted return."
 
 
-class _Registry(dict):
-    """name -> estimator; refuses duplicates and lists valid names on a miss."""
+@dataclass(frozen=True)
+class EstimatorSpec:
+    """A registry entry: the estimator and what a loop must give it.
 
-    def register(self, name: str, fn: EstimatorFn) -> None:
+    ``needs_critic``: it reads critic values (``values_BT``); ``min_group_size``: the
+    ``n_samples`` it needs (2 for estimators that compare a prompt's samples);
+    ``whiten_by_default``: OpenRLHF whitens its advantages over the batch;
+    ``inputs``: the keyword arguments beyond ``scores_B``/``mask_BT`` it reads.
+    Calling the entry calls the estimator.
+    """
+
+    name: str
+    fn: EstimatorFn
+    needs_critic: bool = False
+    min_group_size: int = 1
+    whiten_by_default: bool = False
+    inputs: tuple[str, ...] = ("n_samples", "token_rewards_BT", "gamma")
+
+    def __call__(self, scores_B: Tensor, mask_BT: Tensor, **kwargs) -> Advantages:
+        return self.fn(scores_B, mask_BT, **kwargs)
+
+
+class _Registry(dict):
+    """name -> :class:`EstimatorSpec`; refuses duplicates and lists valid names on a miss."""
+
+    def register(self, name: str, fn: EstimatorFn | EstimatorSpec, **facts) -> EstimatorSpec:
         if name in self:
             raise ValueError(f"advantage estimator {name!r} is already registered")
-        self[name] = fn
+        spec = fn if isinstance(fn, EstimatorSpec) else EstimatorSpec(name, fn, **facts)
+        self[name] = spec
+        return spec
 
-    def __missing__(self, name: str) -> EstimatorFn:
+    def __missing__(self, name: str) -> EstimatorSpec:
         raise ValueError(f"unknown advantage estimator {name!r}; valid: {', '.join(sorted(self))}")
 
 
-ESTIMATORS: dict[str, EstimatorFn] = _Registry()
-for _name, _fn in [
-    ("gae", gae),
-    ("reinforce", reinforce),
-    ("reinforce_baseline", reinforce_baseline),
-    ("rloo", rloo),
-    ("group_norm", group_norm),
-    ("dr_grpo", dr_grpo),
-]:
-    ESTIMATORS.register(_name, _fn)
+ESTIMATORS: dict[str, EstimatorSpec] = _Registry()
+ESTIMATORS.register("gae", gae, needs_critic=True, whiten_by_default=True,
+                    inputs=("token_rewards_BT", "values_BT", "gamma", "lambd"))
+ESTIMATORS.register("reinforce", reinforce, whiten_by_default=True)
+ESTIMATORS.register("reinforce_baseline", reinforce_baseline, min_group_size=2, whiten_by_default=True)
+ESTIMATORS.register("rloo", rloo, min_group_size=2)
+ESTIMATORS.register("group_norm", group_norm, min_group_size=2)
+ESTIMATORS.register("dr_grpo", dr_grpo, min_group_size=2)
+WHITENED_BY_DEFAULT = frozenset(AdvantageEstimator(n) for n, s in ESTIMATORS.items() if s.whiten_by_default)
 
 
-def get_estimator(name: str) -> EstimatorFn:
-    """The estimator called ``name``; a ValueError lists the valid names otherwise."""
+def get_estimator(name: str) -> EstimatorSpec:
+    """The registry entry called ``name`` (callable as the estimator); a ValueError lists the valid names."""
     return ESTIMATORS[str(name.value if isinstance(name, enum.Enum) else name)]
+
+
+def estimator_names(*, critic_free: bool | None = None) -> list[str]:
+    """Registered names, optionally only those with (``False``) or without (``True``) a critic."""
+    return sorted(n for n, s in ESTIMATORS.items() if critic_free is None or s.needs_critic != critic_free)
 
 
 def compute_advantages(name: str, scores_B: Tensor, mask_BT: Tensor, **kwargs) -> Advantages:

@@ -21,8 +21,16 @@ from rl_algos.losses.supervised import (
     pairwise_loss,
     sft_loss,
 )
+from rl_algos.losses.variants import (
+    POLICY_LOSSES,
+    GSPOLossConfig,
+    ISCorrectionConfig,
+    PPOLossConfig,
+    policy_loss_config,
+)
 
 __all__ = [
+    "POLICY_LOSSES", "GSPOLossConfig", "ISCorrectionConfig", "PPOLossConfig", "policy_loss_config",
     "DPOOutput", "ISCorrection", "KTOOutput", "LossAggregation", "PairwiseKind", "PolicyLossOutput",
     "RatioType", "ValueLossOutput", "aggregate_loss", "dpo_loss", "entropy_from_logits", "kto_loss",
     "kto_reference_kl", "logprobs_from_logits", "pairwise_loss", "policy_loss", "sft_loss", "value_loss",
