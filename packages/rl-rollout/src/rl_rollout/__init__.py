@@ -6,6 +6,7 @@ transformers or vLLM when they are built (``make_engine``, or their modules).
 """
 
 from rl_rollout.agents import AgentExecutor, AgentRequest, CalculatorEnv, Environment, EnvStepError, StepResult
+from rl_rollout.config import EngineConfig, RewardConfig, SyncBackend, WeightSyncConfig, canonical_dtype
 from rl_rollout.engine import EngineKind, RolloutEngine, make_engine, vllm_usable
 from rl_rollout.ipc import IpcBucket, IpcReceiver, IpcSender, IpcSync, open_bucket, share_buckets
 from rl_rollout.pool import EnginePool
@@ -19,7 +20,7 @@ from rl_rollout.rewards import (
 from rl_rollout.transport import CollectiveReceiver, CollectiveSender, SyncStats, WeightSyncError
 from rl_rollout.types import RolloutRequest, RolloutSample, SamplingParams
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 __all__ = [
     "AgentExecutor",
@@ -27,6 +28,7 @@ __all__ = [
     "CalculatorEnv",
     "CollectiveReceiver",
     "CollectiveSender",
+    "EngineConfig",
     "EngineKind",
     "EnginePool",
     "EnvStepError",
@@ -36,6 +38,7 @@ __all__ = [
     "IpcSender",
     "IpcSync",
     "RemoteRewardClient",
+    "RewardConfig",
     "RemoteRewardError",
     "RewardRunner",
     "RewardServer",
@@ -44,8 +47,11 @@ __all__ = [
     "RolloutSample",
     "SamplingParams",
     "StepResult",
+    "SyncBackend",
     "SyncStats",
+    "WeightSyncConfig",
     "WeightSyncError",
+    "canonical_dtype",
     "load_reward_fn",
     "open_bucket",
     "share_buckets",

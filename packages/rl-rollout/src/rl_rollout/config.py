@@ -1,0 +1,210 @@
+"""Typed settings of what rl-rollout implements: the rollout engine and the weight sync.
+
+- :class:`EngineConfig`: which backend (``auto`` | ``vllm`` | ``hf``) and its knobs;
+  :meth:`EngineConfig.make` builds the engine (the dtype and seed come from the
+  trainer's settings, so the engine samples from the weights the trainer holds).
+- :class:`RewardConfig`: reward functions and remote reward models, built into one
+  scorer (:meth:`RewardConfig.build`).
+- :class:`WeightSyncConfig`: how weights move trainer -> engines (``auto`` |
+  ``direct`` | ``gloo`` | ``nccl`` | ``ipc``); :meth:`WeightSyncConfig.resolve` turns
+  ``auto`` into a backend from the placement facts it is given and refuses a
+  backend the placement cannot use, with the reason and the fix. This is the one
+  place those rules live.
+
+Field metadata carries the help text and the command-line names (``flags``: our
+flat names; ``openrlhf``: OpenRLHF's), which rl-cli reads to build its parser.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from rl_rollout.engine import EngineKind, RolloutEngine, make_engine
+
+
+def meta(help: str, *, flags: tuple[str, ...] = (), openrlhf: tuple[str, ...] = ()) -> dict:
+    """Field metadata read by command-line builders: help text and the flag names that set the field."""
+    return {"help": help, "flags": flags, "openrlhf": openrlhf}
+
+
+_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32",
+           "fp16": "float16", "float16": "float16"}
+
+
+def canonical_dtype(name: str) -> str:
+    """``bf16``/``bfloat16`` -> ``bfloat16``, ``fp32``/``float32`` -> ``float32`` ... (the names both backends take)."""
+    if name not in _DTYPES:
+        raise ValueError(f"unknown dtype {name!r}; valid: {', '.join(_DTYPES)}")
+    return _DTYPES[name]
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """The rollout engine (one per engine replica)."""
+
+    kind: str = field(default="auto", metadata=meta(
+        "auto (vLLM when usable, else transformers) | vllm | hf", flags=("rollout_engine",)))
+    gpu_memory_utilization: float = field(default=0.5, metadata=meta(
+        "vLLM: share of the GPU's memory for weights and KV cache", flags=("vllm_gpu_memory_utilization",),
+        openrlhf=("vllm.gpu_memory_utilization",)))
+    enforce_eager: bool = field(default=False, metadata=meta(
+        "vLLM: no CUDA graphs / torch.compile (faster start, slower decode)", openrlhf=("vllm.enforce_eager",)))
+    enable_sleep: bool = field(default=False, metadata=meta(
+        "engines sleep (free their memory) while the models train, wake for the weight sync",
+        flags=("vllm_enable_sleep",), openrlhf=("vllm.enable_sleep",)))
+    enable_prefix_caching: bool = field(default=True, metadata=meta(
+        "vLLM: reuse the KV cache of shared prompt prefixes (reset after every weight sync)",
+        openrlhf=("vllm.enable_prefix_caching",)))
+    max_batch_sequences: int = field(default=256, metadata=meta("HF engine: sequences per generate call"))
+
+    def __post_init__(self) -> None:
+        valid = [k.value for k in EngineKind]
+        if self.kind not in valid:
+            raise ValueError(f"rollout engine {self.kind!r} is not one of {', '.join(valid)} (--rollout_engine)")
+        if not 0 < self.gpu_memory_utilization <= 1:
+            raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
+        if self.max_batch_sequences < 1:
+            raise ValueError(f"max_batch_sequences must be >= 1, got {self.max_batch_sequences}")
+
+    def hf_options(self, *, dtype: str, device: str) -> dict:
+        return {"dtype": canonical_dtype(dtype), "device": device, "max_batch_sequences": self.max_batch_sequences}
+
+    def vllm_options(self, *, dtype: str, seed: int, in_process: bool = False, tensor_parallel_size: int = 1) -> dict:
+        opts = {"dtype": canonical_dtype(dtype), "seed": seed, "enforce_eager": self.enforce_eager,
+                "enable_prefix_caching": self.enable_prefix_caching, "tensor_parallel_size": tensor_parallel_size,
+                "engine_kwargs": {"gpu_memory_utilization": self.gpu_memory_utilization}}
+        if in_process:
+            opts["in_process"] = True
+        # asked: vLLM's sleep mode where the platform has it (on CPU sleep only pauses scheduling); else off
+        opts["enable_sleep_mode"] = None if self.enable_sleep else False
+        return opts
+
+    def make(self, model: str, *, dtype: str, seed: int, device: str = "cpu", in_process: bool = False,
+             kind: str | None = None) -> RolloutEngine:
+        """Build the engine for ``model`` in this process (``kind`` overrides :attr:`kind`)."""
+        return make_engine(kind or self.kind, model, hf_options=self.hf_options(dtype=dtype, device=device),
+                           vllm_options=self.vllm_options(dtype=dtype, seed=seed, in_process=in_process))
+
+
+class SyncBackend(str, Enum):
+    AUTO = "auto"
+    DIRECT = "direct"  # an engine object in the trainer's process: tensors handed over in memory
+    GLOO = "gloo"  # collective broadcast through host memory (any placement, CPU too)
+    NCCL = "nccl"  # collective broadcast GPU to GPU (trainer and engines on different GPUs)
+    IPC = "ipc"  # CUDA IPC: each trainer rank's engine reads its GPU memory in place (hybrid engine)
+
+
+@dataclass(frozen=True)
+class WeightSyncConfig:
+    """How the trainer's weights reach the engines after every update."""
+
+    backend: str = field(default="auto", metadata=meta(
+        "auto | direct | gloo | nccl | ipc. auto: in one process direct; over Ray on GPUs nccl, or ipc for the "
+        "hybrid engine (--colocate_all_models) with tensor parallel 1; gloo without GPUs",
+        flags=("vllm_sync_backend",), openrlhf=("vllm.sync_backend",)))
+    verify: bool = field(default=False, metadata=meta(
+        "check every sync: sha256 of the bytes on both ends, and what the engine holds against what was sent",
+        flags=("verify_weights",)))
+
+    def __post_init__(self) -> None:
+        valid = [b.value for b in SyncBackend]
+        if self.backend not in valid:
+            raise ValueError(f"weight-sync backend {self.backend!r} is not one of {', '.join(valid)} "
+                             f"(--vllm_sync_backend)")
+
+    def check(self, *, in_process: bool, colocated: bool = False, tensor_parallel_size: int = 1) -> None:
+        """The rules that need no device: callable before any process starts. Raises ValueError with the fix."""
+        b = SyncBackend(self.backend)
+        if in_process and b not in (SyncBackend.AUTO, SyncBackend.DIRECT):
+            raise ValueError(f"--vllm_sync_backend {b.value}: in one process (rl ppo) the engine takes the "
+                             f"trainer's tensors in memory; drop the flag (auto) or use rl ppo-ray")
+        if not in_process and b is SyncBackend.DIRECT:
+            raise ValueError("--vllm_sync_backend direct hands tensors to an engine in the trainer's process; the "
+                             "engines here are separate processes: use auto, gloo, nccl or ipc")
+        if b is SyncBackend.IPC and (not colocated or tensor_parallel_size != 1):
+            raise ValueError("--vllm_sync_backend ipc reads the weights in place on the GPU an actor rank shares "
+                             "with its engine: it needs --colocate_all_models (the hybrid engine) with "
+                             "--vllm_tensor_parallel_size 1; use nccl or gloo otherwise")
+
+    def resolve(self, *, in_process: bool, on_gpu: bool, colocated: bool = False,
+                tensor_parallel_size: int = 1) -> str:
+        """The backend for this placement. ``in_process``: the engine lives in the trainer's process;
+        ``on_gpu``: the trainer runs on CUDA; ``colocated``: each trainer rank shares its GPU with an engine
+        (the hybrid engine). Raises ValueError naming the conflict and the fix."""
+        self.check(in_process=in_process, colocated=colocated, tensor_parallel_size=tensor_parallel_size)
+        b = SyncBackend(self.backend)
+        if in_process:
+            return SyncBackend.DIRECT.value
+        if b in (SyncBackend.IPC, SyncBackend.NCCL) and not on_gpu:
+            raise ValueError(f"--vllm_sync_backend {b.value} needs the policy on CUDA, but it runs on the CPU: "
+                             f"use gloo (or auto) on a machine without GPUs")
+        if b is SyncBackend.AUTO:
+            if not on_gpu:
+                return SyncBackend.GLOO.value
+            if colocated:  # NCCL refuses two ranks on one GPU; IPC reads in place
+                return (SyncBackend.IPC if tensor_parallel_size == 1 else SyncBackend.GLOO).value
+            return SyncBackend.NCCL.value
+        return b.value
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """Reward functions and remote reward models (a reward-model *role* is the trainer's business)."""
+
+    reward_fn: str | None = field(default=None, metadata=meta(
+        "file.py:func | module:func | builtin:exact_match | builtin:math | builtin:format:REGEX"))
+    remote_rm_url: str | None = field(default=None, metadata=meta(
+        "an HTTP reward server (rl_rollout.RewardServer protocol)", openrlhf=("reward.remote_url",)))
+    remote_rm_token: str | None = field(default=None, metadata=meta(
+        "bearer token for --remote_rm_url (default: env RL_REWARD_TOKEN)"))
+    reward_workers: int = field(default=0, metadata=meta("processes scoring --reward_fn (0: in this process)"))
+    reward_timeout: float | None = field(default=30.0, metadata=meta(
+        "seconds per call before the fallback (enforced with --reward_workers > 0)"))
+    reward_fallback: float = field(default=0.0, metadata=meta(
+        "reward of a call that raised or timed out (counted by the runner)"))
+
+    def __post_init__(self) -> None:
+        if self.reward_workers < 0:
+            raise ValueError(f"reward_workers must be >= 0, got {self.reward_workers}")
+        if self.reward_timeout is not None and self.reward_timeout <= 0:
+            raise ValueError(f"reward_timeout must be > 0 seconds (or none), got {self.reward_timeout}")
+
+    @property
+    def given(self) -> bool:
+        return bool(self.reward_fn or self.remote_rm_url)
+
+    def build(self):
+        """One scorer with ``score(prompts, responses, labels)`` (summed when several), or None."""
+        import os
+
+        from rl_rollout.rewards import RemoteRewardClient, RewardRunner
+
+        fns = []
+        if self.reward_fn:
+            fns.append(RewardRunner(self.reward_fn, workers=self.reward_workers,
+                                    timeout_s=self.reward_timeout if self.reward_workers else None,
+                                    fallback=self.reward_fallback))
+        if self.remote_rm_url:
+            fns.append(RemoteRewardClient(self.remote_rm_url,
+                                          token=self.remote_rm_token or os.environ.get("RL_REWARD_TOKEN")))
+        if not fns:
+            return None
+        return fns[0] if len(fns) == 1 else SummedRewards(fns)
+
+
+class SummedRewards:
+    """Several scorers as one: the per-sample sum; ``close`` closes each."""
+
+    def __init__(self, fns):
+        self.fns = list(fns)
+
+    def score(self, prompts, responses, labels):
+        parts = [f.score(prompts, responses, labels) for f in self.fns]
+        return [sum(x) for x in zip(*parts, strict=True)]
+
+    def close(self) -> None:
+        for f in self.fns:
+            close = getattr(f, "close", None)
+            if callable(close):
+                close()
