@@ -60,7 +60,7 @@ def test_openrlhf_flags_parse_and_the_plan_has_the_roles_the_run_needs():
     assert (m.pretrain, m.reward_pretrain, d.dataset, d.max_len) == ("/m", "/rm", "p.jsonl", 256)
     assert (p.advantage_estimator, p.n_samples_per_prompt, p.eps_clip_high, p.use_kl_loss) == ("group_norm", 8, 0.28, True)
     assert p.dynamic_filtering and p.dynamic_filtering_reward_range == (0.1, 0.9)
-    assert (a.actor_num_gpus_per_node, a.vllm_num_engines, r.vllm_enable_sleep, c["strategy"].seed) == (4, 2, True, 3)
+    assert (a.actor_num_gpus_per_node, a.vllm_num_engines, r.enable_sleep, c["strategy"].seed) == (4, 2, True, 3)
     plan = plan_from(a, p, m)
     assert plan.critic is None  # group_norm: no critic
     assert plan.ref.num_gpus == 4 and plan.reward.num_gpus == 4 and plan.total_gpus == 4 + 4 + 2
@@ -84,7 +84,13 @@ def test_bad_runs_fail_before_any_model_loads_naming_the_fix(task, capsys):
               "--vllm_tensor_parallel_size", "2", "--rollout_engine", "vllm"])
     with pytest.raises(SystemExit):
         main(["ppo-ray", *common(root, model, "bad"), "--vllm_sync_backend", "shm"])
-    assert "--vllm_sync_backend must be auto, nccl, gloo or ipc, got 'shm'" in capsys.readouterr().err
+    assert "weight-sync backend 'shm' is not one of auto, direct, gloo, nccl, ipc" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # one process: the engine takes the tensors in memory
+        main(["ppo", *common(root, model, "bad"), "--vllm_sync_backend", "gloo"])
+    assert "in one process (rl ppo) the engine takes the trainer's tensors in memory" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # a shared flag the RL loop would ignore is refused
+        main(["ppo", *common(root, model, "bad"), "--packing"])
+    assert "--packing: packed sequences are not wired into the RL loop" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["ppo", *common(root, model, "bad"), "--advantage_estimator", "rlooo"])
     assert "unknown advantage estimator 'rlooo'; valid: dr_grpo, gae" in capsys.readouterr().err

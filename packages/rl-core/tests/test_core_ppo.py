@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from rl_core.data import DataConfig, PromptDataset, load_rows
-from rl_core.rl import (CriticWorker, DirectWeightSync, LocalGroup, PolicyWorker, ReferenceWorker, collate, dp_order,
-                        make_item, rows)
+from rl_core.rl import CriticWorker, LocalGroup, PolicyWorker, collate, dp_order, make_item, rows
+from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
 from rl_core.strategy import StrategyConfig
 from rl_core.trainers.ppo import PPOConfig, PPOTrainer
 
@@ -40,9 +40,9 @@ def setup(tmp_path_factory):
 
 
 def make(setup, tmp_path, *, reward=letter_reward, lr=2e-3, zero_stage=0, **cfg):
-    """A PPOTrainer over LocalGroups: policy (+ critic for gae, + reference when init_kl_coef > 0)."""
+    """A run from rl-core's one builder over in-process groups: policy (+ critic for gae, + reference when
+    init_kl_coef > 0), an HFEngine in this process."""
     from rl_rollout import RewardRunner
-    from rl_rollout.hf_engine import HFEngine
 
     model, tok, prompts = setup
     kw = dict(n_samples_per_prompt=4, rollout_batch_size=4, generate_max_len=8, max_iterations=2,
@@ -52,16 +52,10 @@ def make(setup, tmp_path, *, reward=letter_reward, lr=2e-3, zero_stage=0, **cfg)
     G = c.rollout_batch_size * c.n_samples_per_prompt
     s = StrategyConfig(zero_stage=zero_stage, bf16=False, micro_train_batch_size=G // 2, train_batch_size=G,
                        learning_rate=lr, lr_warmup_ratio=0.0, lr_scheduler="constant")
-    steps, load, pad = c.optimizer_steps(len(prompts), G), {"dtype": "fp32"}, tok.pad_token_id
-    policy = LocalGroup(PolicyWorker(s, model, c, steps, load_kw=load, pad_id=pad, ckpt_path=c.ckpt_path), "policy")
-    critic = LocalGroup(CriticWorker(s, model, c, steps, load_kw=load, pad_id=pad, ckpt_path=c.ckpt_path),
-                        "critic") if c.needs_critic else None
-    ref = LocalGroup(ReferenceWorker(s, model, load_kw=load, pad_id=pad), "ref") if c.needs_reference else None
-    engine = HFEngine(model, dtype="float32")
     runner = RewardRunner(reward, workers=0, fallback=0.0)
-    trainer = PPOTrainer(c, policy=policy, rollout=engine, weight_sync=DirectWeightSync(policy, engine),
-                         prompts=prompts, tokenizer=tok, train_batch_size=G, reward_fn=runner, critic=critic, ref=ref)
-    return trainer, engine, runner
+    run = build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, c), LocalFactory(engine_kind="hf"),
+                    prompts=prompts, tokenizer=tok, reward_fn=runner)
+    return run.trainer, run.rollout, runner
 
 
 def test_dp_order_gives_every_rank_its_slice_of_each_global_batch():

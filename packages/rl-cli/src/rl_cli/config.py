@@ -83,6 +83,7 @@ class Flag:
     group: str
     field: str
     kwargs: dict
+    aliases: tuple[str, ...] = ()  # other names from the field's metadata: ours ("flags"), OpenRLHF's ("openrlhf")
 
 
 def _comments(cls: type) -> dict[str, str]:
@@ -114,10 +115,14 @@ def collect_flags(groups: dict[str, type]) -> list[Flag]:
             if f.name.startswith("_"):
                 continue
             kw = _field_kwargs(hints[f.name])
-            note = re.sub(r"^--\w+(:\s*)?", "", notes.get(f.name, "")).strip()
+            if "help" in f.metadata:  # the field's own metadata is the source of truth
+                note = f.metadata["help"]
+            else:
+                note = re.sub(r"^--\w+(:\s*)?", "", notes.get(f.name, "")).strip()
             kw["help"] = f"{note + '; ' if note else ''}default: {_default(f)!r}".replace("%", "%%")
             kw.setdefault("metavar", f.name.upper())
-            flags.append(Flag(f"{group}.{f.name}", group, f.name, kw))
+            aliases = tuple(f.metadata.get("flags", ())) + tuple(f.metadata.get("openrlhf", ()))
+            flags.append(Flag(f"{group}.{f.name}", group, f.name, kw, aliases))
     return flags
 
 
@@ -153,14 +158,21 @@ def build_parser(prog: str, description: str, groups: dict[str, type]) -> tuple[
     for alias, dotted in ALIASES.items():
         if dotted in by_dotted:
             reverse_alias.setdefault(dotted, []).append(alias)
-    known = []
+    known: list[str] = []
+    owner: dict[str, str] = {}
     for group in groups:
         g = parser.add_argument_group(group)
         for f in (f for f in flags if f.group == group):
             names = [f"--{f.dotted}"]
             if counts[f.field] == 1 and f.field not in ALIASES:
                 names.append(f"--{f.field}")
-            names += [f"--{a}" for a in reverse_alias.get(f.dotted, [])]
+            names += [f"--{a}" for a in reverse_alias.get(f.dotted, []) + list(f.aliases)]
+            names = list(dict.fromkeys(names))
+            for n in names:
+                if n in owner:
+                    raise TypeError(f"{prog}: flag {n} would set both {owner[n]} and {f.dotted}; rename one "
+                                    f"(field metadata 'flags'/'openrlhf' or ALIASES)")
+                owner[n] = f.dotted
             g.add_argument(*names, dest=f.dotted, **f.kwargs)
             known += names
     parser.known = known
@@ -172,6 +184,7 @@ def _flatten_yaml(data: dict, groups: dict[str, type], flags: list[Flag], source
     by_field: dict[str, list[Flag]] = {}
     for f in flags:
         by_field.setdefault(f.field, []).append(f)
+    by_alias = {a: f.dotted for f in flags for a in f.aliases}
     out: dict[str, object] = {}
 
     def coerce(dotted: str, value):  # YAML reads 1e-5 as text; apply the flag's own parser
@@ -188,6 +201,8 @@ def _flatten_yaml(data: dict, groups: dict[str, type], flags: list[Flag], source
             out[key] = coerce(key, value)
         elif key in ALIASES and ALIASES[key] in by_dotted:
             out[ALIASES[key]] = coerce(ALIASES[key], value)
+        elif key in by_alias:
+            out[by_alias[key]] = coerce(by_alias[key], value)
         elif len(by_field.get(key, [])) == 1:
             out[by_field[key][0].dotted] = coerce(by_field[key][0].dotted, value)
         elif key in by_field:

@@ -8,7 +8,7 @@ response slots that hold an ``X`` (1.0 = all of them). The random model starts n
 and has to learn to answer each prompt with its own letter; measured on 2 CPU cores the
 default 100 iterations take about a minute (64 s with start-up) and the mean reward goes 0.06
 at the first iteration, 0.18 over the first 20, 0.20 at iteration 30, 0.96 over the last 20. ``workdir/summary.json`` holds the per-iteration mean rewards. The stack is the real one: rl-core's
-PPOTrainer (GRPO's group_norm estimator, a one-rank LocalGroup policy) over DeepSpeed (ZeRO-0, fp32, one process), rl-rollout's HFEngine
+PPOTrainer built by rl_core.rl.build.build_run (GRPO's group_norm estimator, a one-rank LocalGroup policy) over DeepSpeed (ZeRO-0, fp32, one process), rl-rollout's HFEngine (or VLLMEngine with --rollout_engine vllm)
 receiving the new weights every iteration, rl_rollout.RewardRunner scoring,
 rl-algos' group-normalised advantages and clipped loss. Writes
 ``workdir/run/metrics.jsonl``, TensorBoard scalars and ``workdir/run/curves.png``.
@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--max_epochs", type=int, default=2, help="passes over each iteration's samples")
     ap.add_argument("--letters", type=int, default=4, help="how many different letters the prompts ask for")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--rollout_engine", choices=("hf", "vllm", "auto"), default="hf",
+                    help="hf (transformers, default) | vllm (needs vLLM: the CPU build in .venv-vllm) | auto")
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
@@ -52,11 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     from transformers import AutoTokenizer
 
     from rl_core.data import DataConfig, PromptDataset, load_rows
-    from rl_core.rl import DirectWeightSync, LocalGroup, PolicyWorker
+    from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
     from rl_core.strategy import StrategyConfig
-    from rl_core.trainers.ppo import PPOConfig, PPOTrainer
-    from rl_rollout import RewardRunner
-    from rl_rollout.hf_engine import HFEngine
+    from rl_core.trainers.ppo import PPOConfig
+    from rl_rollout import EngineConfig, RewardRunner
     from rl_rollout.testing import make_tiny_model
 
     work = Path(args.workdir)
@@ -77,15 +78,15 @@ def main(argv: list[str] | None = None) -> int:
                     max_iterations=args.iterations, run_dir=str(work / "run"), save_path=str(work / "final"),
                     max_epochs=args.max_epochs)
     reward = RewardRunner(partial(letter_reward, max_new_tokens=args.max_new_tokens), workers=0)
-    policy = LocalGroup(PolicyWorker(strategy, model, cfg, cfg.optimizer_steps(len(prompts), samples),
-                                     load_kw={"dtype": "fp32"}, pad_id=tok.pad_token_id), "policy")
-    engine = HFEngine(model, dtype="float32")
-    trainer = PPOTrainer(cfg, policy=policy, rollout=engine, weight_sync=DirectWeightSync(policy, engine),
-                         prompts=prompts, tokenizer=tok, train_batch_size=samples, reward_fn=reward, seed=args.seed)
+    run = build_run(RunConfig(RLModelConfig(pretrain=str(model)), strategy, cfg, EngineConfig(kind=args.rollout_engine)),
+                    LocalFactory(), prompts=prompts, tokenizer=tok, reward_fn=reward)
+    trainer = run.trainer
     print(f"[rl demo] {len(prompts)} prompts x {cfg.n_samples_per_prompt} samples, {trainer.num_iterations} iterations; "
-          f"GRPO (group_norm), ZeRO-0 fp32, one process", flush=True)
-    history = trainer.fit()
-    reward.close()
+          f"GRPO (group_norm), ZeRO-0 fp32, one process, rollout {type(run.rollout).__name__}", flush=True)
+    try:
+        history = trainer.fit()
+    finally:
+        run.close()
     for i, m in enumerate(history, 1):
         print(f"[rl demo] iteration {i:3d}  reward {m['reward_mean']:.3f}  loss {m['policy_loss']:+.4f}  "
               f"length {m['response_length']:.1f}")

@@ -35,42 +35,6 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class RLModelArgs:
-    """The RL run's model folders (OpenRLHF flag names)."""
-
-    pretrain: str | None = None  # --pretrain: the policy to train (local HF folder)
-    critic_pretrain: str | None = None  # --critic_pretrain: critic init for gae (default: --reward_pretrain, else --pretrain)
-    reward_pretrain: str | None = None  # --reward_pretrain: a reward model folder (rl rm's output)
-    ref_pretrain: str | None = None  # --ref_pretrain: reference policy (default: --pretrain)
-    flash_attn: bool = False  # --flash_attn: flash_attention_2 (needs flash-attn; default sdpa)
-    normalize_reward: bool = True  # --normalize_reward: apply the reward model's stored mean/std
-
-
-@dataclass(frozen=True)
-class RewardArgs:
-    """Reward functions and remote reward models."""
-
-    reward_fn: str | None = None  # --reward_fn: file.py:func | module:func | builtin:exact_match | builtin:math | builtin:format:REGEX
-    remote_rm_url: str | None = None  # --remote_rm_url: an HTTP reward server (rl_rollout.RewardServer protocol)
-    remote_rm_token: str | None = None  # bearer token for --remote_rm_url (default: env RL_REWARD_TOKEN)
-    reward_workers: int = 0  # processes scoring --reward_fn (0: in this process)
-    reward_timeout: float | None = 30.0  # seconds per call before the fallback (needs reward_workers > 0)
-    reward_fallback: float = 0.0  # reward of a call that raised or timed out (counted in the metrics)
-
-
-@dataclass(frozen=True)
-class RolloutArgs:
-    """The rollout engines."""
-
-    rollout_engine: str = "auto"  # auto (vLLM when usable) | vllm | hf
-    vllm_gpu_memory_utilization: float = 0.5  # --vllm_gpu_memory_utilization
-    enforce_eager: bool = False  # --enforce_eager: no CUDA graphs in vLLM
-    vllm_enable_sleep: bool = False  # --vllm_enable_sleep: engines sleep while the models train
-    vllm_sync_backend: str = "auto"  # --vllm_sync_backend: nccl | gloo | ipc | auto (GPUs: nccl; hybrid engine: ipc)
-    max_batch_sequences: int = 256  # HF engine: sequences per generate call
-
-
-@dataclass(frozen=True)
 class RayArgs:
     """Placement (OpenRLHF names); a role's counts default to the actor's when the run needs it."""
 
@@ -95,56 +59,41 @@ class RayArgs:
 
 def _groups(ray: bool) -> dict[str, type]:
     from rl_core.data import DataConfig
+    from rl_core.rl.build import RLModelConfig
     from rl_core.strategy import StrategyConfig
     from rl_core.trainers.ppo import PPOConfig
+    from rl_rollout.config import EngineConfig, RewardConfig, WeightSyncConfig
 
-    g = {"model": RLModelArgs, "data": DataConfig, "strategy": StrategyConfig, "ppo": PPOConfig,
-         "reward": RewardArgs, "rollout": RolloutArgs}
+    g = {"model": RLModelConfig, "data": DataConfig, "strategy": StrategyConfig, "ppo": PPOConfig,
+         "reward": RewardConfig, "rollout": EngineConfig, "sync": WeightSyncConfig}
     if ray:
         g["ray"] = RayArgs
     return g
 
 
-# ----- what both commands build ---------------------------------------------------------------
+# Flags of the shared groups that an RL run would not use: refused, with the reason, instead of ignored.
+UNUSED_BY_RL = {
+    "packing": "packed sequences are not wired into the RL loop yet (every row is padded)",
+    "eval_dataset": "the RL loop has no evaluation pass yet",
+    "eval_split": "the RL loop has no evaluation pass yet",
+    "max_eval_samples": "the RL loop has no evaluation pass yet",
+    "output_key": "the RL loop generates the responses: only --input_key (and --label_key) are read",
+    "chosen_key": "preference keys are for rl dpo / rl rm / rl kto, not the RL loop",
+    "rejected_key": "preference keys are for rl dpo / rl rm / rl kto, not the RL loop",
+    "prompt_key": "preference keys are for rl dpo / rl rm / rl kto, not the RL loop",
+    "margin_key": "preference keys are for rl dpo / rl rm / rl kto, not the RL loop",
+    "desirable_key": "preference keys are for rl dpo / rl rm / rl kto, not the RL loop",
+}
 
 
-def _reward_fn(r: RewardArgs):
-    import os
+def _refuse_unused(cfgs: dict, parser) -> None:
+    from rl_core.data import DataConfig
 
-    fns = []
-    if r.reward_fn:
-        from rl_rollout import RewardRunner
-
-        fns.append(RewardRunner(r.reward_fn, workers=r.reward_workers,
-                                timeout_s=r.reward_timeout if r.reward_workers else None, fallback=r.reward_fallback))
-    if r.remote_rm_url:
-        from rl_rollout import RemoteRewardClient
-
-        fns.append(RemoteRewardClient(r.remote_rm_url, token=r.remote_rm_token or os.environ.get("RL_REWARD_TOKEN")))
-    if not fns:
-        return None
-    if len(fns) == 1:
-        return fns[0]
-    return _SummedRewards(fns)
-
-
-class _SummedRewards:
-    def __init__(self, fns):
-        self.fns = fns
-
-    def score(self, prompts, responses, labels):
-        parts = [f.score(prompts, responses, labels) for f in self.fns]
-        return [sum(x) for x in zip(*parts, strict=True)]
-
-
-def _load_kw(m: RLModelArgs, s) -> dict:
-    return {"dtype": "bf16" if s.bf16 else "fp32",
-            "attn_implementation": "flash_attention_2" if m.flash_attn else None,
-            "gradient_checkpointing": s.gradient_checkpointing}
-
-
-def _critic_path(m: RLModelArgs) -> str:
-    return m.critic_pretrain or m.reward_pretrain or m.pretrain
+    d = cfgs["data"]
+    defaults = DataConfig()
+    for name, why in UNUSED_BY_RL.items():
+        if hasattr(d, name) and getattr(d, name) != getattr(defaults, name):
+            parser.error(f"--{name}: {why}; drop the flag")
 
 
 def _prepare(name: str, argv: list[str] | None, ray: bool):
@@ -160,13 +109,15 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         parser.error("--pretrain is required: a local HF model folder (config.json, weights, tokenizer)")
     if not d.dataset:
         parser.error("--prompt_data (or --dataset) is required: prompts as .jsonl/.json/.parquet or a datasets folder")
-    if not (cfgs["reward"].reward_fn or cfgs["reward"].remote_rm_url or m.reward_pretrain):
+    if not (cfgs["reward"].given or m.reward_pretrain):
         parser.error("no reward: give --reward_fn SPEC (file.py:func, builtin:math ...), --remote_rm_url URL "
                      "or --reward_pretrain FOLDER")
-    if cfgs["rollout"].rollout_engine not in ("auto", "vllm", "hf"):
-        parser.error(f"--rollout_engine must be auto, vllm or hf, got {cfgs['rollout'].rollout_engine!r}")
-    if cfgs["rollout"].vllm_sync_backend not in ("auto", "nccl", "gloo", "ipc"):
-        parser.error(f"--vllm_sync_backend must be auto, nccl, gloo or ipc, got {cfgs['rollout'].vllm_sync_backend!r}")
+    _refuse_unused(cfgs, parser)
+    if not ray:
+        try:
+            cfgs["sync"].check(in_process=True)
+        except ValueError as e:
+            parser.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from transformers import AutoTokenizer
@@ -184,13 +135,20 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     print(f"[rl {name}] {p.iterations(len(prompts))} iterations x {p.rollout_batch_size} prompts x "
           f"{p.n_samples_per_prompt} samples = {samples} samples each; train_batch_size {s.train_batch_size}, "
           f"micro {s.micro_train_batch_size}, {p.max_epochs} epoch(s) -> {steps} optimizer steps per model; "
-          f"estimator {p.advantage_estimator}{', critic' if p.needs_critic else ''}"
+          f"estimator {p.advantage_estimator}{', critic' if p.needs_critic else ''}, loss {p.policy_loss_type}"
           f"{', reference (kl ' + str(p.init_kl_coef) + (' loss' if p.use_kl_loss else ' penalty') + ')' if p.needs_reference else ''}",
           flush=True)
     if getattr(args, "print_config", False):
         print(describe(cfgs))
         return None
-    return cfgs, tok, prompts, steps
+    return cfgs, tok, prompts
+
+
+def run_config(cfgs: dict):
+    from rl_core.rl.build import RunConfig
+
+    return RunConfig(model=cfgs["model"], strategy=cfgs["strategy"], ppo=cfgs["ppo"], engine=cfgs["rollout"],
+                     sync=cfgs["sync"])
 
 
 def _finish(name: str, trainer, cfgs) -> int:
@@ -213,45 +171,25 @@ def run_local(argv: list[str] | None = None) -> int:
     prepared = _prepare("ppo", argv, ray=False)
     if prepared is None:
         return 0
-    cfgs, tok, prompts, steps = prepared
-    m, s, p, r = cfgs["model"], cfgs["strategy"], cfgs["ppo"], cfgs["rollout"]
+    cfgs, tok, prompts = prepared
 
-    from rl_core.rl import CriticWorker, DirectWeightSync, LocalGroup, PolicyWorker, ReferenceWorker, RewardModelWorker
-    from rl_core.trainers.ppo import PPOTrainer
-    from rl_rollout import make_engine
+    from rl_core.rl.build import LocalFactory, build_run
 
-    kw, pad = _load_kw(m, s), tok.pad_token_id
-    policy = LocalGroup(PolicyWorker(s, m.pretrain, p, steps, load_kw=kw, pad_id=pad, ckpt_path=p.ckpt_path), "policy")
-    critic = LocalGroup(CriticWorker(s, _critic_path(m), p, steps, load_kw=kw, pad_id=pad, ckpt_path=p.ckpt_path),
-                        "critic") if p.needs_critic else None
-    ref = LocalGroup(ReferenceWorker(s, m.ref_pretrain or m.pretrain, load_kw=kw, pad_id=pad),
-                     "ref") if p.needs_reference else None
-    rm = LocalGroup(RewardModelWorker(s, m.reward_pretrain, load_kw=kw, pad_id=pad, normalize=m.normalize_reward),
-                    "reward") if m.reward_pretrain else None
-    engine = make_engine(r.rollout_engine, m.pretrain, hf_options={
-        "device": str(policy.worker.s.device), "dtype": "bfloat16" if s.bf16 else "float32",
-        "max_batch_sequences": r.max_batch_sequences},
-        vllm_options={"seed": s.seed, "enforce_eager": r.enforce_eager, "in_process": True,
-                      "engine_kwargs": {"gpu_memory_utilization": r.vllm_gpu_memory_utilization}})
-    print(f"[rl ppo] one process: policy{', critic' if critic else ''}{', ref' if ref else ''}"
-          f"{', reward model' if rm else ''} on {policy.worker.s.device}; rollout {type(engine).__name__}", flush=True)
-    reward = _reward_fn(cfgs["reward"])
-    trainer = PPOTrainer(p, policy=policy, rollout=engine, weight_sync=DirectWeightSync(policy, engine),
-                         prompts=prompts, tokenizer=tok, train_batch_size=s.train_batch_size, reward_fn=reward,
-                         reward_model=rm, critic=critic, ref=ref, sleep_engines=r.vllm_enable_sleep, seed=s.seed)
+    run = build_run(run_config(cfgs), LocalFactory(), prompts=prompts, tokenizer=tok,
+                    reward_fn=cfgs["reward"].build())
+    print(f"[rl ppo] one process: {run.roles()} on {run.policy.call_rank(0, 'world')['device']}; rollout "
+          f"{type(run.rollout).__name__}", flush=True)
     try:
-        trainer.fit()
+        run.trainer.fit()
     finally:
-        if reward is not None and hasattr(reward, "close"):
-            reward.close()
-        engine.shutdown()
-    return _finish("ppo", trainer, cfgs)
+        run.close()
+    return _finish("ppo", run.trainer, cfgs)
 
 
 # ----- rl ppo-ray -----------------------------------------------------------------------------
 
 
-def plan_from(ray_args: RayArgs, ppo, model: RLModelArgs):
+def plan_from(ray_args: RayArgs, ppo, model):
     """The placement plan: roles the run needs (critic for gae, ref for KL, reward for a reward model)."""
     from rl_placement import PlacementPlan
 
@@ -300,33 +238,31 @@ def run_ray(argv: list[str] | None = None) -> int:
     prepared = _prepare("ppo-ray", argv, ray=True)
     if prepared is None:
         return 0
-    cfgs, tok, prompts, steps = prepared
-    m, s, p, r, a = cfgs["model"], cfgs["strategy"], cfgs["ppo"], cfgs["rollout"], cfgs["ray"]
+    cfgs, tok, prompts = prepared
+    p, r, a = cfgs["ppo"], cfgs["rollout"], cfgs["ray"]
     from rl_placement import PlacementError
 
     try:
-        plan = plan_from(a, p, m)  # validated in pure Python before Ray starts
+        plan = plan_from(a, p, cfgs["model"])  # validated in pure Python before Ray starts
     except PlacementError as e:
         raise SystemExit(f"rl ppo-ray: the placement cannot work: {e}") from None
     print(f"[rl ppo-ray] placement:\n{plan.describe()}", flush=True)
     tp = a.vllm_tensor_parallel_size
-    if tp > 1 and r.rollout_engine == "hf":
+    if tp > 1 and r.kind == "hf":
         raise SystemExit(f"rl ppo-ray: --vllm_tensor_parallel_size {tp} shards each engine over {tp} GPUs, which "
                          f"the HF engine cannot: use --rollout_engine vllm (or auto), or tensor parallel 1")
-    if r.vllm_sync_backend == "ipc" and not (a.colocate_all_models and tp == 1):
-        raise SystemExit("rl ppo-ray: --vllm_sync_backend ipc reads the weights in place on the GPU an actor rank "
-                         "shares with its engine: it needs --colocate_all_models (the hybrid engine) with "
-                         "--vllm_tensor_parallel_size 1; use nccl or gloo otherwise")
+    try:
+        cfgs["sync"].check(in_process=False, colocated=a.colocate_all_models, tensor_parallel_size=tp)
+    except ValueError as e:
+        raise SystemExit(f"rl ppo-ray: {e}") from None
 
     import os
 
     import ray
 
-    from rl_cli import ray_workers as rw
-    from rl_cli.ray_engines import engine_gpus, start_engines
-    from rl_core.rl import BroadcastWeightSync, GroupRollout, IpcWeightSync
-    from rl_core.trainers.ppo import PPOTrainer
-    from rl_placement import RayActorGroup, create_placement_groups
+    from rl_cli.ray_factory import RayFactory
+    from rl_core.rl.build import build_run
+    from rl_placement import create_placement_groups
 
     address = a.ray_address or os.environ.get("RAY_ADDRESS")
     if address:
@@ -334,67 +270,26 @@ def run_ray(argv: list[str] | None = None) -> int:
     else:
         _local_ray_env()
         ray.init(num_gpus=a.num_gpus, include_dashboard=False, log_to_driver=True)
-    groups: list = []
-    placed = None
-    reward = None
+    placed = factory = run = None
     try:
         try:
             placed = create_placement_groups(plan, strategy=a.placement_strategy)
         except PlacementError as e:
             raise SystemExit(f"rl ppo-ray: the placement does not fit this cluster: {e}") from None
-        gpus = engine_gpus(placed)  # TP > 1 engines' GPU ids, read before any actor fills the bundles
-        kw, pad = _load_kw(m, s), tok.pad_token_id
-        opts = {"call_timeout_s": a.call_timeout_s}
-
-        def role(cls, name, *init_args, **init_kwargs):
-            g = RayActorGroup.from_plan(cls, placed, name, init_args=init_args, init_kwargs=init_kwargs, **opts)
-            groups.append(g)
-            return g
-
-        policy = role(rw.RayPolicyWorker, "actor", s, m.pretrain, p, steps, load_kw=kw, pad_id=pad,
-                      ckpt_path=p.ckpt_path)
-        critic = role(rw.RayCriticWorker, "critic", s, _critic_path(m), p, steps, load_kw=kw, pad_id=pad,
-                      ckpt_path=p.ckpt_path) if plan.critic else None
-        ref = role(rw.RayReferenceWorker, "ref", s, m.ref_pretrain or m.pretrain, load_kw=kw,
-                   pad_id=pad) if plan.ref else None
-        rm = role(rw.RayRewardModelWorker, "reward", s, m.reward_pretrain, load_kw=kw, pad_id=pad,
-                  normalize=m.normalize_reward) if plan.reward else None
-        engines = start_engines(
-            placed, r.rollout_engine, m.pretrain, gpus=gpus, seed=s.seed, call_timeout_s=a.call_timeout_s,
-            hf_options={"dtype": "bfloat16" if s.bf16 else "float32", "max_batch_sequences": r.max_batch_sequences},
-            vllm_options={"enforce_eager": r.enforce_eager, "enable_sleep_mode": r.vllm_enable_sleep,
-                          "engine_kwargs": {"gpu_memory_utilization": r.vllm_gpu_memory_utilization}})
-        groups.extend(engines)
-        device = policy.call_rank(0, "world")["device"]
-        backend = r.vllm_sync_backend
-        if backend == "auto":  # colocated on GPUs: NCCL refuses two ranks on one GPU, IPC reads in place
-            backend = (("ipc" if tp == 1 else "gloo") if a.colocate_all_models else "nccl") \
-                if device.startswith("cuda") else "gloo"
-        if backend == "ipc" and not device.startswith("cuda"):
-            raise SystemExit(f"rl ppo-ray: --vllm_sync_backend ipc shares CUDA memory, but the policy runs on "
-                             f"{device}: use gloo (or auto) on a machine without GPUs")
-        e0 = engines[0].call_rank(0, "describe")
-        print(f"[rl ppo-ray] {len(groups)} actor groups up; policy on {device} x {policy.world_size}; "
-              f"{len(engines)} engine(s) {e0['kind']} TP {e0['tensor_parallel_size']}"
-              f"{' on GPUs ' + ','.join(e0['visible_devices']) if e0['visible_devices'] else ''}; "
-              f"weight sync {backend}", flush=True)
-        rollout = GroupRollout(engines)
-        if backend == "ipc":
-            sync = IpcWeightSync(policy, rollout, verify=p.verify_weights)
-        else:
-            sync = BroadcastWeightSync(policy, rollout, backend=backend, engine_workers=[tp] * len(engines),
-                                       verify=p.verify_weights)
-        reward = _reward_fn(cfgs["reward"])
-        trainer = PPOTrainer(p, policy=policy, rollout=rollout, weight_sync=sync, prompts=prompts, tokenizer=tok,
-                             train_batch_size=s.train_batch_size, reward_fn=reward, reward_model=rm, critic=critic,
-                             ref=ref, sleep_engines=r.vllm_enable_sleep, seed=s.seed)
-        trainer.fit()
-        return _finish("ppo-ray", trainer, cfgs)
+        factory = RayFactory(placed, colocated=a.colocate_all_models, call_timeout_s=a.call_timeout_s)
+        try:
+            run = build_run(run_config(cfgs), factory, prompts=prompts, tokenizer=tok,
+                            reward_fn=cfgs["reward"].build())
+        except ValueError as e:
+            raise SystemExit(f"rl ppo-ray: {e}") from None
+        print(f"[rl ppo-ray] {factory.describe()}", flush=True)
+        run.trainer.fit()
+        return _finish("ppo-ray", run.trainer, cfgs)
     finally:
-        if reward is not None and hasattr(reward, "close"):
-            reward.close()
-        for g in reversed(groups):
-            g.shutdown()
+        if run is not None:
+            run.close()
+        if factory is not None:
+            factory.shutdown()
         if placed is not None:
             placed.remove()
         ray.shutdown()

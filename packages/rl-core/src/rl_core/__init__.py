@@ -35,9 +35,12 @@ from rl_core.trainers import (
     TrainerConfig,
 )
 
-__version__ = "0.6.0"
+from rl_core.rl.build import LocalFactory, RLModelConfig, Run, RunConfig, build_run
+
+__version__ = "0.7.0"
 
 __all__ = [
+    "LocalFactory", "RLModelConfig", "Run", "RunConfig", "build_run",
     "Actor", "ActorOutput", "BatchPlan", "CheckpointManager", "Critic", "DPOConfig", "DPOTrainer",
     "DeepSpeedStrategy", "KTOConfig", "KTOTrainer", "LoraSpec", "MetricsLogger", "PPOConfig", "PPOTrainer", "RMConfig", "RewardModel",
     "RewardModelTrainer", "SFTConfig", "SFTTrainer", "StrategyConfig", "Trainer", "TrainerConfig",

@@ -17,7 +17,7 @@ mean ``r_i = exp(mean_t (logp - old_logp))``, shared by its tokens.
 Rollout-vs-trainer importance correction, for samples drawn by an inference engine
 whose log-probs ``rollout_logp`` differ from the trainer's ``old_logp``
 (Yao et al. 2025, "Your efficient RL framework secretly brings you off-policy RL
-training"; OpenRLHF ``vllm_is_correction``), with ``w = exp(old_logp - rollout_logp)``
+training"; OpenRLHF ``--algo.advantage.is_correction_type``), with ``w = exp(old_logp - rollout_logp)``
 and thresholds ``[low, high]``:
 
 - ``tis``: token weight ``clamp(w, low, high)``;

@@ -4,6 +4,8 @@
 - :mod:`rl_core.rl.workers`: one class per role rank (policy, critic, reference, reward model).
 - :mod:`rl_core.rl.groups`: the worker-group protocol, the in-process group, generation over
   engine groups and the weight syncs (collective broadcast, CUDA IPC, in-process).
+- :mod:`rl_core.rl.build` (import it by name: it needs the trainers): the one builder: a run config and a group factory in, the roles, engines,
+  weight sync and loop of a run out (``rl ppo``, ``rl ppo-ray``, ``rl demo``, benchmarks, tests).
 """
 
 from rl_core.rl.experience import collate, dp_order, make_item, rows

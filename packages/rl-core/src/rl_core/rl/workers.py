@@ -107,9 +107,11 @@ class PolicyWorker(_Worker):
             self.ckpt = CheckpointManager(os.path.join(ckpt_path, "policy"), self.s, ppo_cfg.max_ckpt_num)
 
     def logprobs(self, items: list[dict]) -> list[torch.Tensor]:
+        """Log-probs at the sampling temperature (what the engine sampled from)."""
+        t = self.cfg.temperature
         self.engine.eval()
         try:
-            return self._forward_items(lambda i, a: self.engine(i, attention_mask=a).logprobs, items)
+            return self._forward_items(lambda i, a: self.engine(i, attention_mask=a, temperature=t).logprobs, items)
         finally:
             self.engine.train()
 
@@ -117,11 +119,12 @@ class PolicyWorker(_Worker):
         """Policy epochs over this rank's slices of every global batch (items in ``dp_order``).
 
         Returns ``[metrics]`` (a list, as ``call_sharded`` wants), averaged over steps and ranks."""
-        from rl_algos import aggregate_loss, approx_kl, policy_loss
+        from rl_algos import aggregate_loss, approx_kl
 
         c, dev, world = self.cfg, self.s.device, self.s.world_size
+        variant = c.policy_loss  # chosen once: ppo | gspo, with its clip, dual clip, correction and aggregation
         keys = ["old_logprobs", "advantages"] + (["ref_logprobs"] if c.use_kl_loss else []) + \
-            (["rollout_logprobs"] if c.is_correction else [])
+            (["rollout_logprobs"] if variant.needs_rollout_logprobs else [])
         sums = {"policy_loss": 0.0, "clip_fraction": 0.0, "kl_loss": 0.0}
         steps = 0
         self.engine.train()
@@ -132,12 +135,12 @@ class PolicyWorker(_Worker):
             for k in range(0, len(chunk), self.micro_batch):
                 sl = slice(k, k + self.micro_batch)
                 m = b["loss_mask"][sl].to(dev)
-                lp = self.engine(b["input_ids"][sl].to(dev), attention_mask=b["attention_mask"][sl].to(dev)).logprobs
-                out = policy_loss(lp, b["old_logprobs"][sl].to(dev), b["advantages"][sl].to(dev), m,
-                                  clip_eps_low=c.eps_clip, clip_eps_high=c.eps_clip_high, dual_clip=c.dual_clip,
-                                  aggregation=c.loss_agg_mode, global_tokens=total, global_seqs=G, dp_size=world,
-                                  rollout_logprobs_BT=b["rollout_logprobs"][sl].to(dev) if c.is_correction else None,
-                                  correction=c.is_correction)
+                lp = self.engine(b["input_ids"][sl].to(dev), attention_mask=b["attention_mask"][sl].to(dev),
+                                 temperature=c.temperature).logprobs
+                rollout = b["rollout_logprobs"][sl].to(dev) if variant.needs_rollout_logprobs else None
+                out = variant.loss(lp, b["old_logprobs"][sl].to(dev), b["advantages"][sl].to(dev), m,
+                                   rollout_logprobs_BT=rollout, global_tokens=total, global_seqs=G, dp_size=world,
+                                   norm_len=c.loss_norm_len)
                 loss = out.loss
                 if c.use_kl_loss:
                     kl = approx_kl(lp, b["ref_logprobs"][sl].to(dev), c.kl_estimator, mask=m)
@@ -309,15 +312,19 @@ class CriticWorker(_Worker):
 class ReferenceWorker(_Worker):
     """One rank of the frozen reference policy: ``logprobs``."""
 
-    def __init__(self, strategy_cfg, pretrain: str, *, load_kw: dict | None = None, pad_id: int = 0):
+    def __init__(self, strategy_cfg, pretrain: str, *, load_kw: dict | None = None, pad_id: int = 0,
+                 temperature: float = 1.0):
         super().__init__(strategy_cfg, pad_id=pad_id)
         from rl_core.models import Actor, frozen
 
+        self.temperature = temperature
         kw = {k: v for k, v in (load_kw or {}).items() if k not in ("lora", "gradient_checkpointing")}
         self.engine = self.s.prepare(frozen(Actor.from_pretrained(pretrain, **kw)), train=False)
 
     def logprobs(self, items: list[dict]) -> list[torch.Tensor]:
-        return self._forward_items(lambda i, a: self.engine(i, attention_mask=a).logprobs, items)
+        """Log-probs at the sampling temperature, like the policy's (the KL compares the same distributions)."""
+        t = self.temperature
+        return self._forward_items(lambda i, a: self.engine(i, attention_mask=a, temperature=t).logprobs, items)
 
 
 class RewardModelWorker(_Worker):

@@ -16,7 +16,7 @@ in-process (:class:`~rl_core.rl.groups.LocalGroup`, ``rl ppo``) or Ray actors
    groups on different GPUs compute at the same time.
 4. Advantages (rl-algos): KL to the reference as a per-token reward penalty
    (``init_kl_coef``, adaptive with ``kl_target``) or as a loss (``use_kl_loss``),
-   the chosen estimator, whitening for gae / reinforce / reinforce_baseline.
+   the chosen estimator, batch whitening where its rl-algos registry entry says so.
 5. Train the critic, then the policy (``max_epochs`` passes, global batches of
    ``train_batch_size`` split over each group's data-parallel ranks the same way
    whatever their number).
@@ -35,109 +35,19 @@ from __future__ import annotations
 import logging
 import math
 import time
-from dataclasses import dataclass
 
 import torch
 from tqdm import tqdm
 
+from rl_algos import clip_rewards, estimator_names, overlong_penalty
 from rl_core.metrics import MetricsLogger
 from rl_core.rl.experience import collate, dp_order, make_item, rows
 from rl_core.rl.groups import LocalGroup, concurrently
+from rl_core.trainers.ppo_config import PPOConfig
+
+__all__ = ["PPOConfig", "PPOTrainer"]
 
 logger = logging.getLogger(__name__)
-
-CRITIC_FREE = ("reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo")
-GROUP_ESTIMATORS = ("reinforce_baseline", "rloo", "group_norm", "dr_grpo")
-
-
-@dataclass(frozen=True)
-class PPOConfig:
-    """RL loop settings (OpenRLHF flag names in comments)."""
-
-    advantage_estimator: str = "gae"  # --advantage_estimator: gae (PPO, needs a critic) | group_norm | rloo | reinforce | reinforce_baseline | dr_grpo
-    gamma: float = 1.0  # --gamma
-    lambd: float = 0.95  # --lambd: GAE lambda
-    n_samples_per_prompt: int = 1  # --n_samples_per_prompt
-    rollout_batch_size: int = 8  # --rollout_batch_size: prompts per iteration
-    generate_max_len: int = 64  # --generate_max_len: new tokens per sample
-    temperature: float = 1.0  # --temperature
-    top_p: float = 1.0  # --top_p
-    num_episodes: int = 1  # --num_episodes: passes over the prompts
-    max_iterations: int = 0  # stop after this many iterations (0: num_episodes passes)
-    max_epochs: int = 1  # --max_epochs: passes over each iteration's samples
-    eps_clip: float = 0.2  # --eps_clip
-    eps_clip_high: float | None = None  # --eps_clip_high (DAPO clip-higher); default: eps_clip
-    dual_clip: float | None = None  # --dual_clip (> 1)
-    value_clip: float | None = 0.5  # --value_clip (None: plain squared error)
-    loss_agg_mode: str = "token-mean"  # --policy_loss_agg: token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm
-    init_kl_coef: float = 0.01  # --init_kl_coef: KL to the reference (0: no reference model)
-    kl_target: float | None = None  # --kl_target: adaptive KL coefficient steering to this KL
-    kl_horizon: int = 10000  # --kl_horizon
-    use_kl_loss: bool = False  # --use_kl_loss: KL as a loss term (GRPO) instead of a reward penalty
-    kl_estimator: str = "k1"  # --kl_estimator: k1 | k2 | k3
-    is_correction: str | None = None  # --vllm_is_correction: tis | icepop | seq-mask-tis (rollout logprobs)
-    reward_clip_range: tuple[float, float] | None = None  # --reward_clip_range LOW HIGH
-    whiten_advantages: bool | None = None  # default: on for gae, reinforce, reinforce_baseline
-    dynamic_filtering: bool = False  # --dynamic_filtering: drop groups without signal, refill (DAPO)
-    dynamic_filtering_reward_range: tuple[float, float] = (0.0, 1.0)  # --dynamic_filtering_reward_range
-    dynamic_filtering_max_rounds: int = 4  # rollout rounds per iteration before filling with dropped groups
-    critic_learning_rate: float | None = None  # --critic_learning_rate (default: --learning_rate)
-    freezing_actor_steps: int = 0  # --freezing_actor_steps: first iterations train the critic only
-    save_steps: int = -1  # --save_steps: checkpoint every N iterations (-1: none)
-    ckpt_path: str | None = None  # --ckpt_path
-    max_ckpt_num: int = 3  # --max_ckpt_num
-    load_checkpoint: bool = False  # --load_checkpoint: resume from the latest complete checkpoint
-    save_path: str | None = None  # --save_path: final HF export of the policy
-    save_value_network: bool = False  # --save_value_network: also export the critic (save_path/critic)
-    run_dir: str | None = None  # metrics.jsonl, tensorboard/, curves.png
-    verify_weights: bool = False  # sha256 of every weight bucket on both ends of a sync
-
-    def __post_init__(self) -> None:
-        from rl_algos import get_estimator
-
-        get_estimator(self.advantage_estimator)  # an unknown name fails listing the valid ones
-        for name in ("n_samples_per_prompt", "rollout_batch_size", "generate_max_len", "num_episodes", "max_epochs",
-                     "dynamic_filtering_max_rounds", "max_ckpt_num"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} (--{name}) must be >= 1, got {getattr(self, name)}")
-        if self.advantage_estimator in GROUP_ESTIMATORS and self.n_samples_per_prompt < 2:
-            raise ValueError(f"--advantage_estimator {self.advantage_estimator} compares the samples of a prompt: "
-                             f"set --n_samples_per_prompt >= 2 (got {self.n_samples_per_prompt})")
-        if self.dynamic_filtering and self.n_samples_per_prompt < 2:
-            raise ValueError("--dynamic_filtering judges groups of samples: set --n_samples_per_prompt >= 2")
-        if self.init_kl_coef < 0:
-            raise ValueError(f"init_kl_coef (--init_kl_coef) must be >= 0, got {self.init_kl_coef}")
-        if self.kl_estimator not in ("k1", "k2", "k3"):
-            raise ValueError(f"kl_estimator (--kl_estimator) must be k1, k2 or k3, got {self.kl_estimator!r}")
-        if self.load_checkpoint and not self.ckpt_path:
-            raise ValueError("load_checkpoint needs ckpt_path (--ckpt_path DIR) to find checkpoints in")
-        if self.save_steps > 0 and not self.ckpt_path:
-            raise ValueError(f"save_steps={self.save_steps} needs ckpt_path (--ckpt_path DIR) to write them to")
-        if self.max_iterations < 0:
-            raise ValueError(f"max_iterations must be >= 0 (0: num_episodes passes), got {self.max_iterations}")
-
-    @property
-    def needs_critic(self) -> bool:
-        return self.advantage_estimator == "gae"
-
-    @property
-    def needs_reference(self) -> bool:
-        return self.init_kl_coef > 0
-
-    @property
-    def whiten(self) -> bool:
-        if self.whiten_advantages is not None:
-            return self.whiten_advantages
-        return self.advantage_estimator in ("gae", "reinforce", "reinforce_baseline")
-
-    def iterations(self, num_prompts: int) -> int:
-        return self.max_iterations or max(1, self.num_episodes * num_prompts // self.rollout_batch_size)
-
-    def optimizer_steps(self, num_prompts: int, train_batch_size: int) -> int:
-        """Policy (and critic) optimizer steps over the run, for the LR schedule."""
-        samples = self.rollout_batch_size * self.n_samples_per_prompt
-        return self.iterations(num_prompts) * (samples // train_batch_size) * self.max_epochs
-
 
 class PPOTrainer:
     """The loop. ``policy``, ``critic``, ``ref``, ``reward_model``: worker groups (or None);
@@ -148,16 +58,17 @@ class PPOTrainer:
 
     def __init__(self, cfg: PPOConfig, *, policy, rollout, weight_sync, prompts, tokenizer, train_batch_size: int,
                  reward_fn=None, reward_model=None, critic=None, ref=None, sleep_engines: bool = False,
-                 metrics: MetricsLogger | None = None, seed: int = 42):
+                 metrics: MetricsLogger | None = None, seed: int = 42, gap_alarm: float | None = None):
         self.cfg, self.policy, self.rollout, self.weight_sync, self.seed = cfg, policy, rollout, weight_sync, seed
         self.critic, self.ref, self.reward_model, self.reward_fn = critic, ref, reward_model, reward_fn
         self.prompts, self.tokenizer, self.G, self.sleep_engines = prompts, tokenizer, train_batch_size, sleep_engines
+        self.gap_alarm = cfg.gap_alarm(bf16=False) if gap_alarm is None else gap_alarm
         if reward_fn is None and reward_model is None:
             raise ValueError("no reward: give a reward function (--reward_fn / --remote_rm_url) or a reward model "
                              "(--reward_pretrain)")
         if cfg.needs_critic and critic is None:
             raise ValueError("--advantage_estimator gae (PPO) needs a critic (--critic_pretrain); or pick a "
-                             f"critic-free estimator: {', '.join(CRITIC_FREE)}")
+                             f"critic-free estimator: {', '.join(estimator_names(critic_free=True))}")
         if cfg.needs_reference and ref is None:
             raise ValueError(f"init_kl_coef={cfg.init_kl_coef} needs a reference model; or set --init_kl_coef 0")
         samples = cfg.rollout_batch_size * cfg.n_samples_per_prompt
@@ -228,10 +139,14 @@ class PPOTrainer:
             parts.append(torch.tensor(self.reward_model.call_sharded("score", items), dtype=torch.float32))
             info["reward_model_mean"] = parts[-1].mean().item()
         scores = sum(parts[1:], parts[0])
-        if self.cfg.reward_clip_range is not None:
-            from rl_algos import clip_rewards
-
-            scores = clip_rewards(scores, *self.cfg.reward_clip_range)
+        c = self.cfg
+        if c.overlong_buffer_len is not None:
+            lengths = torch.tensor([len(s.response_ids) for s in samples])
+            penalty = overlong_penalty(lengths, c.generate_max_len, c.overlong_buffer_len, c.overlong_penalty_factor)
+            scores = scores + penalty
+            info["overlong_penalty_mean"] = penalty.mean().item()
+        if c.reward_clip_range is not None:
+            scores = clip_rewards(scores, *c.reward_clip_range)
         return scores, info
 
     def _sample_round(self, k: int, seed: int):
@@ -334,10 +249,22 @@ class PPOTrainer:
             m = mask.clone()
             m[:, 0] = 0
             out["rollout_logprob_gap"] = masked_mean((b["old_logprobs"] - b["rollout_logprobs"]).abs(), m).item()
+            out.update(self._check_gap(out["rollout_logprob_gap"]))
         if c.is_correction and not all(has_rollout):
-            raise ValueError(f"--vllm_is_correction {c.is_correction} needs the engine's rollout logprobs; this "
+            raise ValueError(f"--is_correction {c.is_correction} needs the engine's rollout logprobs; this "
                              "rollout returned samples without them")
         return out
+
+    def _check_gap(self, gap: float) -> dict[str, float]:
+        """The engine sampled from another distribution than the trainer scores: say so, loudly."""
+        if not self.gap_alarm or gap <= self.gap_alarm:
+            return {"logprob_gap_alarm": 0.0}
+        logger.warning(
+            "rollout log-prob gap %.3g > --logprob_gap_alarm %.3g: the engine samples from another distribution than "
+            "the trainer's. Likely causes: stale weights in the engine (a weight sync that missed tensors, e.g. a "
+            "tied LM head; run with --verify_weights), a dtype mismatch (engine bf16, trainer fp32: check --bf16), "
+            "or a temperature/top-p mismatch (top_p < 1 changes the engine's log-probs)", gap, self.gap_alarm)
+        return {"logprob_gap_alarm": 1.0}
 
     # ----- train and sync --------------------------------------------------------------------
 

@@ -1,0 +1,74 @@
+"""The group factory ``rl ppo-ray`` hands rl-core's :func:`~rl_core.rl.build.build_run`: roles as Ray actors.
+
+Each role is a ``RayActorGroup`` of rl-placement (one actor per rank, on the
+plan's bundles, with the torch.distributed environment of a DeepSpeed world); the
+engines are :class:`~rl_cli.ray_engines.RolloutEngineActor` groups behind rl-core's
+:class:`~rl_core.rl.groups.GroupRollout`; the weight sync is the collective broadcast
+(gloo / NCCL) or, for the hybrid engine on GPUs, CUDA IPC, chosen by
+:meth:`rl_rollout.WeightSyncConfig.resolve` from where the policy runs.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rl_cli import ray_workers as rw
+from rl_cli.ray_engines import engine_gpus, start_engines
+from rl_core.rl import BroadcastWeightSync, CriticWorker, GroupRollout, IpcWeightSync, PolicyWorker, ReferenceWorker
+from rl_core.rl import RewardModelWorker
+from rl_placement import RayActorGroup
+from rl_rollout.config import EngineConfig, WeightSyncConfig
+
+# rl-core's role -> (the Ray actor class, the plan's role name)
+RAY_ROLES = {PolicyWorker: (rw.RayPolicyWorker, "actor"), CriticWorker: (rw.RayCriticWorker, "critic"),
+             ReferenceWorker: (rw.RayReferenceWorker, "ref"), RewardModelWorker: (rw.RayRewardModelWorker, "reward")}
+
+
+class RayFactory:
+    """Roles, engines and weight sync over a placed plan (``rl_placement.create_placement_groups``)."""
+
+    def __init__(self, placed, *, colocated: bool, call_timeout_s: float = 3600.0):
+        self.placed, self.colocated, self.call_timeout_s = placed, colocated, call_timeout_s
+        self.gpus = engine_gpus(placed)  # TP > 1 engines' GPU ids, read before any actor fills the bundles
+        self.groups: list[Any] = []
+        self.engines: list[Any] = []
+        self.backend: str | None = None
+        self.device = "?"
+
+    def role(self, name: str, worker_cls: type, *args: Any, **kwargs: Any):
+        ray_cls, plan_role = RAY_ROLES[worker_cls]
+        g = RayActorGroup.from_plan(ray_cls, self.placed, plan_role, init_args=args, init_kwargs=kwargs,
+                                    call_timeout_s=self.call_timeout_s)
+        self.groups.append(g)
+        return g
+
+    def rollout(self, engine_cfg: EngineConfig, model: str, *, dtype: str, seed: int, device: str) -> GroupRollout:
+        hf = engine_cfg.hf_options(dtype=dtype, device=device)
+        hf.pop("device")  # each engine actor picks its own (Ray narrows it to its GPU)
+        vllm = engine_cfg.vllm_options(dtype=dtype, seed=seed)
+        vllm.pop("seed")  # start_engines gives engine e the seed seed + e
+        vllm.pop("tensor_parallel_size")  # from the plan's bundles
+        self.engines = start_engines(self.placed, engine_cfg.kind, model, gpus=self.gpus, seed=seed,
+                                     call_timeout_s=self.call_timeout_s, hf_options=hf, vllm_options=vllm)
+        self.groups.extend(self.engines)
+        return GroupRollout(self.engines)
+
+    def weight_sync(self, policy, rollout: GroupRollout, sync_cfg: WeightSyncConfig):
+        self.device = f'{policy.call_rank(0, "world")["device"]} x {policy.world_size}'
+        tps = [g.call_rank(0, "describe")["tensor_parallel_size"] for g in self.engines]
+        self.backend = sync_cfg.resolve(in_process=False, on_gpu=self.device.startswith("cuda"),
+                                        colocated=self.colocated, tensor_parallel_size=max(tps))
+        if self.backend == "ipc":
+            return IpcWeightSync(policy, rollout, verify=sync_cfg.verify)
+        return BroadcastWeightSync(policy, rollout, backend=self.backend, engine_workers=tps, verify=sync_cfg.verify)
+
+    def describe(self) -> str:
+        e0 = self.engines[0].call_rank(0, "describe") if self.engines else {}
+        gpus = ",".join(e0.get("visible_devices") or [])
+        return (f"{len(self.groups)} actor groups up; policy on {self.device}; {len(self.engines)} engine(s) "
+                f"{e0.get('kind')} TP {e0.get('tensor_parallel_size')}{' on GPUs ' + gpus if gpus else ''}; "
+                f"weight sync {self.backend}")
+
+    def shutdown(self) -> None:
+        for g in reversed(self.groups):
+            g.shutdown()

@@ -1,0 +1,162 @@
+"""One way to build an RL run: a run config and a group factory in, the roles, engines, weight sync and loop out.
+
+:func:`build_run` is the only place that decides which roles a run has (a critic when
+the estimator's registry entry needs one, a reference when the KL coefficient is above
+0, a reward-model role when a reward model is given), what each is built from, which
+engines generate and how their weights are kept in sync. Where the roles live is the
+factory's business:
+
+- :class:`LocalFactory` (here): every role and the engine in this process
+  (:class:`~rl_core.rl.groups.LocalGroup`, weights handed over in memory), the
+  single-controller ``rl ppo``, ``rl demo``, benchmarks and tests.
+- rl-cli's Ray factory: one Ray actor per rank from rl-placement's plan, engines as
+  Ray actors, collective or CUDA IPC weight sync (``rl ppo-ray``). rl-core never
+  imports Ray.
+
+A factory has three methods: ``role(name, worker_cls, *args, **kwargs)`` returns a
+worker group of ``worker_cls`` built with those arguments (``name`` is one of
+``policy``, ``critic``, ``ref``, ``reward``); ``rollout(engine_cfg, model, *, dtype,
+seed, device)`` returns the rollout (``generate`` / ``sleep`` / ``wake_up`` /
+``shutdown``); ``weight_sync(policy, rollout, sync_cfg)`` returns the callable the loop
+syncs with, after resolving the backend with :meth:`rl_rollout.WeightSyncConfig.resolve`.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from rl_core.metrics import MetricsLogger
+from rl_core.rl.groups import DirectWeightSync, LocalGroup, WorkerGroup
+from rl_core.rl.workers import CriticWorker, PolicyWorker, ReferenceWorker, RewardModelWorker
+from rl_core.strategy import StrategyConfig
+from rl_core.trainers.ppo import PPOTrainer
+from rl_core.trainers.ppo_config import PPOConfig
+from rl_rollout.config import EngineConfig, WeightSyncConfig, meta
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class RLModelConfig:
+    """The RL run's model folders (local HF folders; this stack never downloads at run time)."""
+
+    pretrain: str | None = field(default=None, metadata=meta(
+        "the policy to train (a local HF folder)", openrlhf=("actor.model_name_or_path",)))
+    critic_pretrain: str | None = field(default=None, metadata=meta(
+        "critic init for gae (default: --reward_pretrain, else --pretrain)", openrlhf=("critic.model_name_or_path",)))
+    reward_pretrain: str | None = field(default=None, metadata=meta(
+        "a reward model folder (rl rm's output)", openrlhf=("reward.model_name_or_path",)))
+    ref_pretrain: str | None = field(default=None, metadata=meta("reference policy (default: --pretrain)"))
+    flash_attn: bool = field(default=False, metadata=meta("flash_attention_2 (needs flash-attn; default sdpa)"))
+    normalize_reward: bool = field(default=True, metadata=meta(
+        "apply the reward model's stored mean/std", openrlhf=("reward.normalize_enable",)))
+
+    @property
+    def critic_path(self) -> str | None:
+        return self.critic_pretrain or self.reward_pretrain or self.pretrain
+
+    @property
+    def ref_path(self) -> str | None:
+        return self.ref_pretrain or self.pretrain
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Everything :func:`build_run` needs, each part owned by its package."""
+
+    model: RLModelConfig
+    strategy: StrategyConfig
+    ppo: PPOConfig
+    engine: EngineConfig = EngineConfig()
+    sync: WeightSyncConfig = WeightSyncConfig()
+
+    @property
+    def dtype(self) -> str:
+        return "bf16" if self.strategy.bf16 else "fp32"
+
+    def load_kw(self) -> dict:
+        return {"dtype": self.dtype, "attn_implementation": "flash_attention_2" if self.model.flash_attn else None,
+                "gradient_checkpointing": self.strategy.gradient_checkpointing}
+
+
+class GroupFactory(Protocol):
+    def role(self, name: str, worker_cls: type, *args: Any, **kwargs: Any) -> WorkerGroup: ...
+
+    def rollout(self, engine_cfg: EngineConfig, model: str, *, dtype: str, seed: int, device: str) -> Any: ...
+
+    def weight_sync(self, policy: WorkerGroup, rollout: Any, sync_cfg: WeightSyncConfig) -> Any: ...
+
+
+class LocalFactory:
+    """Every role and the engine in this process (one rank each); weights handed over in memory."""
+
+    def __init__(self, engine_kind: str | None = None):
+        self.engine_kind = engine_kind  # overrides EngineConfig.kind (e.g. a test forcing "hf")
+
+    def role(self, name: str, worker_cls: type, *args: Any, **kwargs: Any) -> LocalGroup:
+        return LocalGroup(worker_cls(*args, **kwargs), name)
+
+    def rollout(self, engine_cfg: EngineConfig, model: str, *, dtype: str, seed: int, device: str):
+        return engine_cfg.make(model, dtype=dtype, seed=seed, device=device, in_process=True, kind=self.engine_kind)
+
+    def weight_sync(self, policy: LocalGroup, rollout: Any, sync_cfg: WeightSyncConfig) -> DirectWeightSync:
+        sync_cfg.resolve(in_process=True, on_gpu=False)  # refuses gloo/nccl/ipc with the reason
+        return DirectWeightSync(policy, rollout)
+
+
+@dataclass
+class Run:
+    """A built run: the loop and what it holds, and :meth:`close` to release the engines and pools."""
+
+    trainer: PPOTrainer
+    policy: WorkerGroup
+    rollout: Any
+    weight_sync: Any
+    critic: WorkerGroup | None = None
+    ref: WorkerGroup | None = None
+    reward_model: WorkerGroup | None = None
+    reward_fn: Any = None
+
+    def roles(self) -> str:
+        names = ["policy"] + [n for n, g in (("critic", self.critic), ("ref", self.ref),
+                                             ("reward model", self.reward_model)) if g is not None]
+        return ", ".join(names)
+
+    def close(self) -> None:
+        close = getattr(self.reward_fn, "close", None)
+        if callable(close):
+            close()
+        self.rollout.shutdown()
+
+
+def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, reward_fn=None,
+              metrics: MetricsLogger | None = None) -> Run:
+    """The roles the run needs, the rollout, the weight sync and the :class:`PPOTrainer` over them."""
+    m, s, p = cfg.model, cfg.strategy, cfg.ppo
+    if not m.pretrain:
+        raise ValueError("RLModelConfig.pretrain (--pretrain) is required: a local HF model folder")
+    if reward_fn is None and not m.reward_pretrain:
+        raise ValueError("no reward: give a reward function (--reward_fn / --remote_rm_url) or a reward model "
+                         "(--reward_pretrain)")
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    samples = p.rollout_batch_size * p.n_samples_per_prompt
+    steps = p.optimizer_steps(len(prompts), s.train_batch_size) if samples % s.train_batch_size == 0 else 1
+    kw = cfg.load_kw()
+    policy = factory.role("policy", PolicyWorker, s, m.pretrain, p, steps, load_kw=kw, pad_id=pad,
+                          ckpt_path=p.ckpt_path)
+    critic = factory.role("critic", CriticWorker, s, m.critic_path, p, steps, load_kw=kw, pad_id=pad,
+                          ckpt_path=p.ckpt_path) if p.needs_critic else None
+    ref = factory.role("ref", ReferenceWorker, s, m.ref_path, load_kw=kw, pad_id=pad,
+                       temperature=p.temperature) if p.needs_reference else None
+    rm = factory.role("reward", RewardModelWorker, s, m.reward_pretrain, load_kw=kw, pad_id=pad,
+                      normalize=m.normalize_reward) if m.reward_pretrain else None
+    device = policy.call_rank(0, "world")["device"]
+    rollout = factory.rollout(cfg.engine, m.pretrain, dtype=cfg.dtype, seed=s.seed, device=device)
+    sync = factory.weight_sync(policy, rollout, cfg.sync)
+    trainer = PPOTrainer(p, policy=policy, rollout=rollout, weight_sync=sync, prompts=prompts, tokenizer=tokenizer,
+                         train_batch_size=s.train_batch_size, reward_fn=reward_fn, reward_model=rm, critic=critic,
+                         ref=ref, sleep_engines=cfg.engine.enable_sleep, metrics=metrics, seed=s.seed,
+                         gap_alarm=p.gap_alarm(bf16=s.bf16))
+    return Run(trainer, policy, rollout, sync, critic=critic, ref=ref, reward_model=rm, reward_fn=reward_fn)

@@ -1,0 +1,179 @@
+"""The RL loop's settings (:class:`PPOConfig`) and what follows from them.
+
+What an estimator or a policy-loss variant needs is asked of its registry entry in
+rl-algos (``get_estimator(name).needs_critic``, ``.min_group_size``,
+``.whiten_by_default``; ``policy_loss_config(type, ...)``), never listed here. Each
+field carries its help text and command-line names as metadata (``flags``: our flat
+names, ``openrlhf``: OpenRLHF's), which rl-cli reads to build its parser.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from rl_algos import ISCorrectionConfig, get_estimator, policy_loss_config
+from rl_rollout.config import meta
+
+
+@dataclass(frozen=True)
+class PPOConfig:
+    """RL loop settings (the PPO family: PPO with a critic, GRPO, REINFORCE++, RLOO, Dr. GRPO)."""
+
+    advantage_estimator: str = field(default="gae", metadata=meta(
+        "gae (PPO, needs a critic) | group_norm (GRPO) | rloo | reinforce | reinforce_baseline | dr_grpo",
+        openrlhf=("algo.advantage.estimator",)))
+    gamma: float = field(default=1.0, metadata=meta("discount", openrlhf=("algo.advantage.gamma",)))
+    lambd: float = field(default=0.95, metadata=meta("GAE lambda", openrlhf=("algo.advantage.lambd",)))
+    n_samples_per_prompt: int = field(default=1, metadata=meta(
+        "samples per prompt (a group)", openrlhf=("rollout.n_samples_per_prompt",)))
+    rollout_batch_size: int = field(default=8, metadata=meta("prompts per iteration", openrlhf=("rollout.batch_size",)))
+    generate_max_len: int = field(default=64, metadata=meta(
+        "new tokens per sample (also Dr. GRPO's constant normaliser)", flags=("max_new_tokens",),
+        openrlhf=("rollout.max_new_tokens",)))
+    temperature: float = field(default=1.0, metadata=meta(
+        "sampling temperature; the trainer's log-probs use the same one", openrlhf=("rollout.temperature",)))
+    top_p: float = field(default=1.0, metadata=meta("nucleus sampling", openrlhf=("rollout.top_p",)))
+    num_episodes: int = field(default=1, metadata=meta("passes over the prompts", openrlhf=("train.num_episodes",)))
+    max_iterations: int = field(default=0, metadata=meta("stop after this many iterations (0: num_episodes passes)"))
+    max_epochs: int = field(default=1, metadata=meta(
+        "passes over each iteration's samples", openrlhf=("train.max_epochs",)))
+    policy_loss_type: str = field(default="ppo", metadata=meta(
+        "ppo (token ratio) | gspo (sequence ratio, arXiv:2507.18071)", openrlhf=("actor.policy_loss_type",)))
+    eps_clip: float = field(default=0.2, metadata=meta("PPO clip range (low side)", openrlhf=("actor.eps_clip",)))
+    eps_clip_high: float | None = field(default=None, metadata=meta(
+        "clip-higher (DAPO) upper range; default: eps_clip"))
+    dual_clip: float | None = field(default=None, metadata=meta(
+        "dual-clip PPO constant (> 1)", openrlhf=("actor.dual_clip",)))
+    value_clip: float | None = field(default=0.5, metadata=meta(
+        "critic value clip (None: plain squared error)", openrlhf=("critic.value_clip",)))
+    loss_agg_mode: str = field(default="token-mean", metadata=meta(
+        "token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm (Dr. GRPO: divides by "
+        "generate_max_len)"))
+    init_kl_coef: float = field(default=0.01, metadata=meta(
+        "KL to the reference (0: no reference model)", openrlhf=("algo.kl.init_coef",)))
+    kl_target: float | None = field(default=None, metadata=meta(
+        "adaptive KL coefficient steering to this KL", openrlhf=("algo.kl.target",)))
+    kl_horizon: int = field(default=10000, metadata=meta("adaptive KL horizon", openrlhf=("algo.kl.horizon",)))
+    use_kl_loss: bool = field(default=False, metadata=meta(
+        "KL as a loss term (GRPO) instead of a reward penalty", openrlhf=("algo.kl.use_loss",)))
+    kl_estimator: str = field(default="k1", metadata=meta("k1 | k2 | k3", openrlhf=("algo.kl.estimator",)))
+    is_correction: str | None = field(default=None, metadata=meta(
+        "importance correction for the engine's sampling: tis | icepop | seq-mask-tis (uses rollout log-probs)",
+        openrlhf=("algo.advantage.is_correction_type",)))
+    is_correction_threshold: tuple[float, float] = field(default=(0.5, 5.0), metadata=meta(
+        "LOW HIGH bounds of the importance weights (clamp for tis, keep-range for icepop / seq-mask-tis)",
+        openrlhf=("algo.advantage.is_correction_threshold",)))
+    reward_clip_range: tuple[float, float] | None = field(default=None, metadata=meta(
+        "clip rewards to LOW HIGH", openrlhf=("reward.clip_range",)))
+    overlong_buffer_len: int | None = field(default=None, metadata=meta(
+        "DAPO overlong penalty: the last N tokens before generate_max_len ramp the penalty up",
+        openrlhf=("reward.overlong_buffer_len",)))
+    overlong_penalty_factor: float = field(default=1.0, metadata=meta(
+        "DAPO overlong penalty at generate_max_len", openrlhf=("reward.overlong_penalty_factor",)))
+    whiten_advantages: bool | None = field(default=None, metadata=meta(
+        "batch-whiten the advantages (default: what the estimator's registry entry says)"))
+    dynamic_filtering: bool = field(default=False, metadata=meta(
+        "drop groups without signal and sample new prompts (DAPO)", openrlhf=("algo.dynamic_filtering_enable",)))
+    dynamic_filtering_reward_range: tuple[float, float] = field(default=(0.0, 1.0), metadata=meta(
+        "keep groups whose mean reward lies strictly inside LOW HIGH", openrlhf=("algo.dynamic_filtering_range",)))
+    dynamic_filtering_max_rounds: int = field(default=4, metadata=meta(
+        "rollout rounds per iteration before dropped groups fill the batch"))
+    critic_learning_rate: float | None = field(default=None, metadata=meta(
+        "critic learning rate (default: --learning_rate)", openrlhf=("critic.adam.lr",)))
+    freezing_actor_steps: int = field(default=0, metadata=meta(
+        "first iterations train the critic only", openrlhf=("critic.freezing_steps",)))
+    logprob_gap_alarm: float | None = field(default=None, metadata=meta(
+        "warn (and count rl/logprob_gap_alarm) when the mean |trainer - engine| log-prob gap exceeds this "
+        "(default: 1e-3 in fp32, 5e-2 in bf16; 0: off)"))
+    save_steps: int = field(default=-1, metadata=meta(
+        "checkpoint every N iterations (-1: none)", openrlhf=("ckpt.save_steps",)))
+    ckpt_path: str | None = field(default=None, metadata=meta("checkpoint folder", openrlhf=("ckpt.path",)))
+    max_ckpt_num: int = field(default=3, metadata=meta("checkpoints kept", openrlhf=("ckpt.max_num",)))
+    load_checkpoint: bool = field(default=False, metadata=meta(
+        "resume from the latest complete checkpoint", openrlhf=("ckpt.load_enable",)))
+    save_path: str | None = field(default=None, metadata=meta(
+        "final HF export of the policy", openrlhf=("ckpt.output_dir",)))
+    save_value_network: bool = field(default=False, metadata=meta(
+        "also export the critic (save_path/critic)", openrlhf=("critic.save_value_network",)))
+    run_dir: str | None = field(default=None, metadata=meta("metrics.jsonl, tensorboard/, curves.png"))
+
+    def __post_init__(self) -> None:
+        spec = get_estimator(self.advantage_estimator)  # an unknown name fails listing the valid ones
+        for name in ("n_samples_per_prompt", "rollout_batch_size", "generate_max_len", "num_episodes", "max_epochs",
+                     "dynamic_filtering_max_rounds", "max_ckpt_num"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} (--{name}) must be >= 1, got {getattr(self, name)}")
+        if self.n_samples_per_prompt < spec.min_group_size:
+            raise ValueError(f"--advantage_estimator {self.advantage_estimator} compares the samples of a prompt: "
+                             f"set --n_samples_per_prompt >= {spec.min_group_size} (got {self.n_samples_per_prompt})")
+        if self.dynamic_filtering and self.n_samples_per_prompt < 2:
+            raise ValueError("--dynamic_filtering judges groups of samples: set --n_samples_per_prompt >= 2")
+        if self.temperature <= 0:
+            raise ValueError(f"temperature (--temperature) must be > 0, got {self.temperature}")
+        if self.init_kl_coef < 0:
+            raise ValueError(f"init_kl_coef (--init_kl_coef) must be >= 0, got {self.init_kl_coef}")
+        if self.kl_estimator not in ("k1", "k2", "k3"):
+            raise ValueError(f"kl_estimator (--kl_estimator) must be k1, k2 or k3, got {self.kl_estimator!r}")
+        if self.load_checkpoint and not self.ckpt_path:
+            raise ValueError("load_checkpoint needs ckpt_path (--ckpt_path DIR) to find checkpoints in")
+        if self.save_steps > 0 and not self.ckpt_path:
+            raise ValueError(f"save_steps={self.save_steps} needs ckpt_path (--ckpt_path DIR) to write them to")
+        if self.max_iterations < 0:
+            raise ValueError(f"max_iterations must be >= 0 (0: num_episodes passes), got {self.max_iterations}")
+        if self.overlong_buffer_len is not None and not 0 < self.overlong_buffer_len <= self.generate_max_len:
+            raise ValueError(f"overlong_buffer_len (--overlong_buffer_len) must be in 1..generate_max_len="
+                             f"{self.generate_max_len}, got {self.overlong_buffer_len}")
+        if self.logprob_gap_alarm is not None and self.logprob_gap_alarm < 0:
+            raise ValueError(f"logprob_gap_alarm must be >= 0 (0: off), got {self.logprob_gap_alarm}")
+        try:
+            self.policy_loss  # noqa: B018 - builds (and so validates) the variant
+        except ValueError as e:
+            raise ValueError(f"{e} (--policy_loss_type, --eps_clip, --eps_clip_high, --dual_clip, --loss_agg_mode, "
+                             f"--is_correction, --is_correction_threshold)") from None
+
+    @property
+    def estimator(self):
+        """The estimator's registry entry (rl-algos' :class:`~rl_algos.advantages.EstimatorSpec`)."""
+        return get_estimator(self.advantage_estimator)
+
+    @property
+    def policy_loss(self):
+        """The policy-loss variant (rl-algos typed config), built once per access from these fields."""
+        corr = None if self.is_correction is None else ISCorrectionConfig(self.is_correction,
+                                                                          *self.is_correction_threshold)
+        return policy_loss_config(self.policy_loss_type, clip_eps_low=self.eps_clip, clip_eps_high=self.eps_clip_high,
+                                  dual_clip=self.dual_clip, aggregation=self.loss_agg_mode, is_correction=corr)
+
+    @property
+    def loss_norm_len(self) -> float:
+        """The constant that ``seq-mean-token-sum-norm`` divides by (Dr. GRPO): the generation budget."""
+        return float(self.generate_max_len)
+
+    @property
+    def needs_critic(self) -> bool:
+        return self.estimator.needs_critic
+
+    @property
+    def needs_reference(self) -> bool:
+        return self.init_kl_coef > 0
+
+    @property
+    def whiten(self) -> bool:
+        if self.whiten_advantages is not None:
+            return self.whiten_advantages
+        return self.estimator.whiten_by_default
+
+    def gap_alarm(self, bf16: bool) -> float:
+        """The logprob-gap threshold in force (0: off)."""
+        if self.logprob_gap_alarm is not None:
+            return self.logprob_gap_alarm
+        return 5e-2 if bf16 else 1e-3
+
+    def iterations(self, num_prompts: int) -> int:
+        return self.max_iterations or max(1, self.num_episodes * num_prompts // self.rollout_batch_size)
+
+    def optimizer_steps(self, num_prompts: int, train_batch_size: int) -> int:
+        """Policy (and critic) optimizer steps over the run, for the LR schedule."""
+        samples = self.rollout_batch_size * self.n_samples_per_prompt
+        return self.iterations(num_prompts) * (samples // train_batch_size) * self.max_epochs
+

@@ -1,0 +1,130 @@
+"""The loop's math against what it must compute: log-probs at the sampling temperature, Dr. GRPO's constant
+normaliser, GSPO and the IS thresholds reaching the loss, the log-prob gap alarm, and every registered
+estimator training the demo task in the loop (tiny model, CPU, real DeepSpeed and HFEngine, seeded)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rl_algos import GSPOLossConfig, estimator_names
+from rl_core.data import DataConfig, PromptDataset, load_rows
+from rl_core.rl import PolicyWorker, make_item
+from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
+from rl_core.strategy import StrategyConfig
+from rl_core.trainers.ppo import PPOConfig
+
+pytestmark = pytest.mark.timeout(900)
+LETTERS = "abcd"
+
+
+def letter_reward(prompt, response, label, **info):
+    return min(response.count(label), 8) / 8
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from rl_rollout.testing import make_tiny_model
+
+    root = tmp_path_factory.mktemp("ppo-math")
+    model = make_tiny_model(root / "tiny")
+    (root / "prompts.jsonl").write_text(
+        "".join(json.dumps({"p": f"Repeat the letter {c}: ", "y": c}) + "\n" for c in LETTERS))
+    tok = AutoTokenizer.from_pretrained(model)
+    prompts = PromptDataset(load_rows(str(root / "prompts.jsonl")), tok, DataConfig(input_key="p", label_key="y"))
+    return model, tok, prompts
+
+
+def build(setup, tmp_path, *, lr=3e-3, seed=0, **cfg):
+    from rl_rollout import RewardRunner
+
+    model, tok, prompts = setup
+    kw = dict(n_samples_per_prompt=8, rollout_batch_size=4, generate_max_len=8, max_iterations=2, init_kl_coef=0.0,
+              run_dir=str(tmp_path / "run"))
+    kw.update(cfg)
+    c = PPOConfig(**kw)
+    G = c.rollout_batch_size * c.n_samples_per_prompt
+    s = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=G // 2, train_batch_size=G, learning_rate=lr,
+                       lr_warmup_ratio=0.0, lr_scheduler="constant", seed=seed)
+    return build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, c), LocalFactory(engine_kind="hf"),
+                     prompts=prompts, tokenizer=tok, reward_fn=RewardRunner(letter_reward, workers=0))
+
+
+def test_trainer_logprobs_use_the_sampling_temperature(setup, tmp_path):
+    """At T=0.7 the engine samples from softmax(logits / 0.7); the trainer must score the same distribution
+    (before the fix the gap was the difference between T=1 and T=0.7 log-probs, ~1e-1)."""
+    run = build(setup, tmp_path, temperature=0.7, init_kl_coef=0.01, advantage_estimator="group_norm")
+    h = run.trainer.fit()
+    run.close()
+    assert all(m["rollout_logprob_gap"] < 1e-4 for m in h), [m["rollout_logprob_gap"] for m in h]
+    assert h[0]["kl"] < 1e-6  # before any update the policy is the reference
+
+
+def test_dr_grpo_divides_by_the_generation_budget_not_the_padded_length(setup):
+    """ratio 1 (old log-probs = current), one advantage a_i per sequence of L_i response tokens:
+    seq-mean-token-sum-norm = -mean_i(a_i * L_i) / generate_max_len, whatever the padded batch length."""
+    model, tok, _ = setup
+    c = PPOConfig(advantage_estimator="dr_grpo", n_samples_per_prompt=2, generate_max_len=16, init_kl_coef=0,
+                  loss_agg_mode="seq-mean-token-sum-norm")
+    s = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=4, train_batch_size=4, learning_rate=0.0,
+                       lr_warmup_ratio=0.0, lr_scheduler="constant")
+    w = PolicyWorker(s, model, c, 1, load_kw={"dtype": "fp32"}, pad_id=tok.pad_token_id)
+    lengths, adv = [3, 5, 2, 6], [1.0, -0.5, 2.0, 0.25]
+    items = [make_item(tok.encode(f"Repeat the letter {x}: "), tok.encode(x * n)) for x, n in zip("abcd", lengths)]
+    for it, lp, a in zip(items, w.logprobs(items), adv, strict=True):
+        it["old_logprobs"] = lp
+        it["advantages"] = torch.tensor(it["loss_mask"], dtype=torch.float32) * a
+    got = w.train(items)[0]["policy_loss"]
+    want = -sum(a * n for a, n in zip(adv, lengths)) / len(adv) / 16
+    assert got == pytest.approx(want, rel=1e-5, abs=1e-7)  # padded length here is 24, not 16
+
+
+def test_gspo_and_is_thresholds_reach_the_loss_from_the_config():
+    c = PPOConfig(policy_loss_type="gspo", is_correction="icepop", is_correction_threshold=(0.8, 1.25),
+                  eps_clip=3e-4, eps_clip_high=4e-4)
+    loss = c.policy_loss
+    assert isinstance(loss, GSPOLossConfig) and loss.ratio_type == "sequence"
+    assert (loss.clip_eps_low, loss.clip_eps_high) == (3e-4, 4e-4)
+    assert (loss.is_correction.kind, loss.is_correction.low, loss.is_correction.high) == ("icepop", 0.8, 1.25)
+    with pytest.raises(ValueError, match=r"unknown policy loss type 'grpo'; valid: gspo, ppo"):
+        PPOConfig(policy_loss_type="grpo")
+    with pytest.raises(ValueError, match=r"low <= high.*--is_correction_threshold"):
+        PPOConfig(is_correction="tis", is_correction_threshold=(2.0, 1.0))
+
+
+def test_gspo_with_tis_trains_in_the_loop(setup, tmp_path):
+    run = build(setup, tmp_path, advantage_estimator="group_norm", policy_loss_type="gspo", is_correction="tis",
+                max_iterations=2)
+    h = run.trainer.fit()
+    run.close()
+    assert all(torch.isfinite(torch.tensor(m["policy_loss"])) for m in h)
+
+
+def test_a_stale_engine_raises_the_logprob_gap_alarm(setup, tmp_path, caplog):
+    """A sync that moves nothing (the silent failure) while the policy learns fast: the gap crosses the
+    threshold, a warning names the likely causes, and rl/logprob_gap_alarm counts it."""
+    run = build(setup, tmp_path, advantage_estimator="group_norm", max_iterations=4, lr=2e-2, logprob_gap_alarm=1e-3)
+    run.trainer.weight_sync = lambda version: {}
+    with caplog.at_level("WARNING"):
+        h = run.trainer.fit()
+    run.close()
+    assert h[0]["logprob_gap_alarm"] == 0.0 and h[-1]["logprob_gap_alarm"] == 1.0, [m["rollout_logprob_gap"] for m in h]
+    assert "stale weights in the engine" in caplog.text and "--logprob_gap_alarm" in caplog.text
+    lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert lines[-1]["rl/logprob_gap_alarm"] == 1.0
+
+
+@pytest.mark.parametrize("estimator", estimator_names())
+def test_every_estimator_raises_the_reward_in_the_loop(setup, tmp_path, estimator):
+    extra = {"loss_agg_mode": "seq-mean-token-sum-norm"} if estimator == "dr_grpo" else {}
+    run = build(setup, tmp_path, advantage_estimator=estimator, max_iterations=14, max_epochs=2, **extra)
+    assert (run.critic is not None) == (estimator == "gae")
+    h = run.trainer.fit()
+    run.close()
+    first = sum(m["reward_mean"] for m in h[:4]) / 4
+    last = sum(m["reward_mean"] for m in h[-4:]) / 4
+    assert last > first + 0.05, (estimator, [round(m["reward_mean"], 3) for m in h])
