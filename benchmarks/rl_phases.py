@@ -3,9 +3,10 @@
     uv run python benchmarks/rl_phases.py --small          # CPU, tiny model, a minute
     python benchmarks/rl_phases.py --device cuda            # GPU: a Qwen2.5-0.5B-shaped random Llama, bf16
 
-Runs ``--iterations`` iterations of the real loop in one process (policy, critic and
-reference as LocalGroups over DeepSpeed ZeRO-0 / --zero_stage, rl-rollout's HFEngine
-receiving the weights in memory, a reward function) and prints the mean seconds of
+Runs ``--iterations`` iterations of the real loop in one process, built as ``rl ppo``
+builds it (rl-core's ``build_run`` with the local factory: policy, critic and reference
+over DeepSpeed ZeRO-0 / --zero_stage, rl-rollout's HFEngine or, with ``--rollout_engine
+vllm``, VLLMEngine receiving the weights in memory, a reward function) and prints the mean seconds of
 each phase (generate, reward, experience, critic train, policy train, sync) over the
 iterations after the first. Baselines measured in the same run on the same batch:
 
@@ -45,6 +46,7 @@ def main() -> None:
     ap.add_argument("--generate_max_len", type=int, default=128)
     ap.add_argument("--micro_train_batch_size", type=int, default=8)
     ap.add_argument("--zero_stage", type=int, default=0)
+    ap.add_argument("--rollout_engine", default="hf", choices=("hf", "vllm"), help="the loop's engine")
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -53,10 +55,11 @@ def main() -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from rl_core.data import DataConfig, PromptDataset
-    from rl_core.rl import CriticWorker, DirectWeightSync, LocalGroup, PolicyWorker, ReferenceWorker, collate, make_item
+    from rl_core.rl import collate, make_item
+    from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
     from rl_core.strategy import StrategyConfig
-    from rl_core.trainers.ppo import PPOConfig, PPOTrainer
-    from rl_rollout.hf_engine import HFEngine
+    from rl_core.trainers.ppo import PPOConfig
+    from rl_rollout import EngineConfig
     from rl_rollout.testing import make_tiny_model
 
     work = Path(tempfile.mkdtemp(prefix="rl-phases-"))
@@ -75,19 +78,15 @@ def main() -> None:
                     generate_max_len=args.generate_max_len, max_iterations=args.iterations, init_kl_coef=0.01)
     s = StrategyConfig(zero_stage=args.zero_stage, bf16=bf16, micro_train_batch_size=args.micro_train_batch_size,
                        train_batch_size=G, learning_rate=1e-6, lr_warmup_ratio=0.0, lr_scheduler="constant")
-    steps = cfg.optimizer_steps(len(prompts), G)
-    kw, pad = {"dtype": "bf16" if bf16 else "fp32"}, tok.pad_token_id
-    policy = LocalGroup(PolicyWorker(s, str(model), cfg, steps, load_kw=kw, pad_id=pad), "policy")
-    critic = LocalGroup(CriticWorker(s, str(model), cfg, steps, load_kw=kw, pad_id=pad), "critic")
-    ref = LocalGroup(ReferenceWorker(s, str(model), load_kw=kw, pad_id=pad), "ref")
-    engine = HFEngine(model, dtype="bfloat16" if bf16 else "float32", device=dev, max_batch_sequences=G)
+    pad = tok.pad_token_id
 
     def reward(prompt, response, label):
         return response.count(label) / max(len(response), 1)
 
-    trainer = PPOTrainer(cfg, policy=policy, critic=critic, ref=ref, rollout=engine,
-                         weight_sync=DirectWeightSync(policy, engine), prompts=prompts, tokenizer=tok,
-                         train_batch_size=G, reward_fn=reward)
+    run = build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, cfg,
+                              EngineConfig(kind=args.rollout_engine, max_batch_sequences=G)),
+                    LocalFactory(), prompts=prompts, tokenizer=tok, reward_fn=reward)
+    trainer = run.trainer
     t0 = time.perf_counter()
     hist = trainer.fit()
     total = time.perf_counter() - t0

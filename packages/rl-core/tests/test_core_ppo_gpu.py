@@ -62,13 +62,37 @@ class ChildGroup:
         self.proc.join(30)
 
 
+class ChildEngineFactory:
+    """rl-core's builder with the roles in this process and the engine in a child process on the same GPU,
+    synced over CUDA IPC (what rl-cli's RayFactory does with Ray actors)."""
+
+    def __init__(self):
+        self.engine = None
+
+    def role(self, name, worker_cls, *args, **kwargs):
+        from rl_core.rl import LocalGroup
+
+        return LocalGroup(worker_cls(*args, **kwargs), name)
+
+    def rollout(self, engine_cfg, model, *, dtype, seed, device):
+        from rl_core.rl import GroupRollout
+
+        self.engine = ChildGroup(model)
+        return GroupRollout([self.engine])
+
+    def weight_sync(self, policy, rollout, sync_cfg):
+        from rl_core.rl import IpcWeightSync
+
+        assert sync_cfg.resolve(in_process=False, on_gpu=True, colocated=True) == "ipc"
+        return IpcWeightSync(policy, rollout, verify=sync_cfg.verify)
+
+
 def test_ppo_over_cuda_ipc_keeps_the_engine_on_the_policy_weights(tmp_path):
     from transformers import AutoTokenizer
 
     from rl_core.data import DataConfig, PromptDataset, load_rows
-    from rl_core.rl import CriticWorker, GroupRollout, IpcWeightSync, LocalGroup, PolicyWorker
     from rl_core.strategy import StrategyConfig
-    from rl_core.trainers.ppo import PPOConfig, PPOTrainer
+    from rl_core.trainers.ppo import PPOConfig
     from rl_rollout.testing import make_tiny_model
 
     model = make_tiny_model(tmp_path / "tiny", hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2,
@@ -81,16 +105,15 @@ def test_ppo_over_cuda_ipc_keeps_the_engine_on_the_policy_weights(tmp_path):
                   generate_max_len=8, max_iterations=3)
     s = StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=8, train_batch_size=16, learning_rate=1e-3,
                        lr_warmup_ratio=0.0, lr_scheduler="constant")
-    policy = LocalGroup(PolicyWorker(s, model, c, 3, load_kw={"dtype": "fp32"}, pad_id=tok.pad_token_id), "policy")
-    critic = LocalGroup(CriticWorker(s, model, c, 3, load_kw={"dtype": "fp32"}, pad_id=tok.pad_token_id), "critic")
-    assert policy.worker.s.device.type == "cuda"
-    engine = ChildGroup(model)
+    from rl_core.rl.build import RLModelConfig, RunConfig, build_run
+    from rl_rollout import WeightSyncConfig
+
+    factory = ChildEngineFactory()
+    run = build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, c, sync=WeightSyncConfig(verify=True)), factory,
+                    prompts=prompts, tokenizer=tok, reward_fn=lambda p, r, y: min(r.count(y), 8) / 8)
+    policy, engine, trainer = run.policy, factory.engine, run.trainer
+    assert policy.worker.s.device.type == "cuda" and run.critic is not None
     try:
-        rollout = GroupRollout([engine])
-        sync = IpcWeightSync(policy, rollout, verify=True)
-        trainer = PPOTrainer(c, policy=policy, critic=critic, rollout=rollout, weight_sync=sync, prompts=prompts,
-                             tokenizer=tok, train_batch_size=16,
-                             reward_fn=lambda p, r, y: min(r.count(y), 8) / 8)
         h = trainer.fit()
         assert len(h) == 3
         for m in h:
