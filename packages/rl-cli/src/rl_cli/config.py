@@ -1,6 +1,8 @@
 """Command-line flags derived from the packages' typed config dataclasses, plus YAML files.
 
-A command names its groups, e.g. ``{"model": ModelArgs, "data": DataConfig,
+Help text and extra flag names come from each field's metadata (``help``, ``flags``
+for our other names, ``openrlhf`` for OpenRLHF's), written by the package that owns the
+config (``rl_rollout.config.meta``). A command names its groups, e.g. ``{"model": ModelArgs, "data": DataConfig,
 "strategy": StrategyConfig, "train": SFTConfig}``. Every dataclass field becomes a
 dotted flag (``--strategy.zero_stage 3``); a field name that is unique across the
 groups is also accepted bare (``--zero_stage 3``), which is how OpenRLHF's flat flags
@@ -18,8 +20,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
-import inspect
-import re
 import types
 import typing
 from pathlib import Path
@@ -86,19 +86,6 @@ class Flag:
     aliases: tuple[str, ...] = ()  # other names from the field's metadata: ours ("flags"), OpenRLHF's ("openrlhf")
 
 
-def _comments(cls: type) -> dict[str, str]:
-    """``name: type = default  # text`` -> {name: text}, over the class and its bases."""
-    out: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        try:
-            src = inspect.getsource(klass)
-        except (OSError, TypeError):
-            continue
-        for m in re.finditer(r"^\s+(\w+)\s*:[^=\n]*=[^#\n]*#\s*(.+)$", src, flags=re.M):
-            out[m.group(1)] = m.group(2).strip()
-    return out
-
-
 def _default(f: dataclasses.Field):
     if f.default is not dataclasses.MISSING:
         return f.default
@@ -110,15 +97,12 @@ def _default(f: dataclasses.Field):
 def collect_flags(groups: dict[str, type]) -> list[Flag]:
     flags = []
     for group, cls in groups.items():
-        hints, notes = typing.get_type_hints(cls), _comments(cls)
+        hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             if f.name.startswith("_"):
                 continue
             kw = _field_kwargs(hints[f.name])
-            if "help" in f.metadata:  # the field's own metadata is the source of truth
-                note = f.metadata["help"]
-            else:
-                note = re.sub(r"^--\w+(:\s*)?", "", notes.get(f.name, "")).strip()
+            note = f.metadata.get("help", "")  # the field's own metadata is the one source of help
             kw["help"] = f"{note + '; ' if note else ''}default: {_default(f)!r}".replace("%", "%%")
             kw.setdefault("metavar", f.name.upper())
             aliases = tuple(f.metadata.get("flags", ())) + tuple(f.metadata.get("openrlhf", ()))

@@ -31,7 +31,7 @@ def letter_reward(prompt: str, response: str, label: str | None, **info) -> floa
     return min(response.count(label or ""), slots) / slots
 
 
-def main(argv: list[str] | None = None) -> int:
+def arg_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="rl demo", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default="rl-demo", help="where the model, data and run go (default ./rl-demo)")
@@ -46,6 +46,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--rollout_engine", choices=("hf", "vllm", "auto"), default="hf",
                     help="hf (transformers, default) | vllm (needs vLLM: the CPU build in .venv-vllm) | auto")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = arg_parser()
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 

@@ -27,9 +27,10 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rl_cli.config import build_parser, describe, resolve
+from rl_rollout.config import meta
 
 logger = logging.getLogger(__name__)
 
@@ -38,23 +39,26 @@ logger = logging.getLogger(__name__)
 class RayArgs:
     """Placement (OpenRLHF names); a role's counts default to the actor's when the run needs it."""
 
-    actor_num_nodes: int = 1  # --actor_num_nodes
-    actor_num_gpus_per_node: int = 1  # --actor_num_gpus_per_node
-    critic_num_nodes: int | None = None  # --critic_num_nodes
-    critic_num_gpus_per_node: int | None = None  # --critic_num_gpus_per_node
-    ref_num_nodes: int | None = None  # --ref_num_nodes
-    ref_num_gpus_per_node: int | None = None  # --ref_num_gpus_per_node
-    reward_num_nodes: int | None = None  # --reward_num_nodes
-    reward_num_gpus_per_node: int | None = None  # --reward_num_gpus_per_node
-    vllm_num_engines: int = 1  # --vllm_num_engines
-    vllm_tensor_parallel_size: int = 1  # --vllm_tensor_parallel_size
-    colocate_actor_ref: bool = False  # --colocate_actor_ref
-    colocate_critic_reward: bool = False  # --colocate_critic_reward
-    colocate_all_models: bool = False  # --colocate_all_models: the hybrid engine (every model with the engines)
-    ray_address: str | None = None  # an existing cluster (default: RAY_ADDRESS, else a local Ray)
-    num_gpus: int | None = None  # a local Ray's logical GPUs (for machines without GPUs; tests, dry runs)
-    placement_strategy: str = "PACK"  # PACK | SPREAD for the model groups
-    call_timeout_s: float = 3600.0  # a role call that takes longer fails, naming the role and rank
+    actor_num_nodes: int = field(default=1, metadata=meta("nodes of the actor (policy) group"))
+    actor_num_gpus_per_node: int = field(default=1, metadata=meta("GPUs per node of the actor group (its data-parallel ranks)"))
+    critic_num_nodes: int | None = field(default=None, metadata=meta("nodes of the critic group (default: the actor's, when the run has a critic)"))
+    critic_num_gpus_per_node: int | None = field(default=None, metadata=meta("GPUs per node of the critic group (default: the actor's)"))
+    ref_num_nodes: int | None = field(default=None, metadata=meta("nodes of the reference group (default: the actor's, when init_kl_coef > 0)"))
+    ref_num_gpus_per_node: int | None = field(default=None, metadata=meta("GPUs per node of the reference group (default: the actor's)"))
+    reward_num_nodes: int | None = field(default=None, metadata=meta("nodes of the reward-model group (default: the actor's, with --reward_pretrain)"))
+    reward_num_gpus_per_node: int | None = field(default=None, metadata=meta("GPUs per node of the reward-model group (default: the actor's)"))
+    vllm_num_engines: int = field(default=1, metadata=meta("rollout engines (replicas)"))
+    vllm_tensor_parallel_size: int = field(default=1, metadata=meta("GPUs per engine (vLLM tensor parallel)"))
+    colocate_actor_ref: bool = field(default=False, metadata=meta("actor and reference share GPUs"))
+    colocate_critic_reward: bool = field(default=False, metadata=meta("critic and reward model share GPUs"))
+    colocate_all_models: bool = field(default=False, metadata=meta("the hybrid engine (every model with the engines)"))
+    ray_address: str | None = field(default=None, metadata=meta(
+        "an existing cluster (default: RAY_ADDRESS, else a local Ray)"))
+    num_gpus: int | None = field(default=None, metadata=meta(
+        "a local Ray's logical GPUs (for machines without GPUs; tests, dry runs)"))
+    placement_strategy: str = field(default="PACK", metadata=meta("PACK | SPREAD for the model groups"))
+    call_timeout_s: float = field(default=3600.0, metadata=meta(
+        "a role call that takes longer fails, naming the role and rank"))
 
 
 def _groups(ray: bool) -> dict[str, type]:

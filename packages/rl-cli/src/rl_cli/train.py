@@ -17,9 +17,10 @@ import logging
 import os
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rl_cli.config import build_parser, describe, resolve
+from rl_rollout.config import meta
 
 logger = logging.getLogger(__name__)
 
@@ -28,13 +29,13 @@ logger = logging.getLogger(__name__)
 class ModelArgs:
     """Which model folders to load, and how (OpenRLHF flag names)."""
 
-    pretrain: str | None = None  # --pretrain: local HF folder of the model to train
-    ref_pretrain: str | None = None  # --ref_pretrain: reference for DPO/KTO (default: --pretrain)
-    flash_attn: bool = False  # --flash_attn: flash_attention_2 (needs flash-attn; default sdpa)
-    lora_rank: int = 0  # --lora_rank: >0 trains a LoRA adapter (peft) instead of all weights
-    lora_alpha: int = 16  # --lora_alpha
-    lora_dropout: float = 0.0  # --lora_dropout
-    target_modules: str = "all-linear"  # --target_modules: comma-separated module names or all-linear
+    pretrain: str | None = field(default=None, metadata=meta("local HF folder of the model to train"))
+    ref_pretrain: str | None = field(default=None, metadata=meta("reference for DPO/KTO (default: --pretrain)"))
+    flash_attn: bool = field(default=False, metadata=meta("flash_attention_2 (needs flash-attn; default sdpa)"))
+    lora_rank: int = field(default=0, metadata=meta(">0 trains a LoRA adapter (peft) instead of all weights"))
+    lora_alpha: int = field(default=16, metadata=meta("LoRA scaling alpha"))
+    lora_dropout: float = field(default=0.0, metadata=meta("LoRA dropout"))
+    target_modules: str = field(default="all-linear", metadata=meta("comma-separated module names or all-linear"))
 
     def __post_init__(self) -> None:
         if self.lora_rank < 0:

@@ -31,6 +31,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rl_rollout.config import meta
+
 logger = logging.getLogger(__name__)
 Tensor = torch.Tensor
 
@@ -39,21 +41,22 @@ Tensor = torch.Tensor
 class StrategyConfig:
     """Training-system settings (OpenRLHF flag names in comments are accepted by the CLI)."""
 
-    zero_stage: int = 2  # --zero_stage
-    bf16: bool = True  # --bf16 (params/compute in bf16, fp32 master weights in the optimizer)
-    adam_offload: bool = False  # --adam_offload: optimizer states on CPU (DeepSpeedCPUAdam)
-    micro_train_batch_size: int = 1  # --micro_train_batch_size: sequences per rank per forward
-    train_batch_size: int = 8  # --train_batch_size: sequences per optimizer step, all ranks
-    max_norm: float = 1.0  # --max_norm: gradient clipping (0 disables)
-    learning_rate: float = 1e-5  # --learning_rate
-    min_lr_ratio: float = 0.1  # cosine decays to learning_rate x min_lr_ratio
-    lr_warmup_ratio: float = 0.03  # --lr_warmup_ratio
-    lr_scheduler: str = "cosine_with_min_lr"  # --lr_scheduler: cosine_with_min_lr | constant_with_warmup | constant
-    weight_decay: float = 0.0  # --l2
-    adam_betas: tuple[float, float] = (0.9, 0.95)  # --adam_betas
-    gradient_checkpointing: bool = False  # --gradient_checkpointing
-    seed: int = 42  # --seed
-    zero_bucket_bytes: int = 500_000_000  # ZeRO reduce / prefetch bucket size
+    zero_stage: int = field(default=2, metadata=meta("DeepSpeed ZeRO stage: 0, 1, 2 or 3"))
+    bf16: bool = field(default=True, metadata=meta("params and compute in bf16 (fp32 master weights in the optimizer)"))
+    adam_offload: bool = field(default=False, metadata=meta("optimizer states on CPU (DeepSpeedCPUAdam)"))
+    micro_train_batch_size: int = field(default=1, metadata=meta("sequences per rank per forward"))
+    train_batch_size: int = field(default=8, metadata=meta("sequences per optimizer step, all ranks"))
+    max_norm: float = field(default=1.0, metadata=meta("gradient clipping (0 disables)"))
+    learning_rate: float = field(default=1e-5, metadata=meta("peak learning rate (AdamW)"))
+    min_lr_ratio: float = field(default=0.1, metadata=meta("cosine decays to learning_rate x min_lr_ratio"))
+    lr_warmup_ratio: float = field(default=0.03, metadata=meta("share of the steps spent warming the learning rate up"))
+    lr_scheduler: str = field(default="cosine_with_min_lr", metadata=meta(
+        "cosine_with_min_lr | constant_with_warmup | constant"))
+    weight_decay: float = field(default=0.0, metadata=meta("--l2"))
+    adam_betas: tuple[float, float] = field(default=(0.9, 0.95), metadata=meta("AdamW betas B1 B2"))
+    gradient_checkpointing: bool = field(default=False, metadata=meta("recompute activations in the backward pass (less memory)"))
+    seed: int = field(default=42, metadata=meta("seed of the model init, data order and sampling"))
+    zero_bucket_bytes: int = field(default=500_000_000, metadata=meta("ZeRO reduce / prefetch bucket size"))
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):

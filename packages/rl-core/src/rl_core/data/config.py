@@ -10,7 +10,9 @@ bad flag fails at start-up with the fix rather than mid-epoch. What a column mus
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from rl_rollout.config import meta
 
 
 @dataclass
@@ -33,25 +35,25 @@ class DataConfig:
     OpenRLHF: a separate eval file usually holds one split), at most ``max_eval_samples`` rows.
     """
 
-    dataset: str | None = None
-    split: str = "train"
-    input_key: str = "input"
-    output_key: str | None = None
-    label_key: str | None = None
-    chosen_key: str = "chosen"
-    rejected_key: str = "rejected"
-    prompt_key: str | None = None
-    margin_key: str | None = None
-    desirable_key: str = "label"
-    apply_chat_template: bool = False
-    input_template: str | None = None
-    max_len: int = 2048
-    max_samples: int | None = None
-    skip_bad_rows: bool = False
-    packing: bool = False
-    eval_dataset: str | None = None
-    eval_split: str = "train"
-    max_eval_samples: int | None = None
+    dataset: str | None = field(default=None, metadata=meta("jsonl / json / parquet file or a datasets folder"))
+    split: str = field(default="train", metadata=meta("split to read"))
+    input_key: str = field(default="input", metadata=meta("column of the prompt (or the text)"))
+    output_key: str | None = field(default=None, metadata=meta("SFT: column of the response"))
+    label_key: str | None = field(default=None, metadata=meta("RL: column of the label handed to the reward function"))
+    chosen_key: str = field(default="chosen", metadata=meta("preference data: column of the preferred response"))
+    rejected_key: str = field(default="rejected", metadata=meta("preference data: column of the rejected response"))
+    prompt_key: str | None = field(default=None, metadata=meta("preference data: column of a shared prompt"))
+    margin_key: str | None = field(default=None, metadata=meta("preference data: column of a margin"))
+    desirable_key: str = field(default="label", metadata=meta("KTO: bool column, desirable or not"))
+    apply_chat_template: bool = field(default=False, metadata=meta("apply the tokenizer's chat template to the prompt"))
+    input_template: str | None = field(default=None, metadata=meta("str.format pattern with one {} used without a chat template"))
+    max_len: int = field(default=2048, metadata=meta("token limit of every sequence (prompts for RL)"))
+    max_samples: int | None = field(default=None, metadata=meta("read at most this many rows"))
+    skip_bad_rows: bool = field(default=False, metadata=meta("count and skip malformed rows instead of failing"))
+    packing: bool = field(default=False, metadata=meta("pack several samples per row (no padding)"))
+    eval_dataset: str | None = field(default=None, metadata=meta("an evaluation set in the same formats and keys"))
+    eval_split: str = field(default="train", metadata=meta("split of --eval_dataset"))
+    max_eval_samples: int | None = field(default=None, metadata=meta("read at most this many eval rows"))
 
     def __post_init__(self) -> None:
         if self.dataset is not None and (not isinstance(self.dataset, str) or not self.dataset.strip()):

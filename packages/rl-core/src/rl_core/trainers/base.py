@@ -24,13 +24,14 @@ from __future__ import annotations
 import functools
 import logging
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from tqdm import tqdm
 
 from rl_core.checkpoint import CheckpointManager, export_hf
 from rl_core.metrics import MetricsLogger
+from rl_rollout.config import meta
 
 logger = logging.getLogger(__name__)
 
@@ -39,19 +40,22 @@ logger = logging.getLogger(__name__)
 class TrainerConfig:
     """Loop settings shared by the offline trainers (OpenRLHF flag names in comments)."""
 
-    max_epochs: int = 1  # --max_epochs
-    save_path: str | None = None  # --save_path: final HF export
-    ckpt_path: str | None = None  # --ckpt_path: DeepSpeed checkpoints for resume
-    save_steps: int = -1  # --save_steps: checkpoint every N optimizer steps (-1: none)
-    max_ckpt_num: int = 3  # --max_ckpt_num
-    load_checkpoint: bool = False  # --load_checkpoint: resume from the latest complete checkpoint
-    logging_steps: int = 1  # --logging_steps
-    run_dir: str | None = None  # metrics.jsonl, tensorboard/, curves.png
-    max_steps: int | None = None  # stop after this many optimizer steps (e.g. to test resume)
-    eval_steps: int = -1  # --eval_steps: evaluate on the eval set every N optimizer steps (-1: only after the last)
-    use_wandb: bool = False  # --use_wandb: also log to wandb (WANDB_MODE=offline works without an account)
-    wandb_project: str = "rl"  # --wandb_project
-    wandb_run_name: str | None = None  # --wandb_run_name
+    max_epochs: int = field(default=1, metadata=meta("passes over the dataset"))
+    save_path: str | None = field(default=None, metadata=meta("final HF export"))
+    ckpt_path: str | None = field(default=None, metadata=meta("DeepSpeed checkpoints for resume"))
+    save_steps: int = field(default=-1, metadata=meta("checkpoint every N optimizer steps (-1: none)"))
+    max_ckpt_num: int = field(default=3, metadata=meta("checkpoints kept (oldest removed)"))
+    load_checkpoint: bool = field(default=False, metadata=meta("resume from the latest complete checkpoint"))
+    logging_steps: int = field(default=1, metadata=meta("log metrics every N optimizer steps"))
+    run_dir: str | None = field(default=None, metadata=meta("metrics.jsonl, tensorboard/, curves.png"))
+    max_steps: int | None = field(default=None, metadata=meta(
+        "stop after this many optimizer steps (e.g. to test resume)"))
+    eval_steps: int = field(default=-1, metadata=meta(
+        "evaluate on the eval set every N optimizer steps (-1: only after the last)"))
+    use_wandb: bool = field(default=False, metadata=meta(
+        "also log to wandb (WANDB_MODE=offline works without an account)"))
+    wandb_project: str = field(default="rl", metadata=meta("wandb project name"))
+    wandb_run_name: str | None = field(default=None, metadata=meta("wandb run name (default: wandb's)"))
 
     def __post_init__(self) -> None:
         if self.max_epochs < 1:

@@ -24,24 +24,26 @@ from __future__ import annotations
 
 import gc
 import logging
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from rl_algos import dpo_loss, masked_sum
 from rl_core.data import preference_collate
 from rl_core.trainers.base import Trainer, TrainerConfig
+from rl_rollout.config import meta
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class DPOConfig(TrainerConfig):
-    beta: float = 0.1  # --beta
-    label_smoothing: float = 0.0  # --label_smoothing: cDPO
-    ipo: bool = False  # --ipo
-    nll_loss_coef: float = 0.0  # --nll_loss_coef: + coef x token-mean NLL of the chosen responses
-    precompute_ref: bool = False  # compute reference logprobs once, then release the reference model
+    beta: float = field(default=0.1, metadata=meta("DPO temperature on the log-ratio margin"))
+    label_smoothing: float = field(default=0.0, metadata=meta("cDPO"))
+    ipo: bool = field(default=False, metadata=meta("IPO loss (squared margin) instead of DPO's log-sigmoid"))
+    nll_loss_coef: float = field(default=0.0, metadata=meta("+ coef x token-mean NLL of the chosen responses"))
+    precompute_ref: bool = field(default=False, metadata=meta(
+        "compute reference logprobs once, then release the reference model"))
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -17,7 +17,7 @@ its reference point ``kl`` taken over the set's mismatched pairs (cyclic over al
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -25,13 +25,14 @@ from rl_algos import kto_loss
 from rl_core.data import pad_collate
 from rl_core.trainers.base import Trainer, TrainerConfig
 from rl_core.trainers.dpo import sequence_logps
+from rl_rollout.config import meta
 
 
 @dataclass(frozen=True)
 class KTOConfig(TrainerConfig):
-    beta: float = 0.1  # --beta
-    desirable_loss_weight: float = 1.0  # --desirable_loss_weight
-    undesirable_loss_weight: float = 1.0  # --undesirable_loss_weight
+    beta: float = field(default=0.1, metadata=meta("KTO temperature on the implied reward"))
+    desirable_loss_weight: float = field(default=1.0, metadata=meta("weight of the desirable samples' loss"))
+    undesirable_loss_weight: float = field(default=1.0, metadata=meta("weight of the undesirable samples' loss"))
 
     def __post_init__(self) -> None:
         super().__post_init__()

@@ -16,20 +16,21 @@ and the mean chosen / rejected scores.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
 from rl_algos import pairwise_loss
 from rl_core.data import preference_collate
 from rl_core.trainers.base import Trainer, TrainerConfig
+from rl_rollout.config import meta
 
 
 @dataclass(frozen=True)
 class RMConfig(TrainerConfig):
-    loss: str = "sigmoid"  # --loss: sigmoid | logexp
-    margin_loss: bool = False  # --margin_loss: use the dataset's margin column (--margin_key)
-    normalize_reward: bool = True  # --normalize_reward: store the training-set reward mean/std
+    loss: str = field(default="sigmoid", metadata=meta("sigmoid | logexp"))
+    margin_loss: bool = field(default=False, metadata=meta("use the dataset's margin column (--margin_key)"))
+    normalize_reward: bool = field(default=True, metadata=meta("store the training-set reward mean/std"))
 
     def __post_init__(self) -> None:
         super().__post_init__()

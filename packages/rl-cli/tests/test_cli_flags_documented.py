@@ -1,0 +1,102 @@
+"""Docs, help, errors and CHANGELOGs name only flags that exist.
+
+Every ``--flag`` written in the READMEs, docs/, the CHANGELOGs and the packages' source
+(help text, error messages, docstrings) must be accepted by one of the ``rl`` commands'
+parsers, or by the script named on the same line (benchmarks, examples: their own
+``add_argument`` calls), or belong to an outside tool named on that line (uv, ray,
+torchrun, deepspeed). A doc that tells users to pass a flag the parser rejects fails here.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from rl_cli import demo, ppo, train
+from rl_cli.config import build_parser
+
+ROOT = Path(__file__).resolve().parents[3]
+FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9_.]*[a-z0-9])(\.\*|_\*)?")
+ADD_ARGUMENT = re.compile(r"add_argument\(\s*\"(--[\w.-]+)\"")
+# outside tools' own flags, allowed only on a line that names the tool
+TOOLS = {
+    "uv ": {"--exact", "--locked", "--package", "--extra", "--find-links", "--no-deps"},
+    "ray ": {"--head", "--port", "--num", "--address", "--working"},
+    "torchrun": {"--nproc_per_node", "--nnodes", "--master_port", "--master_addr", "--node_rank"},
+    "deepspeed ": {"--num_gpus", "--module", "--include", "--hostfile"},
+    "pip ": {"--find-links", "--no-deps", "--no-build-isolation"},
+}
+
+
+def rl_flags() -> set[str]:
+    known = {"--help", "--version", "--config", "--print_config"}
+    for ray in (False, True):
+        known |= set(build_parser("rl", "", ppo._groups(ray))[0].known)
+    for cmd in train.COMMANDS.values():
+        known |= set(build_parser("rl", "", train._groups(cmd))[0].known)
+    for action in demo.arg_parser()._actions:
+        known |= set(action.option_strings)
+    return known
+
+
+def documents() -> list[Path]:
+    out = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    for pkg in sorted((ROOT / "packages").iterdir()):
+        out += [pkg / "README.md", pkg / "CHANGELOG.md", *sorted((pkg / "src").rglob("*.py"))]
+    return [p for p in out if p.is_file()]
+
+
+def script_flags(line: str, here: Path) -> set[str]:
+    """Flags defined by the scripts named on the line, and by the file the line is in."""
+    out = set()
+    paths = [ROOT / m for m in re.findall(r"[\w./-]+\.py", line)] + [here]
+    for p in paths:
+        if p.is_file() and p.suffix == ".py":
+            out |= set(ADD_ARGUMENT.findall(p.read_text()))
+    return out
+
+
+def unknown_flags(paths: list[Path]) -> list[str]:
+    known = rl_flags()
+    bad = []
+    for path in paths:
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            for m in FLAG.finditer(line):
+                flag, wildcard = "--" + m.group(1), m.group(2)
+                if wildcard:
+                    prefix = flag + wildcard[0]
+                    if any(k.startswith(prefix) for k in known):
+                        continue
+                if flag in known or flag in script_flags(line, path):
+                    continue
+                if any(tool in line and flag in flags for tool, flags in TOOLS.items()):
+                    continue
+                bad.append(f"{path.relative_to(ROOT)}:{i}: {flag}")
+    return bad
+
+
+def test_every_documented_flag_is_accepted_by_a_parser():
+    bad = unknown_flags(documents())
+    assert not bad, "flags named in docs/help/errors that no parser accepts:\n" + "\n".join(bad)
+
+
+def test_the_scan_reports_a_flag_that_does_not_exist():
+    """The check can fail: a doc naming an unknown flag is reported with its place."""
+    probe = ROOT / "docs" / "_flag_scan_probe.md"
+    probe.write_text("run `rl ppo --vllm_is_correction tis`, `rl ppo --is_correction tis`, `--model.*`\n"
+                     "uv sync --locked is a uv flag\nbut --locked alone is not ours\n")
+    try:
+        bad = unknown_flags([probe])
+    finally:
+        probe.unlink()
+    assert bad == ["docs/_flag_scan_probe.md:1: --vllm_is_correction", "docs/_flag_scan_probe.md:3: --locked"]
+
+
+@pytest.mark.parametrize("cmd", ["ppo", "ppo-ray", *train.COMMANDS])
+def test_every_flag_has_help(cmd):
+    groups = ppo._groups(cmd == "ppo-ray") if cmd.startswith("ppo") else train._groups(train.COMMANDS[cmd])
+    parser, flags = build_parser("rl", "", groups)
+    missing = [f.dotted for f in flags if f.kwargs["help"].startswith("default:")]
+    assert not missing, f"rl {cmd}: fields without help metadata: {missing}"
