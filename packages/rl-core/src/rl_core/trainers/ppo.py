@@ -63,6 +63,7 @@ class PPOTrainer:
         self.critic, self.ref, self.reward_model, self.reward_fn = critic, ref, reward_model, reward_fn
         self.prompts, self.tokenizer, self.G, self.sleep_engines = prompts, tokenizer, train_batch_size, sleep_engines
         self.gap_alarm = cfg.gap_alarm(bf16=False) if gap_alarm is None else gap_alarm
+        self._gap_warned = False
         if reward_fn is None and reward_model is None:
             raise ValueError("no reward: give a reward function (--reward_fn / --remote_rm_url) or a reward model "
                              "(--reward_pretrain)")
@@ -259,6 +260,11 @@ class PPOTrainer:
         """The engine sampled from another distribution than the trainer scores: say so, loudly."""
         if not self.gap_alarm or gap <= self.gap_alarm:
             return {"logprob_gap_alarm": 0.0}
+        if self._gap_warned:
+            logger.warning("rollout log-prob gap %.3g > --logprob_gap_alarm %.3g again (causes: see the first "
+                           "warning)", gap, self.gap_alarm)
+            return {"logprob_gap_alarm": 1.0}
+        self._gap_warned = True
         logger.warning(
             "rollout log-prob gap %.3g > --logprob_gap_alarm %.3g: the engine samples from another distribution than "
             "the trainer's. Likely causes: stale weights in the engine (a weight sync that missed tensors, e.g. a "
