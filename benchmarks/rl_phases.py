@@ -14,7 +14,9 @@ iterations after the first. Baselines measured in the same run on the same batch
   (sampling, same length), vs the loop's generate phase;
 - policy train: a plain PyTorch loop (AdamW, the same micro-batches, forward +
   clipped policy loss + backward + step, the same number of optimizer steps), vs the
-  loop's policy-train phase.
+  loop's policy-train phase;
+- sync: a device-to-device copy of the bytes one sync moves (every policy parameter),
+  vs the loop's sync rate (GB/s); the engine's wake-up is timed apart (``wake_s``).
 
 Ratios > 1 are the framework's overhead over the plain code.
 """
@@ -90,7 +92,9 @@ def main() -> None:
     t0 = time.perf_counter()
     hist = trainer.fit()
     total = time.perf_counter() - t0
-    phases = ["generate_s", "reward_s", "experience_s", "critic_train_s", "policy_train_s", "sync_s", "iteration_s"]
+    run.close()  # frees the engine (vLLM holds a share of the GPU) before the baselines
+    phases = ["generate_s", "reward_s", "experience_s", "critic_train_s", "policy_train_s", "wake_s", "sync_s",
+              "iteration_s"]
     later = hist[1:] or hist
     mean = {k: statistics.mean(m[k] for m in later) for k in phases}
     tokens = statistics.mean(m["response_length"] for m in later) * G
@@ -140,6 +144,21 @@ def main() -> None:
         sync(dev)
         train_times.append(time.perf_counter() - g0)
 
+    # baseline 3: a device-to-device copy of the bytes one sync moves (every policy parameter, the same dtype)
+    params = [p.detach() for p in plain.parameters()]
+    sync_bytes = sum(p.numel() * p.element_size() for p in params)
+    dst = [torch.empty_like(p) for p in params]
+    copy_times = []
+    for _ in range(5):
+        sync(dev)
+        g0 = time.perf_counter()
+        torch._foreach_copy_(dst, params)
+        sync(dev)
+        copy_times.append(time.perf_counter() - g0)
+    copy_gbps = sync_bytes / min(copy_times) / 1e9
+    sync_gbps = statistics.mean(m["sync_gb_per_s"] for m in later)
+    del plain, opt, dst
+
     gen_base, train_base = statistics.mean(gen_times), statistics.mean(train_times)
     name = torch.cuda.get_device_name() if dev.type == "cuda" else "cpu"
     print(f"rl_phases: {name}; model {shape}; {P} prompts x {n} samples x {L} new tokens; "
@@ -151,9 +170,14 @@ def main() -> None:
     print(f"generate: {tokens / mean['generate_s']:.0f} tok/s; plain model.generate {gen_base:.3f} s "
           f"-> ratio {mean['generate_s'] / gen_base:.3f}")
     print(f"policy train: plain PyTorch loop {train_base:.3f} s -> ratio {mean['policy_train_s'] / train_base:.3f}")
+    print(f"sync: {sync_bytes / 1e9:.3f} GB in {mean['sync_s']:.4f} s = {sync_gbps:.2f} GB/s; a device copy of the "
+          f"same bytes {copy_gbps:.1f} GB/s -> ratio {sync_gbps / copy_gbps:.3f}; sync {mean['sync_s'] / mean['iteration_s']:.1%} "
+          f"of an iteration (engine wake-up {mean['wake_s']:.3f} s apart); rollout {args.rollout_engine}")
     if args.out:
         Path(args.out).write_text(json.dumps({"device": name, "shape": shape, "phases": mean, "tokens": tokens,
                                               "generate_baseline_s": gen_base, "train_baseline_s": train_base,
+                                              "sync_bytes": sync_bytes, "sync_gb_per_s": sync_gbps,
+                                              "device_copy_gb_per_s": copy_gbps,
                                               "history": hist}, indent=1))
 
 

@@ -292,11 +292,14 @@ class PPOTrainer:
         return out
 
     def _sync(self, version: int) -> dict[str, float]:
+        """Wake the engines (timed apart: ``wake_s``), then push this version's weights (``sync_s``)."""
         t0 = time.perf_counter()
         if self.sleep_engines:
             self.rollout.wake_up()
+        t1 = time.perf_counter()
         stats = self.weight_sync(version) or {}
-        return {"sync_s": time.perf_counter() - t0, "sync_gb_per_s": float(stats.get("gb_per_s", 0.0))}
+        return {"wake_s": t1 - t0, "sync_s": time.perf_counter() - t1,
+                "sync_gb_per_s": float(stats.get("gb_per_s", 0.0))}
 
     # ----- checkpoints ---------------------------------------------------------------------
 
