@@ -33,6 +33,20 @@ into a layerwise-reload session (the trainer's ``CollectiveSender.send`` runs
 meanwhile in its own process or thread); the workers verify the sha256 of the
 bytes received, not the loaded weights (vLLM fuses and repacks them).
 
+Checking a sync (issue 16: a tied LM head that stayed stale on CPU, silently). After a sync,
+:meth:`VLLMEngine.verify_weights` compares what the engine holds with what the trainer sent:
+per HF tensor the element count, float64 sum and sum of squares
+(:class:`rl_rollout.weights.TensorStats`; the trainer computes them with
+:func:`rl_rollout.weights.weight_stats` on the tensors it sent, or ``update_weights(...,
+verify=True)`` does it on the way). The worker reads the values its kernels use, through the
+packed CPU kernels too (:mod:`rl_rollout.vllm_worker`), splits fused layers back into HF names,
+leaves the vocabulary's padding out and checks a tied LM head against the embedding sent; a
+mismatch raises :class:`~rl_rollout.transport.WeightSyncError` naming each tensor. Sums are exact
+here, so no probe of logprobs is needed (the fallback the issue considered): on CPU reading a
+packed weight costs a matmul with identity rows, on GPU a pass over the parameters. Every session
+also reports layers that got only part of their weights (vLLM fills the rest with undefined
+values; e.g. q_proj in one ``update_weights`` call and k/v_proj in the next): that raises too.
+
 CUDA IPC (a trainer colocated on the engine's GPU, :mod:`rl_rollout.ipc`):
 :meth:`VLLMEngine.update_weights_ipc` hands the pickled sync to the worker, which
 opens it (once per :class:`~rl_rollout.ipc.IpcSender` generation) into the same
@@ -51,13 +65,22 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any, Literal
 
 import torch
 
 from rl_rollout.types import RolloutRequest, RolloutSample
-from rl_rollout.weights import DEFAULT_BUCKET_BYTES, WeightBucket, iter_buckets
+from rl_rollout.weights import (
+    DEFAULT_BUCKET_BYTES,
+    DEFAULT_STATS_RTOL,
+    TensorStats,
+    WeightBucket,
+    as_torch_dtype,
+    compare_weight_stats,
+    iter_buckets,
+    tensor_stats,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +95,9 @@ class VLLMEngine:
     flight: ``"wait"`` drains them first (each sample has one policy version),
     ``"keep"`` freezes them and resumes with the new weights (their samples get
     ``info["policy_version_end"]``), ``"abort"`` ends them with finish reason abort.
+
+    ``dtype``: ``"auto"`` (the checkpoint's), a name vLLM takes (``"float32"``, ``"bfloat16"``,
+    ``"float16"``), the short names ``"fp32"``/``"bf16"``/``"fp16"``, or a ``torch.dtype``.
     """
 
     def __init__(
@@ -118,10 +144,11 @@ class VLLMEngine:
         self.tensor_parallel_size = tensor_parallel_size
         self.pause_mode = pause_mode
         self.policy_version = 0
+        self._dtype: torch.dtype | None = None
         args = dict(
             model=str(model),
             tensor_parallel_size=tensor_parallel_size,
-            dtype=dtype,
+            dtype=vllm_dtype(dtype),
             seed=seed,
             max_model_len=max_model_len,
             enable_prefix_caching=enable_prefix_caching,
@@ -136,6 +163,7 @@ class VLLMEngine:
         if clash:
             raise ValueError(f"engine_kwargs must not set {clash}: they are VLLMEngine arguments or fixed by it")
         args.update(engine_kwargs or {})
+        args["dtype"] = vllm_dtype(args["dtype"])
         self._lock = threading.RLock()  # LLM is not thread-safe; generate, rpc and sleep take turns
         self._ids = itertools.count()
         self._asleep: set[str] = set()  # tags still asleep: "weights", "kv_cache"
@@ -212,20 +240,36 @@ class VLLMEngine:
 
     # ---- weights ----
 
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Stream ``(hf_name, tensor)`` pairs to every worker in buckets of ``bucket_bytes``.
+    def update_weights(
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *, verify: bool = False
+    ) -> dict[str, TensorStats] | None:
+        """Stream ``(hf_name, tensor)`` pairs to every worker in buckets of ``bucket_bytes``: one reload
+        session for the whole iterable, so pass every tensor of a sync in one call (a generator is fine).
 
-        On failure the layers are still finalised (those that got no new weights keep
-        their old ones), ``policy_version`` stays, and the error propagates.
+        ``verify=True``: computes :func:`~rl_rollout.weights.weight_stats` of the tensors as they are sent
+        (in the engine's dtype), checks them with :meth:`verify_weights` after the load, and returns them.
+        On failure the layers are still finalised (those that got no new weights keep their old ones),
+        ``policy_version`` stays, and the error propagates (:class:`~rl_rollout.transport.WeightSyncError`
+        for a failed check or a layer that got only part of its weights).
         """
+        expected: dict[str, TensorStats] | None = {} if verify else None
+        dtype = self.dtype if verify else None
+
+        def tap(pairs):
+            for name, tensor in pairs:
+                if expected is not None:
+                    expected[name] = tensor_stats(tensor, dtype)
+                yield name, tensor
+
         self.begin_weight_update()
         try:
-            for bucket in iter_buckets(named_tensors, self.bucket_bytes):
+            for bucket in iter_buckets(tap(named_tensors), self.bucket_bytes):
                 self.load_bucket(bucket)
         except BaseException:
             self.finish_weight_update(version=None)
             raise
-        self.finish_weight_update(version)
+        self.finish_weight_update(version, expected=expected)
+        return expected
 
     def begin_weight_update(self) -> None:
         """Open a weight update session: ``load_bucket`` calls follow, then ``finish_weight_update``.
@@ -250,18 +294,24 @@ class VLLMEngine:
     def load_bucket(self, bucket: WeightBucket) -> None:
         self._rpc("load_weights", bucket.meta, bucket.payload)
 
-    def finish_weight_update(self, version: int | None) -> None:
+    def finish_weight_update(self, version: int | None, *, expected: Mapping[str, TensorStats] | None = None) -> None:
         """Close the session, drop the prefix cache (KV of old weights), set ``policy_version``.
 
-        ``version=None`` closes a failed session and keeps the old version.
+        ``version=None`` closes a failed session and keeps the old version. Raises
+        :class:`~rl_rollout.transport.WeightSyncError` (``policy_version`` unchanged) when a layer got
+        only part of its weights in the session, or when ``expected`` is given and
+        :meth:`verify_weights` fails. Layers that got nothing keep their old weights (logged).
         """
         try:
-            self._rpc("rl_finish_weight_update")
+            reports = self._rpc("rl_finish_weight_update")
             if self.mode == "async":
                 self._run(self._llm.reset_prefix_cache())
             else:
                 self._llm.reset_prefix_cache()
             if version is not None:
+                _check_session(reports)
+                if expected is not None:
+                    self.verify_weights(expected)
                 self.policy_version = version
         finally:
             self._end_session()
@@ -272,12 +322,15 @@ class VLLMEngine:
         else:
             self._lock.release()
 
-    def update_weights_ipc(self, sync, version: int, *, verify: bool = True) -> int:
+    def update_weights_ipc(
+        self, sync, version: int, *, verify: bool = True, expected: Mapping[str, TensorStats] | None = None
+    ) -> int:
         """Load weights a trainer on this engine's GPU shares over CUDA IPC (:mod:`rl_rollout.ipc`):
         an :class:`~rl_rollout.ipc.IpcSync` or a list of :class:`~rl_rollout.ipc.IpcBucket`.
 
         Tensor parallel 1 only (each TP worker sits on its own GPU and would need that GPU's
         buckets). For the hybrid placement; needs CUDA (tests/test_rollout_vllm_ipc.py, on a GPU).
+        ``verify``: the buckets' sha256; ``expected``: :meth:`verify_weights` after the load.
         """
         import pickle
 
@@ -290,7 +343,7 @@ class VLLMEngine:
         except BaseException:
             self.finish_weight_update(version=None)
             raise
-        self.finish_weight_update(version)
+        self.finish_weight_update(version, expected=expected)
         return n
 
     def init_weight_group(
@@ -314,12 +367,14 @@ class VLLMEngine:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         return self._rpc("rl_init_weight_group", master_addr, master_port, rank_offset, world_size, backend, timeout_s)
 
-    def receive_weights(self, *, verify: bool = True):
+    def receive_weights(self, *, verify: bool = True, expected: Mapping[str, TensorStats] | None = None):
         """Take one broadcast sync into all workers (blocks until the sender's end frame); returns ``SyncStats``.
 
         ``policy_version`` becomes the version sent. On failure (e.g. a corrupted bucket:
         :class:`~rl_rollout.transport.WeightSyncError`) the session is closed with mixed
-        weights, ``policy_version`` stays and the error propagates.
+        weights, ``policy_version`` stays and the error propagates. ``verify``: the sha256 of
+        the bytes received; ``expected`` (the sender's :func:`~rl_rollout.weights.weight_stats`):
+        :meth:`verify_weights` after the load.
         """
         from rl_rollout.transport import SyncStats
 
@@ -330,12 +385,61 @@ class VLLMEngine:
             self.finish_weight_update(version=None)
             raise
         stats = [SyncStats(**r) for r in results]
-        self.finish_weight_update(stats[0].version)
+        self.finish_weight_update(stats[0].version, expected=expected)
         return stats[0]
 
     def weights_digest(self) -> list[str]:
-        """sha256 of the parameters, one per worker (see ``WorkerExtension.rl_weights_digest``)."""
+        """sha256 of the parameters, one per worker (see ``WorkerExtension.rl_weights_digest``; on CPU it
+        does not see the linear layers' packed weights: :meth:`verify_weights` does)."""
         return self._rpc("rl_weights_digest")
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the engine holds its weights in (pass it to :func:`~rl_rollout.weights.weight_stats`)."""
+        if self._dtype is None:
+            self._dtype = as_torch_dtype(self._rpc("rl_model_dtype")[0])
+        return self._dtype
+
+    def weight_stats(self, names: Iterable[str]) -> tuple[dict[str, TensorStats], dict[str, str], dict[str, str]]:
+        """What the engine holds for the HF tensor ``names``, summed over tensor-parallel workers:
+        ``(stats, ties, missing)``; ``stats`` also has the tied aliases (``lm_head.weight``) of ``ties``
+        (``{alias: source}``), ``missing`` the reason for each name the engine could not report."""
+        self._check_usable(need="weights")
+        results = self._rpc("rl_weight_stats", list(names))
+        stats: dict[str, TensorStats] = {}
+        missing: dict[str, str] = {}
+        for r in results:
+            missing.update(r["missing"])
+        for name in results[0]["stats"]:
+            parts = [r["stats"].get(name) for r in results]
+            if any(p is None for p in parts):
+                missing[name] = "not reported by every tensor-parallel worker"
+                continue
+            if parts[0][3] == "replica":
+                parts = parts[:1]
+            stats[name] = TensorStats(round(sum(p[0] for p in parts)), sum(p[1] for p in parts), sum(p[2] for p in parts))
+        return stats, results[0]["ties"], missing
+
+    def verify_weights(self, expected: Mapping[str, TensorStats], *, rtol: float = DEFAULT_STATS_RTOL) -> dict:
+        """Check that the engine holds ``expected`` (:func:`~rl_rollout.weights.weight_stats` of what was sent,
+        in the engine's :attr:`dtype`): each name's element count, sum and sum of squares, and a tied LM
+        head against the embedding when only the embedding was sent. Raises
+        :class:`~rl_rollout.transport.WeightSyncError` naming every tensor that differs or is missing;
+        returns ``{"tensors": n checked, "seconds": s}``."""
+        import time
+
+        from rl_rollout.transport import WeightSyncError
+
+        t0 = time.perf_counter()
+        actual, ties, missing = self.weight_stats(expected)
+        problems = compare_weight_stats(expected, actual, ties=ties, missing=missing, rtol=rtol)
+        checked = len(expected) + sum(1 for a, src in ties.items() if a not in expected and src in expected)
+        if problems:
+            raise WeightSyncError(
+                f"the engine does not hold the weights sent: {len(problems)} of {checked} tensors checked differ "
+                "or are missing:\n  " + "\n  ".join(problems)
+            )
+        return {"tensors": checked, "seconds": time.perf_counter() - t0}
 
     def _rpc(self, method: str, *args: Any) -> list[Any]:
         if self.mode == "async":
@@ -409,6 +513,33 @@ def _set_in_process_env() -> None:
             "in_process=True, but an engine with multiprocessing already ran in this process and vLLM "
             "cached VLLM_ENABLE_V1_MULTIPROCESSING=1; build every engine of a process with the same in_process"
         )
+
+
+def vllm_dtype(dtype: str | torch.dtype) -> str:
+    """The dtype name vLLM takes: ``"fp32"``/``torch.float32`` -> ``"float32"``, ``"bf16"`` -> ``"bfloat16"``,
+    ``"fp16"`` -> ``"float16"``; ``"auto"`` and vLLM's own names pass through."""
+    if isinstance(dtype, str) and dtype in ("auto", "float", "half"):
+        return dtype
+    try:
+        return str(as_torch_dtype(dtype)).removeprefix("torch.")
+    except ValueError:
+        raise ValueError(f"unknown dtype {dtype!r}: use auto, float32/fp32, bfloat16/bf16 or float16/fp16") from None
+
+
+def _check_session(reports: list[dict]) -> None:
+    """Raise for layers that got part of their weights in a session; log those that got none."""
+    from rl_rollout.transport import WeightSyncError
+
+    partial = sorted({name for r in reports for name in r.get("partial", ())})
+    if partial:
+        raise WeightSyncError(
+            f"layers {partial} got only part of their weights in this update session; vLLM re-processed them "
+            "with the rest undefined. Send every tensor of a sync in one session (one update_weights call "
+            "with all buckets, or begin_weight_update / load_bucket ... / finish_weight_update)"
+        )
+    kept = sorted({name for r in reports for name in r.get("kept_old", ())})
+    if kept:
+        logger.warning("weight update: %d layers got no tensors and keep their old weights: %s", len(kept), kept)
 
 
 def _to_vllm_params(p):

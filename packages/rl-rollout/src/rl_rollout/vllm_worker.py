@@ -21,14 +21,50 @@ extension method that shadows a worker method (its worker has its own
 runs inside the same session: ``rl_init_weight_group`` joins the trainer's group
 as rank ``rank_offset + worker rank``, ``rl_receive_weights`` loads bucket after
 bucket as they arrive and verifies the received bytes (vLLM fuses and repacks
-weights on load, so they cannot be compared with the bytes sent). Imported inside vLLM workers only: vLLM imports stay inside methods.
+weights on load, so they cannot be compared with the bytes sent).
+
+Tied parameters (issue 16). A model with ``tie_word_embeddings`` has one tensor for the
+embedding and the LM head, and a trainer sends it once, as ``model.embed_tokens.weight``
+(``named_parameters()`` lists a shared parameter once). vLLM's reload treats the two modules as
+layers of their own: ``initialize_layerwise_reload`` gives each its own meta tensor
+(``restore_layer_on_meta``), the embedding's fills and is copied into the shared kernel tensor,
+but the head, given no weights, is skipped ("ParallelLMHead: Failed to load weights",
+``finalize_layerwise_processing``) and never re-processed. On GPU that is harmless (the head
+reads the shared tensor); on CPU the head computes logits with a copy of its weight packed for
+oneDNN when it was last processed (``UnquantizedEmbeddingMethod.process_weights_after_loading``
+-> ``dispatch_cpu_unquantized_gemm``, ``layer.cpu_linear``), so it kept the first checkpoint's
+head forever. Fix: the session records which parameters are shared before the reload splits
+them (:func:`_tied_parameters`) and, when the source arrives, loads the same tensor into the
+alias's own loader, so both layers are re-processed; an alias that is sent itself is loaded once.
+
+Session report. ``rl_finish_weight_update`` returns ``{"tensors", "kept_old", "partial"}``:
+layers that got no tensor (they keep their old weights; vLLM logs "Failed to load weights") and
+layers that got only part of theirs (q but not k/v of a ``qkv_proj``: vLLM then processes the
+layer with undefined values for the rest, so the engine raises). Layers with nothing to load from
+a checkpoint (a rotary embedding's ``cos_sin_cache``, a non-persistent buffer) are neither, and
+are not reported as failed.
+
+What the engine holds (``rl_weight_stats``): per HF name, the element count and float64 sum and
+sum of squares (:class:`rl_rollout.weights.TensorStats`) of the values the kernels compute with.
+On CPU a linear layer's parameter is emptied once its weight is packed for oneDNN (or the
+sgl-kernel), and the LM head keeps a live parameter next to a packed copy, so the values are read
+through the layer's kernel, ``cpu_linear``, applied to identity rows (exact: each output is one
+weight times 1, sums of zeros): ``eye(K) @ W.T``, K the input size, in chunks. Elsewhere the
+parameters are read directly. Fused layers are split back per HF name (``qkv_proj`` into q/k/v
+rows, ``gate_up_proj`` into gate/up), the vocabulary's padding rows are left out, and sums of a
+shard are marked ``shard`` (added over tensor-parallel workers by the engine) or ``replica``.
+Imported inside vLLM workers only: vLLM imports stay inside methods.
 """
 
 from __future__ import annotations
 
 import hashlib
 
+import torch
+
 from rl_rollout.weights import unpack_bucket
+
+_PROBE_BYTES = 64 << 20  # output of one identity-probe chunk of a packed CPU linear layer
 
 
 class WorkerExtension:
@@ -38,21 +74,50 @@ class WorkerExtension:
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import initialize_layerwise_reload
 
+        model = self.model_runner.get_model()
+        self._rl_ties = _tied_parameters(model)  # before the reload gives each module its own tensor
+        self._rl_filled: set[str] = set()  # vLLM names of the tied parameters filled in this session
         with set_current_vllm_config(self.vllm_config):
-            initialize_layerwise_reload(self.model_runner.get_model())
+            initialize_layerwise_reload(model)
         self._rl_loaded = 0
 
     def load_weights(self, meta: bytes, payload: bytes) -> int:
         """Load one weight bucket (HF parameter names); returns the number of tensors in it."""
-        from vllm.config import set_current_vllm_config
-
         if not hasattr(self, "_rl_loaded"):
             raise RuntimeError("load_weights called outside a weight update: call rl_begin_weight_update first")
         weights = unpack_bucket(meta, payload)
-        with set_current_vllm_config(self.vllm_config):
-            self.model_runner.get_model().load_weights(weights=weights)
-        self._rl_loaded += len(weights)
+        self._rl_load(weights)
         return len(weights)
+
+    def _rl_load(self, weights: list) -> None:
+        """``model.load_weights`` in the open session, plus the tied aliases of what arrived (module docstring)."""
+        from vllm.config import set_current_vllm_config
+        from vllm.model_executor.model_loader.weight_utils import default_weight_loader
+
+        model = self.model_runner.get_model()
+        ties = self._rl_ties
+        send, aliases = [], []
+        if ties:
+            mapper = getattr(model, "hf_to_vllm_mapper", None)
+            for name, tensor in weights:
+                vname = _vllm_name(mapper, name)
+                if vname in ties:
+                    if vname in self._rl_filled:
+                        continue  # already filled from its source: loading it again would be ignored
+                    self._rl_filled.add(vname)
+                send.append((name, tensor))
+                for alias, source in ties.items():
+                    if source == vname and alias not in self._rl_filled:
+                        self._rl_filled.add(alias)
+                        aliases.append((alias, tensor))
+        else:
+            send = weights
+        with set_current_vllm_config(self.vllm_config):
+            model.load_weights(weights=send)
+            for alias, tensor in aliases:
+                param = model.get_parameter(alias)
+                getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+        self._rl_loaded += len(weights)
 
     def rl_load_ipc(self, sync: bytes, verify: bool) -> int:
         """Load weights shared over CUDA IPC by a trainer on this GPU (:mod:`rl_rollout.ipc`).
@@ -63,8 +128,6 @@ class WorkerExtension:
         (hybrid) placement on GPU (ran on an H200 under vLLM 0.26; the vLLM CPU build has no CUDA).
         """
         import pickle
-
-        from vllm.config import set_current_vllm_config
 
         from rl_rollout.ipc import IpcReceiver, IpcSync, open_bucket
 
@@ -79,24 +142,25 @@ class WorkerExtension:
             groups = (open_bucket(bucket, verify=verify) for bucket in shared)
         n = 0
         for weights in groups:
-            with set_current_vllm_config(self.vllm_config):
-                self.model_runner.get_model().load_weights(weights=weights)
+            self._rl_load(list(weights))
             n += len(weights)
-        self._rl_loaded += n
         return n
 
-    def rl_finish_weight_update(self) -> int:
-        """Re-process the layers into kernel layout; returns the tensors loaded in this session."""
+    def rl_finish_weight_update(self) -> dict:
+        """Re-process the remaining layers into kernel layout; returns ``{"tensors": n loaded in this
+        session, "kept_old": [layers that got nothing], "partial": [layers that got part of their weights]}``."""
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
         if not hasattr(self, "_rl_loaded"):
             raise RuntimeError("rl_finish_weight_update called without rl_begin_weight_update")
+        model = self.model_runner.get_model()
+        report = _session_report(model)
         with set_current_vllm_config(self.vllm_config):
-            finalize_layerwise_reload(self.model_runner.get_model(), self.vllm_config.model_config)
-        n = self._rl_loaded
+            finalize_layerwise_reload(model, self.vllm_config.model_config)
+        report["tensors"] = self._rl_loaded
         del self._rl_loaded
-        return n
+        return report
 
     def rl_init_weight_group(
         self, master_addr: str, master_port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float
@@ -113,26 +177,212 @@ class WorkerExtension:
 
     def rl_receive_weights(self, verify: bool) -> dict:
         """Receive one broadcast sync into the open session; returns ``SyncStats.as_dict()``."""
-        from vllm.config import set_current_vllm_config
-
         if not hasattr(self, "_rl_loaded"):
             raise RuntimeError("rl_receive_weights called outside a weight update: call rl_begin_weight_update first")
         receiver = getattr(self, "_rl_receiver", None)
         if receiver is None:
             raise RuntimeError("rl_receive_weights needs a weight group: call rl_init_weight_group first")
 
-        def load(weights) -> None:
-            with set_current_vllm_config(self.vllm_config):
-                self.model_runner.get_model().load_weights(weights=weights)
-            self._rl_loaded += len(weights)
-
         # layerwise reload keeps a layer's tensors until the layer is complete: no buffer reuse
-        return receiver.receive(load, verify=verify, reuse_buffer=False).as_dict()
+        return receiver.receive(self._rl_load, verify=verify, reuse_buffer=False).as_dict()
 
     def rl_weights_digest(self) -> str:
-        """sha256 over the worker's parameters in name order: changes iff a weight changed."""
+        """sha256 over the worker's parameters in name order. On CPU it misses the linear layers' weights
+        (emptied once packed for the kernel) and the LM head's packed copy: use ``rl_weight_stats``."""
         h = hashlib.sha256()
         for name, p in sorted(self.model_runner.get_model().named_parameters()):
             h.update(name.encode())
             h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
         return h.hexdigest()
+
+    def rl_model_dtype(self) -> str:
+        """The dtype the model's weights are held in (``"float32"``, ``"bfloat16"`` ...)."""
+        return str(self.vllm_config.model_config.dtype).removeprefix("torch.")
+
+    def rl_weight_stats(self, names: list[str]) -> dict:
+        """What this worker holds for each HF name in ``names`` (module docstring), plus its tied aliases.
+
+        Returns ``{"stats": {name: [numel, sum, sumsq, "shard" | "replica"]}, "ties": {alias: source},
+        "missing": {name: reason}}``; must not run inside a weight update session."""
+        if hasattr(self, "_rl_loaded"):
+            raise RuntimeError("rl_weight_stats during a weight update: call rl_finish_weight_update first")
+        model = self.model_runner.get_model()
+        mapper = getattr(model, "hf_to_vllm_mapper", None)
+        packed = getattr(model, "packed_modules_mapping", {}) or {}
+        ties = _tied_parameters(model)
+        dtype = self.vllm_config.model_config.dtype
+        rows_cache: dict[str, tuple] = {}
+        stats, missing = {}, {}
+        with torch.no_grad():
+            for name in list(names) + [a for a in ties if a not in names]:
+                try:
+                    stats[name] = _param_stats(model, name, mapper, packed, dtype, rows_cache)
+                except _Unsupported as e:
+                    missing[name] = str(e)
+        return {"stats": stats, "ties": ties, "missing": missing}
+
+
+class _Unsupported(Exception):
+    pass
+
+
+def _tied_parameters(model) -> dict[str, str]:
+    """``{alias: source}``: parameters registered on several modules (``lm_head.weight`` ->
+    ``model.embed_tokens.weight`` under ``tie_word_embeddings``), by vLLM name, first registration
+    the source. Only valid outside a reload session (the reload gives each module its own tensor)."""
+    seen: dict[int, str] = {}
+    ties = {}
+    for mod_name, module in model.named_modules():
+        for pname, param in module._parameters.items():
+            if param is None:
+                continue
+            full = f"{mod_name}.{pname}" if mod_name else pname
+            if id(param) in seen:
+                ties[full] = seen[id(param)]
+            else:
+                seen[id(param)] = full
+    return ties
+
+
+def _vllm_name(mapper, hf_name: str) -> str | None:
+    if mapper is None:
+        return hf_name
+    return (getattr(mapper, "map_name", None) or mapper._map_name)(hf_name)
+
+
+def _session_report(model) -> dict:
+    """Layers of the open session that got none / part of their weights; quiets the ones with nothing to load.
+
+    Before ``finalize_layerwise_reload``, a layer whose info still ``can_load()`` was not processed yet."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    try:
+        from vllm.model_executor.layers.attention import is_deferred_attention_layer
+        from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
+    except ImportError:  # another vLLM layout: no report
+        return {"kept_old": [], "partial": []}
+    kept_old, partial = [], []
+    for name, layer in model.named_modules():
+        info = LAYERWISE_INFO.get(layer)
+        if info is None or not info.can_load() or info.kernel_tensors is None or is_deferred_attention_layer(layer):
+            continue
+        params, buffers = info.kernel_tensors
+        if info.load_numel <= 0:
+            if not params and set(buffers) <= set(getattr(info, "kernel_non_persistent_buffers", ())):
+                # computed, not loaded (a rotary embedding's cos/sin cache): vLLM restores it as it
+                # does for a layer with nothing loadable, without "Failed to load weights"
+                info.load_numel_total = 0
+            elif info.load_numel_total:
+                kept_old.append(name)
+        elif info.load_numel < info.load_numel_total and not isinstance(layer, VocabParallelEmbedding):
+            partial.append(name)  # a vocabulary's padding rows are never loaded: not partial
+    return {"kept_old": kept_old, "partial": partial}
+
+
+def _param_stats(model, hf_name, mapper, packed, dtype, rows_cache) -> list:
+    """``[numel, sum, sumsq, combine]`` of the values this worker holds for ``hf_name``."""
+    from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    shard = None
+    if mapper is not None and hasattr(mapper, "_map_name_with_shard"):
+        mapped = mapper._map_name_with_shard(hf_name)
+        if mapped is None:
+            raise _Unsupported("the model's weight mapper drops this name")
+        vname, shard = mapped
+    else:
+        vname = hf_name
+    if shard is None:  # fused modules named by packed_modules_mapping instead of the mapper
+        for fused, part, i in ((f, p, i) for f, parts in packed.items() for i, p in enumerate(parts)):
+            if f".{part}." in f".{vname}":
+                vname = f".{vname}".replace(f".{part}.", f".{fused}.", 1)[1:]
+                shard = i
+                break
+    if isinstance(shard, list):
+        raise _Unsupported(f"loaded into several shards {shard}")
+    module_name, _, pname = vname.rpartition(".")
+    try:
+        module = model.get_submodule(module_name) if module_name else model
+    except AttributeError:
+        raise _Unsupported(f"the engine has no module {module_name!r}") from None
+    if not isinstance(getattr(module, pname, None), torch.Tensor):
+        raise _Unsupported(f"the engine has no parameter {vname!r}")
+    key = f"{module_name}.{pname}"
+    if key not in rows_cache:
+        rows_cache[key] = _row_sums(module, pname, dtype)
+    row_sum, row_sumsq, width = rows_cache[key]
+
+    n_rows = row_sum.numel()
+    tp = getattr(module, "tp_size", 1) or 1
+    combine = "shard" if tp > 1 else "replica"
+    scale = 1.0
+    lo, hi = 0, n_rows
+    if isinstance(module, VocabParallelEmbedding):
+        hi = module.shard_indices.num_org_elements  # the padding rows are not the checkpoint's
+    elif isinstance(module, RowParallelLinear) and pname == "bias":
+        combine = "replica"  # the full bias on every rank
+    elif shard is not None:
+        if isinstance(module, QKVParallelLinear) and shard in (0, 1, 2, "q", "k", "v"):
+            shard = "qkv"[shard] if isinstance(shard, int) else shard
+            lo = module._get_shard_offset_mapping(shard)
+            hi = lo + module._get_shard_size_mapping(shard)
+            if shard != "q":
+                scale = 1.0 / getattr(module, "num_kv_head_replicas", 1)  # a kv head on several ranks
+        elif isinstance(module, MergedColumnParallelLinear) and isinstance(shard, int):
+            sizes = [size // tp for size in module.output_sizes]
+            lo = sum(sizes[:shard])
+            hi = lo + sizes[shard]
+        else:
+            raise _Unsupported(f"shard {shard!r} of {type(module).__name__} is not understood here")
+    if hi > n_rows:
+        raise _Unsupported(f"rows {lo}:{hi} of a {n_rows}-row tensor")
+    return [
+        (hi - lo) * width * scale,
+        row_sum[lo:hi].sum().item() * scale,
+        row_sumsq[lo:hi].sum().item() * scale,
+        combine,
+    ]
+
+
+def _row_sums(module, pname: str, dtype) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """Per output row (dim 0): float64 sums and sums of squares of the parameter's values, and the row width."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    cpu_linear = getattr(module, "cpu_linear", None)
+    param = getattr(module, pname)
+    # an input embedding gets a packed copy too, but looks tokens up in its parameter
+    lookup = isinstance(module, VocabParallelEmbedding) and not isinstance(module, ParallelLMHead)
+    if pname == "weight" and callable(cpu_linear) and not lookup:
+        # CPU: the values the kernel computes with (module docstring)
+        k = getattr(module, "input_size_per_partition", None) or getattr(module, "embedding_dim", None)
+        if not k:
+            raise _Unsupported(f"{type(module).__name__} has a packed CPU weight of unknown input size")
+        row_sum = row_sumsq = None
+        chunk = min(k, 64)  # then as many rows as fit _PROBE_BYTES of output
+        i = 0
+        while i < k:
+            c = min(chunk, k - i)
+            x = torch.zeros(c, k, dtype=dtype, device=param.device)
+            x[torch.arange(c), torch.arange(i, i + c)] = 1
+            y = cpu_linear(x, param, None).double()  # [c, N] = W[:, i:i+c].T
+            if row_sum is None:
+                row_sum = torch.zeros(y.shape[-1], dtype=torch.float64, device=y.device)
+                row_sumsq = torch.zeros_like(row_sum)
+                chunk = max(1, min(k, _PROBE_BYTES // (8 * max(y.shape[-1], 1))))
+            row_sum += y.sum(0)
+            row_sumsq += y.square().sum(0)
+            i += c
+        return row_sum, row_sumsq, k
+    if param.is_meta or param.numel() == 0:
+        raise _Unsupported(f"{type(module).__name__}.{pname} holds no values here ({tuple(param.shape)})")
+    if param.dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        raise _Unsupported(f"{type(module).__name__}.{pname} is stored as {param.dtype} (quantized?)")
+    rows = param.detach().reshape(param.shape[0], -1) if param.ndim else param.detach().reshape(1, 1)
+    row_sum = torch.zeros(rows.shape[0], dtype=torch.float64, device=rows.device)
+    row_sumsq = torch.zeros_like(row_sum)
+    step = max(1, (1 << 24) // max(rows.shape[1], 1))
+    for i in range(0, rows.shape[0], step):
+        part = rows[i : i + step].double()
+        row_sum[i : i + step] = part.sum(1)
+        row_sumsq[i : i + step] = part.square().sum(1)
+    return row_sum, row_sumsq, rows.shape[1]
