@@ -133,7 +133,7 @@ def test_update_weights_then_greedy_matches_transformers(engine, ref):
     state = peaked_weights(ref.hf, seed=99)
     engine.bucket_bytes = 64 * 1024  # several buckets, layers split across them
     t0 = time.perf_counter()
-    engine.update_weights(iter(state.items()), version=3)
+    engine.update_weights(iter(state.items()), version=3, verify=True)  # checks what the engine holds
     print(f"\nupdate_weights ({sum(t.numel() * 4 for t in state.values()) / 1e6:.2f} MB): {time.perf_counter() - t0:.3f} s")
     ref.set_weights(state)
     assert engine.weights_digest() != before_digest

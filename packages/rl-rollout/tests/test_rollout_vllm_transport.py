@@ -32,6 +32,7 @@ from rl_rollout import RolloutRequest, SamplingParams  # noqa: E402
 from rl_rollout.testing import greedy_reference, make_tiny_model, peaked_weights  # noqa: E402
 from rl_rollout.transport import WeightSyncError  # noqa: E402
 from rl_rollout.vllm_engine import VLLMEngine  # noqa: E402
+from rl_rollout.weights import weight_stats  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
 
@@ -94,7 +95,7 @@ def test_broadcast_then_vllm_greedy_matches_transformers(linked, hf):
     before = greedy_outputs(engine)  # prefixes now sit in the prefix cache
     state = peaked_weights(hf, seed=99)
     trainer.send(seed=99, version=3, bucket_bytes=BUCKET_BYTES)
-    stats = engine.receive_weights()
+    stats = engine.receive_weights(expected=weight_stats(state.items()))  # the sender's tensors: what vLLM must hold
     reply = trainer.reply()
     assert reply["ok"], reply
     assert stats.bytes == reply["stats"]["bytes"] == sum(t.numel() * t.element_size() for t in state.values())
