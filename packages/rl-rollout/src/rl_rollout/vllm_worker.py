@@ -264,7 +264,9 @@ def _session_report(model) -> dict:
     kept_old, partial = [], []
     for name, layer in model.named_modules():
         info = LAYERWISE_INFO.get(layer)
-        if info is None or not info.can_load() or info.kernel_tensors is None or is_deferred_attention_layer(layer):
+        if info is None or not all(hasattr(info, a) for a in ("can_load", "kernel_tensors", "load_numel", "load_numel_total")):
+            continue  # not in this session, or another vLLM's bookkeeping: no report
+        if not info.can_load() or info.kernel_tensors is None or is_deferred_attention_layer(layer):
             continue
         params, buffers = info.kernel_tensors
         if info.load_numel <= 0:
