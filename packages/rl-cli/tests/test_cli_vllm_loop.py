@@ -52,7 +52,8 @@ def grpo(root, model, run, iterations):
             "--rollout_batch_size", "4", "--train_batch_size", "32", "--micro_train_batch_size", "16",
             "--max_epochs", "2", "--generate_max_len", "8", "--max_iterations", str(iterations), "--bf16", "false",
             "--zero_stage", "0", "--learning_rate", "3e-3", "--lr_warmup_ratio", "0", "--lr_scheduler", "constant",
-            "--seed", "0", "--rollout_engine", "vllm", "--enforce_eager", "--run_dir", str(root / run)]
+            "--seed", "0", "--rollout_engine", "vllm", "--enforce_eager", "--verify_weights",
+            "--run_dir", str(root / run)]
 
 
 def run_cli(module, argv, timeout=850):
@@ -82,7 +83,9 @@ def test_rl_ppo_with_vllm_in_process_keeps_the_engine_on_the_policy_and_learns(t
     root, model = task
     out = run_cli("rl_cli.train_ppo", grpo(root, model, "local", 14))
     assert "rollout VLLMEngine" in out.stdout, out.stdout[-2000:]
-    check_run(metrics(root / "local"), 14)
+    rows = metrics(root / "local")
+    check_run(rows, 14)
+    assert all(r["rl/sync_verify_s"] > 0 for r in rows)  # the engine checked what it holds after every sync
 
 
 def test_rl_ppo_ray_with_a_vllm_engine_actor_over_gloo(task):
@@ -93,7 +96,7 @@ def test_rl_ppo_ray_with_a_vllm_engine_actor_over_gloo(task):
     assert "VLLMEngine" in out.stdout and "weight sync gloo" in out.stdout, out.stdout[-2000:]
     rows = metrics(root / "ray")
     check_run(rows, 10)
-    assert all(r["rl/sync_gb_per_s"] > 0 for r in rows)
+    assert all(r["rl/sync_gb_per_s"] > 0 and r["rl/sync_verify_s"] > 0 for r in rows)
 
 
 def test_rl_demo_with_vllm(task, tmp_path):

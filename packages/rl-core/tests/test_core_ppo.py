@@ -13,6 +13,7 @@ from rl_core.rl import CriticWorker, LocalGroup, PolicyWorker, collate, dp_order
 from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
 from rl_core.strategy import StrategyConfig
 from rl_core.trainers.ppo import PPOConfig, PPOTrainer
+from rl_rollout import WeightSyncConfig
 
 pytestmark = pytest.mark.timeout(900)
 LETTERS = "abcd"
@@ -53,7 +54,8 @@ def make(setup, tmp_path, *, reward=letter_reward, lr=2e-3, zero_stage=0, **cfg)
     s = StrategyConfig(zero_stage=zero_stage, bf16=False, micro_train_batch_size=G // 2, train_batch_size=G,
                        learning_rate=lr, lr_warmup_ratio=0.0, lr_scheduler="constant")
     runner = RewardRunner(reward, workers=0, fallback=0.0)
-    run = build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, c), LocalFactory(engine_kind="hf"),
+    run = build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, c, sync=WeightSyncConfig(verify=True)),
+                    LocalFactory(engine_kind="hf"),
                     prompts=prompts, tokenizer=tok, reward_fn=runner)
     return run.trainer, run.rollout, runner
 

@@ -15,6 +15,7 @@ from rl_core.rl import PolicyWorker, make_item
 from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
 from rl_core.strategy import StrategyConfig
 from rl_core.trainers.ppo import PPOConfig
+from rl_rollout import WeightSyncConfig
 
 pytestmark = pytest.mark.timeout(900)
 LETTERS = "abcd"
@@ -50,7 +51,8 @@ def build(setup, tmp_path, *, lr=3e-3, seed=0, **cfg):
     G = c.rollout_batch_size * c.n_samples_per_prompt
     s = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=G // 2, train_batch_size=G, learning_rate=lr,
                        lr_warmup_ratio=0.0, lr_scheduler="constant", seed=seed)
-    return build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, c), LocalFactory(engine_kind="hf"),
+    return build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, c, sync=WeightSyncConfig(verify=True)),
+                     LocalFactory(engine_kind="hf"),
                      prompts=prompts, tokenizer=tok, reward_fn=RewardRunner(letter_reward, workers=0))
 
 
@@ -116,6 +118,19 @@ def test_a_stale_engine_raises_the_logprob_gap_alarm(setup, tmp_path, caplog):
     assert "stale weights in the engine" in caplog.text and "--logprob_gap_alarm" in caplog.text
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["rl/logprob_gap_alarm"] == 1.0
+
+
+def test_a_sync_that_drops_a_tensor_fails_loudly_naming_it(setup, tmp_path):
+    """With verify on (the tests' default), an engine that did not take every tensor stops the run."""
+    from rl_rollout import WeightSyncError
+
+    run = build(setup, tmp_path, advantage_estimator="group_norm", max_iterations=2)
+    engine, update = run.rollout, run.rollout.update_weights
+    engine.update_weights = lambda named, version: update(
+        ((n, t) for n, t in named if n != "model.embed_tokens.weight"), version)
+    with pytest.raises(WeightSyncError, match=r"model.embed_tokens.weight: sum"):
+        run.trainer.fit()
+    run.close()
 
 
 @pytest.mark.parametrize("estimator", estimator_names())

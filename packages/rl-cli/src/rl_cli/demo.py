@@ -62,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
     from rl_core.strategy import StrategyConfig
     from rl_core.trainers.ppo import PPOConfig
-    from rl_rollout import EngineConfig, RewardRunner
+    from rl_rollout import EngineConfig, RewardRunner, WeightSyncConfig
     from rl_rollout.testing import make_tiny_model
 
     work = Path(args.workdir)
@@ -83,7 +83,9 @@ def main(argv: list[str] | None = None) -> int:
                     max_iterations=args.iterations, run_dir=str(work / "run"), save_path=str(work / "final"),
                     max_epochs=args.max_epochs)
     reward = RewardRunner(partial(letter_reward, max_new_tokens=args.max_new_tokens), workers=0)
-    run = build_run(RunConfig(RLModelConfig(pretrain=str(model)), strategy, cfg, EngineConfig(kind=args.rollout_engine)),
+    # verify: after every sync the engine checks it holds the policy's weights (about 5 ms here)
+    run = build_run(RunConfig(RLModelConfig(pretrain=str(model)), strategy, cfg, EngineConfig(kind=args.rollout_engine),
+                              WeightSyncConfig(verify=True)),
                     LocalFactory(), prompts=prompts, tokenizer=tok, reward_fn=reward)
     trainer = run.trainer
     print(f"[rl demo] {len(prompts)} prompts x {cfg.n_samples_per_prompt} samples, {trainer.num_iterations} iterations; "

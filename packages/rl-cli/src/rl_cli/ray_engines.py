@@ -67,6 +67,10 @@ class RolloutEngineActor:
     def receive_weights(self, verify: bool = False) -> dict:
         return self.engine.receive_weights(verify=verify).as_dict()
 
+    def verify_weights(self, expected: dict) -> dict:
+        """The engine checks it holds ``expected`` (rl_rollout.weights.weight_stats); raises WeightSyncError."""
+        return self.engine.verify_weights(expected)
+
     def weights_digest(self) -> dict[str, float]:
         """An HF engine's per-parameter sums (HF names, to compare with the policy's); a VLLMEngine's own digest."""
         digest = getattr(self.engine, "weights_digest", None)

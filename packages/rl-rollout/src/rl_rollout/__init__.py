@@ -19,6 +19,7 @@ from rl_rollout.rewards import (
 )
 from rl_rollout.transport import CollectiveReceiver, CollectiveSender, SyncStats, WeightSyncError
 from rl_rollout.types import RolloutRequest, RolloutSample, SamplingParams
+from rl_rollout.weights import TensorStats, compare_weight_stats, tensor_stats, weight_stats
 
 __version__ = "0.6.0"
 
@@ -49,6 +50,10 @@ __all__ = [
     "StepResult",
     "SyncBackend",
     "SyncStats",
+    "TensorStats",
+    "compare_weight_stats",
+    "tensor_stats",
+    "weight_stats",
     "WeightSyncConfig",
     "WeightSyncError",
     "canonical_dtype",

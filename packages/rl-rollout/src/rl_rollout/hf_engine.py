@@ -233,6 +233,31 @@ class HFEngine:
             self.policy_version = stats.version
         return stats
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype the engine holds its weights in."""
+        return next(self.model.parameters()).dtype
+
+    @torch.no_grad()
+    def verify_weights(self, expected, *, rtol: float | None = None) -> dict:
+        """Check that the model holds ``expected`` (:func:`rl_rollout.weights.weight_stats` of what was sent):
+        each name's element count, sum and sum of squares; a tied head is the embedding's tensor itself.
+        Raises :class:`~rl_rollout.transport.WeightSyncError` naming every tensor that differs or is missing;
+        returns ``{"tensors": n checked, "seconds": s}`` (the same contract as ``VLLMEngine.verify_weights``)."""
+        import time
+
+        from rl_rollout.transport import WeightSyncError
+        from rl_rollout.weights import DEFAULT_STATS_RTOL, compare_weight_stats, tensor_stats
+
+        t0 = time.perf_counter()
+        state = self.model.state_dict()
+        actual = {n: tensor_stats(state[n]) for n in expected if n in state}
+        problems = compare_weight_stats(expected, actual, rtol=DEFAULT_STATS_RTOL if rtol is None else rtol)
+        if problems:
+            raise WeightSyncError(f"the engine does not hold the weights sent: {len(problems)} of {len(expected)} "
+                                  "tensors differ or are missing:\n  " + "\n  ".join(problems))
+        return {"tensors": len(expected), "seconds": time.perf_counter() - t0}
+
     def _copy_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
         state = self.model.state_dict()
         for name, tensor in named_tensors:

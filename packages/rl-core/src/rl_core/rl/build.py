@@ -103,7 +103,7 @@ class LocalFactory:
 
     def weight_sync(self, policy: LocalGroup, rollout: Any, sync_cfg: WeightSyncConfig) -> DirectWeightSync:
         sync_cfg.resolve(in_process=True, on_gpu=False)  # refuses gloo/nccl/ipc with the reason
-        return DirectWeightSync(policy, rollout)
+        return DirectWeightSync(policy, rollout, verify=sync_cfg.verify)
 
 
 @dataclass

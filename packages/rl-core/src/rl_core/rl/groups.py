@@ -157,7 +157,10 @@ class BroadcastWeightSync:
             lambda: self.policy.call("broadcast_weights", version, self.verify),
             *[(lambda g=g: g.call_rank(0, "receive_weights", verify=self.verify)) for g in self.rollout.engines])
         stats = results[0][0]
-        return stats if isinstance(stats, dict) else {}
+        stats = stats if isinstance(stats, dict) else {}
+        if self.verify:
+            stats["verify_s"] = verify_engines(self.policy, self.rollout.engines)
+        return stats
 
 
 class IpcWeightSync:
@@ -185,15 +188,30 @@ class IpcWeightSync:
                                 for g, s in zip(self.rollout.engines, shared, strict=True)])
         sec = time.perf_counter() - t0
         nbytes = shared[0]["bytes"]  # what each engine loaded (every rank shares the full weights)
-        return {"version": version, "tensors": sum(int(n or 0) for n in loaded), "bytes": nbytes, "seconds": sec,
-                "gb_per_s": nbytes / max(sec, 1e-9) / 1e9}
+        out = {"version": version, "tensors": sum(int(n or 0) for n in loaded), "bytes": nbytes, "seconds": sec,
+               "gb_per_s": nbytes / max(sec, 1e-9) / 1e9}
+        if self.verify:
+            out["verify_s"] = verify_engines(self.policy, self.rollout.engines)
+        return out
 
 
 class DirectWeightSync:
-    """Policy (a :class:`LocalGroup`) -> an engine object in this process, bucket by bucket."""
+    """Policy (a :class:`LocalGroup`) -> an engine object in this process, in one update (one vLLM session);
+    ``verify``: the engine checks it holds what was sent after every sync."""
 
-    def __init__(self, policy: LocalGroup, engine: Any):
-        self.policy, self.engine = policy, engine
+    def __init__(self, policy: LocalGroup, engine: Any, *, verify: bool = False):
+        self.policy, self.engine, self.verify = policy, engine, verify
 
     def __call__(self, version: int) -> dict:
-        return self.policy.call_rank(0, "push_weights", self.engine, version)
+        return self.policy.call_rank(0, "push_weights", self.engine, version, self.verify)
+
+
+def verify_engines(policy: WorkerGroup, engines: Sequence[WorkerGroup]) -> float:
+    """Every engine checks it holds the policy's weights (per-tensor count, sum, sum of squares); raises the
+    engine's WeightSyncError naming the tensors that differ. Returns the seconds it took."""
+    import time
+
+    t0 = time.perf_counter()
+    expected = policy.call("weight_stats")[0]
+    concurrently(*[(lambda g=g: g.call_rank(0, "verify_weights", expected)) for g in engines])
+    return time.perf_counter() - t0

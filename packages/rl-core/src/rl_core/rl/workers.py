@@ -189,16 +189,43 @@ class PolicyWorker(_Worker):
         stats = self._sender.send((nt for b in buckets for nt in hf_names(b)), version, checksum=verify)
         return stats.as_dict()
 
-    def push_weights(self, engine, version: int) -> dict:
-        """In-process sync: hand every bucket to ``engine.update_weights`` (an engine in this process)."""
+    def push_weights(self, engine, version: int, verify: bool = False) -> dict:
+        """In-process sync: every bucket into ``engine.update_weights`` in one call (one vLLM reload session),
+        tensors handed over where they are (a GPU policy's stay on the GPU). ``verify``: the engine then
+        checks it holds what was sent (count, sum and sum of squares per tensor; raises WeightSyncError)."""
         import time
 
-        t0, nbytes = time.perf_counter(), 0
-        for bucket in self.s.named_parameter_buckets(self.engine.module):
-            nbytes += sum(t.numel() * t.element_size() for _, t in bucket)
-            engine.update_weights(hf_names(bucket), version=version)
+        from rl_rollout.weights import tensor_stats
+
+        t0, nbytes, stats = time.perf_counter(), 0, {}
+        dtype = getattr(engine, "dtype", None) if verify else None
+
+        def named():
+            nonlocal nbytes
+            for bucket in self.s.named_parameter_buckets(self.engine.module):
+                for name, t in hf_names(bucket):
+                    nbytes += t.numel() * t.element_size()
+                    if verify:  # while the bucket is alive (gathered under ZeRO-3)
+                        stats[name] = tensor_stats(t, dtype)
+                    yield name, t
+
+        engine.update_weights(named(), version=version)
         sec = time.perf_counter() - t0
-        return {"version": version, "bytes": nbytes, "seconds": sec, "gb_per_s": nbytes / max(sec, 1e-9) / 1e9}
+        out = {"version": version, "bytes": nbytes, "seconds": sec, "gb_per_s": nbytes / max(sec, 1e-9) / 1e9}
+        if verify:
+            out["verify_s"] = engine.verify_weights(stats)["seconds"]
+        return out
+
+    def weight_stats(self) -> dict | None:
+        """Per-tensor count, sum and sum of squares (HF names) of the policy's weights, on rank 0 (None
+        elsewhere): what an engine's ``verify_weights`` checks. Collective under ZeRO-3."""
+        from rl_rollout.weights import tensor_stats
+
+        out = {}
+        for bucket in self.s.named_parameter_buckets(self.engine.module):
+            if self.rank == 0:
+                out.update({n: tensor_stats(t) for n, t in hf_names(bucket)})
+        return out if self.rank == 0 else None
 
     def share_weights_ipc(self, version: int, verify: bool = False) -> dict:
         """Hybrid engine on this rank's GPU: every rank gathers the full weights (ZeRO-3) into its

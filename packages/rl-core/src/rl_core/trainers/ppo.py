@@ -298,8 +298,11 @@ class PPOTrainer:
             self.rollout.wake_up()
         t1 = time.perf_counter()
         stats = self.weight_sync(version) or {}
-        return {"wake_s": t1 - t0, "sync_s": time.perf_counter() - t1,
-                "sync_gb_per_s": float(stats.get("gb_per_s", 0.0))}
+        out = {"wake_s": t1 - t0, "sync_s": time.perf_counter() - t1,
+               "sync_gb_per_s": float(stats.get("gb_per_s", 0.0))}
+        if "verify_s" in stats:  # the engines checked they hold what was sent (part of sync_s)
+            out["sync_verify_s"] = float(stats["verify_s"])
+        return out
 
     # ----- checkpoints ---------------------------------------------------------------------
 
