@@ -79,6 +79,7 @@ from rl_rollout.weights import (
     as_torch_dtype,
     compare_weight_stats,
     iter_buckets,
+    iter_groups,
     tensor_stats,
 )
 
@@ -164,6 +165,8 @@ class VLLMEngine:
             raise ValueError(f"engine_kwargs must not set {clash}: they are VLLMEngine arguments or fixed by it")
         args.update(engine_kwargs or {})
         args["dtype"] = vllm_dtype(args["dtype"])
+        # in one process (sync mode, in_process): collective_rpc reaches the worker with our objects as they are
+        self.hands_over_tensors = in_process and mode == "sync"
         self._lock = threading.RLock()  # LLM is not thread-safe; generate, rpc and sleep take turns
         self._ids = itertools.count()
         self._asleep: set[str] = set()  # tags still asleep: "weights", "kv_cache"
@@ -245,6 +248,8 @@ class VLLMEngine:
     ) -> dict[str, TensorStats] | None:
         """Stream ``(hf_name, tensor)`` pairs to every worker in buckets of ``bucket_bytes``: one reload
         session for the whole iterable, so pass every tensor of a sync in one call (a generator is fine).
+        An in-process engine (``in_process=True``, sync mode) takes the tensors themselves, on their device
+        (:attr:`hands_over_tensors`); otherwise they are packed into byte buckets.
 
         ``verify=True``: computes :func:`~rl_rollout.weights.weight_stats` of the tensors as they are sent
         (in the engine's dtype), checks them with :meth:`verify_weights` after the load, and returns them.
@@ -263,8 +268,12 @@ class VLLMEngine:
 
         self.begin_weight_update()
         try:
-            for bucket in iter_buckets(tap(named_tensors), self.bucket_bytes):
-                self.load_bucket(bucket)
+            if self.hands_over_tensors:  # the worker is in this process: tensors as they are (GPU stays GPU)
+                for group in iter_groups(tap(named_tensors), self.bucket_bytes):
+                    self._rpc("rl_load_tensors", group)
+            else:  # packed buckets (bytes) over vLLM's message channel
+                for bucket in iter_buckets(tap(named_tensors), self.bucket_bytes):
+                    self.load_bucket(bucket)
         except BaseException:
             self.finish_weight_update(version=None)
             raise

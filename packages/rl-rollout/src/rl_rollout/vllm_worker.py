@@ -89,6 +89,16 @@ class WorkerExtension:
         self._rl_load(weights)
         return len(weights)
 
+    def rl_load_tensors(self, weights: list) -> int:
+        """Load ``(hf_name, tensor)`` pairs handed over inside one process (an in-process engine: vLLM's
+        in-process client and uni executor call this with the caller's objects, nothing serialised), so a
+        GPU trainer's tensors go GPU to GPU and never through the host. Returns the number loaded."""
+        if not hasattr(self, "_rl_loaded"):
+            raise RuntimeError("rl_load_tensors called outside a weight update: call rl_begin_weight_update first")
+        weights = list(weights)
+        self._rl_load(weights)
+        return len(weights)
+
     def _rl_load(self, weights: list) -> None:
         """``model.load_weights`` in the open session, plus the tied aliases of what arrived (module docstring)."""
         from vllm.config import set_current_vllm_config
