@@ -133,6 +133,29 @@ def test_a_sync_that_drops_a_tensor_fails_loudly_naming_it(setup, tmp_path):
     run.close()
 
 
+def test_one_step_per_batch_skips_the_old_logprob_forward_and_trains_the_same(setup, tmp_path):
+    """max_epochs 1, one global batch per iteration, no KL penalty: the old log-probs are the train forward's
+    (the weights have not moved since sampling), so the experience phase skips the policy forward. The run
+    must equal the one that computes them (rewards, losses, gap), within fp32 rounding."""
+    kw = dict(advantage_estimator="group_norm", max_iterations=3, max_epochs=1)
+    fast = build(setup, tmp_path / "fast", **kw)
+    assert fast.trainer.on_policy
+    calls = []
+    logprobs = fast.policy.worker.logprobs
+    fast.policy.worker.logprobs = lambda items: calls.append(len(items)) or logprobs(items)
+    a = fast.trainer.fit()
+    fast.close()
+    assert calls == []  # no separate old-logprob forward
+    slow = build(setup, tmp_path / "slow", **kw)
+    slow.trainer.on_policy = False
+    b = slow.trainer.fit()
+    slow.close()
+    for x, y in zip(a, b, strict=True):
+        assert x["reward_mean"] == pytest.approx(y["reward_mean"], abs=1e-6)
+        assert x["policy_loss"] == pytest.approx(y["policy_loss"], abs=1e-5)
+        assert x["rollout_logprob_gap"] < 1e-4 and y["rollout_logprob_gap"] < 1e-4
+
+
 @pytest.mark.parametrize("estimator", estimator_names())
 def test_every_estimator_raises_the_reward_in_the_loop(setup, tmp_path, estimator):
     extra = {"loss_agg_mode": "seq-mean-token-sum-norm"} if estimator == "dr_grpo" else {}

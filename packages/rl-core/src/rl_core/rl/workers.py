@@ -115,17 +115,25 @@ class PolicyWorker(_Worker):
         finally:
             self.engine.train()
 
-    def train(self, items: list[dict], kl_coef: float = 0.0) -> list[dict[str, float]]:
+    def train(self, items: list[dict], kl_coef: float = 0.0, on_policy: bool = False) -> list[dict[str, float]]:
         """Policy epochs over this rank's slices of every global batch (items in ``dp_order``).
+
+        ``on_policy``: the items carry no old log-probs because this is the only optimizer step on them (one
+        epoch, one global batch): the weights have not moved since the engine sampled, so the old log-probs
+        are this forward's, detached (ratio 1), and the experience phase skips a whole forward (as TRL does).
+        The rollout log-prob gap is then measured here (``rollout_logprob_gap``, ``rollout_gap_tokens``).
 
         Returns ``[metrics]`` (a list, as ``call_sharded`` wants), averaged over steps and ranks."""
         from rl_algos import aggregate_loss, approx_kl
 
         c, dev, world = self.cfg, self.s.device, self.s.world_size
         variant = c.policy_loss  # chosen once: ppo | gspo, with its clip, dual clip, correction and aggregation
-        keys = ["old_logprobs", "advantages"] + (["ref_logprobs"] if c.use_kl_loss else []) + \
-            (["rollout_logprobs"] if variant.needs_rollout_logprobs else [])
+        has_rollout = all(it.get("rollout_logprobs") is not None for it in items)
+        use_rollout = variant.needs_rollout_logprobs or (on_policy and has_rollout)
+        keys = ([] if on_policy else ["old_logprobs"]) + ["advantages"] + (["ref_logprobs"] if c.use_kl_loss else []) \
+            + (["rollout_logprobs"] if use_rollout else [])
         sums = {"policy_loss": 0.0, "clip_fraction": 0.0, "kl_loss": 0.0}
+        gap_sum = gap_tokens = 0.0
         steps = 0
         self.engine.train()
         for chunk in self._global_batches(items, c.max_epochs):
@@ -137,10 +145,14 @@ class PolicyWorker(_Worker):
                 m = b["loss_mask"][sl].to(dev)
                 lp = self.engine(b["input_ids"][sl].to(dev), attention_mask=b["attention_mask"][sl].to(dev),
                                  temperature=c.temperature).logprobs
-                rollout = b["rollout_logprobs"][sl].to(dev) if variant.needs_rollout_logprobs else None
-                out = variant.loss(lp, b["old_logprobs"][sl].to(dev), b["advantages"][sl].to(dev), m,
-                                   rollout_logprobs_BT=rollout, global_tokens=total, global_seqs=G, dp_size=world,
-                                   norm_len=c.loss_norm_len)
+                rollout = b["rollout_logprobs"][sl].to(dev) if use_rollout else None
+                old = lp.detach() if on_policy else b["old_logprobs"][sl].to(dev)
+                if on_policy and rollout is not None:
+                    gap_sum += ((old - rollout).abs() * m).sum().item()
+                    gap_tokens += m.sum().item()
+                out = variant.loss(lp, old, b["advantages"][sl].to(dev), m,
+                                   rollout_logprobs_BT=rollout if variant.needs_rollout_logprobs else None,
+                                   global_tokens=total, global_seqs=G, dp_size=world, norm_len=c.loss_norm_len)
                 loss = out.loss
                 if c.use_kl_loss:
                     kl = approx_kl(lp, b["ref_logprobs"][sl].to(dev), c.kl_estimator, mask=m)
@@ -154,7 +166,11 @@ class PolicyWorker(_Worker):
                 sums["clip_fraction"] += out.clip_fraction.item() * share
             steps += 1
         sums = {k: v / max(steps, 1) for k, v in sums.items()}
+        if on_policy and has_rollout:
+            sums.update(rollout_gap_sum=gap_sum, rollout_gap_tokens=gap_tokens)
         sums = self.s.all_reduce(sums, "sum")  # per-rank shares -> global step means
+        if "rollout_gap_tokens" in sums:
+            sums["rollout_logprob_gap"] = sums.pop("rollout_gap_sum") / max(sums.pop("rollout_gap_tokens"), 1.0)
         sums["lr"] = self.engine.get_lr()[0]
         return [sums]
 

@@ -95,6 +95,10 @@ class PPOTrainer:
 
             self.kl = (AdaptiveKLController(cfg.init_kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.kl_target
                        else FixedKLController(cfg.init_kl_coef))
+        # One epoch and one global batch per iteration, no KL reward penalty: the policy trains once on weights
+        # the engine sampled with, so its old log-probs are its train forward's (detached): skip that forward.
+        self.on_policy = (cfg.max_epochs == 1 and samples == train_batch_size and self.kl is None
+                          and cfg.freezing_actor_steps == 0)
         local = [g for g in (policy, critic, ref, reward_model) if g is not None]
         self.parallel = not all(isinstance(g, LocalGroup) for g in local)
 
@@ -205,7 +209,7 @@ class PPOTrainer:
     # ----- experience and advantages -------------------------------------------------------
 
     def _experience(self, items: list[dict]) -> None:
-        calls = {"old_logprobs": lambda: self.policy.call_sharded("logprobs", items)}
+        calls = {} if self.on_policy else {"old_logprobs": lambda: self.policy.call_sharded("logprobs", items)}
         if self.ref is not None:
             calls["ref_logprobs"] = lambda: self.ref.call_sharded("logprobs", items)
         if self.critic is not None:
@@ -222,11 +226,12 @@ class PPOTrainer:
         from rl_algos import approx_kl, compute_advantages, masked_mean, masked_whiten
 
         c = self.cfg
-        b = collate(items, self.pad_id, ("old_logprobs", "ref_logprobs", "values", "rollout_logprobs"))
+        keys = ("old_logprobs", "ref_logprobs", "values", "rollout_logprobs")
+        b = collate(items, self.pad_id, keys[1:] if self.on_policy else keys)
         mask = b["loss_mask"].float()
         out: dict[str, float] = {}
         token_rewards = None
-        if self.ref is not None:
+        if self.ref is not None and not self.on_policy:  # on-policy: the KL is a loss, measured in training
             kl = approx_kl(b["old_logprobs"], b["ref_logprobs"], c.kl_estimator, mask=mask)
             out["kl"] = masked_mean(kl, mask).item()
             if self.kl is not None:
@@ -246,7 +251,7 @@ class PPOTrainer:
             out["return_mean"] = masked_mean(adv.returns, mask).item()
         out["advantage_abs_mean"] = masked_mean(a.abs(), mask).item()
         has_rollout = [bool(s.get("rollout_logprobs") is not None) for s in items]
-        if all(has_rollout):
+        if all(has_rollout) and not self.on_policy:  # on-policy: measured in the policy's train forward
             m = mask.clone()
             m[:, 0] = 0
             out["rollout_logprob_gap"] = masked_mean((b["old_logprobs"] - b["rollout_logprobs"]).abs(), m).item()
@@ -287,7 +292,9 @@ class PPOTrainer:
         out["critic_train_s"] = t1 - t0
         if it > self.cfg.freezing_actor_steps:
             kl_coef = self.cfg.init_kl_coef if self.cfg.use_kl_loss else 0.0
-            out.update(self.policy.call_sharded("train", ordered(self.policy), kl_coef)[0])
+            out.update(self.policy.call_sharded("train", ordered(self.policy), kl_coef, self.on_policy)[0])
+            if "rollout_logprob_gap" in out:
+                out.update(self._check_gap(out["rollout_logprob_gap"]))
         out["policy_train_s"] = time.perf_counter() - t1
         return out
 
