@@ -343,7 +343,7 @@ if __name__ == "__main__":
 def test_an_in_process_engine_takes_the_tensors_without_packing(tmp_path, monkeypatch):
     """in_process (sync mode): the tensors reach vLLM's worker as they are (on GPU they stay on the GPU);
     the byte-bucket path is not used, and the engine holds exactly what was sent."""
-    import rl_rollout.vllm_engine as ve
+    import rl_rollout.vllm_weights as vw
 
     path = make_tiny_model(tmp_path / "m", peaked=True, seed=2)
     hf = hf_model(path)
@@ -354,7 +354,7 @@ def test_an_in_process_engine_takes_the_tensors_without_packing(tmp_path, monkey
         def no_packing(*a, **k):
             raise AssertionError("an in-process engine packed a byte bucket")
 
-        monkeypatch.setattr(ve, "iter_buckets", no_packing)
+        monkeypatch.setattr(vw, "iter_buckets", no_packing)
         perturb_(hf, torch.Generator().manual_seed(3))
         engine.update_weights(hf.named_parameters(), version=1, verify=True)
         assert engine.policy_version == 1
