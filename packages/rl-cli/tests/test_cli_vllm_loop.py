@@ -89,9 +89,11 @@ def test_rl_ppo_with_vllm_in_process_keeps_the_engine_on_the_policy_and_learns(t
 
 
 def test_rl_ppo_ray_with_a_vllm_engine_actor_over_gloo(task):
+    """Also the sleep-level-2 sequence: sleep(2) while training, wake the weights, sync, wake the KV cache
+    (on CPU vLLM's sleep only pauses, so the check is that every tensor arrives through that sequence)."""
     root, model = task
     argv = grpo(root, model, "ray", 10) + ["--num_gpus", "2", "--actor_num_gpus_per_node", "1",
-                                           "--vllm_num_engines", "1"]
+                                           "--vllm_num_engines", "1", "--vllm_enable_sleep", "--vllm_sleep_level", "2"]
     out = run_cli("rl_cli.train_ppo_ray", argv)
     assert "VLLMEngine" in out.stdout and "weight sync gloo" in out.stdout, out.stdout[-2000:]
     rows = metrics(root / "ray")

@@ -15,7 +15,7 @@ from rl_core.rl import PolicyWorker, make_item
 from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
 from rl_core.strategy import StrategyConfig
 from rl_core.trainers.ppo import PPOConfig
-from rl_rollout import WeightSyncConfig
+from rl_rollout import EngineConfig, WeightSyncConfig
 
 pytestmark = pytest.mark.timeout(900)
 LETTERS = "abcd"
@@ -40,7 +40,7 @@ def setup(tmp_path_factory):
     return model, tok, prompts
 
 
-def build(setup, tmp_path, *, lr=3e-3, seed=0, **cfg):
+def build(setup, tmp_path, *, lr=3e-3, seed=0, engine=None, **cfg):
     from rl_rollout import RewardRunner
 
     model, tok, prompts = setup
@@ -51,7 +51,8 @@ def build(setup, tmp_path, *, lr=3e-3, seed=0, **cfg):
     G = c.rollout_batch_size * c.n_samples_per_prompt
     s = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=G // 2, train_batch_size=G, learning_rate=lr,
                        lr_warmup_ratio=0.0, lr_scheduler="constant", seed=seed)
-    return build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, c, sync=WeightSyncConfig(verify=True)),
+    return build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, c, engine=engine or EngineConfig(),
+                               sync=WeightSyncConfig(verify=True)),
                      LocalFactory(engine_kind="hf"),
                      prompts=prompts, tokenizer=tok, reward_fn=RewardRunner(letter_reward, workers=0))
 
@@ -118,6 +119,20 @@ def test_a_stale_engine_raises_the_logprob_gap_alarm(setup, tmp_path, caplog):
     assert "stale weights in the engine" in caplog.text and "--logprob_gap_alarm" in caplog.text
     lines = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert lines[-1]["rl/logprob_gap_alarm"] == 1.0
+
+
+def test_sleep_level_2_wakes_the_weights_syncs_then_wakes_the_cache(setup, tmp_path):
+    run = build(setup, tmp_path, advantage_estimator="group_norm", max_iterations=2,
+                engine=EngineConfig(enable_sleep=True, sleep_level=2))
+    calls = []
+    engine = run.rollout
+    sleep, wake = engine.sleep, engine.wake_up
+    engine.sleep = lambda level=1: calls.append(("sleep", level)) or sleep(level)
+    engine.wake_up = lambda tags=None: calls.append(("wake", tags)) or wake(tags)
+    h = run.trainer.fit()
+    run.close()
+    assert calls == [("sleep", 2), ("wake", ["weights"]), ("wake", ["kv_cache"])] * 2
+    assert all(m["rollout_logprob_gap"] < 1e-4 for m in h)
 
 
 def test_a_sync_that_drops_a_tensor_fails_loudly_naming_it(setup, tmp_path):

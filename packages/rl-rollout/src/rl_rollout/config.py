@@ -53,6 +53,9 @@ class EngineConfig:
     enable_sleep: bool = field(default=False, metadata=meta(
         "engines sleep (free their memory) while the models train, wake for the weight sync",
         flags=("vllm_enable_sleep",), openrlhf=("vllm.enable_sleep",)))
+    sleep_level: int = field(default=1, metadata=meta(
+        "with --vllm_enable_sleep: 1 keeps the weights in host memory while asleep; 2 drops them (the next "
+        "sync refills every tensor, so nothing makes the host round trip)", flags=("vllm_sleep_level",)))
     enable_prefix_caching: bool = field(default=True, metadata=meta(
         "vLLM: reuse the KV cache of shared prompt prefixes (reset after every weight sync)",
         openrlhf=("vllm.enable_prefix_caching",)))
@@ -66,6 +69,8 @@ class EngineConfig:
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_batch_sequences < 1:
             raise ValueError(f"max_batch_sequences must be >= 1, got {self.max_batch_sequences}")
+        if self.sleep_level not in (1, 2):
+            raise ValueError(f"vllm_sleep_level must be 1 or 2, got {self.sleep_level}")
 
     def hf_options(self, *, dtype: str, device: str) -> dict:
         return {"dtype": canonical_dtype(dtype), "device": device, "max_batch_sequences": self.max_batch_sequences}

@@ -58,11 +58,15 @@ class PPOTrainer:
 
     def __init__(self, cfg: PPOConfig, *, policy, rollout, weight_sync, prompts, tokenizer, train_batch_size: int,
                  reward_fn=None, reward_model=None, critic=None, ref=None, sleep_engines: bool = False,
-                 metrics: MetricsLogger | None = None, seed: int = 42, gap_alarm: float | None = None):
+                 metrics: MetricsLogger | None = None, seed: int = 42, gap_alarm: float | None = None,
+                 sleep_level: int = 1):
         self.cfg, self.policy, self.rollout, self.weight_sync, self.seed = cfg, policy, rollout, weight_sync, seed
         self.critic, self.ref, self.reward_model, self.reward_fn = critic, ref, reward_model, reward_fn
         self.prompts, self.tokenizer, self.G, self.sleep_engines = prompts, tokenizer, train_batch_size, sleep_engines
         self.gap_alarm = cfg.gap_alarm(bf16=False) if gap_alarm is None else gap_alarm
+        if sleep_level not in (1, 2):
+            raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
+        self.sleep_level = sleep_level
         self._gap_warned = False
         if reward_fn is None and reward_model is None:
             raise ValueError("no reward: give a reward function (--reward_fn / --remote_rm_url) or a reward model "
@@ -301,11 +305,15 @@ class PPOTrainer:
     def _sync(self, version: int) -> dict[str, float]:
         """Wake the engines (timed apart: ``wake_s``), then push this version's weights (``sync_s``)."""
         t0 = time.perf_counter()
-        if self.sleep_engines:
-            self.rollout.wake_up()
+        level2 = self.sleep_engines and self.sleep_level == 2
+        if self.sleep_engines:  # level 2: only the weights' memory first; the sync refills every tensor
+            self.rollout.wake_up(["weights"] if level2 else None)
         t1 = time.perf_counter()
         stats = self.weight_sync(version) or {}
-        out = {"wake_s": t1 - t0, "sync_s": time.perf_counter() - t1,
+        t2 = time.perf_counter()
+        if level2:
+            self.rollout.wake_up(["kv_cache"])
+        out = {"wake_s": t1 - t0 + time.perf_counter() - t2, "sync_s": t2 - t1,
                "sync_gb_per_s": float(stats.get("gb_per_s", 0.0))}
         if "verify_s" in stats:  # the engines checked they hold what was sent (part of sync_s)
             out["sync_verify_s"] = float(stats["verify_s"])
@@ -352,7 +360,7 @@ class PPOTrainer:
             t0 = time.perf_counter()
             prompts, samples, items, scores, m = self._collect(it)
             if self.sleep_engines:
-                self.rollout.sleep()
+                self.rollout.sleep(self.sleep_level)
             t1 = time.perf_counter()
             self._experience(items)
             m.update(self._advantages(items, scores))
