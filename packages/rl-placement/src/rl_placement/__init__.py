@@ -1,9 +1,13 @@
 """rl_placement: where the processes of an RL run go, on Ray.
 
-:mod:`rl_placement.plan` is pure Python: a :class:`PlacementPlan` of model roles
-(actor, critic, ref, reward) and vLLM engines, its colocation modes, validation
-with errors that say which numbers disagree, and a readable GPU map.
-:mod:`rl_placement.groups` turns a plan into Ray placement groups and starts
+Pure Python (no Ray): :mod:`rl_placement.specs` holds the value types (model
+roles, colocation modes, role and engine specs, slots, bundle groups, GPU
+shares); :mod:`rl_placement.plan` holds :class:`PlacementPlan` (actor, critic,
+ref and reward roles and vLLM engines), its layout on one-GPU bundles,
+validation with errors that say which numbers disagree, and a readable GPU map.
+
+On Ray: :mod:`rl_placement.bundles` turns a plan into Ray placement groups and
+says where each bundle landed; :mod:`rl_placement.groups` starts
 :class:`RayActorGroup` s of any class on them with the torch.distributed
 environment set. Knows nothing of models; depends on Ray only.
 
@@ -11,15 +15,16 @@ The Ray names load on first use, so ``import rl_placement`` and building or
 validating a plan do not import Ray (a CLI can check its flags in milliseconds).
 """
 
+import importlib
 from typing import TYPE_CHECKING
 
-from rl_placement.plan import (
+from rl_placement.plan import PlacementPlan
+from rl_placement.specs import (
     BundleGroup,
     Colocation,
     EngineBundles,
     EngineSpec,
     PlacementError,
-    PlacementPlan,
     Role,
     RolePlacement,
     RoleSpec,
@@ -28,15 +33,11 @@ from rl_placement.plan import (
 )
 
 if TYPE_CHECKING:
-    from rl_placement.groups import (
+    from rl_placement.bundles import (
         STRATEGIES,
-        ActorCallError,
         PlacedEngine,
         PlacedRole,
         PlacementGroups,
-        RankFailure,
-        RankInfo,
-        RayActorGroup,
         bundle_gpu_ids,
         bundle_node_ids,
         cluster_gpus,
@@ -44,22 +45,24 @@ if TYPE_CHECKING:
         create_placement_groups,
         node_ordered_bundles,
     )
+    from rl_placement.groups import ActorCallError, RankFailure, RankInfo, RayActorGroup
 
 __version__ = "0.2.0"
 
+# Ray names -> the submodule that defines them, imported on first use.
 _RAY_NAMES = {
-    "STRATEGIES", "ActorCallError", "PlacedEngine", "PlacedRole", "PlacementGroups", "RankFailure", "RankInfo",
-    "RayActorGroup", "bundle_gpu_ids", "bundle_node_ids", "cluster_gpus", "create_placement_group", "create_placement_groups",
-    "node_ordered_bundles",
+    **dict.fromkeys(("STRATEGIES", "PlacedEngine", "PlacedRole", "PlacementGroups", "bundle_gpu_ids", "bundle_node_ids",
+                     "cluster_gpus", "create_placement_group", "create_placement_groups", "node_ordered_bundles"),
+                    "rl_placement.bundles"),
+    **dict.fromkeys(("ActorCallError", "RankFailure", "RankInfo", "RayActorGroup"), "rl_placement.groups"),
 }
 
 
 def __getattr__(name: str):
     if name in _RAY_NAMES:
-        from rl_placement import groups
-
-        return getattr(groups, name)
+        return getattr(importlib.import_module(_RAY_NAMES[name]), name)
     raise AttributeError(f"module 'rl_placement' has no attribute {name!r}")
+
 
 __all__ = [
     "STRATEGIES", "ActorCallError", "BundleGroup", "Colocation", "EngineBundles", "EngineSpec", "PlacedEngine",
