@@ -1,0 +1,505 @@
+"""GRPO side by side: TRL's GRPOTrainer and ``rl ppo``'s loop, same model, prompts, reward and batch.
+
+    uv run --group bench python benchmarks/grpo_vs_trl.py                  # CPU: both generate with transformers
+    uv run --group bench python benchmarks/grpo_vs_trl.py --steps 1        # a quick check (one measured step)
+    uv run --group bench python benchmarks/grpo_vs_trl.py --device cuda    # GPU: TRL's colocated vLLM vs ours on vLLM
+
+TRL comes from the root pyproject's ``bench`` dependency group (``uv sync --group bench``),
+which ``uv sync`` and CI leave out. On a GPU both sides need vLLM as well (rl-rollout's
+``vllm`` extra; TRL 1.16 says it supports vLLM 0.22-0.31 and warns on others).
+
+The run (defaults): a random Llama of hidden 512, 4 layers, 8 heads, 2 KV heads,
+intermediate 1408, a character vocabulary of 128 (11.3M parameters, built by
+``rl_rollout.testing.make_tiny_model``), fp32; 8 prompts x 8 samples x 64 new tokens =
+64 completions per step; GRPO (group-normalised advantages, clipped ratio, token-mean
+loss = TRL's default ``dapo``), no KL term (TRL's default ``beta`` is 0.0); micro-batches of 16,
+gradient accumulation 4: one optimizer step per batch on both sides; AdamW, lr 1e-6
+constant, betas (0.9, 0.95), gradient clipping 1.0, no gradient checkpointing.
+
+- ours: the run is built as ``rl ppo`` builds it (``rl_core.rl.build.build_run`` with
+  ``LocalFactory``: a DeepSpeed policy, ``--zero_stage`` as given, default rl ppo's 2;
+  rl-rollout's HFEngine, or VLLMEngine on a GPU, receiving the weights in memory after
+  every step; the reward function through ``RewardRunner`` in-process).
+  Seconds per step: the trainer's ``iteration_s``; breakdown from its history.
+- TRL: ``GRPOTrainer`` with ``num_generations=8``, ``per_device_train_batch_size=16``,
+  ``gradient_accumulation_steps=4`` (generation batch 64), ``use_vllm=False`` on CPU
+  (``use_vllm=True, vllm_mode="colocate"`` on a GPU), ``report_to="none"``. Seconds per
+  step: a ``TrainerCallback`` from ``on_step_begin`` to ``on_step_end``; generation
+  timed by wrapping the trainer's ``_generate_single_turn``, and the whole
+  generate-and-score phase (rewards, advantages, old log-probs where TRL computes them)
+  by wrapping ``_generate_and_score_completions``.
+
+Full-length generations on both sides, so both train on the same number of tokens:
+ours samples with ``ignore_eos`` and no stop tokens (the benchmark wraps the engine's
+``generate``), TRL with ``min_new_tokens`` (transformers) or ``ignore_eos`` (vLLM) in
+``generation_kwargs``. The generated tokens per step are counted on each side and printed.
+
+Fairness of the timing: each side runs in its own process (spawned; both models stay
+loaded) and the two alternate step by step, ours then TRL, under one conductor: while
+one side runs a step the other waits on a pipe, so load from elsewhere on the machine
+hits both alike. The first ``--warmup`` steps of each side are left out. Each step's CPU
+seconds (``time.process_time`` of the side's process, all its threads, from the go to the
+step's end) are recorded too: on a machine others load, they move much less than wall
+seconds, so their ratio is the steadier one.
+Prints per-step seconds for both, the ratio ours / TRL, the breakdown and the tokens
+per step; ``--out`` writes all of it as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib.util
+import json
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+LETTERS = "abcdefghijklmnopqrstuvwxyz"
+SIDES = ("ours", "trl")
+
+
+def letter_reward(prompt: str, response: str, label: str | None) -> float:
+    """Share of the response's characters that are the prompt's letter (cheap, varies across samples)."""
+    return response.count(label or "") / max(len(response), 1)
+
+
+def reward_ours(prompt: str, response: str, label: str | None, **info) -> float:
+    return letter_reward(prompt, response, label)
+
+
+def reward_trl(prompts, completions, label, **kwargs) -> list[float]:
+    return [letter_reward(p, c, y) for p, c, y in zip(prompts, completions, label, strict=True)]
+
+
+def arg_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
+                    help="cpu: transformers generate on both sides; cuda: TRL colocated vLLM vs ours on vLLM")
+    ap.add_argument("--steps", type=int, default=5, help="measured steps per side (after the warm-up)")
+    ap.add_argument("--warmup", type=int, default=1, help="first steps of each side left out of the means")
+    ap.add_argument("--prompts", type=int, default=8, help="prompts per step (rollout_batch_size)")
+    ap.add_argument("--samples", type=int, default=8, help="samples per prompt (num_generations)")
+    ap.add_argument("--max_new_tokens", type=int, default=64, help="generated tokens per sample (forced full length)")
+    ap.add_argument("--micro_batch", type=int, default=16,
+                    help="sequences per forward (ours: micro_train_batch_size; TRL: per_device_train_batch_size)")
+    ap.add_argument("--zero_stage", type=int, default=2, help="ours: DeepSpeed ZeRO stage (rl ppo's default 2)")
+    ap.add_argument("--bf16", action="store_true", help="bf16 on both sides (default fp32)")
+    ap.add_argument("--learning_rate", type=float, default=1e-6, help="both sides (TRL's default)")
+    ap.add_argument("--model", default=None, help="a local HF model folder (default: build the random Llama below)")
+    ap.add_argument("--hidden_size", type=int, default=512)
+    ap.add_argument("--num_layers", type=int, default=4)
+    ap.add_argument("--num_heads", type=int, default=8)
+    ap.add_argument("--num_kv_heads", type=int, default=2)
+    ap.add_argument("--intermediate_size", type=int, default=1408)
+    ap.add_argument("--vllm_gpu_memory_utilization", type=float, default=0.3,
+                    help="cuda: each side's vLLM share of the GPU (both engines live at once)")
+    ap.add_argument("--trl_is_correction", action="store_true",
+                    help="cuda: TRL's vLLM importance-sampling correction (its default; costs TRL a no-grad forward "
+                         "for old log-probs). Off by default to match ours, whose --is_correction is off by default")
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--workdir", default=None, help="model, prompts and TRL's output_dir (default: a temp folder)")
+    ap.add_argument("--step_timeout", type=float, default=1800.0, help="seconds one step may take before giving up")
+    ap.add_argument("--out", default=None, help="write the results as JSON here")
+    return ap
+
+
+# ----- the two sides (each runs in its own spawned process) -----------------------------------------------
+
+
+class _Conductor:
+    """The child's end of the pipe: report a finished step, then wait for the next go."""
+
+    def __init__(self, conn):
+        self.conn = conn
+        self.go_t = self.go_cpu = 0.0
+
+    def ready(self, info: dict) -> None:
+        self.conn.send(("ready", info))
+        self.wait()
+
+    def wait(self) -> None:
+        msg = self.conn.recv()
+        if msg not in ("go", "stop"):
+            raise RuntimeError(f"unexpected message from the conductor: {msg!r}")
+        self.go_t, self.go_cpu = time.perf_counter(), time.process_time()
+
+    def step(self, record: dict) -> None:
+        record["go_to_done_s"] = time.perf_counter() - self.go_t  # the step as the conductor saw it
+        record["cpu_s"] = time.process_time() - self.go_cpu  # CPU seconds of this process (all threads) in it
+        self.conn.send(("step", record))
+        self.wait()
+
+
+def _child(side: str, conn, cfg: dict) -> None:
+    import torch
+
+    c = _Conductor(conn)
+    try:
+        torch.manual_seed(cfg["seed"])
+        (_run_ours if side == "ours" else _run_trl)(c, cfg)
+        conn.send(("done", {}))
+    except BaseException:  # noqa: BLE001 - everything goes back to the conductor, which prints it
+        conn.send(("error", traceback.format_exc()))
+    finally:
+        conn.close()
+
+
+def _run_ours(c: _Conductor, cfg: dict) -> None:
+    import torch
+    from transformers import AutoTokenizer
+
+    from rl_core.data import DataConfig, PromptDataset, load_rows
+    from rl_core.metrics import MetricsLogger
+    from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
+    from rl_core.strategy import StrategyConfig
+    from rl_core.trainers.ppo import PPOConfig
+    from rl_rollout import EngineConfig, RewardRunner, WeightSyncConfig
+
+    n_seq = cfg["prompts"] * cfg["samples"]
+    tok = AutoTokenizer.from_pretrained(cfg["model"])
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    prompts = PromptDataset(load_rows(cfg["prompt_file"]), tok,
+                            DataConfig(input_key="prompt", label_key="label", max_len=1024))
+    strategy = StrategyConfig(zero_stage=cfg["zero_stage"], bf16=cfg["bf16"],
+                              micro_train_batch_size=cfg["micro_batch"], train_batch_size=n_seq,
+                              learning_rate=cfg["learning_rate"], lr_warmup_ratio=0.0, lr_scheduler="constant",
+                              adam_betas=(0.9, 0.95), weight_decay=0.0, max_norm=1.0, seed=cfg["seed"])
+    ppo = PPOConfig(advantage_estimator="group_norm", init_kl_coef=0.0, n_samples_per_prompt=cfg["samples"],
+                    rollout_batch_size=cfg["prompts"], generate_max_len=cfg["max_new_tokens"], temperature=1.0,
+                    max_epochs=1, max_iterations=cfg["warmup"] + cfg["steps"])
+    engine = (EngineConfig(kind="vllm", gpu_memory_utilization=cfg["vllm_gpu_memory_utilization"])
+              if cfg["device"] == "cuda" else EngineConfig(kind="hf"))
+
+    class StepLogger(MetricsLogger):
+        """The trainer logs each finished iteration here: hand the step to the conductor and wait."""
+
+        def log(self, step: int, metrics: dict[str, float]) -> None:
+            super().log(step, metrics)
+            record = {k.removeprefix("rl/"): float(v) for k, v in metrics.items()}
+            record.update(step_s=record["iteration_s"], generated_tokens=counts["tokens"],
+                          sequences=counts["sequences"])
+            counts.update(tokens=0, sequences=0)
+            c.step(record)
+
+    counts = {"tokens": 0, "sequences": 0}
+    run = build_run(RunConfig(RLModelConfig(pretrain=cfg["model"]), strategy, ppo, engine, WeightSyncConfig()),
+                    LocalFactory(), prompts=prompts, tokenizer=tok,
+                    reward_fn=RewardRunner(reward_ours, workers=0), metrics=StepLogger(None))
+    rollout = run.trainer.rollout
+    generate = rollout.generate
+
+    def full_length_generate(requests):
+        """The loop's requests with ignore_eos and no stop tokens: every sample is max_new_tokens long."""
+        forced = [dataclasses.replace(r, params=dataclasses.replace(r.params, ignore_eos=True, stop_token_ids=()))
+                  for r in requests]
+        groups = generate(forced)
+        counts["tokens"] += sum(len(s.response_ids) for g in groups for s in g)
+        counts["sequences"] += sum(len(g) for g in groups)
+        return groups
+
+    rollout.generate = full_length_generate
+    c.ready({"engine": type(rollout).__name__, "torch_threads": torch.get_num_threads(),
+             "prompt_tokens": [len(p["prompt_ids"]) for p in prompts],
+             "on_policy": bool(getattr(run.trainer, "on_policy", False)), "roles": run.roles()})
+    try:
+        run.trainer.fit()
+    finally:
+        run.close()
+
+
+def _run_trl(c: _Conductor, cfg: dict) -> None:
+    import torch
+    import trl
+    from datasets import Dataset
+    from transformers import AutoTokenizer, TrainerCallback
+    from transformers.trainer_callback import PrinterCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    n_seq = cfg["prompts"] * cfg["samples"]
+    cuda = cfg["device"] == "cuda"
+    tok = AutoTokenizer.from_pretrained(cfg["model"])
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    rows = [json.loads(line) for line in Path(cfg["prompt_file"]).read_text().splitlines()]
+    dataset = Dataset.from_list(rows)
+    full_length = {"ignore_eos": True} if cuda else {"min_new_tokens": cfg["max_new_tokens"]}
+    extra = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=cfg["vllm_gpu_memory_utilization"],
+                 vllm_importance_sampling_correction=cfg["trl_is_correction"]) if cuda else dict(use_vllm=False)
+    args = GRPOConfig(
+        output_dir=str(Path(cfg["workdir"]) / "trl"), report_to="none", save_strategy="no", eval_strategy="no",
+        logging_steps=1, disable_tqdm=True, max_steps=cfg["warmup"] + cfg["steps"], seed=cfg["seed"],
+        num_generations=cfg["samples"], per_device_train_batch_size=cfg["micro_batch"],
+        gradient_accumulation_steps=n_seq // cfg["micro_batch"], max_completion_length=cfg["max_new_tokens"],
+        temperature=1.0, top_p=1.0, top_k=0, beta=0.0, num_iterations=1, loss_type="dapo", scale_rewards="group",
+        learning_rate=cfg["learning_rate"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
+        adam_beta1=0.9, adam_beta2=0.95, max_grad_norm=1.0, bf16=cfg["bf16"], gradient_checkpointing=False,
+        generation_kwargs=full_length, model_init_kwargs={"dtype": torch.bfloat16 if cfg["bf16"] else torch.float32},
+        dataloader_pin_memory=cuda, use_cpu=not cuda, **extra)
+    if args.generation_batch_size != n_seq or args.steps_per_generation != args.gradient_accumulation_steps:
+        raise RuntimeError(f"TRL's generation batch {args.generation_batch_size} / steps_per_generation "
+                           f"{args.steps_per_generation}: expected {n_seq} completions per optimizer step")
+
+    timing = {"generate_s": 0.0, "generate_and_score_s": 0.0, "tokens": 0, "sequences": 0}
+
+    class StepTimer(TrainerCallback):
+        def __init__(self):
+            self.t0 = 0.0
+            self.record: dict | None = None
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            timing.update(generate_s=0.0, generate_and_score_s=0.0, tokens=0, sequences=0)
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, args, state, control, **kwargs):
+            step_s = time.perf_counter() - self.t0
+            self.record = {"step_s": step_s, "generate_s": timing["generate_s"],
+                           "score_and_prepare_s": timing["generate_and_score_s"] - timing["generate_s"],
+                           "train_s": step_s - timing["generate_and_score_s"],
+                           "generated_tokens": timing["tokens"], "sequences": timing["sequences"]}
+
+        def on_log(self, args, state, control, logs=None, **kwargs):
+            if self.record is None:  # the end-of-training summary: no step to hand over
+                return
+            record, self.record = self.record, None
+            record.update({k: float(v) for k, v in (logs or {}).items() if isinstance(v, (int, float))})
+            c.step(record)
+
+    trainer = GRPOTrainer(model=cfg["model"], reward_funcs=reward_trl, args=args, train_dataset=dataset,
+                          processing_class=tok, callbacks=[StepTimer()])
+    gen_single, gen_score = trainer._generate_single_turn, trainer._generate_and_score_completions
+
+    def timed_generate(*a, **kw):
+        t0 = time.perf_counter()
+        completion_ids, logprobs = gen_single(*a, **kw)
+        if cuda:
+            torch.cuda.synchronize()
+        timing["generate_s"] += time.perf_counter() - t0
+        timing["tokens"] += sum(len(ids) for ids in completion_ids)
+        timing["sequences"] += len(completion_ids)
+        return completion_ids, logprobs
+
+    def timed_generate_and_score(*a, **kw):
+        t0 = time.perf_counter()
+        out = gen_score(*a, **kw)
+        if cuda:
+            torch.cuda.synchronize()
+        timing["generate_and_score_s"] += time.perf_counter() - t0
+        return out
+
+    trainer._generate_single_turn = timed_generate
+    trainer.remove_callback(PrinterCallback)  # with disable_tqdm the Trainer prints every log dict; we print steps
+    trainer._generate_and_score_completions = timed_generate_and_score
+    prompt_tokens = [len(ids) for ids in tok([r["prompt"] for r in rows])["input_ids"]]
+    c.ready({"trl": trl.__version__, "torch_threads": torch.get_num_threads(), "prompt_tokens": prompt_tokens,
+             "use_vllm": args.use_vllm, "generation_kwargs": full_length})
+    trainer.train()
+
+
+# ----- the conductor --------------------------------------------------------------------------------------
+
+
+def _recv(name: str, proc, conn, timeout: float):
+    deadline = time.monotonic() + timeout
+    while not conn.poll(1.0):
+        if not proc.is_alive():
+            raise RuntimeError(f"{name}: the process died (exit code {proc.exitcode}) without a word")
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{name}: no answer in {timeout:.0f} s")
+    kind, payload = conn.recv()
+    if kind == "error":
+        raise RuntimeError(f"{name} failed:\n{payload}")
+    return kind, payload
+
+
+def _check_environment(device: str) -> None:
+    if importlib.util.find_spec("trl") is None:
+        sys.exit("TRL is not installed: it is in the root pyproject's `bench` dependency group; run\n"
+                 "    uv run --group bench python benchmarks/grpo_vs_trl.py")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            sys.exit("--device cuda: torch sees no CUDA device here; run on a GPU machine or use --device cpu")
+        if importlib.util.find_spec("vllm") is None:
+            sys.exit("--device cuda compares TRL's colocated vLLM (use_vllm=True, vllm_mode='colocate') with ours "
+                     "on --rollout_engine vllm, and vLLM is not installed: install it (rl-rollout's `vllm` extra, "
+                     "e.g. `uv sync --group bench --extra vllm` or `pip install vllm`), or use --device cpu")
+
+
+def _mean(xs: list[float]) -> float | None:
+    return statistics.fmean(xs) if xs else None
+
+
+def summarize(records: dict[str, list[dict]], warmup: int) -> dict:
+    out: dict = {}
+    breakdown = {"ours": ("generate_s", "reward_s", "experience_s", "critic_train_s", "policy_train_s", "sync_s"),
+                 "trl": ("generate_s", "score_and_prepare_s", "train_s")}
+    for side in SIDES:
+        kept = records[side][warmup:]
+        steps = [r["step_s"] for r in kept]
+        out[side] = {
+            "step_s": steps,
+            "step_s_mean": _mean(steps),
+            "step_s_median": statistics.median(steps) if steps else None,
+            "step_s_min": min(steps) if steps else None,
+            "go_to_done_s_mean": _mean([r["go_to_done_s"] for r in kept]),
+            "cpu_s": [r["cpu_s"] for r in kept],
+            "cpu_s_mean": _mean([r["cpu_s"] for r in kept]),
+            "cpu_s_median": statistics.median([r["cpu_s"] for r in kept]) if kept else None,
+            "breakdown_mean": {k: _mean([r.get(k, 0.0) for r in kept]) for k in breakdown[side]},
+            "generated_tokens_per_step": _mean([r["generated_tokens"] for r in kept]),
+            "sequences_per_step": _mean([r["sequences"] for r in kept]),
+            "warmup_step_s": [r["step_s"] for r in records[side][:warmup]],
+            "loadavg_1m_mean": _mean([r["loadavg_1m"] for r in kept]),
+        }
+    if out["ours"]["step_s_mean"] and out["trl"]["step_s_mean"]:
+        out["ratio_ours_over_trl"] = {
+            "mean": out["ours"]["step_s_mean"] / out["trl"]["step_s_mean"],
+            "median": out["ours"]["step_s_median"] / out["trl"]["step_s_median"],
+            "min": out["ours"]["step_s_min"] / out["trl"]["step_s_min"],
+            "go_to_done_mean": out["ours"]["go_to_done_s_mean"] / out["trl"]["go_to_done_s_mean"],
+            "cpu_s_mean": out["ours"]["cpu_s_mean"] / out["trl"]["cpu_s_mean"],
+            "cpu_s_median": out["ours"]["cpu_s_median"] / out["trl"]["cpu_s_median"],
+        }
+    return out
+
+
+def report(summary: dict, info: dict) -> None:
+    o, t = summary["ours"], summary["trl"]
+    print(f"\n== GRPO, {info['shape']}, {info['batch']}, {info['dtype']}, device {info['device']} ==")
+    print(f"TRL {info['trl_version']} ({'vLLM colocate' if info['device'] == 'cuda' else 'transformers generate'}) "
+          f"vs ours ({info['ours_engine']}); torch threads per side: {info['threads']}")
+    print(f"{'':28s}{'ours':>10s}{'TRL':>10s}")
+    print(f"{'seconds per step, mean':28s}{o['step_s_mean']:10.3f}{t['step_s_mean']:10.3f}")
+    print(f"{'seconds per step, median':28s}{o['step_s_median']:10.3f}{t['step_s_median']:10.3f}")
+    print(f"{'seconds per step, min':28s}{o['step_s_min']:10.3f}{t['step_s_min']:10.3f}")
+    print(f"{'CPU seconds per step, mean':28s}{o['cpu_s_mean']:10.3f}{t['cpu_s_mean']:10.3f}")
+    print(f"{'CPU seconds per step, median':28s}{o['cpu_s_median']:10.3f}{t['cpu_s_median']:10.3f}")
+    print(f"{'generated tokens per step':28s}{o['generated_tokens_per_step']:10.0f}"
+          f"{t['generated_tokens_per_step']:10.0f}")
+    print(f"{'sequences per step':28s}{o['sequences_per_step']:10.0f}{t['sequences_per_step']:10.0f}")
+    r = summary.get("ratio_ours_over_trl", {})
+    nan = float("nan")
+    print(f"ratio ours / TRL, wall: mean {r.get('mean', nan):.3f}, median {r.get('median', nan):.3f}, min "
+          f"{r.get('min', nan):.3f} (conductor's go-to-done, mean: {r.get('go_to_done_mean', nan):.3f}); "
+          f"CPU seconds: mean {r.get('cpu_s_mean', nan):.3f}, median {r.get('cpu_s_median', nan):.3f}")
+    print("ours per step:  " + ", ".join(f"{k} {v:.3f}" for k, v in o["breakdown_mean"].items()))
+    print("TRL per step:   " + ", ".join(f"{k} {v:.3f}" for k, v in t["breakdown_mean"].items()))
+    print("steps (s):      ours " + " ".join(f"{x:.2f}" for x in o["step_s"]) +
+          " | TRL " + " ".join(f"{x:.2f}" for x in t["step_s"]) +
+          f"  (warm-up left out: ours {[round(x, 2) for x in o['warmup_step_s']]}, "
+          f"TRL {[round(x, 2) for x in t['warmup_step_s']]})")
+    print(f"machine load (1-min average, {info['cpu_count']} cores) after the measured steps: ours "
+          f"{o['loadavg_1m_mean']:.1f}, TRL {t['loadavg_1m_mean']:.1f}; ours skips the old-logprob forward: "
+          f"{info['ours_skips_old_logprob_forward']}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = arg_parser().parse_args(argv)
+    n_seq = a.prompts * a.samples
+    if a.samples < 2:
+        sys.exit("--samples must be >= 2 (GRPO's group baseline)")
+    if n_seq % a.micro_batch:
+        sys.exit(f"--micro_batch {a.micro_batch} must divide prompts x samples = {n_seq}")
+    if a.prompts > len(LETTERS):
+        sys.exit(f"--prompts must be <= {len(LETTERS)}")
+    _check_environment(a.device)
+
+    tmp = None
+    if a.workdir is None:
+        tmp = tempfile.TemporaryDirectory(prefix="grpo_vs_trl_")
+        a.workdir = tmp.name
+    work = Path(a.workdir)
+    work.mkdir(parents=True, exist_ok=True)
+    if a.model is None:
+        from rl_rollout.testing import make_tiny_model
+
+        name = f"llama_h{a.hidden_size}_l{a.num_layers}_a{a.num_heads}_kv{a.num_kv_heads}_i{a.intermediate_size}"
+        a.model = str(make_tiny_model(work / name, hidden_size=a.hidden_size, num_layers=a.num_layers,
+                                      num_heads=a.num_heads, num_kv_heads=a.num_kv_heads,
+                                      intermediate_size=a.intermediate_size, seed=a.seed,
+                                      dtype="bfloat16" if a.bf16 else "float32"))
+    prompt_file = work / "prompts.jsonl"
+    prompt_file.write_text("".join(json.dumps({"prompt": f"Repeat the letter {x}: ", "label": x}) + "\n"
+                                   for x in LETTERS[:a.prompts]))
+    cfg = {**vars(a), "prompt_file": str(prompt_file)}
+
+    import torch
+    from transformers import AutoConfig
+
+    mcfg = AutoConfig.from_pretrained(a.model)
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(mcfg).parameters())
+    info = {"device": a.device, "dtype": "bf16" if a.bf16 else "fp32",
+            "shape": (f"{mcfg.model_type} hidden {mcfg.hidden_size}, {mcfg.num_hidden_layers} layers, "
+                      f"{mcfg.num_attention_heads} heads, {mcfg.num_key_value_heads} KV heads, intermediate "
+                      f"{mcfg.intermediate_size}, vocab {mcfg.vocab_size}, {params / 1e6:.2f}M params"),
+            "batch": f"{a.prompts} prompts x {a.samples} samples x {a.max_new_tokens} new tokens",
+            "params": params, "cpu_count": os.cpu_count()}
+
+    ctx = mp.get_context("spawn")
+    procs, conns, ready = {}, {}, {}
+    records: dict[str, list[dict]] = {s: [] for s in SIDES}
+    t_start = time.perf_counter()
+    try:
+        for side in SIDES:  # one at a time: each side's start-up runs alone
+            parent, child = ctx.Pipe()
+            procs[side] = ctx.Process(target=_child, args=(side, child, cfg), name=f"grpo-{side}")
+            procs[side].start()
+            child.close()
+            conns[side] = parent
+            t0 = time.perf_counter()
+            _, ready[side] = _recv(side, procs[side], parent, a.step_timeout)
+            print(f"[grpo_vs_trl] {side} ready in {time.perf_counter() - t0:.1f} s: {ready[side]}", flush=True)
+        for i in range(a.warmup + a.steps):
+            for side in SIDES:  # A B A B ...: the same machine load for both
+                conns[side].send("go")
+                kind, rec = _recv(side, procs[side], conns[side], a.step_timeout)
+                if kind != "step":
+                    raise RuntimeError(f"{side}: ended after {len(records[side])} steps, expected "
+                                       f"{a.warmup + a.steps}")
+                rec["loadavg_1m"] = os.getloadavg()[0]  # the machine's load (others' jobs too) as the step ended
+                records[side].append(rec)
+                print(f"[grpo_vs_trl] step {i + 1}{' (warm-up)' if i < a.warmup else ''} {side}: "
+                      f"{rec['step_s']:.3f} s ({rec['cpu_s']:.1f} CPU s), {rec['generated_tokens']} tokens, "
+                      f"load {rec['loadavg_1m']:.1f}",
+                      flush=True)
+        for side in SIDES:
+            conns[side].send("stop")
+            kind, _ = _recv(side, procs[side], conns[side], a.step_timeout)
+            procs[side].join(60)
+    finally:
+        for p in procs.values():
+            if p.is_alive():
+                p.terminate()
+                p.join(10)
+        if tmp is not None:
+            tmp.cleanup()
+
+    info.update(trl_version=ready["trl"]["trl"], ours_engine=ready["ours"]["engine"],
+                threads={s: ready[s]["torch_threads"] for s in SIDES}, wall_s=time.perf_counter() - t_start,
+                prompt_tokens={s: ready[s]["prompt_tokens"] for s in SIDES},
+                ours_skips_old_logprob_forward=ready["ours"]["on_policy"])
+    if info["prompt_tokens"]["ours"] != info["prompt_tokens"]["trl"]:
+        print(f"[grpo_vs_trl] WARNING: the prompts tokenize differently: {info['prompt_tokens']}", flush=True)
+    summary = summarize(records, a.warmup)
+    report(summary, info)
+    if a.out:
+        Path(a.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(a.out).write_text(json.dumps({"config": {k: v for k, v in vars(a).items() if k != "workdir"},
+                                           "info": info, "summary": summary, "records": records}, indent=2) + "\n")
+        print(f"[grpo_vs_trl] wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
