@@ -40,7 +40,11 @@ def test_readme_code_runs(pkg, tmp_path):
     assert run, f"{pkg}/README.md has no runnable python block"
     script = tmp_path / "readme.py"
     script.write_text("\n\n".join(run))
-    env = {**os.environ, "PYTHONPATH": str(tmp_path), "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0"}
+    # a fresh process, as a user's: no torch.distributed settings left by this process's earlier tests
+    # (their MASTER_PORT is still held by this process's store)
+    dist = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    env = {k: v for k, v in os.environ.items() if k not in dist}
+    env.update(PYTHONPATH=str(tmp_path), RAY_ENABLE_UV_RUN_RUNTIME_ENV="0")
     out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, capture_output=True, text=True, timeout=850,
                          env=env)
     assert out.returncode == 0, f"{pkg}/README.md code failed:\n{out.stdout[-3000:]}\n{out.stderr[-5000:]}"

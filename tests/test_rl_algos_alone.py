@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import tomllib
 import subprocess
 import sys
 from pathlib import Path
@@ -71,4 +72,5 @@ def test_rl_algos_installs_with_torch_only(tmp_path):
     extra = set(info["installed"]) - set(info["torch_closure"]) - {"rl-algos"}
     assert not extra, f"installing rl-algos brought more than torch and its dependencies: {sorted(extra)}"
     assert "torch" in info["installed"] and "rl-algos" in info["installed"]
-    assert info["version"] == "0.1.0"
+    want = tomllib.loads((ROOT / "packages" / "rl-algos" / "pyproject.toml").read_text())["project"]["version"]
+    assert info["version"] == want
