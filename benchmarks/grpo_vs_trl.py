@@ -39,8 +39,10 @@ loaded) and the two alternate step by step, ours then TRL, under one conductor: 
 one side runs a step the other waits on a pipe, so load from elsewhere on the machine
 hits both alike. The first ``--warmup`` steps of each side are left out. Each step's CPU
 seconds (``time.process_time`` of the side's process, all its threads, from the go to the
-step's end) are recorded too: on a machine others load, they move much less than wall
-seconds, so their ratio is the steadier one.
+step's end) are recorded too; a step whose process kept its threads busy (CPU seconds
+>= ``--quiet_util`` 0.9 x threads x wall seconds) counts as quiet, one that others' jobs
+slowed down does not, and the quiet steps' means are printed apart: on a shared machine
+whose load comes in bursts, they are the comparable numbers.
 Prints per-step seconds for both, the ratio ours / TRL, the breakdown and the tokens
 per step; ``--out`` writes all of it as JSON.
 """
@@ -104,6 +106,9 @@ def arg_parser() -> argparse.ArgumentParser:
                          "for old log-probs). Off by default to match ours, whose --is_correction is off by default")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--workdir", default=None, help="model, prompts and TRL's output_dir (default: a temp folder)")
+    ap.add_argument("--quiet_util", type=float, default=0.9,
+                    help="a step counts as quiet (not slowed by others' jobs) when its process's CPU seconds are at "
+                         "least this share of threads x wall seconds")
     ap.add_argument("--step_timeout", type=float, default=1800.0, help="seconds one step may take before giving up")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     return ap
@@ -337,13 +342,17 @@ def _mean(xs: list[float]) -> float | None:
     return statistics.fmean(xs) if xs else None
 
 
-def summarize(records: dict[str, list[dict]], warmup: int) -> dict:
+def summarize(records: dict[str, list[dict]], warmup: int, threads: dict[str, int], quiet_util: float) -> dict:
+    """Means over the steps after the warm-up; "quiet" steps are those whose process kept its threads busy
+    (CPU seconds / wall seconds >= quiet_util x threads), i.e. that others' jobs did not slow down."""
     out: dict = {}
     breakdown = {"ours": ("generate_s", "reward_s", "experience_s", "critic_train_s", "policy_train_s", "sync_s"),
                  "trl": ("generate_s", "score_and_prepare_s", "train_s")}
     for side in SIDES:
         kept = records[side][warmup:]
         steps = [r["step_s"] for r in kept]
+        quiet_recs = [r for r in kept if r["cpu_s"] >= quiet_util * threads[side] * r["go_to_done_s"]]
+        quiet = [r["step_s"] for r in quiet_recs]
         out[side] = {
             "step_s": steps,
             "step_s_mean": _mean(steps),
@@ -354,10 +363,15 @@ def summarize(records: dict[str, list[dict]], warmup: int) -> dict:
             "cpu_s_mean": _mean([r["cpu_s"] for r in kept]),
             "cpu_s_median": statistics.median([r["cpu_s"] for r in kept]) if kept else None,
             "breakdown_mean": {k: _mean([r.get(k, 0.0) for r in kept]) for k in breakdown[side]},
+            "breakdown_quiet_mean": {k: _mean([r.get(k, 0.0) for r in quiet_recs]) for k in breakdown[side]},
             "generated_tokens_per_step": _mean([r["generated_tokens"] for r in kept]),
             "sequences_per_step": _mean([r["sequences"] for r in kept]),
             "warmup_step_s": [r["step_s"] for r in records[side][:warmup]],
             "loadavg_1m_mean": _mean([r["loadavg_1m"] for r in kept]),
+            "cpu_per_wall": [r["cpu_s"] / r["go_to_done_s"] for r in kept],
+            "quiet_step_s": quiet,
+            "quiet_step_s_mean": _mean(quiet),
+            "quiet_step_s_median": statistics.median(quiet) if quiet else None,
         }
     if out["ours"]["step_s_mean"] and out["trl"]["step_s_mean"]:
         out["ratio_ours_over_trl"] = {
@@ -368,6 +382,11 @@ def summarize(records: dict[str, list[dict]], warmup: int) -> dict:
             "cpu_s_mean": out["ours"]["cpu_s_mean"] / out["trl"]["cpu_s_mean"],
             "cpu_s_median": out["ours"]["cpu_s_median"] / out["trl"]["cpu_s_median"],
         }
+        if out["ours"]["quiet_step_s"] and out["trl"]["quiet_step_s"]:
+            out["ratio_ours_over_trl"]["quiet_mean"] = (out["ours"]["quiet_step_s_mean"]
+                                                        / out["trl"]["quiet_step_s_mean"])
+            out["ratio_ours_over_trl"]["quiet_median"] = (out["ours"]["quiet_step_s_median"]
+                                                          / out["trl"]["quiet_step_s_median"])
     return out
 
 
@@ -380,6 +399,10 @@ def report(summary: dict, info: dict) -> None:
     print(f"{'seconds per step, mean':28s}{o['step_s_mean']:10.3f}{t['step_s_mean']:10.3f}")
     print(f"{'seconds per step, median':28s}{o['step_s_median']:10.3f}{t['step_s_median']:10.3f}")
     print(f"{'seconds per step, min':28s}{o['step_s_min']:10.3f}{t['step_s_min']:10.3f}")
+    q = (o["quiet_step_s_mean"], t["quiet_step_s_mean"])
+    if None not in q:
+        print(f"{'quiet steps, mean':28s}{q[0]:10.3f}{q[1]:10.3f}   ({len(o['quiet_step_s'])} and "
+              f"{len(t['quiet_step_s'])} steps: CPU / wall >= {info['quiet_util']} x threads)")
     print(f"{'CPU seconds per step, mean':28s}{o['cpu_s_mean']:10.3f}{t['cpu_s_mean']:10.3f}")
     print(f"{'CPU seconds per step, median':28s}{o['cpu_s_median']:10.3f}{t['cpu_s_median']:10.3f}")
     print(f"{'generated tokens per step':28s}{o['generated_tokens_per_step']:10.0f}"
@@ -389,9 +412,12 @@ def report(summary: dict, info: dict) -> None:
     nan = float("nan")
     print(f"ratio ours / TRL, wall: mean {r.get('mean', nan):.3f}, median {r.get('median', nan):.3f}, min "
           f"{r.get('min', nan):.3f} (conductor's go-to-done, mean: {r.get('go_to_done_mean', nan):.3f}); "
-          f"CPU seconds: mean {r.get('cpu_s_mean', nan):.3f}, median {r.get('cpu_s_median', nan):.3f}")
-    print("ours per step:  " + ", ".join(f"{k} {v:.3f}" for k, v in o["breakdown_mean"].items()))
-    print("TRL per step:   " + ", ".join(f"{k} {v:.3f}" for k, v in t["breakdown_mean"].items()))
+          f"CPU seconds: mean {r.get('cpu_s_mean', nan):.3f}, median {r.get('cpu_s_median', nan):.3f}; "
+          f"quiet steps: mean {r.get('quiet_mean', nan):.3f}, median {r.get('quiet_median', nan):.3f}")
+    for label, key in (("all", "breakdown_mean"), ("quiet", "breakdown_quiet_mean")):
+        for name, x in (("ours", o), ("TRL", t)):
+            if None not in x[key].values():
+                print(f"{name} per step ({label} steps): " + ", ".join(f"{k} {v:.3f}" for k, v in x[key].items()))
     print("steps (s):      ours " + " ".join(f"{x:.2f}" for x in o["step_s"]) +
           " | TRL " + " ".join(f"{x:.2f}" for x in t["step_s"]) +
           f"  (warm-up left out: ours {[round(x, 2) for x in o['warmup_step_s']]}, "
@@ -491,7 +517,8 @@ def main(argv: list[str] | None = None) -> int:
                 ours_skips_old_logprob_forward=ready["ours"]["on_policy"])
     if info["prompt_tokens"]["ours"] != info["prompt_tokens"]["trl"]:
         print(f"[grpo_vs_trl] WARNING: the prompts tokenize differently: {info['prompt_tokens']}", flush=True)
-    summary = summarize(records, a.warmup)
+    info["quiet_util"] = a.quiet_util
+    summary = summarize(records, a.warmup, info["threads"], a.quiet_util)
     report(summary, info)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
