@@ -76,7 +76,7 @@ def test_bad_runs_fail_before_any_model_loads_naming_the_fix(task, capsys):
               "--vllm_num_engines", "1"])
     with pytest.raises(SystemExit, match=r"vllm_sync_backend ipc .*--colocate_all_models"):  # before Ray starts
         main(["ppo-ray", *common(root, model, "bad"), "--vllm_sync_backend", "ipc", "--vllm_num_engines", "1"])
-    with pytest.raises(SystemExit, match=r"tensor_parallel_size 2 shards each engine over 2 GPUs, which the HF engine"):
+    with pytest.raises(SystemExit, match=r"tensor_parallel_size 2 shards each engine over 2 GPUs, which the hf engine"):
         main(["ppo-ray", *common(root, model, "bad"), "--vllm_tensor_parallel_size", "2", "--rollout_engine", "hf"])
     with pytest.raises(SystemExit, match=r"ipc .* with --vllm_tensor_parallel_size 1"):
         main(["ppo-ray", *common(root, model, "bad"), "--vllm_sync_backend", "ipc", "--colocate_all_models",
@@ -121,6 +121,24 @@ def test_rl_ppo_runs_one_process_writes_metrics_checkpoints_and_the_model(task):
     assert all(r["rl/rollout_logprob_gap"] < 1e-4 for r in rows)
     assert (root / "final" / "config.json").is_file() and (root / "local" / "curves.png").is_file()
     assert sorted(p.name for p in (root / "ck" / "policy").iterdir()) == ["step_00000002", "step_00000003"]
+
+
+def test_an_engine_plugin_runs_the_loop_by_name(task, tmp_path):
+    """One module and its entry point (rl_rollout.testing.write_engine_plugin): `rl ppo --rollout_engine
+    hf-probe` builds it through the registry, generates with it every iteration and syncs into it."""
+    from rl_rollout.testing import write_engine_plugin
+
+    root, model = task
+    plugin = write_engine_plugin(tmp_path / "site")
+    argv = common(root, model, "plugin") + ["--rollout_engine", "hf-probe", "--max_iterations", "2",
+                                            "--advantage_estimator", "group_norm", "--init_kl_coef", "0"]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin), os.environ.get("PYTHONPATH", "")])}
+    out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo", *argv], capture_output=True, text=True,
+                         env=env, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert re.findall(r"\[hf-probe\] generate \d+ requests at version (\d+)", out.stderr) == ["0", "1"]
+    assert re.findall(r"\[hf-probe\] weights of version (\d+)", out.stderr) == ["1", "2"]
+    assert [r["step"] for r in metrics(root / "plugin")] == [1, 2]
 
 
 @pytest.mark.multiprocess

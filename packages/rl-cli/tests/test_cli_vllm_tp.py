@@ -65,9 +65,9 @@ def test_tp2_engine_on_its_bundles_gpus_takes_a_broadcast_into_both_workers(mode
         gpus = engine_gpus(placed)
         assert list(gpus) == [0] and len(set(gpus[0])) == 2, gpus
         env = {"VLLM_CPU_OMP_THREADS_BIND": f"{CORES[0]}|{CORES[1]}", "VLLM_CPU_KVCACHE_SPACE": "1"}
-        with pytest.raises(ValueError, match=r"tensor parallel size 2: the HF engine runs on one GPU"):
+        with pytest.raises(ValueError, match=r"tensor parallel size 2: the hf engine runs on one GPU"):
             start_engines(placed, "hf", str(model_path), gpus=gpus)
-        engines = start_engines(placed, "vllm", str(model_path), gpus=gpus, env=env, vllm_options={
+        engines = start_engines(placed, "vllm", str(model_path), gpus=gpus, env=env, extra={
             "dtype": "float32", "enforce_eager": True, "max_model_len": 256})
         (engine,) = engines
         d = engine.call_rank(0, "describe")

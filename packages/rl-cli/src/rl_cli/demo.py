@@ -44,8 +44,11 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max_epochs", type=int, default=2, help="passes over each iteration's samples")
     ap.add_argument("--letters", type=int, default=4, help="how many different letters the prompts ask for")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--rollout_engine", choices=("hf", "vllm", "auto"), default="hf",
-                    help="hf (transformers, default) | vllm (needs vLLM: the CPU build in .venv-vllm) | auto")
+    from rl_rollout import engine_names
+
+    ap.add_argument("--rollout_engine", choices=("auto", *engine_names()), default="hf",
+                    help="hf (transformers, default) | vllm (needs vLLM: the CPU build in .venv-vllm) | auto | an "
+                         "installed plug-in's name (entry point group rl_rollout.engines)")
     return ap
 
 

@@ -30,6 +30,7 @@ import sys
 from dataclasses import dataclass, field
 
 from rl_cli.config import build_parser, describe, resolve
+from rl_rollout import engine_spec
 from rl_rollout.config import meta
 
 logger = logging.getLogger(__name__)
@@ -252,9 +253,9 @@ def run_ray(argv: list[str] | None = None) -> int:
         raise SystemExit(f"rl ppo-ray: the placement cannot work: {e}") from None
     print(f"[rl ppo-ray] placement:\n{plan.describe()}", flush=True)
     tp = a.vllm_tensor_parallel_size
-    if tp > 1 and r.kind == "hf":
+    if tp > 1 and r.kind != "auto" and not engine_spec(r.kind).tensor_parallel:
         raise SystemExit(f"rl ppo-ray: --vllm_tensor_parallel_size {tp} shards each engine over {tp} GPUs, which "
-                         f"the HF engine cannot: use --rollout_engine vllm (or auto), or tensor parallel 1")
+                         f"the {r.kind} engine cannot: use --rollout_engine vllm (or auto), or tensor parallel 1")
     try:
         cfgs["sync"].check(in_process=False, colocated=a.colocate_all_models, tensor_parallel_size=tp)
     except ValueError as e:

@@ -15,6 +15,7 @@ it with Ray, rl-placement and rl-rollout alone.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -32,18 +33,21 @@ class RolloutEngineActor:
 
     ``visible_devices``: the GPU ids of a TP > 1 engine's bundles (its workers' devices)."""
 
-    def __init__(self, kind: str, model: str, hf_options: dict | None = None, vllm_options: dict | None = None,
+    def __init__(self, engine_cfg, model: str, context, extra: dict | None = None,
                  visible_devices: list[str] | None = None):
         if visible_devices:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible_devices)
         else:
             _one_visible_gpu()
+        import dataclasses
+
         import torch
 
-        from rl_rollout import make_engine
-
-        hf = {"device": "cuda" if torch.cuda.is_available() else "cpu", **(hf_options or {})}
-        self.engine = make_engine(kind, model, hf_options=hf, vllm_options=vllm_options)
+        # the actor's own device: Ray narrowed CUDA_VISIBLE_DEVICES to its GPU (none on a CPU cluster)
+        context = dataclasses.replace(context, device="cuda" if torch.cuda.is_available() else "cpu")
+        self.engine = engine_cfg.make(model, dtype=context.dtype, seed=context.seed, device=context.device,
+                                      in_process=context.in_process,
+                                      tensor_parallel_size=context.tensor_parallel_size, extra=extra)
         self.kind = type(self.engine).__name__
         self.visible_devices = list(visible_devices or [])
 
@@ -96,38 +100,46 @@ def engine_gpus(placed) -> dict[int, list[str]]:
             for pe in placed.engines() if len(pe.bundle_indices) > 1}
 
 
-def start_engines(placed, kind: str, model: str, *, gpus: dict[int, list[str]] | None = None,
-                  hf_options: dict | None = None, vllm_options: dict | None = None, seed: int = 0,
+def start_engines(placed, engine_cfg, model: str, *, gpus: dict[int, list[str]] | None = None,
+                  dtype: str = "float32", seed: int = 0, extra: dict | None = None,
                   env: dict[str, str] | None = None, call_timeout_s: float = 3600.0,
                   start_timeout_s: float = 600.0) -> list[Any]:
     """One :class:`RolloutEngineActor` group per engine of the plan; ``gpus`` from :func:`engine_gpus`.
 
-    Engine e gets seed ``seed + e``; a TP > 1 engine runs vLLM (``kind`` "hf" cannot shard a model)
-    with the multiprocessing executor over ``gpus[e]``."""
+    ``engine_cfg``: an :class:`rl_rollout.config.EngineConfig` (or a backend's name); each actor
+    builds its engine through the backend's registry entry, engine e with seed ``seed + e``.
+    ``extra``: keyword arguments for the engine class over the config's. A TP > 1 engine needs a
+    backend whose entry has ``tensor_parallel`` (``auto`` takes the first such; vLLM's spans
+    ``gpus[e]`` with its multiprocessing executor)."""
     from rl_placement import RayActorGroup
+    from rl_rollout import engine_names, engine_spec
+    from rl_rollout.config import EngineConfig
+    from rl_rollout.engine import EngineContext
 
+    if isinstance(engine_cfg, str):
+        engine_cfg = EngineConfig(kind=engine_cfg)
     groups = []
     try:
         for pe in placed.engines():
             tp = len(pe.bundle_indices)
-            vopts = {**(vllm_options or {}), "seed": seed + pe.engine}
-            visible = None
+            cfg, visible = engine_cfg, None
             if tp > 1:
-                if kind == "hf":
-                    raise ValueError(f"engine {pe.engine} has tensor parallel size {tp}: the HF engine runs on one "
-                                     f"GPU; use --rollout_engine vllm (or tensor parallel 1 with more engines)")
-                kind = "vllm"
+                if cfg.kind == "auto":
+                    sharded = [n for n in engine_names() if engine_spec(n).tensor_parallel]
+                    cfg = dataclasses.replace(cfg, kind=sharded[0])
+                elif not engine_spec(cfg.kind).tensor_parallel:
+                    raise ValueError(f"engine {pe.engine} has tensor parallel size {tp}: the {cfg.kind} engine "
+                                     f"runs on one GPU; use --rollout_engine vllm (or tensor parallel 1 with "
+                                     f"more engines)")
                 visible = (gpus or {}).get(pe.engine)
                 if not visible or len(visible) != tp:
                     raise ValueError(f"engine {pe.engine} (TP {tp}) needs the GPU ids of its {tp} bundles: "
                                      f"pass gpus=engine_gpus(placed), read before any actor started")
-                vopts["tensor_parallel_size"] = tp
-                vopts["engine_kwargs"] = {**vopts.get("engine_kwargs", {}), "distributed_executor_backend": "mp"}
+            ctx = EngineContext(dtype=dtype, seed=seed + pe.engine, tensor_parallel_size=tp)
             groups.append(RayActorGroup(
                 RolloutEngineActor, f"engine{pe.engine}", 1, placement_group=pe.placement_group,
                 bundle_indices=[pe.bundle_indices[0]], num_gpus_per_actor=pe.gpu_share, env=env,
-                init_args=(kind, model), init_kwargs={"hf_options": hf_options, "vllm_options": vopts,
-                                                      "visible_devices": visible},
+                init_args=(cfg, model, ctx), init_kwargs={"extra": extra, "visible_devices": visible},
                 call_timeout_s=call_timeout_s, start_timeout_s=start_timeout_s))
     except BaseException:
         for g in groups:

@@ -43,13 +43,9 @@ class RayFactory:
         return g
 
     def rollout(self, engine_cfg: EngineConfig, model: str, *, dtype: str, seed: int, device: str) -> GroupRollout:
-        hf = engine_cfg.hf_options(dtype=dtype, device=device)
-        hf.pop("device")  # each engine actor picks its own (Ray narrows it to its GPU)
-        vllm = engine_cfg.vllm_options(dtype=dtype, seed=seed)
-        vllm.pop("seed")  # start_engines gives engine e the seed seed + e
-        vllm.pop("tensor_parallel_size")  # from the plan's bundles
-        self.engines = start_engines(self.placed, engine_cfg.kind, model, gpus=self.gpus, seed=seed,
-                                     call_timeout_s=self.call_timeout_s, hf_options=hf, vllm_options=vllm)
+        # each engine actor builds its own options (its device is the GPU Ray gives it; seed + its index)
+        self.engines = start_engines(self.placed, engine_cfg, model, gpus=self.gpus, dtype=dtype, seed=seed,
+                                     call_timeout_s=self.call_timeout_s)
         self.groups.extend(self.engines)
         return GroupRollout(self.engines)
 

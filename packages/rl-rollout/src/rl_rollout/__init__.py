@@ -7,7 +7,18 @@ transformers or vLLM when they are built (``make_engine``, or their modules).
 
 from rl_rollout.agents import AgentExecutor, AgentRequest, CalculatorEnv, Environment, EnvStepError, StepResult
 from rl_rollout.config import EngineConfig, RewardConfig, SyncBackend, WeightSyncConfig, canonical_dtype
-from rl_rollout.engine import EngineKind, RolloutEngine, make_engine, vllm_usable
+from rl_rollout.engine import (
+    EngineContext,
+    EngineKind,
+    EngineSpec,
+    RolloutEngine,
+    engine_names,
+    engine_spec,
+    make_engine,
+    register_engine,
+    resolve_engine,
+    vllm_usable,
+)
 from rl_rollout.ipc import IpcBucket, IpcReceiver, IpcSender, IpcSync, open_bucket, share_buckets
 from rl_rollout.pool import EnginePool
 from rl_rollout.rewards import (
@@ -30,7 +41,9 @@ __all__ = [
     "CollectiveReceiver",
     "CollectiveSender",
     "EngineConfig",
+    "EngineContext",
     "EngineKind",
+    "EngineSpec",
     "EnginePool",
     "EnvStepError",
     "Environment",
@@ -60,6 +73,10 @@ __all__ = [
     "load_reward_fn",
     "open_bucket",
     "share_buckets",
+    "engine_names",
+    "engine_spec",
     "make_engine",
+    "register_engine",
+    "resolve_engine",
     "vllm_usable",
 ]

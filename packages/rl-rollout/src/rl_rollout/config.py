@@ -1,7 +1,8 @@
 """Typed settings of what rl-rollout implements: the rollout engine and the weight sync.
 
-- :class:`EngineConfig`: which backend (``auto`` | ``vllm`` | ``hf``) and its knobs;
-  :meth:`EngineConfig.make` builds the engine (the dtype and seed come from the
+- :class:`EngineConfig`: which backend (``auto``, ``vllm``, ``hf`` or a registered
+  plug-in: :mod:`rl_rollout.engine`) and its knobs; :meth:`EngineConfig.make` builds
+  the engine through the backend's registry entry (the dtype and seed come from the
   trainer's settings, so the engine samples from the weights the trainer holds).
 - :class:`RewardConfig`: reward functions and remote reward models, built into one
   scorer (:meth:`RewardConfig.build`).
@@ -20,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import Enum
 
-from rl_rollout.engine import EngineKind, RolloutEngine, make_engine
+from rl_rollout.engine import AUTO, EngineContext, EngineSpec, RolloutEngine, engine_names, resolve_engine
 
 
 def meta(help: str, *, flags: tuple[str, ...] = (), openrlhf: tuple[str, ...] = ()) -> dict:
@@ -39,12 +40,21 @@ def canonical_dtype(name: str) -> str:
     return _DTYPES[name]
 
 
+def merge_options(base: dict, extra: dict | None) -> dict:
+    """``extra`` over ``base``, one level deep for dict values (``engine_kwargs`` keeps the keys it is not given)."""
+    out = dict(base)
+    for k, v in (extra or {}).items():
+        out[k] = {**out[k], **v} if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """The rollout engine (one per engine replica)."""
 
     kind: str = field(default="auto", metadata=meta(
-        "auto (vLLM when usable, else transformers) | vllm | hf", flags=("rollout_engine",)))
+        "auto (vLLM when usable, else transformers) | vllm | hf | an installed plug-in's name (entry point "
+        "group rl_rollout.engines)", flags=("rollout_engine",)))
     gpu_memory_utilization: float = field(default=0.5, metadata=meta(
         "vLLM: share of the GPU's memory for weights and KV cache", flags=("vllm_gpu_memory_utilization",),
         openrlhf=("vllm.gpu_memory_utilization",)))
@@ -62,9 +72,10 @@ class EngineConfig:
     max_batch_sequences: int = field(default=256, metadata=meta("HF engine: sequences per generate call"))
 
     def __post_init__(self) -> None:
-        valid = [k.value for k in EngineKind]
+        valid = [AUTO, *engine_names()]
         if self.kind not in valid:
-            raise ValueError(f"rollout engine {self.kind!r} is not one of {', '.join(valid)} (--rollout_engine)")
+            raise ValueError(f"rollout engine {self.kind!r} is not one of {', '.join(valid)} (--rollout_engine; "
+                             f"a plug-in adds its name through the entry point group rl_rollout.engines)")
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_batch_sequences < 1:
@@ -81,15 +92,28 @@ class EngineConfig:
                 "engine_kwargs": {"gpu_memory_utilization": self.gpu_memory_utilization}}
         if in_process:
             opts["in_process"] = True
+        if tensor_parallel_size > 1:  # one engine over several GPUs: vLLM's multiprocessing executor
+            opts["engine_kwargs"]["distributed_executor_backend"] = "mp"
         # asked: vLLM's sleep mode where the platform has it (on CPU sleep only pauses scheduling); else off
         opts["enable_sleep_mode"] = None if self.enable_sleep else False
         return opts
 
+    def spec(self, kind: str | None = None) -> EngineSpec:
+        """The registry entry this config builds (``auto`` resolved here: may import vLLM to ask)."""
+        return resolve_engine(kind or self.kind)
+
+    def options(self, kind: str, context: EngineContext) -> dict:
+        """The keyword arguments the engine ``kind`` (not ``auto``) is built with in ``context``."""
+        return resolve_engine(kind).options(self, context)
+
     def make(self, model: str, *, dtype: str, seed: int, device: str = "cpu", in_process: bool = False,
-             kind: str | None = None) -> RolloutEngine:
-        """Build the engine for ``model`` in this process (``kind`` overrides :attr:`kind`)."""
-        return make_engine(kind or self.kind, model, hf_options=self.hf_options(dtype=dtype, device=device),
-                           vllm_options=self.vllm_options(dtype=dtype, seed=seed, in_process=in_process))
+             kind: str | None = None, tensor_parallel_size: int = 1, extra: dict | None = None) -> RolloutEngine:
+        """Build the engine for ``model`` in this process (``kind`` overrides :attr:`kind`; ``extra``
+        keyword arguments go to the engine class over the ones built from this config)."""
+        spec = self.spec(kind)
+        ctx = EngineContext(dtype=dtype, seed=seed, device=device, in_process=in_process,
+                            tensor_parallel_size=tensor_parallel_size)
+        return spec.load()(model, **merge_options(spec.options(self, ctx), extra))
 
 
 class SyncBackend(str, Enum):

@@ -199,3 +199,47 @@ def ipc_sender_process(model_path: str, to_engine, from_engine, seeds: list[int]
         if from_engine.get(timeout=120) == "reset":
             sender.reset()
     to_engine.put(None)
+
+
+ENGINE_PLUGIN_MODULE = '''"""A rollout engine plug-in in one module: the transformers engine, announcing every call on stderr."""
+import sys
+
+from rl_rollout.engine import EngineSpec
+from rl_rollout.hf_engine import HFEngine
+
+
+class ProbeEngine(HFEngine):
+    def generate(self, requests):
+        print(f"[hf-probe] generate {len(requests)} requests at version {self.policy_version}", file=sys.stderr)
+        return super().generate(requests)
+
+    def update_weights(self, named_tensors, version):
+        super().update_weights(named_tensors, version)
+        print(f"[hf-probe] weights of version {version}", file=sys.stderr)
+
+
+def _options(cfg, ctx):
+    if ctx.tensor_parallel_size != 1:
+        raise ValueError("hf-probe runs on one device")
+    return cfg.hf_options(dtype=ctx.dtype, device=ctx.device)
+
+
+SPEC = EngineSpec("hf-probe", "rl_engine_probe:ProbeEngine", _options, summary="HFEngine that logs its calls")
+'''
+
+
+def write_engine_plugin(root: str | os.PathLike) -> Path:
+    """Write an installed-looking rollout engine plug-in under ``root``: the module ``rl_engine_probe``
+    (an :class:`~rl_rollout.hf_engine.HFEngine` that prints ``[hf-probe] ...`` on every generate and
+    weight update) and the ``dist-info`` declaring its entry point in group ``rl_rollout.engines``, as
+    ``pip install`` of a package with ``[project.entry-points."rl_rollout.engines"] hf-probe =
+    "rl_engine_probe:SPEC"`` would. Put ``root`` on ``PYTHONPATH`` and ``--rollout_engine hf-probe``
+    works. Returns ``root``."""
+    root = Path(root)
+    root.mkdir(parents=True, exist_ok=True)
+    (root / "rl_engine_probe.py").write_text(ENGINE_PLUGIN_MODULE)
+    info = root / "rl_engine_probe-0.1.0.dist-info"
+    info.mkdir(exist_ok=True)
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rl-engine-probe\nVersion: 0.1.0\n")
+    (info / "entry_points.txt").write_text("[rl_rollout.engines]\nhf-probe = rl_engine_probe:SPEC\n")
+    return root
