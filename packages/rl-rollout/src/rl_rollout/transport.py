@@ -9,7 +9,9 @@ touches ``torch.distributed``'s default group, which the trainer (DeepSpeed)
 and vLLM's workers already use.
 
 Wire, per bucket (:func:`rl_rollout.weights.iter_groups`, at most
-``bucket_bytes``): a header ``int64[kind, meta_len, payload_len]``, the msgpack
+``bucket_bytes``): a header ``int64[kind, meta_len, payload_len]`` (checked before
+anything is allocated from it: ``meta_len`` at most ``MAX_META_BYTES``, ``payload_len``
+equal to the metadata's tensor sizes), the msgpack
 metadata as ``uint8[meta_len]`` (version, bucket index, the tensors' name /
 dtype / shape / offset, the sha256 of their bytes in order), then one broadcast
 per tensor of its bytes. Nothing is packed: the sender broadcasts its tensors'
@@ -55,6 +57,9 @@ logger = logging.getLogger(__name__)
 
 BACKENDS = ("gloo", "nccl")
 _BUCKET, _END = 1, 2
+# A bucket's metadata is ~100 bytes per tensor (name, dtype, shape, offset, size) plus a sha256:
+# 64 MiB is ~600k tensors in one bucket, far past any model, and bounds what a bad header can allocate.
+MAX_META_BYTES = 64 << 20
 _STORE_PREFIX = "rl_rollout.weights"
 
 NamedTensors = list[tuple[str, torch.Tensor]]
@@ -127,14 +132,28 @@ class WeightGroup:
     def send_frame(self, kind: int, meta: bytes, chunks: list[torch.Tensor] = ()) -> list:
         """Broadcast a frame: header, metadata, then each chunk (flat ``uint8``). Returns the
         in-flight ``(work, tensor)`` pairs; the tensors must stay unchanged until each is waited on."""
+        if len(meta) > MAX_META_BYTES:
+            raise WeightSyncError(f"weight-sync metadata of {len(meta)} bytes exceeds MAX_META_BYTES={MAX_META_BYTES} "
+                                  "(too many tensors in one bucket); lower bucket_bytes")
         payload_len = sum(c.numel() for c in chunks)
         header = torch.tensor([kind, len(meta), payload_len], dtype=torch.int64, device=self.device)
         tensors = [header, torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(self.device), *chunks]
         return [(self._pg.broadcast(t, 0), t) for t in tensors if t.numel()]
 
     def recv_header(self) -> tuple[int, bytes, int]:
-        """A frame's kind, metadata and payload length; the payload's broadcasts follow."""
+        """A frame's kind, metadata and payload length; the payload's broadcasts follow.
+
+        The header is checked before anything is allocated from it: a kind this protocol does not
+        have, a negative length or metadata over ``MAX_META_BYTES`` means the stream is out of step
+        (or not ours), and raises :class:`WeightSyncError` instead of allocating what it says.
+        """
         kind, meta_len, payload_len = self.broadcast_(torch.empty(3, dtype=torch.int64, device=self.device)).tolist()
+        if kind not in (_BUCKET, _END) or not 0 <= meta_len <= MAX_META_BYTES or payload_len < 0:
+            raise WeightSyncError(
+                f"weight-sync frame header [kind={kind}, meta_len={meta_len}, payload_len={payload_len}] is not "
+                f"valid (kinds {_BUCKET}/{_END}, 0 <= meta_len <= MAX_META_BYTES={MAX_META_BYTES}, payload_len >= "
+                "0): the stream is out of step or another program joined the group; rebuild the weight group"
+            )
         meta = self.broadcast_(torch.empty(meta_len, dtype=torch.uint8, device=self.device)).cpu().numpy().tobytes()
         return kind, meta, payload_len
 
@@ -328,6 +347,10 @@ class CollectiveReceiver:
     def _receive_bucket(self, info: dict, payload_len: int, load, verify: bool, check_loaded, targets,
                         drain: bool, reuse_buffer: bool) -> int:
         """Receive one bucket's tensors (all of them, even when it fails: the stream must stay in step)."""
+        declared = sum(t[4] for t in info["tensors"])
+        if declared != payload_len:  # checked before the buffer is sized from payload_len
+            raise WeightSyncError(f"weight bucket {info['index']}: the header says {payload_len} payload bytes, its "
+                                  f"metadata's tensors {declared}; the stream is out of step")
         if reuse_buffer:
             buf = self.group.buffer(payload_len)
         else:
