@@ -38,6 +38,37 @@ def sync(device):
         torch.cuda.synchronize()
 
 
+class DeviceMemoryPeak:
+    """The most device memory in use (all processes: total - free, so an engine's own pool counts too)
+    while the block runs, polled every 5 ms on a thread; None on CPU."""
+
+    def __init__(self, dev):
+        self.dev, self.gib = dev, None
+
+    def __enter__(self):
+        import threading
+
+        if self.dev.type != "cuda":
+            return self
+        self._stop, self._peak = threading.Event(), 0
+
+        def poll():
+            while not self._stop.is_set():
+                free, total = torch.cuda.mem_get_info(self.dev)
+                self._peak = max(self._peak, total - free)
+                self._stop.wait(0.005)
+
+        self._thread = threading.Thread(target=poll, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        if self.dev.type == "cuda":
+            self._stop.set()
+            self._thread.join()
+            self.gib = self._peak / 2**30
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", action="store_true", help="tiny model for a CPU run")
@@ -49,6 +80,9 @@ def main() -> None:
     ap.add_argument("--micro_train_batch_size", type=int, default=8)
     ap.add_argument("--zero_stage", type=int, default=0)
     ap.add_argument("--rollout_engine", default="hf", choices=("hf", "vllm"), help="the loop's engine")
+    ap.add_argument("--enable_sleep", action="store_true",
+                    help="the engine sleeps while the models train (rl ppo's --vllm_enable_sleep)")
+    ap.add_argument("--sleep_level", type=int, default=1, choices=(1, 2), help="rl ppo's --vllm_sleep_level")
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -86,11 +120,14 @@ def main() -> None:
         return response.count(label) / max(len(response), 1)
 
     run = build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, cfg,
-                              EngineConfig(kind=args.rollout_engine, max_batch_sequences=G)),
+                              EngineConfig(kind=args.rollout_engine, max_batch_sequences=G,
+                                           enable_sleep=args.enable_sleep, sleep_level=args.sleep_level)),
                     LocalFactory(), prompts=prompts, tokenizer=tok, reward_fn=reward)
     trainer = run.trainer
+    peak = DeviceMemoryPeak(dev)
     t0 = time.perf_counter()
-    hist = trainer.fit()
+    with peak:
+        hist = trainer.fit()
     total = time.perf_counter() - t0
     run.close()  # frees the engine (vLLM holds a share of the GPU) before the baselines
     phases = ["generate_s", "reward_s", "experience_s", "critic_train_s", "policy_train_s", "wake_s", "sync_s",
@@ -173,11 +210,14 @@ def main() -> None:
     print(f"sync: {sync_bytes / 1e9:.3f} GB in {mean['sync_s']:.4f} s = {sync_gbps:.2f} GB/s; a device copy of the "
           f"same bytes {copy_gbps:.1f} GB/s -> ratio {sync_gbps / copy_gbps:.3f}; sync {mean['sync_s'] / mean['iteration_s']:.1%} "
           f"of an iteration (engine wake-up {mean['wake_s']:.3f} s apart); rollout {args.rollout_engine}")
+    if peak.gib is not None:
+        print(f"device memory in use at peak during the loop: {peak.gib:.2f} GiB (engine sleep "
+              f"{'level ' + str(args.sleep_level) if args.enable_sleep else 'off'})")
     if args.out:
         Path(args.out).write_text(json.dumps({"device": name, "shape": shape, "phases": mean, "tokens": tokens,
                                               "generate_baseline_s": gen_base, "train_baseline_s": train_base,
                                               "sync_bytes": sync_bytes, "sync_gb_per_s": sync_gbps,
-                                              "device_copy_gb_per_s": copy_gbps,
+                                              "device_copy_gb_per_s": copy_gbps, "peak_device_gib": peak.gib,
                                               "history": hist}, indent=1))
 
 

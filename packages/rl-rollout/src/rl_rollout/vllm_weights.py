@@ -110,6 +110,7 @@ class VLLMWeightsMixin:
         """
         try:
             reports = self._rpc("rl_finish_weight_update")
+            self.last_sync_reports = reports  # one per worker: tensors, kept_old, partial (and copy_plan)
             if self.mode == "async":
                 self._run(self._llm.reset_prefix_cache())
             else:

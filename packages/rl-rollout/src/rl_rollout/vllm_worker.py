@@ -56,17 +56,23 @@ shard are marked ``shard`` (added over tensor-parallel workers by the engine) or
 ``RL_VLLM_DIRECT_LOAD=1`` (opt-in; CUDA and unquantized models): no reload session, ``model.load_weights``
 straight into the live parameters (tied ones stay one tensor). On an H200 it cut a 0.5B in-process sync
 from 0.102 s to 0.029 s with the same log-probs (docs/performance.md); on CPU it is ignored (packed weights).
+In direct mode the first sync also records a copy plan (:mod:`rl_rollout.copy_plan`: which slice of which
+parameter each tensor's load writes) and later syncs replay it as one ``torch._foreach_copy_``; tensors
+whose load is not a plain copy still go through ``load_weights`` (``RL_VLLM_COPY_PLAN=0``: no plan).
 Imported inside vLLM workers only: vLLM imports stay inside methods.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 
 import torch
 
 from rl_rollout.weights import unpack_bucket
+
+logger = logging.getLogger(__name__)
 
 _PROBE_BYTES = 64 << 20  # output of one identity-probe chunk of a packed CPU linear layer
 
@@ -87,6 +93,7 @@ class WorkerExtension:
                            and getattr(self.vllm_config.model_config, "quantization", None) is None)
         if self._rl_direct:
             self._rl_ties = {}
+            self._rl_plan_stats = {"recorded": 0, "copies": 0, "loader": 0}
         else:
             self._rl_ties = _tied_parameters(model)  # before the reload gives each module its own tensor
             with set_current_vllm_config(self.vllm_config):
@@ -117,6 +124,9 @@ class WorkerExtension:
         from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
         model = self.model_runner.get_model()
+        if self._rl_direct and os.environ.get("RL_VLLM_COPY_PLAN", "1") != "0":
+            self._rl_load_planned(model, weights)
+            return
         ties = self._rl_ties
         send, aliases = [], []
         if ties:
@@ -139,6 +149,41 @@ class WorkerExtension:
             for alias, tensor in aliases:
                 param = model.get_parameter(alias)
                 getattr(param, "weight_loader", default_weight_loader)(param, tensor)
+        self._rl_loaded += len(weights)
+
+    def _rl_load_planned(self, model, weights: list) -> None:
+        """Direct mode: the first sync records how ``load_weights`` copies each tensor (:mod:`rl_rollout.copy_plan`),
+        later ones replay it as one fused copy; what the plan leaves out goes through ``load_weights``."""
+        from vllm.config import set_current_vllm_config
+
+        from rl_rollout.copy_plan import CopyPlan, CopyPlanStale
+
+        def load(ws):
+            with set_current_vllm_config(self.vllm_config):
+                model.load_weights(weights=ws)
+
+        params = dict(model.named_parameters(remove_duplicate=False))
+        params.update(model.named_buffers(remove_duplicate=False))
+        plan = getattr(self, "_rl_plan", None)
+        if plan is not None:
+            try:
+                plan.check_params(params)
+                rest = plan.replay(weights)
+            except CopyPlanStale as e:
+                logger.warning("weight copy plan is stale (%s): recording it again", e)
+                plan = None
+        if plan is None:  # record: loads every tensor through load_weights, one at a time
+            self._rl_plan = plan = CopyPlan.record(load, weights, params)
+            self._rl_plan_stats["recorded"] += 1
+            self._rl_plan_stats["loader"] += len(weights)
+            if plan.skipped:
+                logger.info("weight copy plan: %d tensors left to load_weights, e.g. %s", len(plan.skipped),
+                            next(iter(plan.skipped.items())))
+        else:
+            if rest:
+                load(rest)
+            self._rl_plan_stats["copies"] += plan.last_copies
+            self._rl_plan_stats["loader"] += len(rest)
         self._rl_loaded += len(weights)
 
     def rl_load_ipc(self, sync: bytes, verify: bool) -> int:
@@ -178,7 +223,7 @@ class WorkerExtension:
             raise RuntimeError("rl_finish_weight_update called without rl_begin_weight_update")
         model = self.model_runner.get_model()
         if self._rl_direct:  # nothing to re-process: the live parameters were filled in place
-            report = {"kept_old": [], "partial": []}
+            report = {"kept_old": [], "partial": [], "copy_plan": dict(self._rl_plan_stats)}
         else:
             report = _session_report(model)
             with set_current_vllm_config(self.vllm_config):

@@ -1,0 +1,170 @@
+"""Record how a weight loader copies each named tensor into a model, then replay it as one fused copy.
+
+An engine's ``load_weights`` turns trainer tensors (HF names and layouts) into its own layout: q, k
+and v rows into one ``qkv_proj`` weight, gate and up into ``gate_up_proj``, a tensor-parallel shard
+of each. For a plain (unquantized) model every such load ends in ``dst_view.copy_(src_view)``, where
+``dst_view`` is a slice of a live parameter and ``src_view`` a slice of the input tensor. Those views
+are the same at every sync, so :class:`CopyPlan` records them once, by running the loader one input
+at a time under a :class:`~torch.utils._python_dispatch.TorchDispatchMode` that sees every aten op,
+and afterwards a sync is a single ``torch._foreach_copy_`` over all of them (a few fused kernels on
+CUDA, instead of hundreds of Python loader calls).
+
+An input is planned only when everything its load did to the model was ``copy_`` from a view of that
+input into a view of a parameter (or buffer) given to :meth:`CopyPlan.record`; anything else (a
+loader that transforms the values, concatenates, writes through another op, writes outside the
+given parameters, or writes nothing) leaves the input out, and :meth:`CopyPlan.replay` returns it
+for the ordinary loader. A replay first checks every input against the layout it was recorded with
+and every destination parameter against the storage it had: a mismatch raises
+:class:`CopyPlanStale` (record again), so a plan can be slow to build but never writes to the wrong
+place. What it leaves out: quantized layers (their loaders compute), and engines whose kernels do
+not read the parameters in place (vLLM's CPU build packs linear weights for oneDNN after loading).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+
+
+class CopyPlanStale(RuntimeError):
+    """The plan no longer matches the inputs or the model (another shape, dtype, device or storage)."""
+
+
+def _storage_ptr(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+def _layout(t: torch.Tensor) -> tuple:
+    return (tuple(t.shape), tuple(t.stride()), t.storage_offset(), t.dtype, t.device)
+
+
+class _Recorder(TorchDispatchMode):
+    """Every aten op under it: keeps the ``copy_`` calls and the other writes (their targets)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.copies: list[tuple[torch.Tensor, torch.Tensor]] = []
+        self.other_writes: list[tuple[str, torch.Tensor]] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func is torch.ops.aten.copy_.default:
+            self.copies.append((args[0], args[1]))
+        else:
+            schema = func._schema
+            for i, a in enumerate(schema.arguments):
+                if a.alias_info is None or not a.alias_info.is_write:
+                    continue
+                value = kwargs[a.name] if a.name in kwargs else (args[i] if i < len(args) else None)
+                for t in tree_flatten(value)[0]:
+                    if isinstance(t, torch.Tensor):
+                        self.other_writes.append((str(func), t))
+        return func(*args, **kwargs)
+
+
+@dataclass
+class _Entry:
+    layout: tuple  # the input's (shape, stride, offset, dtype, device) at record time
+    dsts: list[torch.Tensor]  # views of live parameters
+    srcs: list[tuple[tuple, tuple, int]]  # (size, stride, storage offset) of each source view of the input
+    params: list[str]  # the parameter each destination lies in
+
+
+@dataclass
+class CopyPlan:
+    """Per input name, the destination views its load writes and the source views it reads."""
+
+    entries: dict[str, _Entry] = field(default_factory=dict)
+    skipped: dict[str, str] = field(default_factory=dict)  # input name -> why it is left to the loader
+    param_ptrs: dict[str, int] = field(default_factory=dict)  # parameter -> storage pointer at record time
+    record_s: float = 0.0
+    last_copies: int = 0  # copies the last replay made
+
+    @classmethod
+    def record(cls, load: Callable[[list[tuple[str, torch.Tensor]]], None],
+               weights: Iterable[tuple[str, torch.Tensor]], params: dict[str, torch.Tensor]) -> CopyPlan:
+        """Run ``load`` on each ``(name, tensor)`` alone under the recorder (this loads the weights: the
+        first sync is a normal one), and plan the inputs whose load was pure copies into ``params``
+        (the model's parameters and buffers by name)."""
+        t0 = time.perf_counter()
+        owners = {_storage_ptr(p): n for n, p in params.items() if p.numel()}
+        plan = cls(param_ptrs={n: _storage_ptr(p) for n, p in params.items() if p.numel()})
+        for name, tensor in weights:
+            rec = _Recorder()
+            with rec:
+                load([(name, tensor)])
+            why = plan._plan_one(name, tensor, rec, owners)
+            if why:
+                plan.skipped[name] = why
+        plan.record_s = time.perf_counter() - t0
+        return plan
+
+    def _plan_one(self, name: str, tensor: torch.Tensor, rec: _Recorder, owners: dict[int, str]) -> str | None:
+        for op, t in rec.other_writes:
+            if _storage_ptr(t) in owners:
+                return f"its load writes {owners[_storage_ptr(t)]} with {op}, not a copy"
+        if not rec.copies:
+            return "its load copied nothing into the model"
+        src_ptr = _storage_ptr(tensor)
+        entry = _Entry(_layout(tensor), [], [], [])
+        for dst, src in rec.copies:
+            owner = owners.get(_storage_ptr(dst))
+            if owner is None:
+                return "its load copies outside the given parameters"
+            if _storage_ptr(src) != src_ptr:
+                return f"its load computes what it copies into {owner} (not a view of the input)"
+            if tuple(src.shape) != tuple(dst.shape):
+                return f"its load broadcasts into {owner}"
+            offset = src.storage_offset() - tensor.storage_offset()
+            entry.dsts.append(dst)
+            entry.srcs.append((tuple(src.shape), tuple(src.stride()), offset))
+            entry.params.append(owner)
+        self.entries[name] = entry
+        return None
+
+    @property
+    def copies(self) -> int:
+        return sum(len(e.dsts) for e in self.entries.values())
+
+    def check_params(self, params: dict[str, torch.Tensor]) -> None:
+        """Raise :class:`CopyPlanStale` if a destination parameter moved to other storage since recording."""
+        for e in self.entries.values():
+            for p in e.params:
+                now = params.get(p)
+                if now is None or _storage_ptr(now) != self.param_ptrs[p]:
+                    raise CopyPlanStale(f"parameter {p} is no longer the storage the plan writes to")
+
+    def replay(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+        """Copy every planned input in one fused copy; returns the inputs left to the loader.
+
+        Raises :class:`CopyPlanStale` when a planned input's layout (shape, strides, dtype, device)
+        differs from the recorded one. Source views are rebuilt every time (a cache would keep a trainer's
+        gathered copies alive); a whole-tensor source is the input itself."""
+        rest, planned = [], []
+        for name, tensor in weights:
+            e = self.entries.get(name)
+            if e is None:
+                rest.append((name, tensor))
+                continue
+            if (tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype, tensor.device) != (
+                    e.layout[0], e.layout[1], e.layout[3], e.layout[4]):
+                raise CopyPlanStale(f"{name}: {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}, recorded "
+                                    f"as {e.layout[0]} {e.layout[3]} on {e.layout[4]}")
+            planned.append((name, tensor))
+        dsts, srcs = [], []
+        for name, tensor in planned:
+            e = self.entries[name]
+            dsts.extend(e.dsts)
+            whole = (tuple(tensor.shape), tuple(tensor.stride()), 0)
+            base = tensor.storage_offset()
+            srcs.extend(tensor if v == whole else tensor.as_strided(v[0], v[1], base + v[2]) for v in e.srcs)
+        if dsts:
+            with torch.no_grad():
+                torch._foreach_copy_(dsts, srcs)
+        self.last_copies = len(dsts)
+        return rest
