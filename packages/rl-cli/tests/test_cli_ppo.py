@@ -120,7 +120,7 @@ def test_rl_ppo_runs_one_process_writes_metrics_checkpoints_and_the_model(task):
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["rl/rollout_logprob_gap"] < 1e-4 for r in rows)
     assert (root / "final" / "config.json").is_file() and (root / "local" / "curves.png").is_file()
-    assert sorted(p.name for p in (root / "ck" / "policy").iterdir()) == ["step_00000002", "step_00000003"]
+    assert sorted(p.name for p in (root / "ck").iterdir()) == ["iter_00000002", "iter_00000003"]  # one folder per save
 
 
 def test_an_engine_plugin_runs_the_loop_by_name(task, tmp_path):

@@ -162,8 +162,8 @@ def test_resume_continues_onto_the_uninterrupted_run(setup, tmp_path):
     kw = dict(advantage_estimator="gae", init_kl_coef=0.01, max_iterations=4)
     full = make(setup, tmp_path / "full", **kw)[0].fit()
     make(setup, tmp_path / "a", **{**kw, "max_iterations": 2}, ckpt_path=str(tmp_path / "ck"), save_steps=2)[0].fit()
-    assert (tmp_path / "ck" / "policy" / "step_00000002").is_dir()
-    assert (tmp_path / "ck" / "critic" / "step_00000002").is_dir()
+    assert sorted(p.name for p in (tmp_path / "ck" / "iter_00000002").iterdir()) == [
+        "COMPLETE", "critic", "loop_state.json", "policy"]  # one folder, one marker
     resumed = make(setup, tmp_path / "b", **kw, ckpt_path=str(tmp_path / "ck"), load_checkpoint=True)[0]
     h = resumed.fit()
     assert len(h) == 4  # two restored from the checkpoint, two run

@@ -17,14 +17,25 @@ are the ones ``--pretrain`` loads again at resume, so writing them each time wou
 cost disk and time. Loading such a checkpoint accepts missing keys only where the model's
 parameter is frozen; any other missing or unexpected key fails with the names.
 
+:func:`save_engine_state` / :func:`load_engine_state` are the one-engine part of a save and a load
+(DeepSpeed state, tag "ds", with each rank's RNG), shared with the RL loop's per-iteration checkpoints
+(:mod:`rl_core.rl.checkpoint`), which commit several roles' states with one marker.
+
+Trust: a DeepSpeed checkpoint is a pickle. DeepSpeed reads it with ``torch.load(weights_only=False)``,
+so loading one (``load_checkpoint`` / ``--load_checkpoint``) runs whatever code it holds. Resume only
+checkpoints you wrote; for weights from elsewhere, start from an HF export (safetensors, no pickle:
+``--pretrain EXPORT``, and ``--critic_pretrain EXPORT/critic`` for a critic).
+
 :func:`export_hf` writes a transformers/vLLM-loadable folder (safetensors) the
 same way: gathered weights (ZeRO-3 included), temp folder, then rename.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import logging
+import os
 import random
 import shutil
 from pathlib import Path
@@ -48,6 +59,105 @@ def set_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def rng_state_json(state: dict | None = None) -> dict:
+    """:func:`rng_state` (default: now) as JSON values, so that a state file needs no pickle to read back."""
+    state = rng_state() if state is None else state
+    version, internal, gauss = state["python"]
+    out = {"python": [version, list(internal), gauss], "torch": _b64(state["torch"])}
+    if "cuda" in state:
+        out["cuda"] = [_b64(t) for t in state["cuda"]]
+    return out
+
+
+def rng_state_from_json(d: dict) -> dict:
+    """The inverse of :func:`rng_state_json`: a state :func:`set_rng_state` takes."""
+    version, internal, gauss = d["python"]
+    out = {"python": (version, tuple(internal), gauss), "torch": _unb64(d["torch"])}
+    if "cuda" in d:
+        out["cuda"] = [_unb64(x) for x in d["cuda"]]
+    return out
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
+
+
+def _unb64(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
+
+
+def fsync_dir(path: Path) -> None:
+    """Make a rename or a new entry in ``path`` durable (a no-op where directories cannot be opened)."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def fsync_tree(path: Path) -> None:
+    """fsync every file and folder under ``path``: what this process wrote there reaches the disk."""
+    for d, _, files in os.walk(path):
+        for name in files:
+            fd = os.open(os.path.join(d, name), os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+        fsync_dir(Path(d))
+
+
+def atomic_write_text(path: Path, text: str) -> None:
+    """``path`` holds ``text`` or what it held before, never a part: temp file, fsync, ``os.replace``,
+    fsync of the folder."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    fsync_dir(path.parent)
+
+
+def save_engine_state(strategy, engine, path: str | Path) -> Path:
+    """Collective: every rank writes its part of ``engine``'s DeepSpeed state (tag "ds", with its RNG) into
+    ``path`` and fsyncs it; returns when all ranks have. Frozen parameters are left out of a peft model's."""
+    path = Path(path)
+    if strategy.is_rank_0():
+        path.mkdir(parents=True, exist_ok=True)
+    strategy.barrier()
+    engine.save_checkpoint(str(path), tag=DS_TAG, client_state={"rng": rng_state()},
+                           exclude_frozen_parameters=is_peft(engine.module))
+    fsync_tree(path)
+    strategy.barrier()
+    return path
+
+
+def load_engine_state(engine, path: str | Path) -> dict:
+    """Restore model, optimizer, scheduler and this rank's RNG from :func:`save_engine_state`'s ``path``;
+    returns DeepSpeed's client state. A peft model keeps its frozen base and takes every trainable
+    parameter from the checkpoint.
+
+    Runs DeepSpeed's ``torch.load(weights_only=False)``: only load checkpoints you trust (module docstring)."""
+    path = Path(path)
+    if is_peft(engine.module):  # saved without the frozen base weights (see the module docstring)
+        load_path, client = engine.load_checkpoint(str(path), tag=DS_TAG, load_module_strict=False,
+                                                   custom_load_fn=_load_trainable(path))
+    else:
+        load_path, client = engine.load_checkpoint(str(path), tag=DS_TAG, load_module_strict=True)
+    if load_path is None:
+        raise ValueError(f"checkpoint {path} has no DeepSpeed state under tag {DS_TAG!r}; delete the folder "
+                         f"to resume from the previous one")
+    set_rng_state(client["rng"])
+    return client
 
 
 def _step_dir(root: Path, step: int) -> Path:
@@ -108,16 +218,15 @@ class CheckpointManager:
             for old in self.root.glob(".tmp-step_*"):
                 shutil.rmtree(old, ignore_errors=True)
         s.barrier()
-        engine.save_checkpoint(str(tmp), tag=DS_TAG, client_state={"rng": rng_state()},
-                               exclude_frozen_parameters=is_peft(engine.module))
-        s.barrier()
+        save_engine_state(s, engine, tmp)
         if s.is_rank_0():
-            (tmp / MARKER).write_text(json.dumps({"step": step, **client_state}))
+            atomic_write_text(tmp / MARKER, json.dumps({"step": step, **client_state}))
             if final.exists():
-                shutil.rmtree(final)
+                _uncommit_and_remove(final)
             tmp.rename(final)
+            fsync_dir(self.root)
             for old in self.complete()[:-self.keep_last]:
-                shutil.rmtree(old, ignore_errors=True)
+                _uncommit_and_remove(old)
         s.barrier()
         logger.info("checkpoint saved: %s", final)
         return final
@@ -126,7 +235,7 @@ class CheckpointManager:
         """Restore model, optimizer, scheduler and RNG from ``path`` (default: latest); returns its client state.
 
         A peft model keeps its current frozen weights (the base it was built from) and takes
-        every trainable parameter from the checkpoint."""
+        every trainable parameter from the checkpoint. Unpickles: load only checkpoints you trust."""
         path = path or self.latest()
         if path is None:
             return None
@@ -136,17 +245,16 @@ class CheckpointManager:
         except (OSError, json.JSONDecodeError) as e:
             raise ValueError(f"checkpoint {path} is corrupt: {marker} does not read as JSON ({e}); delete the "
                              f"folder to resume from the previous one") from None
-        if is_peft(engine.module):  # saved without the frozen base weights (see the module docstring)
-            load_path, client = engine.load_checkpoint(str(path), tag=DS_TAG, load_module_strict=False,
-                                                       custom_load_fn=_load_trainable(path))
-        else:
-            load_path, client = engine.load_checkpoint(str(path), tag=DS_TAG, load_module_strict=True)
-        if load_path is None:
-            raise ValueError(f"checkpoint {path} has no DeepSpeed state under tag {DS_TAG!r}; delete the folder "
-                             f"to resume from the previous one")
-        set_rng_state(client["rng"])
+        load_engine_state(engine, path)
         logger.info("resumed from %s (step %s)", path, meta["step"])
         return meta
+
+
+def _uncommit_and_remove(path: Path) -> None:
+    """Delete a checkpoint folder marker first: a crash mid-delete leaves a folder resume ignores."""
+    (path / MARKER).unlink(missing_ok=True)
+    fsync_dir(path)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def merge_lora_state(state: dict[str, torch.Tensor], peft_config: dict) -> dict[str, torch.Tensor]:

@@ -144,10 +144,9 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
     samples = p.rollout_batch_size * p.n_samples_per_prompt
     steps = p.optimizer_steps(len(prompts), s.train_batch_size) if samples % s.train_batch_size == 0 else 1
     kw = cfg.load_kw()
-    policy = factory.role("policy", PolicyWorker, s, m.pretrain, p, steps, load_kw=kw, pad_id=pad,
-                          ckpt_path=p.ckpt_path)
-    critic = factory.role("critic", CriticWorker, s, m.critic_path, p, steps, load_kw=kw, pad_id=pad,
-                          ckpt_path=p.ckpt_path) if p.needs_critic else None
+    policy = factory.role("policy", PolicyWorker, s, m.pretrain, p, steps, load_kw=kw, pad_id=pad)
+    critic = factory.role("critic", CriticWorker, s, m.critic_path, p, steps, load_kw=kw,
+                          pad_id=pad) if p.needs_critic else None
     ref = factory.role("ref", ReferenceWorker, s, m.ref_path, load_kw=kw, pad_id=pad,
                        temperature=p.temperature) if p.needs_reference else None
     rm = factory.role("reward", RewardModelWorker, s, m.reward_pretrain, load_kw=kw, pad_id=pad,

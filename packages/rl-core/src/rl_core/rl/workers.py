@@ -82,12 +82,26 @@ class _Worker:
     def barrier(self) -> None:
         self.s.barrier()
 
+    def save_checkpoint(self, path: str) -> str:
+        """Collective: this rank's part of the model, optimizer, scheduler and RNG into ``path`` (DeepSpeed
+        state), on disk when every rank returns. The loop's :class:`~rl_core.rl.checkpoint.RLCheckpoints`
+        commits it with the other roles' parts."""
+        from rl_core.checkpoint import save_engine_state
+
+        return str(save_engine_state(self.s, self.engine, path))
+
+    def load_checkpoint(self, path: str) -> None:
+        """Collective: restore what :meth:`save_checkpoint` wrote into ``path`` (unpickles: trusted only)."""
+        from rl_core.checkpoint import load_engine_state
+
+        load_engine_state(self.engine, path)
+
 
 class PolicyWorker(_Worker):
     """One rank of the policy (actor): ``logprobs``, ``train``, weight broadcast, checkpoints, export."""
 
     def __init__(self, strategy_cfg, pretrain: str, ppo_cfg, total_steps: int, *, load_kw: dict | None = None,
-                 pad_id: int = 0, ckpt_path: str | None = None):
+                 pad_id: int = 0):
         super().__init__(strategy_cfg, pad_id=pad_id)
         from rl_core.models import Actor
 
@@ -100,11 +114,6 @@ class PolicyWorker(_Worker):
         self.engine = self.s.prepare(actor, total_steps=total_steps)
         self._sender = None
         self._ipc = None  # an rl_rollout.ipc.IpcSender after the first share_weights_ipc
-        self.ckpt = None
-        if ckpt_path:
-            from rl_core.checkpoint import CheckpointManager
-
-            self.ckpt = CheckpointManager(os.path.join(ckpt_path, "policy"), self.s, ppo_cfg.max_ckpt_num)
 
     def logprobs(self, items: list[dict]) -> list[torch.Tensor]:
         """Log-probs at the sampling temperature (what the engine sampled from)."""
@@ -268,15 +277,7 @@ class PolicyWorker(_Worker):
             out.update({n: t.double().sum().item() for n, t in hf_names(bucket)})
         return out
 
-    # ----- checkpoints and export ----------------------------------------------------------
-
-    def save_checkpoint(self, step: int, client_state: dict) -> str:
-        if self.ckpt is None:
-            raise ValueError("save_checkpoint needs ckpt_path (--ckpt_path DIR)")
-        return str(self.ckpt.save(self.engine, step, client_state))
-
-    def load_checkpoint(self) -> dict | None:
-        return None if self.ckpt is None else self.ckpt.load(self.engine)
+    # ----- export ------------------------------------------------------------------------------
 
     def export(self, save_path: str, tokenizer_path: str | None = None) -> str:
         from rl_core.checkpoint import export_hf
@@ -293,7 +294,7 @@ class CriticWorker(_Worker):
     """One rank of the critic: ``values`` and ``train`` on returns with the (clipped) value loss."""
 
     def __init__(self, strategy_cfg, pretrain: str, ppo_cfg, total_steps: int, *, load_kw: dict | None = None,
-                 pad_id: int = 0, ckpt_path: str | None = None):
+                 pad_id: int = 0):
         if ppo_cfg.critic_learning_rate is not None:
             strategy_cfg = replace(strategy_cfg, learning_rate=ppo_cfg.critic_learning_rate)
         super().__init__(strategy_cfg, pad_id=pad_id)
@@ -302,11 +303,6 @@ class CriticWorker(_Worker):
         self.cfg = ppo_cfg
         kw = {k: v for k, v in (load_kw or {}).items() if k != "lora"}
         self.engine = self.s.prepare(Critic.from_pretrained(pretrain, **kw), total_steps=total_steps)
-        self.ckpt = None
-        if ckpt_path:
-            from rl_core.checkpoint import CheckpointManager
-
-            self.ckpt = CheckpointManager(os.path.join(ckpt_path, "critic"), self.s, ppo_cfg.max_ckpt_num)
 
     def values(self, items: list[dict]) -> list[torch.Tensor]:
         self.engine.eval()
@@ -337,14 +333,6 @@ class CriticWorker(_Worker):
                 sums["value_clip_fraction"] += out.clip_fraction.item() * m.sum().item() / total.item()
             steps += 1
         return [self.s.all_reduce({k: v / max(steps, 1) for k, v in sums.items()}, "sum")]
-
-    def save_checkpoint(self, step: int, client_state: dict) -> str:
-        if self.ckpt is None:
-            raise ValueError("save_checkpoint needs ckpt_path (--ckpt_path DIR)")
-        return str(self.ckpt.save(self.engine, step, client_state))
-
-    def load_checkpoint(self) -> dict | None:
-        return None if self.ckpt is None else self.ckpt.load(self.engine)
 
     def export(self, save_path: str, tokenizer_path: str | None = None) -> str:
         from rl_core.checkpoint import export_hf

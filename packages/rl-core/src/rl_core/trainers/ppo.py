@@ -21,8 +21,9 @@ in-process (:class:`~rl_core.rl.groups.LocalGroup`, ``rl ppo``) or Ray actors
    ``train_batch_size`` split over each group's data-parallel ranks the same way
    whatever their number).
 6. Weight sync policy -> engines (version = iteration), then metrics and a
-   checkpoint every ``save_steps`` iterations (policy, critic, the loop's own
-   state), resumable with ``load_checkpoint``.
+   checkpoint every ``save_steps`` iterations: the policy's, the critic's and the
+   loop's state committed together by one marker (:mod:`rl_core.rl.checkpoint`),
+   resumable with ``load_checkpoint`` from the newest committed iteration.
 
 Metrics per iteration (``metrics.jsonl``, TensorBoard, ``curves.png``, the console
 bar): rewards, lengths, truncation, KL, losses, clip fractions, dynamic-filtering
@@ -41,6 +42,7 @@ from tqdm import tqdm
 
 from rl_algos import clip_rewards, estimator_names, overlong_penalty
 from rl_core.metrics import MetricsLogger
+from rl_core.rl.checkpoint import RLCheckpoints
 from rl_core.rl.experience import collate, dp_order, make_item, rows
 from rl_core.rl.groups import LocalGroup, concurrently
 from rl_core.trainers.ppo_config import PPOConfig
@@ -91,6 +93,11 @@ class PPOTrainer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos = [t for t in {tokenizer.eos_token_id} if t is not None]
         self.metrics = metrics or MetricsLogger(cfg.run_dir)
+        self.ckpt = RLCheckpoints(cfg.ckpt_path, cfg.max_ckpt_num) if cfg.ckpt_path else None
+        if self.ckpt and cfg.save_steps > 0 and not cfg.load_checkpoint and self.ckpt.complete():
+            raise ValueError(f"--ckpt_path {cfg.ckpt_path} already holds checkpoints of a run "
+                             f"({', '.join(d.name for d in self.ckpt.complete())}) that this run would mix with its "
+                             f"own: resume it with --load_checkpoint, or point --ckpt_path at a new folder")
         self.history: list[dict[str, float]] = []
         self.cursor = 0  # prompts consumed so far (over epochs of seeded permutations)
         self.kl = None
@@ -321,31 +328,33 @@ class PPOTrainer:
 
     # ----- checkpoints ---------------------------------------------------------------------
 
-    def _groups_with_state(self):
-        return [g for g in (self.policy, self.critic) if g is not None]
+    def _roles_with_state(self) -> dict:
+        return {name: g for name, g in (("policy", self.policy), ("critic", self.critic)) if g is not None}
 
     def save_checkpoint(self, it: int) -> None:
+        """One commit for iteration ``it``: every role's state, the loop's, then the marker
+        (:class:`~rl_core.rl.checkpoint.RLCheckpoints`)."""
+        from rl_core.checkpoint import rng_state_json
+
         state = {"iteration": it, "cursor": self.cursor, "kl_coef": self.kl.value if self.kl is not None else None,
-                 "history": self.history}
-        for g in self._groups_with_state():
-            g.call("save_checkpoint", it, state)
+                 "history": self.history, "gap_warned": self._gap_warned, "rng": rng_state_json()}
+        self.ckpt.save(it, self._roles_with_state(), state)
 
     def load_checkpoint(self) -> int:
-        """Restore the latest complete checkpoint; returns its iteration (0 when none)."""
-        metas = [g.call("load_checkpoint")[0] for g in self._groups_with_state()]
-        if metas[0] is None:
+        """Restore the newest committed iteration (every role and the loop); returns it (0 when none)."""
+        from rl_core.checkpoint import rng_state_from_json, set_rng_state
+
+        state = self.ckpt.load(self._roles_with_state())
+        if state is None:
             logger.info("no checkpoint under %s: starting fresh", self.cfg.ckpt_path)
             return 0
-        its = {m["iteration"] if m else None for m in metas}
-        if len(its) != 1:
-            raise ValueError(f"policy and critic checkpoints under {self.cfg.ckpt_path} are at different iterations "
-                             f"{sorted(map(str, its))}: delete the newer step folders so both match")
-        meta = metas[0]
-        self.cursor = meta["cursor"]
-        if self.kl is not None and meta.get("kl_coef") is not None:
-            self.kl.value = meta["kl_coef"]
-        self.history = list(meta.get("history", []))
-        return meta["iteration"]
+        self.cursor = state["cursor"]
+        if self.kl is not None and state["kl_coef"] is not None:
+            self.kl.value = state["kl_coef"]
+        self.history = list(state["history"])
+        self._gap_warned = state["gap_warned"]
+        set_rng_state(rng_state_from_json(state["rng"]))  # last: the roles' loads set this process's RNG too
+        return state["iteration"]
 
     # ----- the loop --------------------------------------------------------------------------
 
@@ -353,7 +362,8 @@ class PPOTrainer:
         c = self.cfg
         start = self.load_checkpoint() if c.load_checkpoint else 0
         if start:
-            logger.info("resumed at iteration %d of %d; pushing its weights to the engines", start, self.num_iterations)
+            logger.info("resumed at iteration %d of %d; pushing its weights to the engines (iterations after %d "
+                        "that a run logged before it stopped are logged again)", start, self.num_iterations, start)
             self._sync(start)
         bar = tqdm(total=self.num_iterations, initial=start, desc=f"rl {c.advantage_estimator}")
         for it in range(start + 1, self.num_iterations + 1):

@@ -1,0 +1,159 @@
+"""The RL loop's checkpoints: one commit per iteration over every role's state and the loop's.
+
+Layout under ``ckpt_path``::
+
+    iter_00000012/
+        policy/           the policy group's DeepSpeed state (tag "ds"; each rank writes its part and its RNG)
+        critic/           the critic group's, when the run has a critic
+        loop_state.json   the loop: iteration, prompt cursor, KL coefficient, metrics history, the driver's RNG
+        COMPLETE          the commit marker ({"iteration": 12, "roles": ["policy", "critic"]}), written last
+
+Save (:meth:`RLCheckpoints.save`, on the driver): each role's group writes its part
+(``group.call("save_checkpoint", folder)``; the ranks may be Ray actors in other processes,
+each fsyncs what it wrote before returning), then the loop state, then the marker (temp
+file, fsync, ``os.replace``, fsync of the folder), only after every role has returned.
+Older iterations are pruned down to ``keep_last`` (``--max_ckpt_num``) only once the new
+marker exists, each losing its marker before its files, so a crash in the middle of a
+delete leaves a folder that resume ignores, never one that looks complete.
+
+Resume (:meth:`RLCheckpoints.load`): the newest folder with a marker, every role and the
+loop from that one folder, never a mix. Folders without the marker (a save that did not
+finish) are never read; they are removed, with a log line, at the next resume or save.
+
+Trust: the role states are DeepSpeed checkpoints, which DeepSpeed reads with
+``torch.load(weights_only=False)``: loading one runs whatever code it holds. Resume only
+checkpoints you wrote; for weights from elsewhere start from an HF export (safetensors):
+``--pretrain EXPORT`` and, for a critic, ``--critic_pretrain EXPORT/critic``. The loop
+state and the marker are JSON.
+
+Fault injection (tests only): :attr:`RLCheckpoints.crash_hook`, when set, is called with
+the name of each step of a save and the iteration saved (``before:policy``, ``after:policy``, ``before:critic``,
+``after:critic``, ``before:commit``, ``after:commit``); the crash tests SIGKILL the process
+there. It is None in every run.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import shutil
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from rl_core.checkpoint import atomic_write_text, fsync_dir
+
+logger = logging.getLogger(__name__)
+
+MARKER = "COMPLETE"
+LOOP_STATE = "loop_state.json"
+_ITER = re.compile(r"^iter_(\d+)$")
+
+
+def iter_dir(root: str | Path, iteration: int) -> Path:
+    return Path(root) / f"iter_{iteration:08d}"
+
+
+class RLCheckpoints:
+    """Per-iteration RL checkpoints under ``root``, the newest ``keep_last`` complete ones kept."""
+
+    crash_hook: Callable[[str, int], None] | None = None  # tests only (module docstring)
+
+    def __init__(self, root: str | Path, keep_last: int = 3):
+        if keep_last < 1:
+            raise ValueError(f"keep_last (--max_ckpt_num) must be >= 1, got {keep_last}")
+        self.root, self.keep_last = Path(root), keep_last
+
+    # ----- what is on disk ----------------------------------------------------------------------
+
+    def _folders(self) -> list[tuple[int, Path]]:
+        if not self.root.is_dir():
+            return []
+        found = [(int(m.group(1)), d) for d in self.root.iterdir() if d.is_dir() and (m := _ITER.match(d.name))]
+        return sorted(found)
+
+    def complete(self) -> list[Path]:
+        """Committed iterations, oldest first."""
+        return [d for _, d in self._folders() if (d / MARKER).is_file()]
+
+    def latest(self) -> Path | None:
+        done = self.complete()
+        return done[-1] if done else None
+
+    def remove_incomplete(self) -> list[Path]:
+        """Delete the folders without a marker (saves that did not finish), each with a log line."""
+        gone = [d for _, d in self._folders() if not (d / MARKER).is_file()]
+        for d in gone:
+            logger.warning("removing %s: it has no %s marker (a save that did not finish); it was never used", d,
+                           MARKER)
+            shutil.rmtree(d, ignore_errors=True)
+        return gone
+
+    def _check_layout(self) -> None:
+        legacy = [self.root / role for role in ("policy", "critic")
+                  if any((self.root / role).glob("step_*"))]
+        if legacy:
+            raise ValueError(
+                f"{self.root} holds RL checkpoints in the per-role layout of rl-core 0.7 and earlier "
+                f"({', '.join(str(p / 'step_*') for p in legacy)}), saved apart and able to disagree; this version "
+                f"resumes only iter_*/ folders with a {MARKER} marker: finish that run with the version that wrote "
+                f"it, or point --ckpt_path at a new folder")
+
+    # ----- save and load ------------------------------------------------------------------------
+
+    def _point(self, name: str, iteration: int) -> None:
+        if self.crash_hook is not None:
+            self.crash_hook(name, iteration)
+
+    def save(self, iteration: int, roles: Mapping[str, Any], loop_state: dict) -> Path:
+        """Every role's state (``roles``: name -> worker group), then ``loop_state`` (JSON values), then the
+        marker; then prune. Returns the committed folder."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.remove_incomplete()
+        d = iter_dir(self.root, iteration)
+        if d.exists():  # the same iteration again: take the old one out of the committed set first
+            _uncommit_and_remove(d)
+        d.mkdir()
+        for name, group in roles.items():
+            self._point(f"before:{name}", iteration)
+            group.call("save_checkpoint", str(d / name))
+            self._point(f"after:{name}", iteration)
+        atomic_write_text(d / LOOP_STATE, json.dumps(loop_state))
+        self._point("before:commit", iteration)
+        atomic_write_text(d / MARKER, json.dumps({"iteration": iteration, "roles": list(roles)}))
+        fsync_dir(self.root)
+        self._point("after:commit", iteration)
+        for old in self.complete()[:-self.keep_last]:
+            _uncommit_and_remove(old)
+        logger.info("checkpoint of iteration %d committed: %s (%s)", iteration, d, ", ".join(roles))
+        return d
+
+    def load(self, roles: Mapping[str, Any]) -> dict | None:
+        """Restore every role and return the loop state from the newest committed iteration (None: none)."""
+        self._check_layout()
+        self.remove_incomplete()
+        d = self.latest()
+        if d is None:
+            return None
+        try:
+            marker = json.loads((d / MARKER).read_text())
+            saved = marker["roles"]
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise ValueError(f"checkpoint {d} is corrupt: {d / MARKER} does not read as a marker ({e!r}); delete "
+                             f"the folder to resume from the previous one") from None
+        if sorted(saved) != sorted(roles):
+            raise ValueError(f"checkpoint {d} holds the roles {sorted(saved)}, this run has {sorted(roles)}: resume "
+                             f"with the settings that wrote it (--advantage_estimator decides the critic), or point "
+                             f"--ckpt_path at a new folder")
+        for name, group in roles.items():
+            group.call("load_checkpoint", str(d / name))
+        state = json.loads((d / LOOP_STATE).read_text())
+        logger.info("resumed from %s (iteration %d; %s)", d, marker["iteration"], ", ".join(roles))
+        return state
+
+
+def _uncommit_and_remove(path: Path) -> None:
+    (path / MARKER).unlink(missing_ok=True)
+    fsync_dir(path)
+    shutil.rmtree(path, ignore_errors=True)

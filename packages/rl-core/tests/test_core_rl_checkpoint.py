@@ -1,0 +1,129 @@
+"""RLCheckpoints' commit protocol with fake role groups (no models): what is read, kept and removed when."""
+
+from __future__ import annotations
+
+import json
+import logging
+import random
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+
+from rl_core.checkpoint import rng_state, rng_state_from_json, rng_state_json, set_rng_state
+from rl_core.rl.checkpoint import MARKER, RLCheckpoints
+
+
+class FakeRole:
+    """A worker group whose state is one number, saved to and loaded from its folder."""
+
+    def __init__(self, value: int = 0):
+        self.value, self.calls = value, []
+
+    def call(self, method: str, path: str):
+        self.calls.append((method, path))
+        if method == "save_checkpoint":
+            Path(path).mkdir(parents=True)
+            (Path(path) / "state").write_text(str(self.value))
+        else:
+            self.value = int((Path(path) / "state").read_text())
+        return [path]
+
+
+def names(ck):
+    return sorted(p.name for p in ck.iterdir())
+
+
+def test_resume_reads_every_role_from_the_newest_committed_iteration(tmp_path, caplog):
+    ck = tmp_path / "ck"
+    roles = {"policy": FakeRole(1), "critic": FakeRole(1)}
+    store = RLCheckpoints(ck, keep_last=2)
+    store.save(1, roles, {"iteration": 1})
+    roles["policy"].value = roles["critic"].value = 2
+
+    def crash_between_roles(step, it):
+        if step == "after:policy":
+            raise KeyboardInterrupt
+
+    store.crash_hook = crash_between_roles
+    with pytest.raises(KeyboardInterrupt):  # a crash between the roles of iteration 2
+        store.save(2, roles, {"iteration": 2})
+    assert names(ck) == ["iter_00000001", "iter_00000002"] and not (ck / "iter_00000002" / MARKER).exists()
+
+    fresh = {"policy": FakeRole(), "critic": FakeRole()}
+    with caplog.at_level(logging.WARNING, logger="rl_core.rl.checkpoint"):
+        state = RLCheckpoints(ck, keep_last=2).load(fresh)
+    assert state == {"iteration": 1} and fresh["policy"].value == fresh["critic"].value == 1  # never a mix
+    assert "removing" in caplog.text and "iter_00000002" in caplog.text
+    assert names(ck) == ["iter_00000001"]
+
+
+def test_old_iterations_go_only_after_the_new_marker_and_lose_their_marker_first(tmp_path, monkeypatch):
+    ck = tmp_path / "ck"
+    roles = {"policy": FakeRole()}
+    store = RLCheckpoints(ck, keep_last=1)
+    seen = []
+
+    def hook(step, it):
+        seen.append((step, it, names(ck)))
+
+    store.crash_hook = hook
+    store.save(1, roles, {})
+    store.save(2, roles, {})
+    assert names(ck) == ["iter_00000002"]
+    # iteration 1 is still there, committed, when iteration 2's marker is written
+    assert seen[-1] == ("after:commit", 2, ["iter_00000001", "iter_00000002"])
+    assert [s for s, it, _ in seen if it == 2] == ["before:policy", "after:policy", "before:commit", "after:commit"]
+
+    removed = []
+    real = shutil.rmtree
+
+    def rmtree(p, **kw):
+        removed.append((p.name, (p / MARKER).exists()))
+        real(p, **kw)
+
+    monkeypatch.setattr(shutil, "rmtree", rmtree)
+    store.save(3, roles, {})
+    assert removed == [("iter_00000002", False)]  # unmarked before its files go
+
+
+def test_errors_name_the_folder_and_the_fix(tmp_path):
+    ck = tmp_path / "ck"
+    RLCheckpoints(ck).save(3, {"policy": FakeRole(), "critic": FakeRole()}, {})
+    with pytest.raises(ValueError, match=r"iter_00000003 holds the roles \['critic', 'policy'\], this run has "
+                                         r"\['policy'\].*--ckpt_path at a new folder"):
+        RLCheckpoints(ck).load({"policy": FakeRole()})
+    (ck / "iter_00000003" / MARKER).write_text("{half")
+    with pytest.raises(ValueError, match=r"iter_00000003 is corrupt: .*delete the folder"):
+        RLCheckpoints(ck).load({"policy": FakeRole(), "critic": FakeRole()})
+    legacy = tmp_path / "old"
+    (legacy / "policy" / "step_00000004").mkdir(parents=True)
+    with pytest.raises(ValueError, match=r"per-role layout of rl-core 0.7 .*policy/step_\*.*--ckpt_path at a new"):
+        RLCheckpoints(legacy).load({"policy": FakeRole()})
+    with pytest.raises(ValueError, match=r"keep_last \(--max_ckpt_num\) must be >= 1, got 0"):
+        RLCheckpoints(ck, keep_last=0)
+    assert RLCheckpoints(tmp_path / "none").load({"policy": FakeRole()}) is None
+
+
+def test_saving_an_iteration_again_replaces_it(tmp_path):
+    ck = tmp_path / "ck"
+    role = FakeRole(1)
+    RLCheckpoints(ck).save(1, {"policy": role}, {"v": 1})
+    role.value = 5
+    RLCheckpoints(ck).save(1, {"policy": role}, {"v": 5})
+    fresh = FakeRole()
+    assert RLCheckpoints(ck).load({"policy": fresh}) == {"v": 5} and fresh.value == 5
+    assert json.loads((ck / "iter_00000001" / MARKER).read_text()) == {"iteration": 1, "roles": ["policy"]}
+
+
+def test_rng_state_round_trips_through_json():
+    random.seed(3)
+    torch.manual_seed(3)
+    saved = json.loads(json.dumps(rng_state_json()))
+    expected = (random.random(), torch.rand(3))
+    random.seed(99)
+    torch.manual_seed(99)
+    set_rng_state(rng_state_from_json(saved))
+    assert random.random() == expected[0] and torch.equal(torch.rand(3), expected[1])
+    assert rng_state_json(rng_state()).keys() >= {"python", "torch"}
