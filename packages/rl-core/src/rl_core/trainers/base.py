@@ -45,7 +45,10 @@ class TrainerConfig:
     ckpt_path: str | None = field(default=None, metadata=meta("DeepSpeed checkpoints for resume"))
     save_steps: int = field(default=-1, metadata=meta("checkpoint every N optimizer steps (-1: none)"))
     max_ckpt_num: int = field(default=3, metadata=meta("checkpoints kept (oldest removed)"))
-    load_checkpoint: bool = field(default=False, metadata=meta("resume from the latest complete checkpoint"))
+    load_checkpoint: bool = field(default=False, metadata=meta(
+        "resume from the latest complete checkpoint under --ckpt_path. Trusted checkpoints only: DeepSpeed reads "
+        "them with torch.load(weights_only=False), so loading one runs any code it holds; for weights from "
+        "elsewhere start from their HF export (safetensors) with --pretrain"))
     logging_steps: int = field(default=1, metadata=meta("log metrics every N optimizer steps"))
     run_dir: str | None = field(default=None, metadata=meta("metrics.jsonl, tensorboard/, curves.png"))
     max_steps: int | None = field(default=None, metadata=meta(

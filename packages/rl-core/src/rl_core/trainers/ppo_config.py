@@ -87,10 +87,16 @@ class PPOConfig:
         "(default: 1e-3 in fp32, 5e-2 in bf16; 0: off)"))
     save_steps: int = field(default=-1, metadata=meta(
         "checkpoint every N iterations (-1: none)", openrlhf=("ckpt.save_steps",)))
-    ckpt_path: str | None = field(default=None, metadata=meta("checkpoint folder", openrlhf=("ckpt.path",)))
-    max_ckpt_num: int = field(default=3, metadata=meta("checkpoints kept", openrlhf=("ckpt.max_num",)))
+    ckpt_path: str | None = field(default=None, metadata=meta(
+        "checkpoint folder: one iter_N/ per save (policy/, critic/, loop_state.json), committed by its COMPLETE "
+        "marker, written last", openrlhf=("ckpt.path",)))
+    max_ckpt_num: int = field(default=3, metadata=meta(
+        "committed checkpoints kept (older ones go only after a newer one is committed)", openrlhf=("ckpt.max_num",)))
     load_checkpoint: bool = field(default=False, metadata=meta(
-        "resume from the latest complete checkpoint", openrlhf=("ckpt.load_enable",)))
+        "resume every role and the loop from the newest committed checkpoint under --ckpt_path. Trusted "
+        "checkpoints only: DeepSpeed reads them with torch.load(weights_only=False), so loading one runs any code "
+        "it holds; for weights from elsewhere start from their HF export (safetensors) with --pretrain and "
+        "--critic_pretrain", openrlhf=("ckpt.load_enable",)))
     save_path: str | None = field(default=None, metadata=meta(
         "final HF export of the policy", openrlhf=("ckpt.output_dir",)))
     save_value_network: bool = field(default=False, metadata=meta(
