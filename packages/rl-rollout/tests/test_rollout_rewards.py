@@ -359,7 +359,7 @@ def test_server_rejects_malformed_batches(server, body, message):
 
 def test_server_without_labels_and_unknown_path(server):
     status, reply = raw_post(server.url, json.dumps({"prompts": ["p"], "responses": [""]}).encode())
-    assert status == 200 and reply == {"rewards": [0.0]}  # labels default to None
+    assert status == 200 and reply == {"rewards": [0.0], "scores": [0.0], "extra_logs": {}}  # labels: None
     assert raw_post(server.url + "/nope", b"{}")[0] == 404
     assert raw_post(server.url + "/nope", b"{}", token=None)[0] == 401  # the token is checked first
 

@@ -184,7 +184,10 @@ class RewardConfig:
     reward_fn: str | None = field(default=None, metadata=meta(
         "file.py:func | module:func | builtin:exact_match | builtin:math | builtin:format:REGEX"))
     remote_rm_url: str | None = field(default=None, metadata=meta(
-        "an HTTP reward server (rl_rollout.RewardServer protocol)", openrlhf=("reward.remote_url",)))
+        "a reward server URL (ours, rl serve-rm, or OpenRLHF's .../get_reward; several: comma-separated) or, "
+        "as in OpenRLHF, a .py file defining reward_func(queries, prompts, labels, **kwargs) (one call per batch, "
+        "bounded by --reward_timeout)",
+        openrlhf=("reward.remote_url",)))
     remote_rm_token: str | None = field(default=None, metadata=meta(
         "bearer token for --remote_rm_url (default: env RL_REWARD_TOKEN)"))
     reward_workers: int = field(default=0, metadata=meta("processes scoring --reward_fn (0: in this process)"))
@@ -207,7 +210,7 @@ class RewardConfig:
         """One scorer with ``score(prompts, responses, labels)`` (summed when several), or None."""
         import os
 
-        from rl_rollout.rewards import RemoteRewardClient, RewardRunner
+        from rl_rollout.rewards import RewardRunner, scorer_for_remote_rm_url
 
         fns = []
         if self.reward_fn:
@@ -215,8 +218,8 @@ class RewardConfig:
                                     timeout_s=self.reward_timeout if self.reward_workers else None,
                                     fallback=self.reward_fallback))
         if self.remote_rm_url:
-            fns.append(RemoteRewardClient(self.remote_rm_url,
-                                          token=self.remote_rm_token or os.environ.get("RL_REWARD_TOKEN")))
+            fns.append(scorer_for_remote_rm_url(self.remote_rm_url, timeout_s=self.reward_timeout,
+                                                token=self.remote_rm_token or os.environ.get("RL_REWARD_TOKEN")))
         if not fns:
             return None
         return fns[0] if len(fns) == 1 else SummedRewards(fns)

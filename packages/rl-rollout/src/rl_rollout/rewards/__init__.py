@@ -8,16 +8,31 @@
 - :mod:`~rl_rollout.rewards.runner`: :class:`RewardRunner`, a process pool with
   per-call timeouts (or in-process), failures turned into a fallback reward
   and counted.
-- :mod:`~rl_rollout.rewards.remote`: :class:`RemoteRewardClient` and
-  :class:`RewardServer`, batches over HTTP with a bearer token.
+- :mod:`~rl_rollout.rewards.remote`: :class:`RemoteRewardClient`, batches over
+  HTTP with a bearer token, in our format and OpenRLHF's at once.
+- :mod:`~rl_rollout.rewards.server`: :class:`RewardServer`, hardened against slow,
+  oversized and malformed clients; answers our clients and OpenRLHF's.
+- :mod:`~rl_rollout.rewards.openrlhf`: :class:`OpenRLHFRewardFunc`, OpenRLHF's reward
+  files (``reward_func(queries, prompts, labels)`` returning a tensor or
+  ``{"rewards", "scores", "extra_logs"}``) as a batch scorer; :class:`RewardRecord`
+  holds what they return.
 
-Everything here is stdlib apart from the package's own imports. Left out:
-batched reward functions (a batch-level scorer goes behind
-:class:`RewardServer` or is called directly), reward models themselves (rl-core).
+Everything here is stdlib apart from the package's own imports. Left out: reward
+models themselves (rl-core; ``rl serve-rm --reward_pretrain`` serves one).
 """
 
-from rl_rollout.rewards.loading import RewardFn, RewardLoadError, RewardSpec, load_reward_fn, reward_fn_name
-from rl_rollout.rewards.remote import RemoteRewardClient, RemoteRewardError, RewardServer
+from rl_rollout.rewards.loading import (
+    RewardFn,
+    RewardLoadError,
+    RewardRecord,
+    RewardSpec,
+    load_openrlhf_reward_func,
+    load_reward_fn,
+    record_from,
+    reward_fn_name,
+)
+from rl_rollout.rewards.openrlhf import OpenRLHFRewardFunc
+from rl_rollout.rewards.remote import RemoteRewardClient, RemoteRewardError, scorer_for_remote_rm_url
 from rl_rollout.rewards.runner import (
     RewardCounts,
     RewardError,
@@ -25,6 +40,7 @@ from rl_rollout.rewards.runner import (
     RewardRunner,
     RewardTimeoutError,
 )
+from rl_rollout.rewards.server import RewardServer
 from rl_rollout.rewards.verifiers import Builtin, ExactMatch, FormatCheck, MathAnswer, make_builtin
 
 __all__ = [
@@ -32,18 +48,23 @@ __all__ = [
     "ExactMatch",
     "FormatCheck",
     "MathAnswer",
+    "OpenRLHFRewardFunc",
     "RemoteRewardClient",
     "RemoteRewardError",
     "RewardCounts",
     "RewardError",
     "RewardFn",
     "RewardLoadError",
+    "RewardRecord",
     "RewardResult",
     "RewardRunner",
     "RewardServer",
     "RewardSpec",
     "RewardTimeoutError",
+    "load_openrlhf_reward_func",
     "load_reward_fn",
     "make_builtin",
+    "record_from",
     "reward_fn_name",
+    "scorer_for_remote_rm_url",
 ]

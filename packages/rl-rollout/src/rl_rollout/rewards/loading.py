@@ -22,6 +22,14 @@ Spec strings, all resolved by :func:`load_reward_fn`:
   (``exact_match``, ``exact_match:strict``, ``math``, ``math:REL_TOL``,
   ``format:REGEX``).
 
+OpenRLHF's reward files are batch functions, ``reward_func(queries, prompts,
+labels, **kwargs)``, returning a tensor of rewards or the dict ``{"rewards",
+"scores", "extra_logs"}``: :func:`load_openrlhf_reward_func` loads one (run it
+with :class:`rl_rollout.rewards.openrlhf.OpenRLHFRewardFunc`) and
+:func:`record_from` reads what it returned, or what a reward server replied, into a
+:class:`RewardRecord`. The per-sample loader refuses such a function with the way
+to pass it instead.
+
 Only loading lives here; running functions safely (timeouts, fallbacks) is
 :mod:`rl_rollout.rewards.runner`.
 """
@@ -36,6 +44,8 @@ import math
 import numbers
 import os
 import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, Union
 
@@ -90,12 +100,23 @@ def as_reward(value: Any, name: str) -> float:
     return reward
 
 
+OPENRLHF_HINT = (
+    "an OpenRLHF reward file (reward_func(queries, prompts, labels, **kwargs) -> tensor | "
+    "{'rewards', 'scores', 'extra_logs'}) goes to --remote_rm_url FILE.py, as in OpenRLHF"
+)
+
+
 def _load_string(spec: str) -> RewardFn:
     if spec.startswith("builtin:"):
         from rl_rollout.rewards.verifiers import make_builtin
 
         return make_builtin(spec.removeprefix("builtin:"))
     target, sep, attr = spec.rpartition(":")
+    if spec.endswith(".py") and (not sep or len(target) == 1):  # "x.py", "C:/x.py": a file, no function
+        raise RewardLoadError(
+            f"reward spec {spec!r} names a file but no function: write '{spec}:func' for a per-sample "
+            f"fn(prompt, response, label, **info) -> float; {OPENRLHF_HINT}"
+        )
     if not sep or not target or not attr:
         raise RewardLoadError(f"reward spec {spec!r} has no ':'; write it as {SPEC_FORMS}")
     if target.endswith(".py"):
@@ -161,6 +182,12 @@ def _check_signature(fn: Any, where: str) -> None:
     except (TypeError, ValueError):  # some builtins and C callables have no signature: trust them
         return
     fix = "define it as fn(prompt, response, label, **info) -> float"
+    first = next(iter(sig.parameters), None)
+    if first == "queries":  # OpenRLHF's batch signature would be called with one prompt string as `queries`
+        raise RewardLoadError(
+            f"reward function {where} takes (queries, ...): OpenRLHF's batch form, not a per-sample function; "
+            f"{OPENRLHF_HINT}"
+        )
     try:
         sig.bind("prompt", "response", None)
     except TypeError as e:
@@ -169,3 +196,108 @@ def _check_signature(fn: Any, where: str) -> None:
         raise RewardLoadError(
             f"reward function {where} has signature {sig} without **info (the per-sample extra fields); {fix}"
         )
+
+
+# ----- OpenRLHF's batch reward functions and what they return ------------------------------
+
+
+@dataclass(frozen=True)
+class RewardRecord:
+    """One batch's rewards as OpenRLHF's reward functions and reward servers return them.
+
+    ``rewards`` drive the advantages; ``scores`` (None: not given, use the rewards) drive
+    dynamic filtering; ``extra_logs`` are per-sample values that the loop averages into its
+    metrics (OpenRLHF logs them to wandb).
+    """
+
+    rewards: list[float]
+    scores: list[float] | None = None
+    extra_logs: dict[str, list[float]] = field(default_factory=dict)
+
+    def log_means(self) -> dict[str, float]:
+        """Each extra log averaged over the batch (how OpenRLHF reports them)."""
+        return {k: sum(v) / len(v) for k, v in self.extra_logs.items() if v}
+
+    def as_json(self) -> dict[str, Any]:
+        """The reply body of a reward server: OpenRLHF's ``{"rewards", "scores", "extra_logs"}`` (every key
+        present, ``scores`` = ``rewards`` when not given: older OpenRLHF clients read all three)."""
+        scores = self.rewards if self.scores is None else self.scores
+        return {"rewards": self.rewards, "scores": scores, "extra_logs": self.extra_logs}
+
+
+def _numbers(value: Any, n: int, what: str, where: str, *, broadcast: bool = False) -> list[float]:
+    """``value`` (tensor, array, list, or a scalar when ``n == 1`` / ``broadcast``) as ``n`` finite floats."""
+    if hasattr(value, "detach"):  # a torch tensor, maybe on a GPU
+        value = value.detach().cpu()
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        if n == 1 or broadcast:
+            value = [value] * n
+    if isinstance(value, (list, tuple)) and len(value) == n and all(isinstance(x, list) and len(x) == 1 for x in value):
+        value = [x[0] for x in value]  # shape [n, 1]
+    if not isinstance(value, (list, tuple)) or len(value) != n:
+        got = f"{type(value).__name__} of length {len(value)}" if isinstance(value, (list, tuple)) else repr(value)
+        raise ValueError(f"{where}: {what} must hold {n} numbers (one per sample), got {got:.200}")
+    out = []
+    for x in value:
+        if isinstance(x, bool) or not isinstance(x, numbers.Real):
+            raise ValueError(f"{where}: {what} must be numbers, got {type(x).__name__} {x!r:.80}")
+        if not math.isfinite(x):
+            raise ValueError(f"{where}: {what} holds a non-finite value {x!r}; return finite numbers")
+        out.append(float(x))
+    return out
+
+
+def record_from(value: Any, n: int, where: str) -> RewardRecord:
+    """Read a batch reward return: a tensor / array / list of ``n`` rewards, an already built
+    :class:`RewardRecord`, or OpenRLHF's dict ``{"rewards", "scores"?, "extra_logs"?}``.
+
+    Raises ValueError naming ``where`` and what was wrong. ``extra_logs`` values may be per-sample
+    sequences or one number (a batch statistic such as an accuracy: repeated for each sample, so its
+    mean is unchanged).
+    """
+    if isinstance(value, RewardRecord):
+        value = {"rewards": value.rewards, "scores": value.scores, "extra_logs": value.extra_logs}
+    if not isinstance(value, Mapping):
+        return RewardRecord(_numbers(value, n, "the rewards", where))
+    if "rewards" not in value:
+        raise ValueError(f"{where}: a dict return needs a 'rewards' key (got keys {sorted(map(str, value))}); "
+                         "return {'rewards': ..., 'scores': ..., 'extra_logs': {...}} or a tensor of rewards")
+    rewards = _numbers(value["rewards"], n, "'rewards'", where)
+    scores = None if value.get("scores") is None else _numbers(value["scores"], n, "'scores'", where)
+    logs_in = value.get("extra_logs") or {}
+    if not isinstance(logs_in, Mapping):
+        raise ValueError(f"{where}: 'extra_logs' must be a dict of name -> values, got {type(logs_in).__name__}")
+    logs = {str(k): _numbers(v, n, f"extra_logs[{k!r}]", where, broadcast=True) for k, v in logs_in.items()}
+    return RewardRecord(rewards, scores, logs)
+
+
+def load_openrlhf_reward_func(path: str | os.PathLike) -> Any:
+    """``reward_func`` from an OpenRLHF reward file, executed as a fresh module (OpenRLHF's convention:
+    a ``.py`` path given as the remote reward URL is a local reward function named ``reward_func``)."""
+    spec = str(path)
+    module = _exec_file(spec, spec)
+    fn = getattr(module, "reward_func", None)
+    if not callable(fn):
+        defined = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_"))
+        raise RewardLoadError(
+            f"OpenRLHF reward file {spec!r} defines no function reward_func (callables there: {defined}); "
+            "OpenRLHF calls reward_func(queries, prompts, labels, **kwargs): define it, or pass a per-sample "
+            f"function as --reward_fn '{spec}:NAME'"
+        )
+    try:
+        inspect.signature(fn).bind([], [], [])
+    except TypeError as e:
+        raise RewardLoadError(
+            f"OpenRLHF reward file {spec!r}: reward_func cannot be called as reward_func(queries, prompts, "
+            f"labels): {e}; define it as reward_func(queries, prompts, labels, **kwargs)"
+        ) from None
+    except ValueError:  # no signature to check (a C callable): trust it
+        pass
+    return fn
+
+
+def query_texts(prompts: Sequence[str], responses: Sequence[str]) -> list[str]:
+    """OpenRLHF's ``queries``: each prompt followed by its response (the text the policy saw and wrote)."""
+    return [p + r for p, r in zip(prompts, responses, strict=True)]

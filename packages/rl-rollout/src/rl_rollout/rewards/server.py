@@ -1,0 +1,466 @@
+"""A reward server that hostile clients cannot take down: batches in, rewards out, over HTTP/1.1.
+
+Wire format (JSON, UTF-8), one batch per request, two dialects of the same thing::
+
+    POST / | /score | /get_reward
+        ours:     {"prompts": [str], "responses": [str], "labels": [str | null] | null}
+        OpenRLHF: {"query": [prompt + response], "prompts": [str]?, "labels": [...]?}
+    200  {"rewards": [float], "scores": [float], "extra_logs": {name: [float]}}
+    4xx / 5xx  {"error": "what was wrong"}
+    GET /health  {"status": "ok"}    no token needed
+
+OpenRLHF's client POSTs the second form to ``/get_reward`` without a token and reads
+``rewards`` (older ones also ``scores`` and ``extra_logs``, so every reply has all
+three: ``scores`` are the rewards unless ``score_fn`` gave its own). Where only
+``query`` comes, each response is the query after its prompt (the whole query when it
+does not start with the prompt, or no prompts came); both are handed to a ``score_fn``
+that has a ``queries`` parameter. A request with both ``responses`` and ``query`` uses
+the responses.
+
+``score_fn(prompts, responses, labels[, queries=...])`` returns one reward per sample as
+a list or tensor, OpenRLHF's dict ``{"rewards", "scores", "extra_logs"}``, or a
+:class:`~rl_rollout.rewards.loading.RewardRecord`; it is called from one thread at a
+time (a model on one device is not re-entrant).
+
+Hardening (each a constructor argument, checked here and in the tests):
+
+- One deadline per request, ``request_timeout_s``, from the accepted connection to the
+  last byte of the body: a client that trickles bytes gets 408 when it runs out, however
+  often it sends. Scoring is not under it; the reply gets its own ``request_timeout_s``.
+- Connections are served by one event loop (a slow client costs a socket, not a
+  thread); at most ``max_connections`` at once, the next get 503 with ``Retry-After``.
+  Parsing and scoring run on a small thread pool. Memory is bounded by
+  ``max_connections x max_request_bytes``.
+- Every parse error is a 400 with the reason (deeply nested JSON included), headers over
+  ``max_header_bytes`` a 431, a body over ``max_request_bytes`` a 413, a batch over
+  ``max_batch`` a 413, a body without ``Content-Length`` a 411; ``score_fn`` failing a 500.
+  A refused body is read and dropped (up to 64 MiB, within the deadline) so the client
+  sees the reply. One request per connection (``Connection: close``).
+- A bearer token is required unless built with ``allow_no_token=True`` (OpenRLHF's client
+  sends none). IPv4/IPv6 as the host resolves; no TLS (put it behind a proxy, or keep it
+  on a network nobody else can reach).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import hmac
+import inspect
+import json
+import logging
+import os
+import socket
+import threading
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from http import HTTPStatus
+from typing import Any
+
+from rl_rollout.config import meta
+from rl_rollout.rewards.loading import record_from
+
+logger = logging.getLogger(__name__)
+
+ScoreFn = Callable[..., Any]
+SCORE_PATHS = ("/", "/score", "/get_reward")
+TOKEN_ENV = "RL_REWARD_TOKEN"
+_DRAIN_LIMIT = 64 << 20  # read and drop up to this much of a refused body, so the client sees the reply
+_MAX_HEADERS = 100
+_WORKER_THREADS = 4  # parse + score; score_fn itself runs one call at a time
+
+
+class _Refused(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+
+
+@dataclass(frozen=True)
+class Batch:
+    """A parsed request: one prompt, response and label per sample; ``queries`` when the client sent them."""
+
+    prompts: list[str]
+    responses: list[str]
+    labels: list[str | None]
+    queries: list[str] | None = None
+
+
+def _strings(data: dict, key: str) -> list[str]:
+    value = data.get(key)
+    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+        raise _Refused(400, f"'{key}' must be a list of strings, got {json.dumps(value)[:100]}")
+    return value
+
+
+def parse_batch(body: bytes, max_batch: int) -> Batch:
+    """The :class:`Batch` in a request body (either dialect), or :class:`_Refused` with 400/413 and the reason."""
+    try:
+        data = json.loads(body)
+    except (ValueError, RecursionError) as e:  # RecursionError: nesting deeper than the parser's stack
+        raise _Refused(400, f"request body is not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
+    if not isinstance(data, dict):
+        kind = type(data).__name__
+        raise _Refused(400, f"request body must be a JSON object with 'prompts' and 'responses' (or OpenRLHF's "
+                            f"'query'), got a {kind}")
+    queries = None
+    if "responses" in data or "query" not in data:
+        prompts, responses = _strings(data, "prompts"), _strings(data, "responses")
+        if "query" in data:
+            queries = _strings(data, "query")
+    else:  # OpenRLHF: query = prompt + response; prompts since 2025, labels since 2025-02
+        queries = _strings(data, "query")
+        prompts = [""] * len(queries) if data.get("prompts") is None else _strings(data, "prompts")
+        if len(prompts) != len(queries):
+            raise _Refused(400, f"{len(queries)} queries and {len(prompts)} prompts; send one prompt per query")
+        responses = [q[len(p):] if q.startswith(p) else q for q, p in zip(queries, prompts, strict=True)]
+    labels = data.get("labels")
+    if labels is None:
+        labels = [None] * len(prompts)
+    elif not isinstance(labels, list) or not all(x is None or isinstance(x, (str, int, float)) for x in labels):
+        raise _Refused(400, f"'labels' must be null or a list of strings/numbers/nulls, got {json.dumps(labels)[:100]}")
+    labels = [x if x is None or isinstance(x, str) else str(x) for x in labels]  # a numeric answer as text
+    if not len(prompts) == len(responses) == len(labels) or (queries is not None and len(queries) != len(prompts)):
+        n_q = "" if queries is None else f", {len(queries)} queries"
+        raise _Refused(
+            400, f"{len(prompts)} prompts, {len(responses)} responses, {len(labels)} labels{n_q}; send one per sample"
+        )
+    if len(prompts) > max_batch:
+        raise _Refused(413, f"batch of {len(prompts)} samples exceeds the server's max_batch={max_batch}; split it")
+    return Batch(prompts, responses, labels, queries)
+
+
+def _takes_queries(fn: Callable) -> bool:
+    try:
+        return "queries" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+
+
+@dataclass
+class _Head:
+    method: str
+    path: str
+    headers: dict[str, list[str]]
+
+    def get(self, name: str) -> str | None:
+        values = self.headers.get(name)
+        return values[0] if values else None
+
+
+def _parse_head(raw: bytes) -> _Head:
+    lines = raw.decode("latin-1").split("\r\n")
+    while lines and not lines[0]:  # stray CRLFs before the request line are allowed (RFC 9112 2.2)
+        lines.pop(0)
+    parts = lines[0].split(" ") if lines else []
+    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1].startswith("/"):
+        raise _Refused(400, f"malformed request line {lines[0][:100] if lines else ''!r}; expected "
+                            "'METHOD /path HTTP/1.1'")
+    fields = [x for x in lines[1:] if x]
+    if len(fields) > _MAX_HEADERS:
+        raise _Refused(431, f"{len(fields)} header lines; at most {_MAX_HEADERS}")
+    headers: dict[str, list[str]] = {}
+    for line in fields:
+        name, sep, value = line.partition(":")
+        if not sep or not name or name != name.strip():
+            raise _Refused(400, f"malformed header line {line[:100]!r}")
+        headers.setdefault(name.lower(), []).append(value.strip())
+    return _Head(parts[0], parts[1].split("?", 1)[0], headers)
+
+
+class RewardServer:
+    """Serve ``score_fn`` over HTTP (see the module docstring).
+
+    ``port=0`` picks a free port; :attr:`url` says which, once started. Use as a context
+    manager, or call :meth:`start` and :meth:`stop`. :attr:`counts` counts replies by
+    status (503s included) for logs and tests.
+    """
+
+    def __init__(
+        self,
+        score_fn: ScoreFn,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        *,
+        token: str | None = None,
+        allow_no_token: bool = False,
+        max_request_bytes: int = 16 << 20,
+        max_batch: int = 4096,
+        request_timeout_s: float = 30.0,
+        max_connections: int = 64,
+        max_header_bytes: int = 16 << 10,
+    ) -> None:
+        if not callable(score_fn):
+            raise TypeError(f"score_fn must be callable (prompts, responses, labels) -> list[float], got {score_fn!r}")
+        if not token and not allow_no_token:
+            raise ValueError(
+                "RewardServer needs a token= (clients send it as 'Authorization: Bearer <token>'); pass "
+                "allow_no_token=True only for a server nobody else can reach (OpenRLHF's client sends no token)"
+            )
+        for name, value in (("max_request_bytes", max_request_bytes), ("max_batch", max_batch),
+                            ("max_connections", max_connections), ("max_header_bytes", max_header_bytes)):
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if not request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be > 0 seconds, got {request_timeout_s!r}")
+        self.score_fn = score_fn
+        self.host, self.port = host, port
+        self.token = token or None
+        self.max_request_bytes = max_request_bytes
+        self.max_batch = max_batch
+        self.request_timeout_s = float(request_timeout_s)
+        self.max_connections = max_connections
+        self.max_header_bytes = max_header_bytes
+        self.counts: collections.Counter[int] = collections.Counter()
+        self._pass_queries = _takes_queries(score_fn)
+        self._score_lock = threading.Lock()
+        self._active = 0
+        self._sock: socket.socket | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._thread: threading.Thread | None = None
+        self._pool: ThreadPoolExecutor | None = None
+
+    # ----- lifetime --------------------------------------------------------------------------
+
+    @property
+    def url(self) -> str:
+        if self._sock is None:
+            raise RuntimeError("RewardServer.url is known once the server is started; call start() first")
+        host, port = self._sock.getsockname()[:2]
+        if host in ("0.0.0.0", "::", ""):
+            host = "127.0.0.1"
+        return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+    def start(self) -> RewardServer:
+        if self._sock is not None:
+            raise RuntimeError(f"RewardServer is already serving at {self.url}")
+        try:
+            sock = socket.create_server((self.host, self.port), backlog=max(128, 2 * self.max_connections))
+        except OSError as e:
+            raise OSError(f"RewardServer cannot listen on {self.host}:{self.port} ({e}); pick another port or 0") from e
+        self._sock = sock
+        self._pool = ThreadPoolExecutor(_WORKER_THREADS, thread_name_prefix="rl-reward-work")
+        self._loop = asyncio.new_event_loop()
+        ready = threading.Event()
+        failed: list[BaseException] = []
+        self._thread = threading.Thread(target=self._run, args=(ready, failed), name="rl-reward-server", daemon=True)
+        self._thread.start()
+        ready.wait()
+        if failed:
+            self.stop()
+            raise failed[0]
+        logger.info("reward server listening at %s (max_connections=%d, request_timeout_s=%s, token %s)", self.url,
+                    self.max_connections, self.request_timeout_s, "required" if self.token else "NOT required")
+        return self
+
+    def _run(self, ready: threading.Event, failed: list[BaseException]) -> None:
+        loop = self._loop
+        assert loop is not None
+        asyncio.set_event_loop(loop)
+        try:
+            server = loop.run_until_complete(
+                asyncio.start_server(self._connection, sock=self._sock, limit=self.max_header_bytes))
+        except BaseException as e:  # noqa: BLE001 - reported by start()
+            failed.append(e)
+            ready.set()
+            return
+        ready.set()
+        try:
+            loop.run_forever()
+        finally:
+            server.close()
+            tasks = asyncio.all_tasks(loop)
+            for t in tasks:
+                t.cancel()
+            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
+            loop.close()
+
+    def stop(self) -> None:
+        """Stop serving and free the port (idempotent). Calls still in ``score_fn`` are not waited for."""
+        if self._loop is not None and self._thread is not None and self._thread.is_alive():
+            self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._sock is not None:
+            self._sock.close()
+        self._sock = self._loop = self._thread = self._pool = None
+
+    def __enter__(self) -> RewardServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ----- one connection, one request -------------------------------------------------------
+
+    async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if self._active >= self.max_connections:
+            await self._send(writer, 503, {"error": f"server busy: {self.max_connections} connections in progress "
+                                                    "(max_connections); retry shortly"}, timeout=1.0,
+                             extra=("Retry-After: 1",))
+            writer.close()
+            return
+        self._active += 1
+        try:
+            reply = await self._request(reader, writer)
+            if reply is not None:
+                status, obj, unread = reply
+                await self._send(writer, status, obj, timeout=self.request_timeout_s)
+                if unread:
+                    await self._linger(reader, writer, unread)
+        except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, OSError):
+            pass  # the client went away or stopped reading its reply
+        except Exception:  # a bug here must not take the loop down: log it, answer 500 if we still can
+            logger.exception("reward server: request failed")
+            await self._send(writer, 500, {"error": "internal error in the reward server (logged)"}, timeout=1.0)
+        finally:
+            self._active -= 1
+            writer.close()
+
+    async def _request(self, reader, writer) -> tuple[int, dict, int] | None:
+        """``(status, body, unread body bytes)``; None when the client left before sending a request."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.request_timeout_s
+        late = (408, {"error": f"request not received in full within request_timeout_s={self.request_timeout_s}"
+                               "; send it faster or in smaller batches"}, 0)
+        try:
+            raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.request_timeout_s)
+            head = _parse_head(raw)
+        except asyncio.TimeoutError:
+            return late
+        except asyncio.LimitOverrunError:
+            return 431, {"error": f"request headers exceed max_header_bytes={self.max_header_bytes}"}, 0
+        except asyncio.IncompleteReadError as e:
+            return None if not e.partial.strip() else (400, {"error": "connection closed mid-headers"}, 0)
+        except _Refused as e:
+            return e.status, {"error": str(e)}, 0
+        if head.method in ("GET", "HEAD") and head.path == "/health":
+            return 200, {"status": "ok"}, 0
+        if head.method != "POST":
+            return 405, {"error": f"{head.method} {head.path}: use POST {' or '.join(SCORE_PATHS)}, "
+                                  "or GET /health"}, 0
+        if head.get("transfer-encoding") is not None:
+            return 411, {"error": "chunked bodies are not accepted; send a Content-Length header"}, 0
+        lengths = set(head.headers.get("content-length", []))
+        if len(lengths) != 1 or not next(iter(lengths)).isdigit():
+            return 411, {"error": f"send one Content-Length header (an integer >= 0), got {sorted(lengths)}"}, 0
+        length = int(next(iter(lengths)))
+        if self.token is not None:
+            sent = (head.get("authorization") or "").encode()
+            if not hmac.compare_digest(sent, f"Bearer {self.token}".encode()):
+                return 401, {"error": "missing or wrong token; send 'Authorization: Bearer <token>'"}, length
+        if head.path not in SCORE_PATHS:
+            return 404, {"error": f"no such path {head.path!r}; POST {' or '.join(SCORE_PATHS)}"}, length
+        if length > self.max_request_bytes:
+            return 413, {"error": f"request body of {length} bytes exceeds max_request_bytes="
+                                  f"{self.max_request_bytes}; send smaller batches"}, length
+        if (head.get("expect") or "").lower() == "100-continue":
+            writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        try:
+            body = await asyncio.wait_for(reader.readexactly(length), max(0.0, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            return late
+        status, obj = await loop.run_in_executor(self._pool, self._score, body)
+        return status, obj, 0
+
+    def _score(self, body: bytes) -> tuple[int, dict]:
+        """Parse and score one body (on the worker pool)."""
+        try:
+            batch = parse_batch(body, self.max_batch)
+        except _Refused as e:
+            return e.status, {"error": str(e)}
+        extra = {"queries": batch.queries} if self._pass_queries and batch.queries is not None else {}
+        try:
+            with self._score_lock:
+                value = self.score_fn(batch.prompts, batch.responses, batch.labels, **extra)
+            record = record_from(value, len(batch.prompts), "score_fn")
+        except Exception as e:
+            logger.exception("reward server: score_fn failed on a batch of %d", len(batch.prompts))
+            return 500, {"error": f"score_fn failed: {type(e).__name__}: {e}"}
+        return 200, record.as_json()
+
+    async def _send(self, writer, status: int, obj: dict, *, timeout: float, extra: tuple[str, ...] = ()) -> None:
+        self.counts[status] += 1
+        body = json.dumps(obj).encode()
+        lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", "Server: rl-reward",
+                 "Content-Type: application/json", f"Content-Length: {len(body)}", "Connection: close", *extra]
+        if status == 401:
+            lines.append("WWW-Authenticate: Bearer")
+        try:
+            writer.write(("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body)
+            await asyncio.wait_for(writer.drain(), timeout)
+        except (ConnectionError, asyncio.TimeoutError, OSError):
+            pass
+        logger.debug("reward server: %d %s", status, obj.get("error", ""))
+
+    async def _linger(self, reader, writer, unread: int) -> None:
+        """Drop a refused body (up to 64 MiB, within the deadline) so the client reads the reply, not a reset."""
+        if unread > _DRAIN_LIMIT:
+            return
+        try:
+            writer.write_eof()
+        except (OSError, RuntimeError):
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self.request_timeout_s
+        while unread > 0 and loop.time() < deadline:
+            chunk = await asyncio.wait_for(reader.read(min(unread, 1 << 16)), deadline - loop.time())
+            if not chunk:
+                return
+            unread -= len(chunk)
+
+
+@dataclass(frozen=True)
+class RewardServerConfig:
+    """How ``rl serve-rm`` listens (the :class:`RewardServer` arguments); :meth:`make` builds the server."""
+
+    host: str = field(default="127.0.0.1", metadata=meta(
+        "address to listen on (0.0.0.0: every interface, OpenRLHF's default: then anyone who reaches the "
+        "machine reaches the server)"))
+    port: int = field(default=5000, metadata=meta("port to listen on (0: any free one; OpenRLHF's default is 5000)"))
+    token: str | None = field(default=None, metadata=meta(
+        f"bearer token every request must carry (default: env {TOKEN_ENV}; prefer the variable, a flag shows "
+        "in ps)"))
+    allow_no_token: bool = field(default=False, metadata=meta(
+        "serve without a token, for OpenRLHF's client (it sends none); only on a network nobody else can reach"))
+    max_request_bytes: int = field(default=16 << 20, metadata=meta("largest request body; larger ones get 413"))
+    max_batch: int = field(default=4096, metadata=meta("most samples in one request; more get 413"))
+    request_timeout_s: float = field(default=30.0, metadata=meta(
+        "seconds from a connection's start to its request's last byte; slower ones get 408"))
+    max_connections: int = field(default=64, metadata=meta(
+        "connections served at once (each may hold a request of up to --max_request_bytes); more get 503"))
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"port must be 0..65535, got {self.port}")
+        for name in ("max_request_bytes", "max_batch", "max_connections"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if not self.request_timeout_s > 0:
+            raise ValueError(f"request_timeout_s must be > 0 seconds, got {self.request_timeout_s}")
+
+    def resolved_token(self) -> str | None:
+        """The token the server will require: ``--token``, else ``$RL_REWARD_TOKEN``; None with
+        ``--allow_no_token``. ValueError with the fix when there is none, or both a flag and ``--allow_no_token``."""
+        if self.allow_no_token:
+            if self.token:
+                raise ValueError("--token and --allow_no_token contradict each other: drop one (OpenRLHF's client "
+                                 "sends no token, so it needs --allow_no_token)")
+            return None
+        token = self.token or os.environ.get(TOKEN_ENV) or None
+        if token is None:
+            raise ValueError(
+                f"the reward server needs a token: export {TOKEN_ENV}=<secret> (or --token; a flag shows in ps) and "
+                f"give clients the same ({TOKEN_ENV} or --remote_rm_token), or pass --allow_no_token to serve "
+                "OpenRLHF's client, which sends none, on a network nobody else can reach"
+            )
+        return token
+
+    def make(self, score_fn: ScoreFn) -> RewardServer:
+        """A :class:`RewardServer` (not started) for ``score_fn`` with these settings."""
+        token = self.resolved_token()
+        return RewardServer(score_fn, self.host, self.port, token=token, allow_no_token=token is None,
+                            max_request_bytes=self.max_request_bytes, max_batch=self.max_batch,
+                            request_timeout_s=self.request_timeout_s, max_connections=self.max_connections)
