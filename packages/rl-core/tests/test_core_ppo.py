@@ -170,6 +170,8 @@ def test_resume_continues_onto_the_uninterrupted_run(setup, tmp_path):
     for k in ("reward_mean", "kl", "critic_loss", "policy_loss"):
         for it in (2, 3):
             assert h[it][k] == pytest.approx(full[it][k], abs=1e-5), (k, it, h[it][k], full[it][k])
+    with pytest.raises(ValueError, match=r"already holds checkpoints of a run \(iter_00000002\).*--load_checkpoint"):
+        make(setup, tmp_path / "c", **kw, ckpt_path=str(tmp_path / "ck"), save_steps=1)  # would mix two runs
 
 
 def test_bad_settings_fail_before_training_with_the_fix(setup, tmp_path):
