@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_cli import demo, ppo, train
+from rl_cli import demo, ppo, serve_rm, train
 from rl_cli.config import build_parser
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -36,6 +36,7 @@ def rl_flags() -> set[str]:
         known |= set(build_parser("rl", "", ppo._groups(ray))[0].known)
     for cmd in train.COMMANDS.values():
         known |= set(build_parser("rl", "", train._groups(cmd))[0].known)
+    known |= set(build_parser("rl serve-rm", "", serve_rm._groups())[0].known)
     for action in demo.arg_parser()._actions:
         known |= set(action.option_strings)
     return known

@@ -4,8 +4,9 @@
 ``rl ppo-ray`` (the PPO-family RL loop in one process or over Ray, :mod:`rl_cli.ppo`),
 each with ``--help``; ``rl demo`` (GRPO on a tiny model, :mod:`rl_cli.demo`);
 ``rl --version`` (every package's version) and ``rl doctor`` (what this machine can
-run: torch device, DeepSpeed, Ray, vLLM, flash-attn). serve-rm is still to come;
-asking for a command that does not exist fails with the list of those that do.
+run: torch device, DeepSpeed, Ray, vLLM, flash-attn), ``rl serve-rm`` (a reward server for
+``rl ppo --remote_rm_url`` and OpenRLHF's client, :mod:`rl_cli.serve_rm`). Asking for a
+command that does not exist fails with the list of those that do.
 """
 
 from __future__ import annotations
@@ -54,11 +55,17 @@ def main(argv: list[str] | None = None) -> int:
         from rl_cli.demo import main as demo
 
         return demo(argv[1:])
+    if argv and argv[0] == "serve-rm":
+        from rl_cli.serve_rm import main as serve_rm
+
+        return serve_rm(argv[1:])
     parser = argparse.ArgumentParser(prog="rl", description="RL for LLMs: SFT, RM, DPO, KTO, PPO/GRPO")
     parser.add_argument("--version", action="store_true", help="print every package's version")
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("doctor", help="what this machine can run")
     sub.add_parser("demo", help="GRPO on a tiny model and a synthetic task, CPU, minutes (rl demo --help)")
+    sub.add_parser("serve-rm", help="serve a reward model or reward functions over HTTP, to rl ppo and OpenRLHF's "
+                                    "client (rl serve-rm --help for its flags)")
     for name, cmd in COMMANDS.items():
         sub.add_parser(name, help=f"{cmd.help} (rl {name} --help for its flags)")
     for name, (_, text) in RL_COMMANDS.items():

@@ -12,6 +12,10 @@ in-process (:class:`~rl_core.rl.groups.LocalGroup`, ``rl ppo``) or Ray actors
    whose mean reward is outside ``dynamic_filtering_reward_range`` or that have no
    variance, and samples new prompts (at most ``dynamic_filtering_max_rounds``
    rounds; short of that, dropped groups fill the batch and the count is logged).
+   A scorer with ``last_record()`` (OpenRLHF reward files and servers, whose
+   ``reward_func`` may return ``{"rewards", "scores", "extra_logs"}``) may report scores
+   of its own: they drive the filter instead of the rewards, as in OpenRLHF (when it is
+   the only reward); its extra logs are averaged into ``reward_extra/NAME``.
 3. Experience: old logprobs (policy), reference logprobs, critic values; the
    groups on different GPUs compute at the same time.
 4. Advantages (rl-algos): KL to the reference as a per-token reward penalty
@@ -141,6 +145,7 @@ class PPOTrainer:
     def _rewards(self, prompts: list[dict], samples, items: list[dict]) -> tuple[torch.Tensor, dict]:
         n = self.cfg.n_samples_per_prompt
         parts, info = [], {}
+        self._filter_scores = None  # the scorer's own scores for dynamic filtering, when it reports them
         if self.reward_fn is not None:
             ps = [prompts[i // n]["prompt"] for i in range(len(samples))]
             labels = [prompts[i // n].get("label") for i in range(len(samples))]
@@ -151,6 +156,11 @@ class PPOTrainer:
                 r = [float(self.reward_fn(p, t, y)) for p, t, y in zip(ps, texts, labels, strict=True)]
             parts.append(torch.tensor(r, dtype=torch.float32))
             info["reward_fn_mean"] = parts[-1].mean().item()
+            record = self.reward_fn.last_record() if callable(getattr(self.reward_fn, "last_record", None)) else None
+            if record is not None:
+                info.update({f"reward_extra/{k}": v for k, v in record.log_means().items()})
+                if record.scores is not None and self.reward_model is None:
+                    self._filter_scores = torch.tensor(record.scores, dtype=torch.float32)
         if self.reward_model is not None:
             parts.append(torch.tensor(self.reward_model.call_sharded("score", items), dtype=torch.float32))
             info["reward_model_mean"] = parts[-1].mean().item()
@@ -195,7 +205,8 @@ class PPOTrainer:
             if not c.dynamic_filtering:
                 kept = groups
                 break
-            keep = filter_groups(scores, n, mean_range=tuple(c.dynamic_filtering_reward_range)).keep_groups.tolist()
+            by = scores if self._filter_scores is None else self._filter_scores
+            keep = filter_groups(by, n, mean_range=tuple(c.dynamic_filtering_reward_range)).keep_groups.tolist()
             kept += [g for g, k in zip(groups, keep, strict=True) if k]
             dropped += [g for g, k in zip(groups, keep, strict=True) if not k]
             if len(kept) >= want:
