@@ -212,7 +212,8 @@ def test_inprocess_fallback_counts_and_warning(reward_file, caplog):
     assert [r.status for r in results] == ["ok", "error", "error", "ok"]
     assert "ValueError: boom from the reward file" in results[1].error
     assert "returned str 'not a number'" in results[2].error
-    assert runner.metrics() == {"reward/ok": 2, "reward/errors": 2, "reward/timeouts": 0}
+    assert runner.metrics() == {"reward/ok": 2, "reward/failures": 2, "reward/errors": 2, "reward/timeouts": 0,
+                                "reward/nonfinite": 0}
     assert f"{reward_file}:reward failed on sample 1: ValueError: boom" in caplog.text
     assert runner("p", "z", "z") == 1.0
 
@@ -225,12 +226,12 @@ def test_inprocess_accepts_scalar_tensors_and_rejects_nan():
 
     runner = RewardRunner(tensor_reward, fallback=0.0)
     results = runner.run(["p", "p"], ["t", "n"])
-    assert results[0].reward == 0.25 and results[1].status == "error" and "returned NaN" in results[1].error
+    assert results[0].reward == 0.25 and results[1].status == "nonfinite" and "returned nan" in results[1].error
 
 
-def test_inprocess_refuses_timeout_and_raise_mode(reward_file):
-    with pytest.raises(ValueError, match="cannot be enforced in-process"):
-        RewardRunner(f"{reward_file}:reward", timeout_s=1.0)
+def test_inprocess_refuses_no_timeout_and_raise_mode(reward_file):
+    with pytest.raises(ValueError, match="must be a finite number of seconds > 0, got None: every reward call"):
+        RewardRunner(f"{reward_file}:reward", timeout_s=None)
     runner = RewardRunner(f"{reward_file}:reward", on_error="raise")
     with pytest.raises(RewardError, match=f"reward function {reward_file}:reward failed on sample 0: ValueError"):
         runner.score(["p"], ["raise"], ["a"])
@@ -278,7 +279,8 @@ def test_pool_raise_mode_names_the_function_and_recovers(reward_file):
         with pytest.raises(RewardTimeoutError, match=f"reward function {spec} timed out on sample 0"):
             runner.score(["p"], ["hang"], ["a"])
         assert runner.score(["p", "p"], ["a", "b"], ["a", "a"]) == [1.0, 0.0]
-        assert runner.metrics() == {"reward/ok": 3, "reward/errors": 1, "reward/timeouts": 1}
+        assert runner.metrics() == {"reward/ok": 3, "reward/failures": 2, "reward/errors": 1, "reward/timeouts": 1,
+                                    "reward/nonfinite": 0}
 
 
 def test_pool_builtin_spec_and_setup_errors(reward_file):
@@ -288,8 +290,8 @@ def test_pool_builtin_spec_and_setup_errors(reward_file):
         RewardRunner("/nonexistent/r.py:f", workers=1, timeout_s=1.0)
     with pytest.raises(RewardLoadError, match="cannot send reward function .*pass a 'path/to/file.py:func'"):
         RewardRunner(lambda prompt, response, label, **info: 1.0, workers=1, timeout_s=1.0)
-    with pytest.raises(ValueError, match="needs a timeout_s > 0"):
-        RewardRunner(f"{reward_file}:reward", workers=1)
+    with pytest.raises(ValueError, match="timeout_s must be a finite number of seconds > 0, got inf"):
+        RewardRunner(f"{reward_file}:reward", workers=1, timeout_s=float("inf"))
     closed = RewardRunner("builtin:exact_match", workers=1, timeout_s=1.0)
     closed.close()
     with pytest.raises(RuntimeError, match="is closed"):

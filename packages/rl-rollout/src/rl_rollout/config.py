@@ -190,21 +190,38 @@ class RewardConfig:
         openrlhf=("reward.remote_url",)))
     remote_rm_token: str | None = field(default=None, metadata=meta(
         "bearer token for --remote_rm_url (default: env RL_REWARD_TOKEN)"))
-    reward_workers: int = field(default=0, metadata=meta("processes scoring --reward_fn (0: in this process)"))
-    reward_timeout: float | None = field(default=30.0, metadata=meta(
-        "seconds per call before the fallback (enforced with --reward_workers > 0)"))
+    reward_workers: int = field(default=0, metadata=meta(
+        "processes scoring --reward_fn; a call past --reward_timeout is killed with its process (0: threads of "
+        "this process, where such a call is abandoned but runs on until it returns)"))
+    reward_timeout: float = field(default=30.0, metadata=meta(
+        "seconds a --reward_fn call may take, with or without --reward_workers; a call past it gets "
+        "--reward_fallback and counts as a timeout (a call still running after a quarter of it lets the next "
+        "sample start: hanging samples cost about one timeout per batch, not one each). Also bounds each "
+        "batch call of a --remote_rm_url .py file"))
     reward_fallback: float = field(default=0.0, metadata=meta(
-        "reward of a call that raised or timed out (counted by the runner)"))
+        "reward of a call that failed (raised, timed out, returned a non-number, NaN or inf); failures are "
+        "counted per iteration (rl/reward/failures in metrics.jsonl) and stop the run above "
+        "--reward_max_failure_rate"))
 
     def __post_init__(self) -> None:
         if self.reward_workers < 0:
             raise ValueError(f"reward_workers must be >= 0, got {self.reward_workers}")
-        if self.reward_timeout is not None and self.reward_timeout <= 0:
-            raise ValueError(f"reward_timeout must be > 0 seconds (or none), got {self.reward_timeout}")
+        if not 0 < self.reward_timeout < float("inf"):
+            raise ValueError(f"reward_timeout must be a finite number of seconds > 0, got {self.reward_timeout}: "
+                             "every reward call is bounded; pass a large one (e.g. 3600) for slow functions")
 
     @property
     def given(self) -> bool:
         return bool(self.reward_fn or self.remote_rm_url)
+
+    def check(self, *, label_key: str | None) -> None:
+        """What can be refused before anything loads, given the dataset's ``label_key``; ValueError with the fix."""
+        from rl_rollout.rewards.verifiers import needs_label
+
+        if self.reward_fn and not label_key and needs_label(self.reward_fn):
+            raise ValueError(f"--reward_fn {self.reward_fn} compares each response with the dataset's reference "
+                             "answer, but no --label_key is set: pass --label_key FIELD (the field of each row "
+                             "that holds the answer)")
 
     def build(self):
         """One scorer with ``score(prompts, responses, labels)`` (summed when several), or None."""
@@ -214,8 +231,7 @@ class RewardConfig:
 
         fns = []
         if self.reward_fn:
-            fns.append(RewardRunner(self.reward_fn, workers=self.reward_workers,
-                                    timeout_s=self.reward_timeout if self.reward_workers else None,
+            fns.append(RewardRunner(self.reward_fn, workers=self.reward_workers, timeout_s=self.reward_timeout,
                                     fallback=self.reward_fallback))
         if self.remote_rm_url:
             fns.append(scorer_for_remote_rm_url(self.remote_rm_url, timeout_s=self.reward_timeout,
@@ -226,7 +242,8 @@ class RewardConfig:
 
 
 class SummedRewards:
-    """Several scorers as one: the per-sample sum; ``close`` closes each."""
+    """Several scorers as one: the per-sample sum; ``close`` closes each. ``counts`` and ``last_counts`` sum
+    those of the parts that count their failures (``rl_rollout.rewards.RewardCounts``)."""
 
     def __init__(self, fns):
         self.fns = list(fns)
@@ -234,6 +251,29 @@ class SummedRewards:
     def score(self, prompts, responses, labels):
         parts = [f.score(prompts, responses, labels) for f in self.fns]
         return [sum(x) for x in zip(*parts, strict=True)]
+
+    def _sum(self, attr: str):
+        from rl_rollout.rewards.runner import RewardCounts
+
+        total = RewardCounts()
+        for f in self.fns:
+            part = getattr(f, attr, None)
+            if isinstance(part, RewardCounts):
+                total = total + part
+        return total
+
+    @property
+    def counts(self):
+        """Every counting part's calls so far, summed."""
+        return self._sum("counts")
+
+    @property
+    def last_counts(self):
+        """Every counting part's latest batch, summed (each sample counts once per part)."""
+        return self._sum("last_counts")
+
+    def metrics(self, prefix: str = "reward/") -> dict[str, int]:
+        return self.counts.metrics(prefix)
 
     def close(self) -> None:
         for f in self.fns:

@@ -5,9 +5,10 @@
   for callables, ``path/to/file.py:func``, ``module:func`` and ``builtin:NAME``.
 - :mod:`~rl_rollout.rewards.verifiers`: exact match, ``\\boxed{}``/numeric math
   answer, regex format check.
-- :mod:`~rl_rollout.rewards.runner`: :class:`RewardRunner`, a process pool with
-  per-call timeouts (or in-process), failures turned into a fallback reward
-  and counted.
+- :mod:`~rl_rollout.rewards.runner`: :class:`RewardRunner`, every call bounded by
+  a timeout, in worker processes or on threads of this process, hanging samples
+  in parallel; failures (errors, timeouts, non-finite values) turned into a
+  fallback reward and counted (:class:`RewardCounts`).
 - :mod:`~rl_rollout.rewards.remote`: :class:`RemoteRewardClient`, batches over
   HTTP with a bearer token, in our format and OpenRLHF's at once.
 - :mod:`~rl_rollout.rewards.server`: :class:`RewardServer`, hardened against slow,

@@ -1,32 +1,54 @@
-"""Score batches with a reward function without letting it crash or hang the trainer.
+"""Score batches with a reward function without letting it crash, hang or stall the trainer.
 
 :class:`RewardRunner` calls one reward function (see
 :mod:`rl_rollout.rewards.loading` for the signature and spec strings) on every
-sample of a batch, in one of two modes:
+sample of a batch. Every call is bounded by ``timeout_s`` (default 30 s), in
+either mode:
 
-- ``workers >= 1``: a pool of worker processes, one sample in flight per
-  worker, each call bounded by ``timeout_s``. A worker that runs past it is
-  killed and replaced (a running Python call cannot be cancelled any other
-  way), so a hanging function costs ``timeout_s`` and one worker restart, never
-  the pool. Workers load the spec themselves, so ``path/to/file.py:func``
-  specs work; a callable must be picklable by reference (a module-level
-  function of an importable module). The default start method is
-  ``forkserver`` with this module preloaded: the server imports torch once
-  and workers fork from it in milliseconds, without inheriting the trainer's
-  threads as ``fork`` would (this sets the process-wide forkserver preload
-  list). As with any spawn/forkserver pool, workers re-import the main script,
-  so it needs an ``if __name__ == "__main__":`` guard; ``info`` values must be
-  picklable. Workers are daemonic (they may not start ``multiprocessing``
-  children of their own; ``subprocess`` is fine, but a killed worker's own
-  children are not killed with it).
-- ``workers == 0``: in the calling thread, for cheap functions. Exceptions are
-  handled the same way; timeouts cannot be enforced (a Python call cannot be
-  interrupted safely in its own thread), so asking for one is an error.
+- ``workers >= 1``: worker processes, one call in flight per process. A worker
+  whose call runs past ``timeout_s`` is killed (a running Python call cannot be
+  cancelled any other way), so a hanging function costs its timeout and one
+  worker restart, never the pool. Workers load the spec themselves, so
+  ``path/to/file.py:func`` specs work; a callable must be picklable by
+  reference (a module-level function of an importable module). The default
+  start method is ``forkserver`` with this module preloaded: the server
+  imports torch once and workers fork from it in milliseconds, without
+  inheriting the trainer's threads as ``fork`` would (this sets the
+  process-wide forkserver preload list). As with any spawn/forkserver pool,
+  workers re-import the main script, so it needs an ``if __name__ ==
+  "__main__":`` guard; ``info`` values must be picklable. Workers are daemonic
+  (they may not start ``multiprocessing`` children of their own;
+  ``subprocess`` is fine, but a killed worker's own children are not killed
+  with it).
+- ``workers == 0``: in this process, each call on a daemon thread. A call past
+  ``timeout_s`` is *abandoned*, not stopped: it is counted as a timeout and
+  gets the fallback at once, but its thread runs on until the function returns
+  (Python cannot stop a thread), holding whatever memory and CPU it uses; each
+  one is logged as a warning and :attr:`RewardRunner.abandoned_threads` counts
+  those still running. Use ``workers >= 1`` for functions that can hang for good.
 
-A call that raises, returns a non-number or NaN, kills its worker, or times out
-gets ``fallback`` as its reward, is counted (:meth:`RewardRunner.metrics`) and
-is logged as a warning naming the function, the sample and the error (the
-first ``max_logged_failures`` failures; later ones are only counted). With
+Calls run in parallel across the samples of a batch, so a batch with several
+hanging samples costs about one timeout, not one per sample: ``workers``
+calls (one in-process) run at once while they are quick; a call still running
+after ``straggler_s`` (default ``timeout_s / 4``) is presumed stuck and stops
+holding its slot, so another worker (or thread) starts on the next sample, up to
+``max_in_flight`` calls at once (default 4 x ``max(workers, 1)``). The extra
+workers are stopped when the batch ends. In-process, the extra threads share one
+interpreter: a CPU-bound function gains nothing from them (the GIL), and if its
+calls normally take more than ``straggler_s``, raise ``timeout_s`` or use
+workers.
+
+A call fails when it raises (``error``), returns a non-number or its worker
+process dies (``error``), returns NaN or +-inf (``nonfinite``), or runs past
+``timeout_s`` (``timeout``). A failed call gets ``fallback`` as its reward, is
+logged as a warning naming the function, the sample and the error (the first
+``max_logged_failures``; later ones are only counted) and is counted:
+:attr:`RewardRunner.counts` over the runner's life, :attr:`RewardRunner.last_counts`
+for the latest batch (both :class:`RewardCounts`, whose ``first_failure`` is the
+message of the batch's first failing sample). A training loop reads
+``last_counts`` after each ``score`` to log failures per iteration and to stop a
+run whose calls mostly fail (rl-core's ``PPOTrainer`` does;
+:class:`~rl_rollout.config.SummedRewards` sums its parts' counts). With
 ``on_error="raise"`` the first failure raises :class:`RewardError` (or
 :class:`RewardTimeoutError`) after the pool is made whole again.
 """
@@ -37,6 +59,8 @@ import logging
 import math
 import multiprocessing
 import multiprocessing.connection
+import numbers
+import queue
 import signal
 import threading
 import time
@@ -52,7 +76,8 @@ from rl_rollout.rewards.loading import RewardLoadError, RewardSpec, as_reward, l
 
 logger = logging.getLogger(__name__)
 
-RewardStatus = Literal["ok", "error", "timeout"]
+RewardStatus = Literal["ok", "error", "timeout", "nonfinite"]
+_MAX_MESSAGE = 2000
 
 
 class OnError(str, Enum):
@@ -61,7 +86,8 @@ class OnError(str, Enum):
 
 
 class RewardError(RuntimeError):
-    """A reward call failed and ``on_error="raise"``; the message names the function, sample and error."""
+    """Reward calls failed (``on_error="raise"``, or more of them than a run tolerates); the message names the
+    function, the sample and the error."""
 
 
 class RewardTimeoutError(RewardError):
@@ -79,19 +105,66 @@ class RewardResult:
 
 @dataclass(frozen=True)
 class RewardCounts:
+    """Reward calls by outcome; ``first_failure`` is the message of the first failing sample (None when none).
+
+    The common interface of scorers that count their failures (``counts``, ``last_counts``): counts add up
+    (``a + b``, the first failure of ``a`` kept), and :meth:`metrics` flattens them for a metrics logger.
+    """
+
     ok: int = 0
-    errors: int = 0
+    errors: int = 0  # raised, returned a non-number, or the worker process died
     timeouts: int = 0
+    nonfinite: int = 0  # returned NaN or +-inf
+    first_failure: str | None = None
+
+    @property
+    def failures(self) -> int:
+        return self.errors + self.timeouts + self.nonfinite
+
+    @property
+    def calls(self) -> int:
+        return self.ok + self.failures
+
+    def __add__(self, other: RewardCounts) -> RewardCounts:
+        return RewardCounts(self.ok + other.ok, self.errors + other.errors, self.timeouts + other.timeouts,
+                            self.nonfinite + other.nonfinite, self.first_failure or other.first_failure)
+
+    def metrics(self, prefix: str = "reward/") -> dict[str, int]:
+        """``{"reward/ok": .., "reward/failures": .., "reward/errors": .., "reward/timeouts": ..,
+        "reward/nonfinite": ..}``."""
+        return {f"{prefix}ok": self.ok, f"{prefix}failures": self.failures, f"{prefix}errors": self.errors,
+                f"{prefix}timeouts": self.timeouts, f"{prefix}nonfinite": self.nonfinite}
 
 
 def _describe(e: BaseException) -> str:
     frames = traceback.extract_tb(e.__traceback__)
     where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    return f"{type(e).__name__}: {e}{where}"
+    text = str(e)
+    if len(text) > _MAX_MESSAGE:  # an exception can carry megabytes; logs and metrics need the start
+        text = text[:_MAX_MESSAGE] + f"... ({len(text)} characters)"
+    return f"{type(e).__name__}: {text}{where}"
+
+
+def _call(fn: Any, name: str, task: tuple) -> tuple:
+    """Run one task ``(index, prompt, response, label, info)``: ``(status, index, reward or error text)``."""
+    index, prompt, response, label, info = task
+    try:
+        value = fn(prompt, response, label, **info)
+        scalar = value.item() if getattr(value, "ndim", None) == 0 and hasattr(value, "item") else value
+        if isinstance(scalar, numbers.Real):
+            try:
+                finite = math.isfinite(float(scalar))
+            except OverflowError:  # an int too large for a float
+                finite = False
+            if not finite:
+                return ("nonfinite", index, f"returned {scalar!r:.80}; a reward must be a finite float")
+        return ("ok", index, as_reward(value, name))
+    except (Exception, SystemExit) as e:
+        return ("error", index, _describe(e))
 
 
 def _worker_main(spec: RewardSpec, conn: multiprocessing.connection.Connection) -> None:
-    """Worker loop: load the spec, say ready, then answer ``(index, prompt, response, label, info)`` tasks."""
+    """Worker process: load the spec, say ready, then answer tasks until None or the parent is gone."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it kills the workers
     try:
         fn = load_reward_fn(spec)
@@ -107,14 +180,21 @@ def _worker_main(spec: RewardSpec, conn: multiprocessing.connection.Connection) 
             return
         if task is None:
             return
-        index, prompt, response, label, info = task
-        try:
-            conn.send(("ok", index, as_reward(fn(prompt, response, label, **info), name)))
-        except Exception as e:
-            conn.send(("error", index, _describe(e)))
+        conn.send(_call(fn, name, task))
 
 
-class _Worker:
+def _thread_main(fn: Any, name: str, tasks: queue.SimpleQueue, conn: multiprocessing.connection.Connection) -> None:
+    """In-process lane: answer tasks until None; an abandoned lane ends when its call returns (its pipe is shut)."""
+    try:
+        while (task := tasks.get()) is not None:
+            conn.send(_call(fn, name, task))
+    except OSError:  # abandoned: the runner closed its end of the pipe
+        pass
+    finally:
+        conn.close()
+
+
+class _ProcessWorker:
     def __init__(self, ctx: Any, spec: RewardSpec) -> None:
         self.conn, child_conn = ctx.Pipe()
         self.proc = ctx.Process(target=_worker_main, args=(spec, child_conn), daemon=True, name="rl-reward-worker")
@@ -125,7 +205,10 @@ class _Worker:
         self.ready = False
         self.born = time.monotonic()
         self.task: int | None = None  # index of the sample in flight
-        self.deadline = math.inf
+        self.started = self.deadline = math.inf
+
+    def submit(self, task: tuple) -> None:
+        self.conn.send(task)
 
     def stop(self, grace_s: float = 0.0) -> None:
         if grace_s > 0 and self.proc.is_alive():
@@ -140,18 +223,63 @@ class _Worker:
         self.conn.close()
 
 
-def _stop_all(workers: list[_Worker]) -> None:
+class _ThreadWorker:
+    """One daemon thread calling ``fn``; results come back over a pipe so one ``wait`` watches threads too."""
+
+    def __init__(self, fn: Any, name: str) -> None:
+        self.conn, writer = multiprocessing.Pipe(duplex=False)
+        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
+        self.thread = threading.Thread(target=_thread_main, args=(fn, name, self._tasks, writer), daemon=True,
+                                       name="rl-reward-call")
+        self.thread.start()
+        self.ready = True
+        self.born = time.monotonic()
+        self.task: int | None = None
+        self.started = self.deadline = math.inf
+
+    def submit(self, task: tuple) -> None:
+        self._tasks.put(task)
+
+    def stop(self, grace_s: float = 0.0) -> None:
+        """Ask the thread to end; a call in progress is abandoned (it finishes, its result is dropped)."""
+        self._tasks.put(None)
+        self.conn.close()
+
+
+_Lane = _ProcessWorker | _ThreadWorker
+
+
+def _stop_all(workers: list[_Lane]) -> None:
     for w in workers:
         w.stop(grace_s=1.0)
     workers.clear()
 
 
+class _Tally:
+    """The current batch's outcomes; the first failure is the lowest sample index that failed."""
+
+    def __init__(self) -> None:
+        self.n = {"ok": 0, "error": 0, "timeout": 0, "nonfinite": 0}
+        self.first: tuple[int, str] | None = None
+
+    def add(self, index: int, status: RewardStatus, message: str | None = None) -> None:
+        self.n[status] += 1
+        if message is not None and (self.first is None or index < self.first[0]):
+            self.first = (index, message)
+
+    def counts(self) -> RewardCounts:
+        n = self.n
+        return RewardCounts(n["ok"], n["error"], n["timeout"], n["nonfinite"], self.first and self.first[1])
+
+
 class RewardRunner:
-    """Run reward function ``fn`` over batches: ``workers`` processes with ``timeout_s`` per call, or in-process.
+    """Run reward function ``fn`` over batches, every call bounded by ``timeout_s``: in ``workers`` processes,
+    or (``workers=0``) on daemon threads of this process.
 
     ``fn`` is a callable or a spec string (:func:`~rl_rollout.rewards.loading.load_reward_fn`).
     In pool mode the constructor waits until every worker has loaded ``fn``
     (at most ``startup_timeout_s``), so a bad spec fails here, not mid-training.
+    ``straggler_s`` and ``max_in_flight``: see the module docstring.
     """
 
     def __init__(
@@ -159,31 +287,33 @@ class RewardRunner:
         fn: RewardSpec,
         *,
         workers: int = 0,
-        timeout_s: float | None = None,
+        timeout_s: float = 30.0,
         fallback: float = 0.0,
         on_error: str = "fallback",
+        straggler_s: float | None = None,
+        max_in_flight: int | None = None,
         start_method: str = "forkserver",
         startup_timeout_s: float = 120.0,
         max_logged_failures: int = 20,
     ) -> None:
         if not isinstance(workers, int) or workers < 0:
-            raise ValueError(f"workers must be an int >= 0 (0 = in-process), got {workers!r}")
+            raise ValueError(f"workers must be an int >= 0 (0 = threads of this process), got {workers!r}")
         try:
             self.on_error = OnError(on_error)
         except ValueError:
             raise ValueError(f"on_error must be one of {[m.value for m in OnError]}, got {on_error!r}") from None
         if not math.isfinite(fallback):
             raise ValueError(f"fallback must be a finite float, got {fallback!r}")
-        if workers == 0 and timeout_s is not None:
-            raise ValueError(
-                f"timeout_s={timeout_s} cannot be enforced in-process (workers=0): a running Python call cannot "
-                "be interrupted safely in its own thread. Use workers >= 1 for timeouts, or timeout_s=None"
-            )
-        if workers > 0 and (timeout_s is None or not timeout_s > 0):
-            raise ValueError(
-                f"the process pool (workers={workers}) needs a timeout_s > 0 so a hanging function cannot block "
-                f"it, got {timeout_s!r}; pass e.g. timeout_s=30"
-            )
+        if not isinstance(timeout_s, numbers.Real) or not (0 < timeout_s < math.inf):
+            raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}: every reward "
+                             "call is bounded; pass a large one (e.g. 3600) for slow functions")
+        straggler_s = timeout_s / 4 if straggler_s is None else straggler_s
+        if not 0 < straggler_s <= timeout_s:
+            raise ValueError(f"straggler_s must be in (0, timeout_s={timeout_s}], got {straggler_s!r}")
+        slots = max(workers, 1)
+        max_in_flight = 4 * slots if max_in_flight is None else max_in_flight
+        if not isinstance(max_in_flight, int) or max_in_flight < slots:
+            raise ValueError(f"max_in_flight must be an int >= max(workers, 1) = {slots}, got {max_in_flight!r}")
         if start_method not in multiprocessing.get_all_start_methods():
             raise ValueError(
                 f"start_method {start_method!r} is not available here; choose one of "
@@ -192,16 +322,24 @@ class RewardRunner:
         self.spec = fn
         self.name = reward_fn_name(fn)
         self.workers = workers
-        self.timeout_s = timeout_s
+        self.timeout_s = float(timeout_s)
+        self.straggler_s = float(straggler_s)
+        self.slots, self.max_in_flight = slots, max_in_flight
         self.fallback = float(fallback)
         self.startup_timeout_s = startup_timeout_s
         self.max_logged_failures = max_logged_failures
-        self._counts = {"ok": 0, "error": 0, "timeout": 0}
+        self._total = RewardCounts()
+        self.last_counts = RewardCounts()  # of the latest batch
+        self._tally = _Tally()
+        self._logged = 0
+        self._abandoned: list[threading.Thread] = []
         self._lock = threading.Lock()
-        self._pool: list[_Worker] = []
+        self._closed = False
+        self._pool: list[_Lane] = []
         self._finalizer = weakref.finalize(self, _stop_all, self._pool)
         if workers == 0:
             self._fn = load_reward_fn(fn)
+            self._pool.append(self._new_worker())
             return
         self._ctx = multiprocessing.get_context(start_method)
         if start_method == "forkserver":
@@ -210,7 +348,7 @@ class RewardRunner:
             for _ in range(workers):
                 self._pool.append(self._new_worker())
             while not all(w.ready for w in self._pool):
-                self._poll([])
+                self._poll([], pending=False)
         except BaseException:
             self.close()
             raise
@@ -233,11 +371,14 @@ class RewardRunner:
                 raise ValueError(f"RewardRunner.run: {len(seq)} {what} for {n} prompts; pass one per prompt")
         tasks = list(zip(prompts, responses, labels, infos, strict=True))
         with self._lock:
-            if self.workers == 0:
-                return [self._run_inline(i, task) for i, task in enumerate(tasks)]
-            if not self._pool:
+            if self._closed:
                 raise RuntimeError(f"RewardRunner for {self.name} is closed; build a new one")
-            return self._run_pool(tasks)
+            self._tally = _Tally()
+            try:
+                return self._run_batch(tasks)
+            finally:
+                self.last_counts = self._tally.counts()
+                self._total = self._total + self.last_counts
 
     def score(
         self,
@@ -246,7 +387,7 @@ class RewardRunner:
         labels: Sequence[str | None] | None = None,
         infos: Sequence[dict[str, Any]] | None = None,
     ) -> list[float]:
-        """The rewards of :meth:`run`, fallbacks included."""
+        """The rewards of :meth:`run`, fallbacks included (:attr:`last_counts` says how many)."""
         return [r.reward for r in self.run(prompts, responses, labels, infos)]
 
     def __call__(self, prompt: str, response: str, label: str | None = None, **info: Any) -> float:
@@ -254,17 +395,22 @@ class RewardRunner:
 
     @property
     def counts(self) -> RewardCounts:
-        """Calls so far: ok, errors (raised, bad value, worker died) and timeouts."""
-        c = self._counts
-        return RewardCounts(ok=c["ok"], errors=c["error"], timeouts=c["timeout"])
+        """Calls so far, by outcome (``first_failure``: the first one of the runner's life)."""
+        return self._total
 
     def metrics(self, prefix: str = "reward/") -> dict[str, int]:
         """:attr:`counts` as a flat dict for a metrics logger, e.g. ``{"reward/errors": 1, ...}``."""
-        c = self.counts
-        return {f"{prefix}ok": c.ok, f"{prefix}errors": c.errors, f"{prefix}timeouts": c.timeouts}
+        return self._total.metrics(prefix)
+
+    @property
+    def abandoned_threads(self) -> int:
+        """In-process calls that timed out and still run on their threads."""
+        self._abandoned = [t for t in self._abandoned if t.is_alive()]
+        return len(self._abandoned)
 
     def close(self) -> None:
-        """Stop the workers (idempotent)."""
+        """Stop the workers (idempotent). Abandoned in-process calls run on until they return."""
+        self._closed = True
         self._finalizer()
 
     def __enter__(self) -> RewardRunner:
@@ -276,95 +422,121 @@ class RewardRunner:
     # -- internals ------------------------------------------------------------------------------
 
     def _failure(self, index: int, status: RewardStatus, message: str) -> RewardResult:
-        self._counts[status] += 1
-        failures = self._counts["error"] + self._counts["timeout"]
         what = "timed out" if status == "timeout" else "failed"
+        self._tally.add(index, status, f"reward function {self.name} {what} on sample {index}: {message}")
         if self.on_error is OnError.RAISE:
             cls = RewardTimeoutError if status == "timeout" else RewardError
             raise cls(f"reward function {self.name} {what} on sample {index}: {message}")
-        if failures <= self.max_logged_failures:
+        self._logged += 1
+        if self._logged <= self.max_logged_failures:
             logger.warning(
                 "reward function %s %s on sample %d: %s; using fallback reward %s",
                 self.name, what, index, message, self.fallback,
             )  # fmt: skip
-            if failures == self.max_logged_failures:
-                logger.warning("reward function %s: further failures are counted in metrics() only", self.name)
+            if self._logged == self.max_logged_failures:
+                logger.warning("reward function %s: further failures are counted only", self.name)
         return RewardResult(self.fallback, status, message)
 
-    def _run_inline(self, index: int, task: tuple) -> RewardResult:
-        prompt, response, label, info = task
+    def _new_worker(self) -> _Lane:
+        if self.workers == 0:
+            return _ThreadWorker(self._fn, self.name)
         try:
-            reward = as_reward(self._fn(prompt, response, label, **info), self.name)
-        except Exception as e:
-            return self._failure(index, "error", _describe(e))
-        self._counts["ok"] += 1
-        return RewardResult(reward, "ok")
-
-    def _new_worker(self) -> _Worker:
-        try:
-            return _Worker(self._ctx, self.spec)
+            return _ProcessWorker(self._ctx, self.spec)
         except Exception as e:  # pickling a lambda or a closure fails here
             raise RewardLoadError(
                 f"cannot send reward function {self.name} to a worker process ({type(e).__name__}: {e}); pass a "
                 "'path/to/file.py:func' or 'module:func' spec, a module-level function, or use workers=0"
             ) from e
 
-    def _replace(self, w: _Worker) -> None:
+    def _drop(self, w: _Lane) -> None:
+        """Take ``w`` out of the pool: a process is killed, a thread's call in progress abandoned."""
         w.stop()
-        self._pool[self._pool.index(w)] = self._new_worker()
+        self._pool.remove(w)
+        if isinstance(w, _ThreadWorker) and w.task is not None and w.thread.is_alive():
+            if not self._abandoned:
+                logger.warning(
+                    "reward function %s: a call past timeout_s=%s was abandoned; Python cannot stop a thread, so "
+                    "it runs on in this process, using its memory and CPU, until the function returns. Use "
+                    "workers >= 1 (--reward_workers) for functions that can hang: their processes are killed",
+                    self.name, self.timeout_s,
+                )  # fmt: skip
+            self._abandoned.append(w.thread)
 
-    def _run_pool(self, tasks: list[tuple]) -> list[RewardResult]:
+    def _run_batch(self, tasks: list[tuple]) -> list[RewardResult]:
         results: list[RewardResult | None] = [None] * len(tasks)
         pending = deque(range(len(tasks)))
         try:
             while pending or any(w.task is not None for w in self._pool):
-                for w in self._pool:
-                    if pending and w.ready and w.task is None:
-                        i = pending.popleft()
-                        try:
-                            w.conn.send((i, *tasks[i]))
-                        except OSError:  # the worker died while idle: requeue, replace it
-                            pending.appendleft(i)
-                            self._replace(w)
-                            continue
-                        w.task, w.deadline = i, time.monotonic() + self.timeout_s
-                self._poll(results)
+                self._dispatch(tasks, pending)
+                self._poll(results, pending=bool(pending))
         except BaseException:
-            for w in list(self._pool):  # leave no stale task behind in a worker
-                if w.task is not None:
-                    self._replace(w)
+            for w in [w for w in self._pool if w.task is not None]:  # leave no stale task behind
+                self._drop(w)
             raise
+        finally:
+            self._resize()
         return results  # type: ignore[return-value]  # every slot is filled when the loop ends
 
-    def _poll(self, results: list[RewardResult | None]) -> None:
-        """Wait for the next message or deadline, then handle results, deaths, timeouts and slow starts."""
+    def _dispatch(self, tasks: list[tuple], pending: deque) -> None:
+        """Hand pending samples to idle workers; start one more while fewer than ``slots`` calls are fresh."""
+        now = time.monotonic()
+        while pending:
+            idle = next((w for w in self._pool if w.ready and w.task is None), None)
+            if idle is None:
+                holding = sum(1 for w in self._pool
+                              if not w.ready or (w.task is not None and now - w.started < self.straggler_s))
+                if holding >= self.slots or len(self._pool) >= self.max_in_flight:
+                    return
+                self._pool.append(self._new_worker())
+                continue
+            i = pending.popleft()
+            try:
+                idle.submit((i, *tasks[i]))
+            except OSError:  # a worker process that died while idle: requeue the sample, drop the worker
+                pending.appendleft(i)
+                self._drop(idle)
+                continue
+            idle.task, idle.started, idle.deadline = i, now, now + self.timeout_s
+
+    def _poll(self, results: list[RewardResult | None], *, pending: bool) -> None:
+        """Wait for the next message, deadline or straggler mark; then handle results, deaths, timeouts."""
         waiting = [w for w in self._pool if w.task is not None or not w.ready]
         if not waiting:
             return
-        deadline = min((w.deadline if w.ready else w.born + self.startup_timeout_s) for w in waiting)
+        now = time.monotonic()
+        marks = []
+        for w in waiting:
+            if not w.ready:
+                marks.append(w.born + self.startup_timeout_s)
+                continue
+            marks.append(w.deadline)
+            if pending and now - w.started < self.straggler_s:  # then another worker may start
+                marks.append(w.started + self.straggler_s)
         by_conn = {w.conn: w for w in waiting}
-        for conn in multiprocessing.connection.wait(list(by_conn), timeout=max(0.0, deadline - time.monotonic())):
+        for conn in multiprocessing.connection.wait(list(by_conn), timeout=max(0.0, min(marks) - now)):
             self._receive(by_conn[conn], results)
         now = time.monotonic()
         for w in list(self._pool):
             if w.task is not None and w.deadline <= now:
                 i = w.task
-                self._replace(w)
-                results[i] = self._failure(
-                    i, "timeout", f"no result within timeout_s={self.timeout_s}; its worker was killed and replaced"
-                )
+                self._drop(w)
+                how = ("its worker process was killed" if isinstance(w, _ProcessWorker) else
+                       f"abandoned ({self.abandoned_threads} abandoned call(s) still running on threads)")
+                results[i] = self._failure(i, "timeout", f"no result within timeout_s={self.timeout_s}; {how}")
             elif not w.ready and w.born + self.startup_timeout_s <= now:
                 raise RuntimeError(
                     f"reward worker for {self.name} did not load it within startup_timeout_s="
                     f"{self.startup_timeout_s}; loading the spec (or importing its modules) is too slow or hangs"
                 )
 
-    def _receive(self, w: _Worker, results: list[RewardResult | None]) -> None:
+    def _receive(self, w: _Lane, results: list[RewardResult | None]) -> None:
         try:
             msg = w.conn.recv()
         except (EOFError, OSError):
-            w.proc.join(1)
-            code = w.proc.exitcode
+            code = None
+            if isinstance(w, _ProcessWorker):
+                w.proc.join(1)
+                code = w.proc.exitcode
             if not w.ready:
                 hint = "" if isinstance(self.spec, str) else "; a callable must be importable in a fresh process"
                 raise RuntimeError(
@@ -372,9 +544,10 @@ class RewardRunner:
                     f"why){hint}. Pass a spec string, or run from a script file (not stdin) under a __main__ guard"
                 ) from None
             i = w.task
-            self._replace(w)
+            w.task = None
+            self._drop(w)
             if i is not None:
-                results[i] = self._failure(i, "error", f"its worker process died (exit code {code}); replaced it")
+                results[i] = self._failure(i, "error", f"its worker died (exit code {code}); replaced it")
             return
         kind = msg[0]
         if kind == "ready":
@@ -383,8 +556,17 @@ class RewardRunner:
             raise RewardLoadError(msg[1])
         elif kind == "ok":
             w.task = None
-            self._counts["ok"] += 1
+            self._tally.add(msg[1], "ok")
             results[msg[1]] = RewardResult(msg[2], "ok")
-        else:
+        else:  # "error" | "nonfinite"
             w.task = None
-            results[msg[1]] = self._failure(msg[1], "error", msg[2])
+            results[msg[1]] = self._failure(msg[1], kind, msg[2])
+
+    def _resize(self) -> None:
+        """Back to ``slots`` workers after a batch: stop the extra idle ones, replace the ones lost."""
+        extra = max(0, len(self._pool) - self.slots)
+        for w in [w for w in reversed(self._pool) if w.ready and w.task is None][:extra]:
+            self._pool.remove(w)
+            w.stop(grace_s=1.0)
+        while len(self._pool) < self.slots and not self._closed:
+            self._pool.append(self._new_worker())

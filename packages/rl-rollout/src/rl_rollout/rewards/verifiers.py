@@ -21,7 +21,9 @@ Math answers parse integers, decimals, scientific notation, thousands commas
 ``x+1``) are compared as strings with spaces and ``\\left``/``\\right`` removed.
 A label may itself hold a ``\\boxed{}`` or a GSM8K-style ``#### 42`` tail.
 Verifiers that need a label raise ValueError when it is None (the runner counts
-that as an error). Left out: symbolic equivalence (sympy), units, intervals.
+that as an error); :func:`needs_label` tells which specs need one, so a run
+without labels is refused before it starts. Left out: symbolic equivalence
+(sympy), units, intervals.
 """
 
 from __future__ import annotations
@@ -70,6 +72,14 @@ def make_builtin(name: str) -> Any:
         return FormatCheck(arg)
     except re.error as e:
         raise RewardLoadError(f"builtin:format: {arg!r} is not a valid regex ({e}); fix the pattern") from None
+
+
+def needs_label(spec: object) -> bool:
+    """Whether reward spec ``spec`` is a builtin that compares with the dataset's label (exact_match, math):
+    a run without a ``label_key`` can be refused before anything loads."""
+    if not isinstance(spec, str) or not spec.startswith("builtin:"):
+        return False
+    return spec.removeprefix("builtin:").partition(":")[0] in (Builtin.EXACT_MATCH.value, Builtin.MATH.value)
 
 
 def _need_label(label: str | None, who: str) -> str:
