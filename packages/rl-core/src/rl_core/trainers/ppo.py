@@ -6,9 +6,12 @@ in-process (:class:`~rl_core.rl.groups.LocalGroup`, ``rl ppo``) or Ray actors
 
 1. ``rollout_batch_size`` prompts x ``n_samples_per_prompt`` samples from the rollout
    (an engine, an ``EnginePool`` or :class:`~rl_core.rl.groups.GroupRollout`).
-2. Rewards: a reward function (``fn(prompt, response, label)``, or anything with
-   ``score(prompts, responses, labels)`` such as ``rl_rollout.RewardRunner``) and/or
-   a reward-model group; optional clipping. Dynamic filtering (DAPO) drops groups
+2. Rewards: a reward function (``fn(prompt, response, label)``, run by a
+   ``rl_rollout.RewardRunner`` on threads, 30 s per call; or anything with
+   ``score(prompts, responses, labels)`` such as a configured ``RewardRunner``) and/or
+   a reward-model group; optional clipping. A scorer's failed calls (its ``last_counts``)
+   are logged per iteration; more than ``reward_max_failure_rate`` of them stops the run
+   with the first failure's message (:class:`rl_rollout.rewards.RewardError`). Dynamic filtering (DAPO) drops groups
    whose mean reward is outside ``dynamic_filtering_reward_range`` or that have no
    variance, and samples new prompts (at most ``dynamic_filtering_max_rounds``
    rounds; short of that, dropped groups fill the batch and the count is logged).
@@ -30,7 +33,8 @@ in-process (:class:`~rl_core.rl.groups.LocalGroup`, ``rl ppo``) or Ray actors
    resumable with ``load_checkpoint`` from the newest committed iteration.
 
 Metrics per iteration (``metrics.jsonl``, TensorBoard, ``curves.png``, the console
-bar): rewards, lengths, truncation, KL, losses, clip fractions, dynamic-filtering
+bar): rewards, reward-call failures (``reward/failures``, ``errors``, ``timeouts``,
+``nonfinite``), lengths, truncation, KL, losses, clip fractions, dynamic-filtering
 counts, the policy-vs-engine logprob gap (a stale or wrong sync shows there),
 sync GB/s and seconds per phase.
 """
@@ -55,6 +59,19 @@ __all__ = ["PPOConfig", "PPOTrainer"]
 
 logger = logging.getLogger(__name__)
 
+def _bounded(fn):
+    """A plain ``fn(prompt, response, label)`` as a :class:`rl_rollout.RewardRunner`: its calls run on threads,
+    30 s each at most, failures counted (the runner's defaults)."""
+    from rl_rollout.rewards import RewardRunner
+
+    def call(prompt, response, label, **info):
+        return fn(prompt, response, label)
+
+    call.__qualname__ = getattr(fn, "__qualname__", type(fn).__name__)  # the name in failure messages
+    call.__module__ = getattr(fn, "__module__", None) or "?"
+    return RewardRunner(call)
+
+
 class PPOTrainer:
     """The loop. ``policy``, ``critic``, ``ref``, ``reward_model``: worker groups (or None);
     ``rollout``: ``generate(requests) -> [[RolloutSample]]`` (+ optional ``sleep``/``wake_up``);
@@ -67,7 +84,10 @@ class PPOTrainer:
                  metrics: MetricsLogger | None = None, seed: int = 42, gap_alarm: float | None = None,
                  sleep_level: int = 1):
         self.cfg, self.policy, self.rollout, self.weight_sync, self.seed = cfg, policy, rollout, weight_sync, seed
+        if reward_fn is not None and not callable(getattr(reward_fn, "score", None)):
+            reward_fn = _bounded(reward_fn)
         self.critic, self.ref, self.reward_model, self.reward_fn = critic, ref, reward_model, reward_fn
+        self._reward_counts = None  # the reward scorer's counts of its latest batch (when it keeps them)
         self.prompts, self.tokenizer, self.G, self.sleep_engines = prompts, tokenizer, train_batch_size, sleep_engines
         self.gap_alarm = cfg.gap_alarm(bf16=False) if gap_alarm is None else gap_alarm
         if sleep_level not in (1, 2):
@@ -150,10 +170,8 @@ class PPOTrainer:
             ps = [prompts[i // n]["prompt"] for i in range(len(samples))]
             labels = [prompts[i // n].get("label") for i in range(len(samples))]
             texts = [self.tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
-            if callable(getattr(self.reward_fn, "score", None)):
-                r = self.reward_fn.score(ps, texts, labels)
-            else:
-                r = [float(self.reward_fn(p, t, y)) for p, t, y in zip(ps, texts, labels, strict=True)]
+            r = self.reward_fn.score(ps, texts, labels)
+            self._reward_counts = getattr(self.reward_fn, "last_counts", None)
             parts.append(torch.tensor(r, dtype=torch.float32))
             info["reward_fn_mean"] = parts[-1].mean().item()
             record = self.reward_fn.last_record() if callable(getattr(self.reward_fn, "last_record", None)) else None
@@ -191,6 +209,7 @@ class PPOTrainer:
         kept: list[tuple] = []
         dropped: list[tuple] = []
         stats = {"generate_s": 0.0, "reward_s": 0.0, "rounds": 0, "groups_seen": 0}
+        counts = []  # the reward scorer's counts, one per round
         for r in range(c.dynamic_filtering_max_rounds if c.dynamic_filtering else 1):
             t0 = time.perf_counter()
             need = want - len(kept)
@@ -200,6 +219,8 @@ class PPOTrainer:
             stats["rounds"] += 1
             stats["groups_seen"] += need
             stats.update(info)
+            if self._reward_counts is not None:
+                counts.append(self._reward_counts)
             groups = [(prompts[g], samples[g * n:(g + 1) * n], items[g * n:(g + 1) * n], scores[g * n:(g + 1) * n])
                       for g in range(need)]
             if not c.dynamic_filtering:
@@ -222,11 +243,32 @@ class PPOTrainer:
             kept = (kept + dropped[:filled])[:want]
         stats["dynamic/rounds"] = stats.pop("rounds")
         stats.pop("groups_seen")
+        if counts:
+            self._check_reward_calls(it, sum(counts[1:], counts[0]), stats)
         prompts = [g[0] for g in kept]
         samples = [s for g in kept for s in g[1]]
         items = [x for g in kept for x in g[2]]
         scores = torch.cat([g[3] for g in kept])
         return prompts, samples, items, scores, stats
+
+    def _check_reward_calls(self, it: int, counts, stats: dict) -> None:
+        """Log the iteration's failed reward calls; stop the run when more than the tolerated fraction failed."""
+        stats.update(counts.metrics("reward/"))
+        if not counts.failures:
+            return
+        limit = self.cfg.reward_max_failure_rate
+        summary = (f"{counts.failures} of {counts.calls} reward calls failed (errors {counts.errors}, timeouts "
+                   f"{counts.timeouts}, non-finite {counts.nonfinite})")
+        if counts.failures > limit * counts.calls:
+            from rl_rollout.rewards import RewardError
+
+            self.metrics.log(it, {"rl/" + k: v for k, v in stats.items() if k.startswith("reward/")})
+            self.metrics.close()
+            raise RewardError(f"iteration {it}: {summary}, more than --reward_max_failure_rate {limit} allows; "
+                              f"first: {counts.first_failure}. Fix the reward function or the data it reads, or "
+                              f"raise --reward_max_failure_rate to train on --reward_fallback for failed calls")
+        logger.warning("iteration %d: %s, each scored with the fallback; first: %s", it, summary,
+                       counts.first_failure)
 
     # ----- experience and advantages -------------------------------------------------------
 
@@ -402,7 +444,10 @@ class PPOTrainer:
             self.history.append(m)
             self.metrics.log(it, {"rl/" + k: v for k, v in m.items()})
             bar.update(1)
-            bar.set_postfix(reward=f"{m['reward_mean']:.3f}", kl=f"{m.get('kl', 0.0):.4f}")
+            post = {"reward": f"{m['reward_mean']:.3f}", "kl": f"{m.get('kl', 0.0):.4f}"}
+            if m.get("reward/failures"):
+                post["reward_failed"] = f"{m['reward/failures']}/{m['reward/failures'] + m['reward/ok']}"
+            bar.set_postfix(**post)
             if c.save_steps > 0 and (it % c.save_steps == 0 or it == self.num_iterations):
                 self.save_checkpoint(it)
         bar.close()

@@ -63,6 +63,11 @@ class PPOConfig:
     is_correction_threshold: tuple[float, float] = field(default=(0.5, 5.0), metadata=meta(
         "LOW HIGH bounds of the importance weights (clamp for tis, keep-range for icepop / seq-mask-tis)",
         openrlhf=("algo.advantage.is_correction_threshold",)))
+    reward_max_failure_rate: float = field(default=0.5, metadata=meta(
+        "stop the run, with the first failure's message, when more than this fraction of an iteration's reward "
+        "calls fail (raise, time out, return a non-number, NaN or inf; each gets --reward_fallback); in [0, 1), so "
+        "an iteration whose calls all fail always stops; 0: any failure stops. Default 0.5: past half, fallback "
+        "rewards outweigh real ones and the advantages mostly measure the failures"))
     reward_clip_range: tuple[float, float] | None = field(default=None, metadata=meta(
         "clip rewards to LOW HIGH", openrlhf=("reward.clip_range",)))
     overlong_buffer_len: int | None = field(default=None, metadata=meta(
@@ -129,6 +134,10 @@ class PPOConfig:
         if self.overlong_buffer_len is not None and not 0 < self.overlong_buffer_len <= self.generate_max_len:
             raise ValueError(f"overlong_buffer_len (--overlong_buffer_len) must be in 1..generate_max_len="
                              f"{self.generate_max_len}, got {self.overlong_buffer_len}")
+        if not 0 <= self.reward_max_failure_rate < 1:
+            raise ValueError(f"reward_max_failure_rate (--reward_max_failure_rate) must be in [0, 1), got "
+                             f"{self.reward_max_failure_rate}: an iteration whose reward calls all fail always "
+                             "stops the run (0: any failure stops it)")
         if self.logprob_gap_alarm is not None and self.logprob_gap_alarm < 0:
             raise ValueError(f"logprob_gap_alarm must be >= 0 (0: off), got {self.logprob_gap_alarm}")
         try:
