@@ -17,9 +17,11 @@ workers; they differ in where the workers live:
   machine without any (how the tests run it on CPU).
 
 Rewards: ``--reward_fn`` (``file.py:func``, ``module:func``, ``builtin:math`` ...)
-run by a :class:`rl_rollout.RewardRunner` (a raising or hanging function becomes a
-counted fallback), ``--remote_rm_url`` (HTTP), and/or ``--reward_pretrain`` (a reward
-model role). Every run prints the batch arithmetic and where each role runs.
+run by a :class:`rl_rollout.RewardRunner` (every call bounded by ``--reward_timeout``; a
+call that raises, hangs or returns a non-finite value gets the fallback and is counted
+per iteration; above ``--reward_max_failure_rate`` the run stops with the first error),
+``--remote_rm_url`` (HTTP), and/or ``--reward_pretrain`` (a reward model role). Every
+run prints the batch arithmetic and where each role runs.
 """
 
 from __future__ import annotations
@@ -118,6 +120,10 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         parser.error("no reward: give --reward_fn SPEC (file.py:func, builtin:math ...), --remote_rm_url URL "
                      "or --reward_pretrain FOLDER")
     _refuse_unused(cfgs, parser)
+    try:
+        cfgs["reward"].check(label_key=d.label_key)
+    except ValueError as e:
+        raise SystemExit(f"rl {name}: {e}") from None
     if not ray:
         try:
             cfgs["sync"].check(in_process=True)
@@ -184,8 +190,12 @@ def run_local(argv: list[str] | None = None) -> int:
                     reward_fn=cfgs["reward"].build())
     print(f"[rl ppo] one process: {run.roles()} on {run.policy.call_rank(0, 'world')['device']}; rollout "
           f"{type(run.rollout).__name__}", flush=True)
+    from rl_rollout.rewards import RewardError
+
     try:
         run.trainer.fit()
+    except RewardError as e:  # more reward calls failed than --reward_max_failure_rate tolerates
+        raise SystemExit(f"rl ppo: {e}") from None
     finally:
         run.close()
     return _finish("ppo", run.trainer, cfgs)
@@ -288,7 +298,12 @@ def run_ray(argv: list[str] | None = None) -> int:
         except ValueError as e:
             raise SystemExit(f"rl ppo-ray: {e}") from None
         print(f"[rl ppo-ray] {factory.describe()}", flush=True)
-        run.trainer.fit()
+        from rl_rollout.rewards import RewardError
+
+        try:
+            run.trainer.fit()
+        except RewardError as e:  # more reward calls failed than --reward_max_failure_rate tolerates
+            raise SystemExit(f"rl ppo-ray: {e}") from None
         return _finish("ppo-ray", run.trainer, cfgs)
     finally:
         if run is not None:
