@@ -174,7 +174,7 @@ class RewardServer:
 
     ``port=0`` picks a free port; :attr:`url` says which, once started. Use as a context
     manager, or call :meth:`start` and :meth:`stop`. :attr:`counts` counts replies by
-    status (503s included) for logs and tests.
+    status (503s included) for logs and tests: a copy, safe to read while it serves.
     """
 
     def __init__(
@@ -212,7 +212,8 @@ class RewardServer:
         self.request_timeout_s = float(request_timeout_s)
         self.max_connections = max_connections
         self.max_header_bytes = max_header_bytes
-        self.counts: collections.Counter[int] = collections.Counter()
+        self._counts: collections.Counter[int] = collections.Counter()
+        self._counts_lock = threading.Lock()
         self._pass_queries = _takes_queries(score_fn)
         self._score_lock = threading.Lock()
         self._active = 0
@@ -220,6 +221,11 @@ class RewardServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
+
+    @property
+    def counts(self) -> collections.Counter[int]:
+        with self._counts_lock:
+            return collections.Counter(self._counts)
 
     # ----- lifetime --------------------------------------------------------------------------
 
@@ -382,7 +388,8 @@ class RewardServer:
         return 200, record.as_json()
 
     async def _send(self, writer, status: int, obj: dict, *, timeout: float, extra: tuple[str, ...] = ()) -> None:
-        self.counts[status] += 1
+        with self._counts_lock:
+            self._counts[status] += 1
         body = json.dumps(obj).encode()
         lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", "Server: rl-reward",
                  "Content-Type: application/json", f"Content-Length: {len(body)}", "Connection: close", *extra]
