@@ -129,6 +129,14 @@ def main() -> None:
     with peak:
         hist = trainer.fit()
     total = time.perf_counter() - t0
+    freed_gib = None
+    if args.enable_sleep and dev.type == "cuda":  # what one sleep gives back to the trainer, measured on the device
+        torch.cuda.synchronize()
+        before = torch.cuda.mem_get_info(dev)[0]
+        run.rollout.sleep(args.sleep_level)
+        torch.cuda.synchronize()
+        freed_gib = (torch.cuda.mem_get_info(dev)[0] - before) / 2**30
+        run.rollout.wake_up()
     run.close()  # frees the engine (vLLM holds a share of the GPU) before the baselines
     phases = ["generate_s", "reward_s", "experience_s", "critic_train_s", "policy_train_s", "wake_s", "sync_s",
               "iteration_s"]
@@ -213,11 +221,13 @@ def main() -> None:
     if peak.gib is not None:
         print(f"device memory in use at peak during the loop: {peak.gib:.2f} GiB (engine sleep "
               f"{'level ' + str(args.sleep_level) if args.enable_sleep else 'off'})")
+    if freed_gib is not None:
+        print(f"engine sleep level {args.sleep_level} frees {freed_gib:.2f} GiB of device memory for the trainer")
     if args.out:
         Path(args.out).write_text(json.dumps({"device": name, "shape": shape, "phases": mean, "tokens": tokens,
                                               "generate_baseline_s": gen_base, "train_baseline_s": train_base,
                                               "sync_bytes": sync_bytes, "sync_gb_per_s": sync_gbps,
-                                              "device_copy_gb_per_s": copy_gbps, "peak_device_gib": peak.gib,
+                                              "device_copy_gb_per_s": copy_gbps, "peak_device_gib": peak.gib, "sleep_freed_gib": freed_gib,
                                               "history": hist}, indent=1))
 
 

@@ -110,3 +110,16 @@ def test_a_loader_writing_through_another_op_is_left_to_the_loader():
     m = Filling()
     plan = CopyPlan.record(m.load_weights, weights(0), params_of(m))
     assert "fill_" in plan.skipped["norm"] and "q" in plan.entries
+
+
+def test_a_sync_in_groups_is_recorded_group_by_group():
+    m, ref = FusedModel(), FusedModel()
+    first, second = weights(0)[:3], weights(0)[3:]
+    plan = CopyPlan.record(m.load_weights, first, params_of(m))
+    assert [n for n, _ in plan.replay(second)] == [n for n, _ in second]  # not recorded yet: returned
+    plan.add(m.load_weights, second, params_of(m))
+    assert set(plan.entries) == {"q", "k", "v", "up", "embed", "norm"} and plan.record_s > 0
+    new = weights(2)
+    m.load_weights(plan.replay(new[:3]) + plan.replay(new[3:]))
+    ref.load_weights(new)
+    assert all(torch.equal(a, state(ref)[n]) for n, a in state(m).items())

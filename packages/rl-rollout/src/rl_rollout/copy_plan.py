@@ -88,21 +88,27 @@ class CopyPlan:
     @classmethod
     def record(cls, load: Callable[[list[tuple[str, torch.Tensor]]], None],
                weights: Iterable[tuple[str, torch.Tensor]], params: dict[str, torch.Tensor]) -> CopyPlan:
-        """Run ``load`` on each ``(name, tensor)`` alone under the recorder (this loads the weights: the
-        first sync is a normal one), and plan the inputs whose load was pure copies into ``params``
-        (the model's parameters and buffers by name)."""
+        """A new plan of ``weights`` (:meth:`add`)."""
+        plan = cls()
+        plan.add(load, weights, params)
+        return plan
+
+    def add(self, load: Callable[[list[tuple[str, torch.Tensor]]], None],
+            weights: Iterable[tuple[str, torch.Tensor]], params: dict[str, torch.Tensor]) -> None:
+        """Run ``load`` on each ``(name, tensor)`` alone under the recorder (this loads the weights: a
+        recording sync is a normal one), and plan the inputs whose load was pure copies into ``params``
+        (the model's parameters and buffers by name). A sync that arrives in several groups adds each."""
         t0 = time.perf_counter()
         owners = {_storage_ptr(p): n for n, p in params.items() if p.numel()}
-        plan = cls(param_ptrs={n: _storage_ptr(p) for n, p in params.items() if p.numel()})
+        self.param_ptrs.update({n: _storage_ptr(p) for n, p in params.items() if p.numel()})
         for name, tensor in weights:
             rec = _Recorder()
             with rec:
                 load([(name, tensor)])
-            why = plan._plan_one(name, tensor, rec, owners)
+            why = self._plan_one(name, tensor, rec, owners)
             if why:
-                plan.skipped[name] = why
-        plan.record_s = time.perf_counter() - t0
-        return plan
+                self.skipped[name] = why
+        self.record_s += time.perf_counter() - t0
 
     def _plan_one(self, name: str, tensor: torch.Tensor, rec: _Recorder, owners: dict[int, str]) -> str | None:
         for op, t in rec.other_writes:
@@ -140,7 +146,7 @@ class CopyPlan:
                     raise CopyPlanStale(f"parameter {p} is no longer the storage the plan writes to")
 
     def replay(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
-        """Copy every planned input in one fused copy; returns the inputs left to the loader.
+        """Copy every planned input in one fused copy; returns the others (left out, or not recorded yet).
 
         Raises :class:`CopyPlanStale` when a planned input's layout (shape, strides, dtype, device)
         differs from the recorded one. Source views are rebuilt every time (a cache would keep a trainer's

@@ -67,6 +67,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import time
 
 import torch
 
@@ -93,7 +94,7 @@ class WorkerExtension:
                            and getattr(self.vllm_config.model_config, "quantization", None) is None)
         if self._rl_direct:
             self._rl_ties = {}
-            self._rl_plan_stats = {"recorded": 0, "copies": 0, "loader": 0}
+            self._rl_plan_stats = {"recorded": 0, "copies": 0, "loader": 0, "load_s": 0.0}
         else:
             self._rl_ties = _tied_parameters(model)  # before the reload gives each module its own tensor
             with set_current_vllm_config(self.vllm_config):
@@ -125,7 +126,9 @@ class WorkerExtension:
 
         model = self.model_runner.get_model()
         if self._rl_direct and os.environ.get("RL_VLLM_COPY_PLAN", "1") != "0":
+            t0 = time.perf_counter()
             self._rl_load_planned(model, weights)
+            self._rl_plan_stats["load_s"] += time.perf_counter() - t0
             return
         ties = self._rl_ties
         send, aliases = [], []
@@ -169,21 +172,22 @@ class WorkerExtension:
             try:
                 plan.check_params(params)
                 rest = plan.replay(weights)
+                self._rl_plan_stats["copies"] += plan.last_copies
             except CopyPlanStale as e:
                 logger.warning("weight copy plan is stale (%s): recording it again", e)
                 plan = None
-        if plan is None:  # record: loads every tensor through load_weights, one at a time
-            self._rl_plan = plan = CopyPlan.record(load, weights, params)
-            self._rl_plan_stats["recorded"] += 1
-            self._rl_plan_stats["loader"] += len(weights)
-            if plan.skipped:
-                logger.info("weight copy plan: %d tensors left to load_weights, e.g. %s", len(plan.skipped),
-                            next(iter(plan.skipped.items())))
-        else:
-            if rest:
-                load(rest)
-            self._rl_plan_stats["copies"] += plan.last_copies
-            self._rl_plan_stats["loader"] += len(rest)
+        if plan is None:
+            self._rl_plan = plan = CopyPlan()
+            rest = weights
+        new = [(n, t) for n, t in rest if n not in plan.skipped]
+        if new:  # not recorded yet (the first sync, or a group of it): recording loads them
+            plan.add(load, new, params)
+            self._rl_plan_stats["recorded"] += len(new)
+        recorded = {n for n, _ in new}
+        left = [(n, t) for n, t in rest if n in plan.skipped and n not in recorded]
+        if left:
+            load(left)
+        self._rl_plan_stats["loader"] += len(rest)
         self._rl_loaded += len(weights)
 
     def rl_load_ipc(self, sync: bytes, verify: bool) -> int:
@@ -223,7 +227,9 @@ class WorkerExtension:
             raise RuntimeError("rl_finish_weight_update called without rl_begin_weight_update")
         model = self.model_runner.get_model()
         if self._rl_direct:  # nothing to re-process: the live parameters were filled in place
-            report = {"kept_old": [], "partial": [], "copy_plan": dict(self._rl_plan_stats)}
+            plan = getattr(self, "_rl_plan", None)
+            left = {"left_out": len(plan.skipped), "left_out_examples": sorted(plan.skipped.items())[:6]} if plan else {}
+            report = {"kept_old": [], "partial": [], "copy_plan": {**self._rl_plan_stats, **left}}
         else:
             report = _session_report(model)
             with set_current_vllm_config(self.vllm_config):
