@@ -53,9 +53,10 @@ weight times 1, sums of zeros): ``eye(K) @ W.T``, K the input size, in chunks. E
 parameters are read directly. Fused layers are split back per HF name (``qkv_proj`` into q/k/v
 rows, ``gate_up_proj`` into gate/up), the vocabulary's padding rows are left out, and sums of a
 shard are marked ``shard`` (added over tensor-parallel workers by the engine) or ``replica``.
-``RL_VLLM_DIRECT_LOAD=1`` (opt-in; CUDA and unquantized models): no reload session, ``model.load_weights``
-straight into the live parameters (tied ones stay one tensor). On an H200 it cut a 0.5B in-process sync
-from 0.102 s to 0.029 s with the same log-probs (docs/performance.md); on CPU it is ignored (packed weights).
+Direct load (CUDA, unquantized models; by default for :data:`DIRECT_LOAD_ARCHITECTURES`, forced on or off
+with ``RL_VLLM_DIRECT_LOAD=1``/``0``): no reload session, ``model.load_weights`` straight into the live
+parameters (tied ones stay one tensor). On an H200 it cut a 0.5B in-process sync from 0.102 s to 0.029 s
+with the same log-probs (docs/performance.md); on CPU it is never used (packed weights).
 In direct mode the first sync also records a copy plan (:mod:`rl_rollout.copy_plan`: which slice of which
 parameter each tensor's load writes) and later syncs replay it as one ``torch._foreach_copy_``; tensors
 whose load is not a plain copy still go through ``load_weights`` (``RL_VLLM_COPY_PLAN=0``: no plan).
@@ -87,11 +88,11 @@ class WorkerExtension:
 
         model = self.model_runner.get_model()
         self._rl_filled: set[str] = set()  # vLLM names of the tied parameters filled in this session
-        # RL_VLLM_DIRECT_LOAD=1 (opt-in, CUDA, unquantized): model.load_weights straight into the live
+        # Direct load (CUDA, unquantized): model.load_weights / the copy plan straight into the live
         # parameters, no layerwise reload (whose per-layer bookkeeping dominates a GPU sync); tied
-        # parameters stay one tensor. On CPU the linear weights are packed after loading, so it is refused.
-        self._rl_direct = (os.environ.get("RL_VLLM_DIRECT_LOAD") == "1" and torch.cuda.is_available()
-                           and getattr(self.vllm_config.model_config, "quantization", None) is None)
+        # parameters stay one tensor. On CPU the linear weights are packed after loading, so never there.
+        self._rl_direct = _direct_load(self.vllm_config.model_config)
+        self._rl_seen: set[str] = set()  # HF names received in this session
         if self._rl_direct:
             self._rl_ties = {}
             self._rl_plan_stats = {"recorded": 0, "copies": 0, "loader": 0, "load_s": 0.0}
@@ -125,6 +126,7 @@ class WorkerExtension:
         from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
         model = self.model_runner.get_model()
+        self._rl_seen.update(name for name, _ in weights)
         if self._rl_direct and os.environ.get("RL_VLLM_COPY_PLAN", "1") != "0":
             t0 = time.perf_counter()
             self._rl_load_planned(model, weights)
@@ -229,7 +231,9 @@ class WorkerExtension:
         if self._rl_direct:  # nothing to re-process: the live parameters were filled in place
             plan = getattr(self, "_rl_plan", None)
             left = {"left_out": len(plan.skipped), "left_out_examples": sorted(plan.skipped.items())[:6]} if plan else {}
-            report = {"kept_old": [], "partial": [], "copy_plan": {**self._rl_plan_stats, **left}}
+            # what an earlier sync sent and this one did not keeps its old values (the plan knows every name)
+            missed = sorted((set(plan.entries) | set(plan.skipped)) - self._rl_seen) if plan and self._rl_seen else []
+            report = {"kept_old": missed, "partial": [], "copy_plan": {**self._rl_plan_stats, **left}}
         else:
             report = _session_report(model)
             with set_current_vllm_config(self.vllm_config):
@@ -300,6 +304,26 @@ class WorkerExtension:
 
 class _Unsupported(Exception):
     pass
+
+
+# Architectures whose vLLM loaders only copy (no weight transform after loading on CUDA): direct load by
+# default there. LlamaForCausalLM ran on an H200 (tests/test_cli_vllm_gpu.py, benchmarks/vllm_sync.py);
+# the others share its loader (stacked qkv/gate_up parameters, plain copies). Anything else keeps the
+# layerwise reload unless RL_VLLM_DIRECT_LOAD=1.
+DIRECT_LOAD_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
+                                       "MistralForCausalLM"})
+
+
+def _direct_load(model_config) -> bool:
+    """Whether a sync loads straight into the live parameters: ``RL_VLLM_DIRECT_LOAD=1`` forces it and ``0``
+    turns it off; unset, it is on for :data:`DIRECT_LOAD_ARCHITECTURES`. Never on CPU or for quantized models."""
+    if not torch.cuda.is_available() or getattr(model_config, "quantization", None) is not None:
+        return False
+    flag = os.environ.get("RL_VLLM_DIRECT_LOAD")
+    if flag in ("0", "1"):
+        return flag == "1"
+    archs = getattr(model_config, "architectures", None) or getattr(model_config.hf_config, "architectures", None) or []
+    return bool(archs) and all(a in DIRECT_LOAD_ARCHITECTURES for a in archs)
 
 
 def _tied_parameters(model) -> dict[str, str]:
