@@ -30,6 +30,7 @@ from torch import nn
 
 from rl_algos import entropy_from_logits, logprobs_from_logits
 from rl_core.attention import attention_implementation
+from rl_core.hub import ModelNotFoundError, resolve_model, resolve_models  # noqa: F401 - model args resolve here too
 
 logger = logging.getLogger(__name__)
 Tensor = torch.Tensor

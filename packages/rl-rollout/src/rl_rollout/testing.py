@@ -243,3 +243,30 @@ def write_engine_plugin(root: str | os.PathLike) -> Path:
     (info / "METADATA").write_text("Metadata-Version: 2.1\nName: rl-engine-probe\nVersion: 0.1.0\n")
     (info / "entry_points.txt").write_text("[rl_rollout.engines]\nhf-probe = rl_engine_probe:SPEC\n")
     return root
+
+
+def cache_as_hub(model_dir: str | os.PathLike, repo_id: str, cache_dir: str | os.PathLike,
+                 revision: str = "0123456789abcdef0123456789abcdef01234567") -> Path:
+    """Lay ``model_dir``'s files out as the Hugging Face hub cache holds a downloaded ``repo_id``.
+
+    ``cache_dir/models--org--name/{blobs/<hash>, snapshots/<revision>/<file> -> blob, refs/main}``, the
+    layout ``hf download`` writes, so ``--pretrain org/name`` can be tested offline. Returns the snapshot.
+    """
+    import hashlib
+    import shutil
+
+    repo = Path(cache_dir) / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / revision
+    (repo / "blobs").mkdir(parents=True, exist_ok=True)
+    for src in sorted(p for p in Path(model_dir).rglob("*") if p.is_file()):
+        digest = hashlib.sha256(src.read_bytes()).hexdigest()
+        blob = repo / "blobs" / digest
+        if not blob.exists():
+            shutil.copyfile(src, blob)
+        link = snapshot / src.relative_to(model_dir)
+        link.parent.mkdir(parents=True, exist_ok=True)
+        if not link.exists():
+            link.symlink_to(os.path.relpath(blob, link.parent))
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / "main").write_text(revision)
+    return snapshot
