@@ -32,6 +32,7 @@ import sys
 from dataclasses import dataclass, field
 
 from rl_cli.config import build_parser, describe, resolve
+from rl_cli.train import _local_models
 from rl_rollout import engine_spec
 from rl_rollout.config import meta
 
@@ -120,6 +121,7 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         parser.error("no reward: give --reward_fn SPEC (file.py:func, builtin:math ...), --remote_rm_url URL "
                      "or --reward_pretrain FOLDER")
     _refuse_unused(cfgs, parser)
+    cfgs["model"] = m = _local_models(f"rl {name}", m)  # hub ids -> local HF cache folders, before any model loads
     try:
         cfgs["reward"].check(label_key=d.label_key)
     except ValueError as e:

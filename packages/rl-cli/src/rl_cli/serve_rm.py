@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rl_cli.config import build_parser, resolve
+from rl_cli.train import _local_models
 from rl_rollout.config import meta
 
 
@@ -35,7 +36,7 @@ class RewardModelArgs:
     """A reward model to serve (OpenRLHF's ``serve_rm`` flags)."""
 
     reward_pretrain: str | None = field(default=None, metadata=meta(
-        "a reward model folder (rl rm's output, with its score head) to serve",
+        "a reward model folder (rl rm's output, with its score head), or its hub id in the local HF cache, to serve",
         openrlhf=("reward.model_name_or_path",)))
     normalize_reward: bool = field(default=False, metadata=meta(
         "apply the model's stored reward mean/std", openrlhf=("reward.normalize_enable",)))
@@ -132,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
     if bool(m.reward_pretrain) == r.given:
         parser.error("serve one thing: --reward_pretrain FOLDER (a reward model), or --reward_fn SPEC / "
                      "--remote_rm_url FILE.py (reward functions, as rl ppo takes them)")
+    if m.reward_pretrain:
+        cfgs["model"] = m = _local_models("rl serve-rm", m)  # a hub id -> its local HF cache folder
     if getattr(args, "print_config", False):
         print(_describe(cfgs))
         return 0

@@ -29,8 +29,10 @@ logger = logging.getLogger(__name__)
 class ModelArgs:
     """Which model folders to load, and how (OpenRLHF flag names)."""
 
-    pretrain: str | None = field(default=None, metadata=meta("local HF folder of the model to train"))
-    ref_pretrain: str | None = field(default=None, metadata=meta("reference for DPO/KTO (default: --pretrain)"))
+    pretrain: str | None = field(default=None, metadata=meta(
+        "the model to train: a local HF folder, or a hub id (org/name) in the local HF cache (HF_HOME, HF_HUB_CACHE)"))
+    ref_pretrain: str | None = field(default=None, metadata=meta(
+        "reference for DPO/KTO, a folder or a cached hub id (default: --pretrain)"))
     flash_attn: bool = field(default=False, metadata=meta("flash_attention_2 (needs flash-attn; default sdpa)"))
     lora_rank: int = field(default=0, metadata=meta(">0 trains a LoRA adapter (peft) instead of all weights"))
     lora_alpha: int = field(default=16, metadata=meta("LoRA scaling alpha"))
@@ -140,6 +142,16 @@ def _wandb_key(argv: list[str]) -> list[str]:
     return out
 
 
+def _local_models(prog: str, model_cfg):
+    """Hub ids (``--pretrain org/name``) -> folders of the local HF cache; a missing one stops here, in one line."""
+    from rl_core.hub import ModelNotFoundError, resolve_models
+
+    try:
+        return resolve_models(model_cfg)
+    except ModelNotFoundError as e:
+        raise SystemExit(f"{prog}: {e}") from None
+
+
 def run(name: str, argv: list[str] | None = None) -> int:
     cmd = COMMANDS[name]
     groups = _groups(cmd)
@@ -150,9 +162,11 @@ def run(name: str, argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))
     if not cfgs["model"].pretrain:
-        parser.error("--pretrain is required: a local HF model folder (config.json, weights, tokenizer)")
+        parser.error("--pretrain is required: a local HF model folder (config.json, weights, tokenizer) or a hub "
+                     "id in the local Hugging Face cache")
     if not cfgs["data"].dataset:
         parser.error("--dataset is required: a .jsonl/.json/.parquet file or a save_to_disk folder")
+    cfgs["model"] = _local_models(f"rl {name}", cfgs["model"])
     if cfgs["train"].eval_steps > 0 and not cfgs["data"].eval_dataset:
         parser.error(f"--eval_steps {cfgs['train'].eval_steps} needs --eval_dataset PATH (the rows to evaluate on)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

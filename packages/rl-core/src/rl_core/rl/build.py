@@ -40,14 +40,15 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class RLModelConfig:
-    """The RL run's model folders (local HF folders; this stack never downloads at run time)."""
+    """The RL run's models: local HF folders (the CLI resolves cached hub ids to them; nothing is downloaded)."""
 
     pretrain: str | None = field(default=None, metadata=meta(
-        "the policy to train (a local HF folder)", openrlhf=("actor.model_name_or_path",)))
+        "the policy to train: a local HF folder, or a hub id (org/name) in the local HF cache (HF_HOME, "
+        "HF_HUB_CACHE)", openrlhf=("actor.model_name_or_path",)))
     critic_pretrain: str | None = field(default=None, metadata=meta(
         "critic init for gae (default: --reward_pretrain, else --pretrain)", openrlhf=("critic.model_name_or_path",)))
     reward_pretrain: str | None = field(default=None, metadata=meta(
-        "a reward model folder (rl rm's output)", openrlhf=("reward.model_name_or_path",)))
+        "a reward model folder (rl rm's output), or a cached hub id", openrlhf=("reward.model_name_or_path",)))
     ref_pretrain: str | None = field(default=None, metadata=meta("reference policy (default: --pretrain)"))
     flash_attn: bool = field(default=False, metadata=meta("flash_attention_2 (needs flash-attn; default sdpa)"))
     normalize_reward: bool = field(default=True, metadata=meta(
