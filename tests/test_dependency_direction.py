@@ -29,7 +29,8 @@ ALLOWED = {
     "rl_rollout": {"torch", "transformers", "tokenizers", "msgpack", "safetensors", "numpy", "vllm"},
     "rl_placement": {"ray"},
     "rl_core": {"rl_algos", "rl_rollout", "torch", "transformers", "deepspeed", "safetensors", "msgpack", "peft",
-                "datasets", "pyarrow", "tensorboard", "matplotlib", "yaml", "tqdm", "numpy", "wandb", "flash_attn"},
+                "datasets", "pyarrow", "tensorboard", "matplotlib", "yaml", "tqdm", "numpy", "wandb", "flash_attn",
+                "huggingface_hub"},
     "rl_cli": {"rl_algos", "rl_rollout", "rl_placement", "rl_core", "ray", "torch", "transformers", "yaml",
                "deepspeed", "msgpack", "safetensors", "numpy", "vllm"},
 }
