@@ -8,7 +8,9 @@
 - :mod:`~rl_rollout.rewards.runner`: :class:`RewardRunner`, every call bounded by
   a timeout, in worker processes or on threads of this process, hanging samples
   in parallel; failures (errors, timeouts, non-finite values) turned into a
-  fallback reward and counted (:class:`RewardCounts`).
+  fallback reward and counted (:class:`RewardCounts`); where one call runs (a worker
+  process or an abandonable thread) is :mod:`~rl_rollout.rewards.lanes`, the result and
+  count types every scorer shares are :mod:`~rl_rollout.rewards.results`.
 - :mod:`~rl_rollout.rewards.remote`: :class:`RemoteRewardClient`, batches over
   HTTP with a bearer token, in our format and OpenRLHF's at once.
 - :mod:`~rl_rollout.rewards.server`: :class:`RewardServer`, hardened against slow,

@@ -60,199 +60,25 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import numbers
-import queue
-import signal
 import threading
 import time
-import traceback
 import weakref
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
-from enum import Enum
-from typing import Any, Literal
+from typing import Any
 
-from rl_rollout.rewards.loading import RewardLoadError, RewardSpec, as_reward, load_reward_fn, reward_fn_name
+from rl_rollout.rewards.lanes import _Lane, _ProcessWorker, _stop_all, _ThreadWorker
+from rl_rollout.rewards.loading import RewardLoadError, RewardSpec, load_reward_fn, reward_fn_name
+from rl_rollout.rewards.results import (  # noqa: F401  (re-exported: the runner's public names)
+    OnError,
+    RewardCounts,
+    RewardError,
+    RewardResult,
+    RewardStatus,
+    RewardTimeoutError,
+)
 
 logger = logging.getLogger(__name__)
-
-RewardStatus = Literal["ok", "error", "timeout", "nonfinite"]
-_MAX_MESSAGE = 2000
-
-
-class OnError(str, Enum):
-    FALLBACK = "fallback"
-    RAISE = "raise"
-
-
-class RewardError(RuntimeError):
-    """Reward calls failed (``on_error="raise"``, or more of them than a run tolerates); the message names the
-    function, the sample and the error."""
-
-
-class RewardTimeoutError(RewardError):
-    """A reward call ran past ``timeout_s`` and ``on_error="raise"``."""
-
-
-@dataclass(frozen=True)
-class RewardResult:
-    """One sample's outcome: the reward (``fallback`` unless ``status == "ok"``) and the error text if any."""
-
-    reward: float
-    status: RewardStatus
-    error: str | None = None
-
-
-@dataclass(frozen=True)
-class RewardCounts:
-    """Reward calls by outcome; ``first_failure`` is the message of the first failing sample (None when none).
-
-    The common interface of scorers that count their failures (``counts``, ``last_counts``): counts add up
-    (``a + b``, the first failure of ``a`` kept), and :meth:`metrics` flattens them for a metrics logger.
-    """
-
-    ok: int = 0
-    errors: int = 0  # raised, returned a non-number, or the worker process died
-    timeouts: int = 0
-    nonfinite: int = 0  # returned NaN or +-inf
-    first_failure: str | None = None
-
-    @property
-    def failures(self) -> int:
-        return self.errors + self.timeouts + self.nonfinite
-
-    @property
-    def calls(self) -> int:
-        return self.ok + self.failures
-
-    def __add__(self, other: RewardCounts) -> RewardCounts:
-        return RewardCounts(self.ok + other.ok, self.errors + other.errors, self.timeouts + other.timeouts,
-                            self.nonfinite + other.nonfinite, self.first_failure or other.first_failure)
-
-    def metrics(self, prefix: str = "reward/") -> dict[str, int]:
-        """``{"reward/ok": .., "reward/failures": .., "reward/errors": .., "reward/timeouts": ..,
-        "reward/nonfinite": ..}``."""
-        return {f"{prefix}ok": self.ok, f"{prefix}failures": self.failures, f"{prefix}errors": self.errors,
-                f"{prefix}timeouts": self.timeouts, f"{prefix}nonfinite": self.nonfinite}
-
-
-def _describe(e: BaseException) -> str:
-    frames = traceback.extract_tb(e.__traceback__)
-    where = f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
-    text = str(e)
-    if len(text) > _MAX_MESSAGE:  # an exception can carry megabytes; logs and metrics need the start
-        text = text[:_MAX_MESSAGE] + f"... ({len(text)} characters)"
-    return f"{type(e).__name__}: {text}{where}"
-
-
-def _call(fn: Any, name: str, task: tuple) -> tuple:
-    """Run one task ``(index, prompt, response, label, info)``: ``(status, index, reward or error text)``."""
-    index, prompt, response, label, info = task
-    try:
-        value = fn(prompt, response, label, **info)
-        scalar = value.item() if getattr(value, "ndim", None) == 0 and hasattr(value, "item") else value
-        if isinstance(scalar, numbers.Real):
-            try:
-                finite = math.isfinite(float(scalar))
-            except OverflowError:  # an int too large for a float
-                finite = False
-            if not finite:
-                return ("nonfinite", index, f"returned {scalar!r:.80}; a reward must be a finite float")
-        return ("ok", index, as_reward(value, name))
-    except (Exception, SystemExit) as e:
-        return ("error", index, _describe(e))
-
-
-def _worker_main(spec: RewardSpec, conn: multiprocessing.connection.Connection) -> None:
-    """Worker process: load the spec, say ready, then answer tasks until None or the parent is gone."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle; it kills the workers
-    try:
-        fn = load_reward_fn(spec)
-    except Exception as e:
-        conn.send(("load_error", str(e) if isinstance(e, RewardLoadError) else _describe(e)))
-        return
-    name = reward_fn_name(spec)
-    conn.send(("ready", None))
-    while True:
-        try:
-            task = conn.recv()
-        except (EOFError, OSError):  # the parent is gone
-            return
-        if task is None:
-            return
-        conn.send(_call(fn, name, task))
-
-
-def _thread_main(fn: Any, name: str, tasks: queue.SimpleQueue, conn: multiprocessing.connection.Connection) -> None:
-    """In-process lane: answer tasks until None; an abandoned lane ends when its call returns (its pipe is shut)."""
-    try:
-        while (task := tasks.get()) is not None:
-            conn.send(_call(fn, name, task))
-    except OSError:  # abandoned: the runner closed its end of the pipe
-        pass
-    finally:
-        conn.close()
-
-
-class _ProcessWorker:
-    def __init__(self, ctx: Any, spec: RewardSpec) -> None:
-        self.conn, child_conn = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(spec, child_conn), daemon=True, name="rl-reward-worker")
-        try:
-            self.proc.start()
-        finally:
-            child_conn.close()  # only the child holds its end, so its death reads as EOF here
-        self.ready = False
-        self.born = time.monotonic()
-        self.task: int | None = None  # index of the sample in flight
-        self.started = self.deadline = math.inf
-
-    def submit(self, task: tuple) -> None:
-        self.conn.send(task)
-
-    def stop(self, grace_s: float = 0.0) -> None:
-        if grace_s > 0 and self.proc.is_alive():
-            try:
-                self.conn.send(None)
-            except OSError:
-                pass
-            self.proc.join(grace_s)
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(5)
-        self.conn.close()
-
-
-class _ThreadWorker:
-    """One daemon thread calling ``fn``; results come back over a pipe so one ``wait`` watches threads too."""
-
-    def __init__(self, fn: Any, name: str) -> None:
-        self.conn, writer = multiprocessing.Pipe(duplex=False)
-        self._tasks: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=_thread_main, args=(fn, name, self._tasks, writer), daemon=True,
-                                       name="rl-reward-call")
-        self.thread.start()
-        self.ready = True
-        self.born = time.monotonic()
-        self.task: int | None = None
-        self.started = self.deadline = math.inf
-
-    def submit(self, task: tuple) -> None:
-        self._tasks.put(task)
-
-    def stop(self, grace_s: float = 0.0) -> None:
-        """Ask the thread to end; a call in progress is abandoned (it finishes, its result is dropped)."""
-        self._tasks.put(None)
-        self.conn.close()
-
-
-_Lane = _ProcessWorker | _ThreadWorker
-
-
-def _stop_all(workers: list[_Lane]) -> None:
-    for w in workers:
-        w.stop(grace_s=1.0)
-    workers.clear()
 
 
 class _Tally:
