@@ -44,3 +44,22 @@ def test_wandb_offline_run_is_written(tmp_path, monkeypatch):
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1, list((tmp_path / "wandb").iterdir())
     assert list(runs[0].glob("*.wandb")), "the offline run holds its event file"
+
+
+def test_a_tensorboard_folder_of_its_own_works_without_a_run_dir(tmp_path):
+    from rl_core.metrics import LoggerConfig
+
+    m = MetricsLogger.from_config(None, LoggerConfig(use_tensorboard=str(tmp_path / "tb")))
+    m.log(1, {"train/loss": 1.0})
+    assert m.close() is None  # no run_dir: no metrics.jsonl, no curves
+    assert [p.name.startswith("events.out.tfevents") for p in (tmp_path / "tb").iterdir()] == [True]
+
+
+def test_wandb_not_importable_fails_in_one_line_naming_the_extra(monkeypatch):
+    from rl_core.metrics import LoggerConfig
+
+    monkeypatch.setitem(__import__("sys").modules, "wandb", None)  # import wandb -> ImportError
+    LoggerConfig().check()  # not asked for: nothing to check
+    with pytest.raises(RuntimeError) as e:
+        LoggerConfig(use_wandb=True).check()
+    assert "\n" not in str(e.value) and "pip install 'rl-core[wandb]'" in str(e.value)

@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass, field
 
 from rl_cli.config import build_parser, describe, resolve
-from rl_cli.train import _local_models
+from rl_cli.train import _local_models, _wandb_installed, _wandb_key
 from rl_rollout import engine_spec
 from rl_rollout.config import meta
 
@@ -67,13 +67,14 @@ class RayArgs:
 
 def _groups(ray: bool) -> dict[str, type]:
     from rl_core.data import DataConfig
+    from rl_core.metrics import LoggerConfig
     from rl_core.rl.build import RLModelConfig
     from rl_core.strategy import StrategyConfig
     from rl_core.trainers.ppo import PPOConfig
     from rl_rollout.config import EngineConfig, RewardConfig, WeightSyncConfig
 
     g = {"model": RLModelConfig, "data": DataConfig, "strategy": StrategyConfig, "ppo": PPOConfig,
-         "reward": RewardConfig, "rollout": EngineConfig, "sync": WeightSyncConfig}
+         "reward": RewardConfig, "rollout": EngineConfig, "sync": WeightSyncConfig, "logger": LoggerConfig}
     if ray:
         g["ray"] = RayArgs
     return g
@@ -107,7 +108,7 @@ def _refuse_unused(cfgs: dict, parser) -> None:
 def _prepare(name: str, argv: list[str] | None, ray: bool):
     groups = _groups(ray)
     parser, flags = build_parser(f"rl {name}", f"rl {name}: {__doc__.splitlines()[0]}", groups)
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args = parser.parse_args(_wandb_key(sys.argv[1:] if argv is None else argv, parser))
     try:
         cfgs = resolve(groups, args, flags)
     except (ValueError, FileNotFoundError) as e:
@@ -122,6 +123,7 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
                      "or --reward_pretrain FOLDER")
     _refuse_unused(cfgs, parser)
     cfgs["model"] = m = _local_models(f"rl {name}", m)  # hub ids -> local HF cache folders, before any model loads
+    _wandb_installed(f"rl {name}", cfgs["logger"])
     try:
         cfgs["reward"].check(label_key=d.label_key)
     except ValueError as e:
@@ -164,6 +166,16 @@ def run_config(cfgs: dict):
                      sync=cfgs["sync"])
 
 
+def metrics_logger(cfgs: dict):
+    """The driver's metrics: run_dir files, TensorBoard (--use_tensorboard), wandb (--use_wandb) with the
+    run's settings as its config (minus tokens)."""
+    from rl_core.metrics import MetricsLogger
+
+    run_config = {g: {k: v for k, v in dataclasses.asdict(c).items() if "token" not in k}
+                  for g, c in cfgs.items() if g != "logger"} if cfgs["logger"].use_wandb else None
+    return MetricsLogger.from_config(cfgs["ppo"].run_dir, cfgs["logger"], run_config=run_config)
+
+
 def _finish(name: str, trainer, cfgs) -> int:
     h = trainer.history
     if h:
@@ -189,7 +201,7 @@ def run_local(argv: list[str] | None = None) -> int:
     from rl_core.rl.build import LocalFactory, build_run
 
     run = build_run(run_config(cfgs), LocalFactory(), prompts=prompts, tokenizer=tok,
-                    reward_fn=cfgs["reward"].build())
+                    reward_fn=cfgs["reward"].build(), metrics=metrics_logger(cfgs))
     print(f"[rl ppo] one process: {run.roles()} on {run.policy.call_rank(0, 'world')['device']}; rollout "
           f"{type(run.rollout).__name__}", flush=True)
     from rl_rollout.rewards import RewardError
@@ -296,7 +308,7 @@ def run_ray(argv: list[str] | None = None) -> int:
         factory = RayFactory(placed, colocated=a.colocate_all_models, call_timeout_s=a.call_timeout_s)
         try:
             run = build_run(run_config(cfgs), factory, prompts=prompts, tokenizer=tok,
-                            reward_fn=cfgs["reward"].build())
+                            reward_fn=cfgs["reward"].build(), metrics=metrics_logger(cfgs))
         except ValueError as e:
             raise SystemExit(f"rl ppo-ray: {e}") from None
         print(f"[rl ppo-ray] {factory.describe()}", flush=True)

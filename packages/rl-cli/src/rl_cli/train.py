@@ -74,7 +74,7 @@ def _build_sft(strategy, cfgs, tok, ds, train, eval_ds):
 
     m = cfgs["model"]
     return SFTTrainer(strategy, Actor.from_pretrained(m.pretrain, **_load_kw(m, strategy.cfg)), tok, ds, train,
-                      eval_dataset=eval_ds)
+                      eval_dataset=eval_ds, logger=cfgs["logger"])
 
 
 def _build_rm(strategy, cfgs, tok, ds, train, eval_ds):
@@ -83,7 +83,7 @@ def _build_rm(strategy, cfgs, tok, ds, train, eval_ds):
 
     m = cfgs["model"]
     return RewardModelTrainer(strategy, RewardModel.from_pretrained(m.pretrain, **_load_kw(m, strategy.cfg)),
-                              tok, ds, train, eval_dataset=eval_ds)
+                              tok, ds, train, eval_dataset=eval_ds, logger=cfgs["logger"])
 
 
 def _with_reference(trainer_name: str):
@@ -96,7 +96,7 @@ def _with_reference(trainer_name: str):
         ref = frozen(Actor.from_pretrained(m.ref_pretrain or m.pretrain, **{**kw, "lora": None,
                                                                              "gradient_checkpointing": False}))
         return getattr(trainers, trainer_name)(strategy, Actor.from_pretrained(m.pretrain, **kw), ref, tok, ds, train,
-                                               eval_dataset=eval_ds)
+                                               eval_dataset=eval_ds, logger=cfgs["logger"])
 
     return build
 
@@ -124,21 +124,38 @@ COMMANDS = {
 
 def _groups(cmd: Command) -> dict[str, type]:
     from rl_core.data import DataConfig
+    from rl_core.metrics import LoggerConfig
     from rl_core.strategy import StrategyConfig
 
-    return {"model": ModelArgs, "data": DataConfig, "strategy": StrategyConfig, "train": cmd.config_cls()}
+    return {"model": ModelArgs, "data": DataConfig, "strategy": StrategyConfig, "train": cmd.config_cls(),
+            "logger": LoggerConfig}
 
 
-def _wandb_key(argv: list[str]) -> list[str]:
-    """OpenRLHF's ``--use_wandb KEY``: the key goes to WANDB_API_KEY, the flag becomes true."""
+def _wandb_key(argv: list[str], parser=None) -> list[str]:
+    """OpenRLHF's ``--use_wandb KEY`` (``--use_wandb=KEY``, ``--logger.wandb.key KEY``): the key goes to
+    WANDB_API_KEY and the flag becomes true, so the key is never a config value, printed or logged.
+
+    The spellings are those the parser gives ``logger.use_wandb`` (all its aliases), else the usual ones.
+    """
     from rl_cli.config import FALSE, TRUE
 
+    names = next((a.option_strings for a in getattr(parser, "_actions", ()) if a.dest == "logger.use_wandb"),
+                 ("--use_wandb", "--logger.use_wandb", "--logger.wandb.key"))
     out = list(argv)
-    for i, a in enumerate(out[:-1]):
-        if a in ("--use_wandb", "--train.use_wandb") and not out[i + 1].startswith("--") \
-                and out[i + 1].lower() not in TRUE | FALSE:
+    for i, a in enumerate(out):
+        flag, eq, value = a.partition("=")
+        if flag not in names:
+            continue
+        if eq:
+            if value.lower() not in TRUE | FALSE:
+                os.environ["WANDB_API_KEY"] = value
+                out[i] = f"{flag}=true"
+        elif i + 1 < len(out) and not out[i + 1].startswith("--") and out[i + 1].lower() not in TRUE | FALSE:
             os.environ["WANDB_API_KEY"] = out[i + 1]
             out[i + 1] = "true"
+    key = os.environ.get("WANDB_API_KEY")
+    if key and any(key in a for a in sys.argv):  # wandb records sys.argv in the run's metadata
+        sys.argv[:] = [a.replace(key, "true") for a in sys.argv]
     return out
 
 
@@ -152,11 +169,19 @@ def _local_models(prog: str, model_cfg):
         raise SystemExit(f"{prog}: {e}") from None
 
 
+def _wandb_installed(prog: str, logger_cfg) -> None:
+    """--use_wandb without wandb installed stops before any model loads, in one line naming the extra."""
+    try:
+        logger_cfg.check()
+    except RuntimeError as e:
+        raise SystemExit(f"{prog}: {e}") from None
+
+
 def run(name: str, argv: list[str] | None = None) -> int:
     cmd = COMMANDS[name]
     groups = _groups(cmd)
     parser, flags = build_parser(f"rl {name}", f"rl {name}: {cmd.help}", groups)
-    args = parser.parse_args(_wandb_key(sys.argv[1:] if argv is None else argv))
+    args = parser.parse_args(_wandb_key(sys.argv[1:] if argv is None else argv, parser))
     try:
         cfgs = resolve(groups, args, flags)
     except (ValueError, FileNotFoundError) as e:
@@ -167,6 +192,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
     if not cfgs["data"].dataset:
         parser.error("--dataset is required: a .jsonl/.json/.parquet file or a save_to_disk folder")
     cfgs["model"] = _local_models(f"rl {name}", cfgs["model"])
+    _wandb_installed(f"rl {name}", cfgs["logger"])
     if cfgs["train"].eval_steps > 0 and not cfgs["data"].eval_dataset:
         parser.error(f"--eval_steps {cfgs['train'].eval_steps} needs --eval_dataset PATH (the rows to evaluate on)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -2,10 +2,17 @@
 
 Rank 0 writes; other ranks' loggers are silent. ``metrics.jsonl`` holds one JSON
 object per logged step (``{"step": N, "name": value, ...}``), ``tensorboard/``
-the same scalars, and :meth:`MetricsLogger.close` draws ``curves.png`` (one
-panel per metric). With ``wandb={"project": ..., "name": ..., "config": ...}`` the
-same scalars go to wandb too (``WANDB_MODE=offline`` works without an account);
-wandb is optional and a missing install fails at start-up with the fix.
+the same scalars (or the folder ``tensorboard=`` names), and :meth:`MetricsLogger.close`
+draws ``curves.png`` (one panel per metric). With ``wandb={"project": ..., "name": ...,
+"entity": ..., "group": ..., "config": ...}`` the same scalars go to wandb too
+(``WANDB_MODE=offline`` works without an account); wandb is optional (``rl-core[wandb]``)
+and a missing install fails at start-up, in one line, with the fix.
+
+:class:`LoggerConfig` holds the settings every command shares (OpenRLHF's
+``--use_wandb``, ``--wandb_project``, ``--wandb_run_name``, ``--wandb_org``,
+``--wandb_group``, ``--use_tensorboard``); :meth:`MetricsLogger.from_config` builds
+the logger from it. The wandb API key is never a config value: the CLI moves
+OpenRLHF's ``--use_wandb KEY`` into ``WANDB_API_KEY``, where wandb reads it.
 """
 
 from __future__ import annotations
@@ -13,14 +20,49 @@ from __future__ import annotations
 import json
 import logging
 import math
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from rl_rollout.config import meta
 
 logger = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class LoggerConfig:
+    """Where a run's metrics go besides ``run_dir`` (metrics.jsonl, curves.png): wandb and TensorBoard."""
+
+    use_wandb: bool = field(default=False, metadata=meta(
+        "also log to wandb (needs rl-core[wandb]); OpenRLHF's --use_wandb KEY works: the key goes to "
+        "WANDB_API_KEY and is never printed; true uses WANDB_API_KEY or wandb login; WANDB_MODE=offline logs "
+        "without an account", openrlhf=("logger.wandb.key",)))
+    wandb_project: str = field(default="rl", metadata=meta("wandb project", openrlhf=("logger.wandb.project",)))
+    wandb_run_name: str | None = field(default=None, metadata=meta(
+        "wandb run name (default: wandb's)", openrlhf=("logger.wandb.run_name",)))
+    wandb_org: str | None = field(default=None, metadata=meta(
+        "wandb entity (team or user; default: the key's)", openrlhf=("logger.wandb.org",)))
+    wandb_group: str | None = field(default=None, metadata=meta(
+        "wandb run group", openrlhf=("logger.wandb.group",)))
+    use_tensorboard: str | None = field(default=None, metadata=meta(
+        "TensorBoard event folder (default: RUN_DIR/tensorboard when --run_dir is set, else none)",
+        openrlhf=("logger.tensorboard_dir",)))
+
+    def check(self) -> None:
+        """Fail now, in one line, when ``use_wandb`` is set and wandb cannot be imported."""
+        if self.use_wandb:
+            _import_wandb()
+
+    def wandb_settings(self, config: dict | None = None) -> dict | None:
+        if not self.use_wandb:
+            return None
+        return {"project": self.wandb_project, "name": self.wandb_run_name, "entity": self.wandb_org,
+                "group": self.wandb_group, "config": config or {}}
+
+
 class MetricsLogger:
-    def __init__(self, run_dir: str | Path | None, *, enabled: bool = True, tensorboard: bool = True,
+    def __init__(self, run_dir: str | Path | None, *, enabled: bool = True, tensorboard: bool | str | Path = True,
                  wandb: dict | None = None):
+        """``tensorboard``: True writes events to ``run_dir/tensorboard``, a path to that folder, False nowhere."""
         self.enabled = enabled and run_dir is not None
         self._wandb = _start_wandb(wandb, run_dir) if enabled and wandb is not None else None
         self.history: dict[str, list[tuple[int, float]]] = {}
@@ -29,10 +71,19 @@ class MetricsLogger:
         if self.enabled:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._jsonl = (self.run_dir / "metrics.jsonl").open("a")
-            if tensorboard:
-                from torch.utils.tensorboard import SummaryWriter
+        tb_dir = Path(tensorboard) if isinstance(tensorboard, (str, Path)) else (
+            self.run_dir / "tensorboard" if tensorboard and self.run_dir is not None else None)
+        if enabled and tb_dir is not None:
+            from torch.utils.tensorboard import SummaryWriter
 
-                self._tb = SummaryWriter(str(self.run_dir / "tensorboard"))
+            self._tb = SummaryWriter(str(tb_dir))
+
+    @classmethod
+    def from_config(cls, run_dir: str | Path | None, cfg: LoggerConfig, *, enabled: bool = True,
+                    run_config: dict | None = None) -> MetricsLogger:
+        """The logger a run's settings ask for; ``run_config`` is what wandb records as the run's config."""
+        return cls(run_dir, enabled=enabled, tensorboard=cfg.use_tensorboard or True,
+                   wandb=cfg.wandb_settings(run_config))
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: float(v) for k, v in metrics.items()}
@@ -43,24 +94,25 @@ class MetricsLogger:
             self.history.setdefault(k, []).append((step, v))
         if self._wandb is not None:
             self._wandb.log(clean, step=step)
+        if self._tb is not None:
+            for k, v in clean.items():
+                self._tb.add_scalar(k, v, step)
         if not self.enabled:
             return
         self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
         self._jsonl.flush()
-        if self._tb is not None:
-            for k, v in clean.items():
-                self._tb.add_scalar(k, v, step)
 
     def close(self) -> Path | None:
         """Flush files and draw ``curves.png``; returns its path (None when disabled or empty)."""
         if self._wandb is not None:
             self._wandb.finish()
             self._wandb = None
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
         if not self.enabled:
             return None
         self._jsonl.close()
-        if self._tb is not None:
-            self._tb.close()
         if not self.history:
             return None
         import matplotlib
@@ -86,13 +138,20 @@ class MetricsLogger:
         return out
 
 
-def _start_wandb(settings: dict, run_dir: str | Path | None):
+def _import_wandb():
     try:
         import wandb
     except ImportError:
-        raise RuntimeError("--use_wandb needs the wandb package: pip install wandb (or rl-core[wandb]); "
-                           "set WANDB_MODE=offline to log without an account") from None
+        raise RuntimeError("--use_wandb needs the wandb package, which is not installed: pip install "
+                           "'rl-core[wandb]' (or pip install wandb); set WANDB_MODE=offline to log without an "
+                           "account") from None
+    return wandb
+
+
+def _start_wandb(settings: dict, run_dir: str | Path | None):
+    wandb = _import_wandb()
     kw = {"project": settings.get("project", "rl"), "name": settings.get("name"),
+          "entity": settings.get("entity"), "group": settings.get("group"),
           "config": settings.get("config") or {}}
     if run_dir is not None:
         Path(run_dir).mkdir(parents=True, exist_ok=True)

@@ -30,7 +30,7 @@ import torch
 from tqdm import tqdm
 
 from rl_core.checkpoint import CheckpointManager, export_hf
-from rl_core.metrics import MetricsLogger
+from rl_core.metrics import LoggerConfig, MetricsLogger
 from rl_rollout.config import meta
 
 logger = logging.getLogger(__name__)
@@ -55,10 +55,6 @@ class TrainerConfig:
         "stop after this many optimizer steps (e.g. to test resume)"))
     eval_steps: int = field(default=-1, metadata=meta(
         "evaluate on the eval set every N optimizer steps (-1: only after the last)"))
-    use_wandb: bool = field(default=False, metadata=meta(
-        "also log to wandb (WANDB_MODE=offline works without an account)"))
-    wandb_project: str = field(default="rl", metadata=meta("wandb project name"))
-    wandb_run_name: str | None = field(default=None, metadata=meta("wandb run name (default: wandb's)"))
 
     def __post_init__(self) -> None:
         if self.max_epochs < 1:
@@ -83,7 +79,8 @@ class Trainer:
     name = "train"
     supports_packing = False
 
-    def __init__(self, strategy, model, tokenizer, dataset, cfg: TrainerConfig, *, eval_dataset=None):
+    def __init__(self, strategy, model, tokenizer, dataset, cfg: TrainerConfig, *, eval_dataset=None,
+                 logger: LoggerConfig | None = None):
         self.s, self.tokenizer, self.dataset, self.cfg = strategy, tokenizer, dataset, cfg
         self.eval_dataset = eval_dataset
         if eval_dataset is not None and len(eval_dataset) == 0:
@@ -103,8 +100,8 @@ class Trainer:
                              f"({self.plan.global_batch}); lower --train_batch_size or add data")
         self.engine = strategy.prepare(model, total_steps=self.plan.total_steps)
         self.ckpt = CheckpointManager(cfg.ckpt_path, strategy, cfg.max_ckpt_num) if cfg.ckpt_path else None
-        self.metrics = MetricsLogger(cfg.run_dir, enabled=strategy.is_rank_0(),
-                                     wandb=_wandb_settings(cfg) if strategy.is_rank_0() else None)
+        self.metrics = MetricsLogger.from_config(cfg.run_dir, logger or LoggerConfig(), enabled=strategy.is_rank_0(),
+                                                 run_config=dict(vars(cfg)))  # ``logger``: wandb, TensorBoard
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if self.pad_id is None:
             raise ValueError("the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token")
@@ -247,9 +244,3 @@ class Trainer:
         return losses
 
     progress_keys = ("loss",)
-
-
-def _wandb_settings(cfg: TrainerConfig) -> dict | None:
-    if not cfg.use_wandb:
-        return None
-    return {"project": cfg.wandb_project, "name": cfg.wandb_run_name, "config": dict(vars(cfg))}

@@ -65,8 +65,9 @@ class DPOTrainer(Trainer):
     name = "dpo"
     progress_keys = ("loss", "acc", "reward_margin")
 
-    def __init__(self, strategy, actor, ref_actor, tokenizer, dataset, cfg: DPOConfig, *, eval_dataset=None):
-        super().__init__(strategy, actor, tokenizer, dataset, cfg, eval_dataset=eval_dataset)
+    def __init__(self, strategy, actor, ref_actor, tokenizer, dataset, cfg: DPOConfig, *, eval_dataset=None,
+                 logger=None):
+        super().__init__(strategy, actor, tokenizer, dataset, cfg, eval_dataset=eval_dataset, logger=logger)
         self.ref = strategy.prepare(ref_actor, train=False)
         self.ref_logps: torch.Tensor | None = None  # [N, 2] chosen, rejected when precomputed
         self.eval_ref_logps: torch.Tensor | None = None  # [N_eval, 2], the same for the eval set

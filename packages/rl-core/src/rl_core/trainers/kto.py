@@ -65,8 +65,9 @@ class KTOTrainer(Trainer):
     name = "kto"
     progress_keys = ("loss", "kl", "reward_margin")
 
-    def __init__(self, strategy, actor, ref_actor, tokenizer, dataset, cfg: KTOConfig, *, eval_dataset=None):
-        super().__init__(strategy, actor, tokenizer, dataset, cfg, eval_dataset=eval_dataset)
+    def __init__(self, strategy, actor, ref_actor, tokenizer, dataset, cfg: KTOConfig, *, eval_dataset=None,
+                 logger=None):
+        super().__init__(strategy, actor, tokenizer, dataset, cfg, eval_dataset=eval_dataset, logger=logger)
         self.ref = strategy.prepare(ref_actor, train=False)
 
     @torch.no_grad()
