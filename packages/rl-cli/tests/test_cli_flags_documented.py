@@ -14,11 +14,12 @@ from pathlib import Path
 
 import pytest
 
-from rl_cli import demo, ppo, serve_rm, train
+from rl_cli import demo, openrlhf, ppo, serve_rm, train
 from rl_cli.config import build_parser
 
 ROOT = Path(__file__).resolve().parents[3]
 FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9_.]*[a-z0-9])(\.\*|_\*)?")
+OPENRLHF_TABLES = ROOT / "packages" / "rl-cli" / "src" / "rl_cli" / "openrlhf.py"  # where refusals are written
 ADD_ARGUMENT = re.compile(r"add_argument\(\s*\"(--[\w.-]+)\"")
 # outside tools' own flags, allowed only on a line that names the tool
 TOOLS = {
@@ -30,16 +31,29 @@ TOOLS = {
 }
 
 
+def _parsers():
+    for name, ray in (("ppo", False), ("ppo-ray", True)):
+        yield build_parser(f"rl {name}", "", ppo._groups(ray))[0]
+    for name, cmd in train.COMMANDS.items():
+        yield build_parser(f"rl {name}", "", train._groups(cmd))[0]
+    yield build_parser("rl serve-rm", "", serve_rm._groups())[0]
+
+
 def rl_flags() -> set[str]:
+    """Flags some command accepts (an OpenRLHF name that every command refuses is not among them)."""
     known = {"--help", "--version", "--config", "--print_config"}
-    for ray in (False, True):
-        known |= set(build_parser("rl", "", ppo._groups(ray))[0].known)
-    for cmd in train.COMMANDS.values():
-        known |= set(build_parser("rl", "", train._groups(cmd))[0].known)
-    known |= set(build_parser("rl serve-rm", "", serve_rm._groups())[0].known)
+    for parser in _parsers():
+        known |= {n for a in parser._actions if not isinstance(a, openrlhf._Refused) for n in a.option_strings}
     for action in demo.arg_parser()._actions:
         known |= set(action.option_strings)
     return known
+
+
+def refused_flags() -> set[str]:
+    """OpenRLHF names the parsers refuse with a reason (rl_cli.openrlhf): named only in docs/openrlhf.md
+    and on lines that say they are refused."""
+    return {n for parser in _parsers() for a in parser._actions if isinstance(a, openrlhf._Refused)
+            for n in a.option_strings}
 
 
 def documents() -> list[Path]:
@@ -60,17 +74,18 @@ def script_flags(line: str, here: Path) -> set[str]:
 
 
 def unknown_flags(paths: list[Path]) -> list[str]:
-    known = rl_flags()
+    known, refused = rl_flags(), refused_flags()
     bad = []
     for path in paths:
         for i, line in enumerate(path.read_text().splitlines(), 1):
+            allow_refused = path.name == "openrlhf.md" or path == OPENRLHF_TABLES or "refuse" in line.lower()
             for m in FLAG.finditer(line):
                 flag, wildcard = "--" + m.group(1), m.group(2)
                 if wildcard:
                     prefix = flag + wildcard[0]
                     if any(k.startswith(prefix) for k in known):
                         continue
-                if flag in known or flag in script_flags(line, path):
+                if flag in known or flag in script_flags(line, path) or (allow_refused and flag in refused):
                     continue
                 if any(tool in line and flag in flags for tool, flags in TOOLS.items()):
                     continue
@@ -87,12 +102,14 @@ def test_the_scan_reports_a_flag_that_does_not_exist():
     """The check can fail: a doc naming an unknown flag is reported with its place."""
     probe = ROOT / "docs" / "_flag_scan_probe.md"
     probe.write_text("run `rl ppo --vllm_is_correction tis`, `rl ppo --is_correction tis`, `--model.*`\n"
-                     "uv sync --locked is a uv flag\nbut --locked alone is not ours\n")
+                     "uv sync --locked is a uv flag\nbut --locked alone is not ours\n"
+                     "pass --ring_attn_size 2 for long prompts\n--ring_attn_size is refused (not built)\n")
     try:
         bad = unknown_flags([probe])
     finally:
         probe.unlink()
-    assert bad == ["docs/_flag_scan_probe.md:1: --vllm_is_correction", "docs/_flag_scan_probe.md:3: --locked"]
+    assert bad == ["docs/_flag_scan_probe.md:1: --vllm_is_correction", "docs/_flag_scan_probe.md:3: --locked",
+                   "docs/_flag_scan_probe.md:4: --ring_attn_size"]
 
 
 @pytest.mark.parametrize("cmd", ["ppo", "ppo-ray", *train.COMMANDS])

@@ -24,6 +24,8 @@ import types
 import typing
 from pathlib import Path
 
+from rl_cli import openrlhf
+
 # OpenRLHF flag -> our dotted name, where the names differ.
 ALIASES = {
     "pretrain": "model.pretrain",
@@ -32,7 +34,6 @@ ALIASES = {
     "lora_rank": "model.lora_rank",
     "lora_alpha": "model.lora_alpha",
     "lora_dropout": "model.lora_dropout",
-    "target_modules": "model.target_modules",
     "l2": "strategy.weight_decay",
     "dataset": "data.dataset",
     "max_samples": "data.max_samples",
@@ -144,6 +145,8 @@ def build_parser(prog: str, description: str, groups: dict[str, type]) -> tuple[
             reverse_alias.setdefault(dotted, []).append(alias)
     known: list[str] = []
     owner: dict[str, str] = {}
+    command = prog.removeprefix("rl ")  # the rl_cli.openrlhf tables are per command
+    converted = {f"--{n}" for n in openrlhf.converted_names(command)}  # value reshaped: rl_cli.openrlhf's action
     for group in groups:
         g = parser.add_argument_group(group)
         for f in (f for f in flags if f.group == group):
@@ -151,7 +154,7 @@ def build_parser(prog: str, description: str, groups: dict[str, type]) -> tuple[
             if counts[f.field] == 1 and f.field not in ALIASES:
                 names.append(f"--{f.field}")
             names += [f"--{a}" for a in reverse_alias.get(f.dotted, []) + list(f.aliases)]
-            names = list(dict.fromkeys(names))
+            names = [n for n in dict.fromkeys(names) if n == f"--{f.dotted}" or n not in converted]
             for n in names:
                 if n in owner:
                     raise TypeError(f"{prog}: flag {n} would set both {owner[n]} and {f.dotted}; rename one "
@@ -159,6 +162,7 @@ def build_parser(prog: str, description: str, groups: dict[str, type]) -> tuple[
                 owner[n] = f.dotted
             g.add_argument(*names, dest=f.dotted, **f.kwargs)
             known += names
+    known += openrlhf.install(parser, command, owner, {f.dotted: f.kwargs for f in flags})
     parser.known = known
     return parser, flags
 

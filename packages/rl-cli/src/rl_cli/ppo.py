@@ -113,6 +113,11 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         cfgs = resolve(groups, args, flags)
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))
+    if getattr(args, "print_config", False):  # a dry run: before any path is read, model loaded or Ray started
+        from rl_cli.dry_run import print_config
+
+        print_config(name, cfgs)
+        return None
     m, d, p = cfgs["model"], cfgs["data"], cfgs["ppo"]
     if not m.pretrain:
         parser.error("--pretrain is required: a local HF model folder (config.json, weights, tokenizer)")

@@ -186,6 +186,11 @@ def run(name: str, argv: list[str] | None = None) -> int:
         cfgs = resolve(groups, args, flags)
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))
+    if getattr(args, "print_config", False):  # a dry run: before any path is read or model loaded
+        from rl_cli.dry_run import print_config
+
+        print_config(name, cfgs)
+        return 0
     if not cfgs["model"].pretrain:
         parser.error("--pretrain is required: a local HF model folder (config.json, weights, tokenizer) or a hub "
                      "id in the local Hugging Face cache")

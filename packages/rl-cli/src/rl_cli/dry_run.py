@@ -1,0 +1,80 @@
+"""``--print_config``: a dry run of any training command.
+
+It prints what the flags (ours and OpenRLHF's, both dialects), the YAML file and the
+defaults resolved to, as JSON (one object per config group), then the batch arithmetic
+the run would use (global batch = micro batch x accumulation x data-parallel ranks;
+for RL: prompts x samples per prompt per iteration, optimizer steps per iteration) and,
+for ``rl ppo-ray``, the placement plan's GPU map. It reads no model, no tokenizer and no
+dataset, and starts neither DeepSpeed nor Ray: it works with paths that do not exist yet.
+Arithmetic that cannot work ends it with exit code 2 and the line saying why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+
+def as_dict(cfgs: dict[str, object]) -> dict[str, dict]:
+    return {group: dataclasses.asdict(cfg) for group, cfg in cfgs.items() if dataclasses.is_dataclass(cfg)}
+
+
+def _offline_batches(cfgs: dict) -> list[str]:
+    s = cfgs["strategy"]
+    world = int(os.environ.get("WORLD_SIZE", "1"))  # under torchrun / deepspeed: the launcher's ranks
+    per_step = s.micro_train_batch_size * world
+    if s.train_batch_size % per_step:
+        raise ValueError(f"--train_batch_size {s.train_batch_size} is not a multiple of --micro_train_batch_size "
+                         f"{s.micro_train_batch_size} x {world} data-parallel rank(s) = {per_step}")
+    return [f"global batch {s.train_batch_size} = micro batch {s.micro_train_batch_size} x accumulation "
+            f"{s.train_batch_size // per_step} x data parallel {world} (WORLD_SIZE)",
+            f"optimizer steps = dataset rows // {s.train_batch_size} x {cfgs['train'].max_epochs} epoch(s)"]
+
+
+def _rl_batches(cfgs: dict, ray: bool) -> list[str]:
+    p, s = cfgs["ppo"], cfgs["strategy"]
+    world = cfgs["ray"].actor_num_nodes * cfgs["ray"].actor_num_gpus_per_node if ray else 1
+    samples = p.rollout_batch_size * p.n_samples_per_prompt
+    g, micro = s.train_batch_size, s.micro_train_batch_size
+    if samples % g:
+        raise ValueError(f"--rollout_batch_size {p.rollout_batch_size} x --n_samples_per_prompt "
+                         f"{p.n_samples_per_prompt} = {samples} samples per iteration is not a multiple of "
+                         f"--train_batch_size {g}")
+    if g % (micro * world):
+        raise ValueError(f"--train_batch_size {g} is not a multiple of --micro_train_batch_size {micro} x {world} "
+                         f"actor rank(s) = {micro * world}")
+    iters = (f"{p.max_iterations} (--max_iterations)" if p.max_iterations
+             else f"{p.num_episodes} episode(s) x prompts // {p.rollout_batch_size}")
+    roles = ["policy"] + (["critic"] if p.needs_critic else []) + (["reference"] if p.needs_reference else []) \
+        + (["reward model"] if cfgs["model"].reward_pretrain else [])
+    return [f"per iteration: {p.rollout_batch_size} prompts x {p.n_samples_per_prompt} samples = {samples} samples",
+            f"global batch {g} = micro batch {micro} x accumulation {g // (micro * world)} x data parallel {world}",
+            f"optimizer steps per iteration (each trained model): {samples} // {g} x {p.max_epochs} epoch(s) = "
+            f"{samples // g * p.max_epochs}",
+            f"iterations: {iters}",
+            f"estimator {p.advantage_estimator}, policy loss {p.policy_loss_type}; models: {', '.join(roles)}"]
+
+
+def print_config(command: str, cfgs: dict) -> None:
+    """Print the resolved config, the batch arithmetic and (ppo-ray) the GPU map; SystemExit(2) if it cannot work."""
+    print(json.dumps(as_dict(cfgs), indent=2, default=str))
+    ray = command == "ppo-ray"
+    try:
+        lines = _rl_batches(cfgs, ray) if "ppo" in cfgs else _offline_batches(cfgs)
+    except ValueError as e:
+        print(f"[rl {command}] the batch arithmetic cannot work: {e}", flush=True)
+        raise SystemExit(2) from None
+    for line in lines:
+        print(f"[rl {command}] {line}")
+    if ray:
+        from rl_cli.ppo import plan_from
+        from rl_placement import PlacementError
+
+        try:
+            plan = plan_from(cfgs["ray"], cfgs["ppo"], cfgs["model"])
+        except PlacementError as e:
+            print(f"[rl {command}] the placement cannot work: {e}", flush=True)
+            raise SystemExit(2) from None
+        print(f"[rl {command}] placement:\n{plan.describe()}")
+    print(f"[rl {command}] dry run (--print_config): nothing loaded, nothing started", flush=True)

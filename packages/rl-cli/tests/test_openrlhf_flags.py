@@ -1,0 +1,236 @@
+"""OpenRLHF's flags (both dialects, every command): each one accepted onto the right field, or refused in one line.
+
+The list is OpenRLHF's own (rl_cli/openrlhf_flags.json, extracted from its argparse code);
+docs/openrlhf.md is generated from the parsers, so it cannot drift from them.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from rl_cli import openrlhf, ppo, train
+from rl_cli.config import build_parser, resolve
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def parse(command: str, argv: list[str]) -> dict:
+    groups = ppo._groups(command == "ppo-ray") if command.startswith("ppo") else train._groups(
+        train.COMMANDS[command])
+    parser, flags = build_parser(f"rl {command}", "", groups)
+    return resolve(groups, parser.parse_args(argv), flags)
+
+
+def refused(command: str, argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        parse(command, argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err.strip().splitlines()[-1]
+
+
+@pytest.mark.parametrize("command", openrlhf.COMMANDS)
+def test_every_openrlhf_flag_is_accepted_or_refused(command):
+    rows = openrlhf.rows(command)
+    missing = [r.flag for r in rows if r.status == "MISSING"]
+    assert not missing, (f"rl {command}: OpenRLHF flags neither accepted nor refused; add each to ALIAS, CONVERT or "
+                         f"REFUSED in rl_cli/openrlhf.py: {missing}")
+    assert len(rows) == sum(len(d) for d in openrlhf.flags_of(command).values())
+    assert all(r.why for r in rows if r.status == "refused")
+
+
+def test_the_list_covers_both_dialects_and_the_flags_users_reported():
+    flat, grouped = openrlhf.flags_of("ppo-ray")["flat"], openrlhf.flags_of("ppo-ray")["grouped"]
+    for name in ("actor_learning_rate", "micro_rollout_batch_size", "packing_samples", "use_tensorboard",
+                 "eps_clip_low_high", "policy_loss_type", "entropy_loss_coef", "overlong_buffer_len",
+                 "agent_func_path", "async_train", "lora_rank", "logging_steps", "save_hf_ckpt",
+                 "deepspeed_enable_sleep", "enable_prefix_caching", "ref_reward_offload"):
+        assert name in flat, name
+    for name in ("actor.model_name_or_path", "actor.num_gpus_per_node", "reward.remote_url", "vllm.num_engines",
+                 "vllm.sync_backend", "vllm.enable_sleep", "ds.zero_stage", "ds.packing_samples", "ds.enable_sleep",
+                 "train.batch_size", "train.colocate_all", "train.async_enable", "train.agent_func_path",
+                 "train.dynamic_batch_enable", "train.max_tokens_per_gpu", "algo.advantage.estimator",
+                 "algo.kl.init_coef", "algo.dynamic_filtering_enable", "actor.adam.lr", "ckpt.output_dir"):
+        assert name in grouped, name
+    for name in ("multiturn", "pretrain_mode", "target_modules"):
+        assert name in openrlhf.flags_of("sft")["flat"]
+    assert "value_head_prefix" in openrlhf.flags_of("rm")["flat"]
+    assert openrlhf.flags_of("sft")["flat"]["target_modules"]["nargs"] == "*"
+    assert len(openrlhf.openrlhf_flags()["releases"]["v0.11.0"]) == 40
+
+
+def test_docs_table_is_generated_from_the_parsers():
+    doc = (ROOT / "docs" / "openrlhf.md").read_text()
+    assert doc == openrlhf.markdown(), "docs/openrlhf.md is stale: python -m rl_cli.openrlhf > docs/openrlhf.md"
+
+
+@pytest.mark.parametrize(("command", "argv", "want"), [
+    ("ppo-ray", ["--actor_learning_rate", "3e-6"], {"strategy.learning_rate": 3e-6}),
+    ("ppo-ray", ["--actor.adam.lr", "2e-6", "--actor.adam.betas", "0.9", "0.99"],
+     {"strategy.learning_rate": 2e-6, "strategy.adam_betas": (0.9, 0.99)}),
+    ("ppo-ray", ["--eps_clip_low_high", "0.2", "0.28"], {"ppo.eps_clip": 0.2, "ppo.eps_clip_high": 0.28}),
+    ("ppo-ray", ["--actor.eps_clip_low_high", "0.1", "0.3"], {"ppo.eps_clip": 0.1, "ppo.eps_clip_high": 0.3}),
+    ("ppo-ray", ["--train.batch_size", "16", "--train.micro_batch_size", "2", "--rollout.batch_size", "4",
+                 "--rollout.n_samples_per_prompt", "4"],
+     {"strategy.train_batch_size": 16, "strategy.micro_train_batch_size": 2, "ppo.rollout_batch_size": 4,
+      "ppo.n_samples_per_prompt": 4}),
+    ("ppo-ray", ["--vllm.num_engines", "2", "--actor.num_gpus_per_node", "4", "--train.colocate_all"],
+     {"ray.vllm_num_engines": 2, "ray.actor_num_gpus_per_node": 4, "ray.colocate_all_models": True}),
+    ("ppo-ray", ["--algo.kl.init_coef", "0.05", "--algo.kl.use_loss", "--ds.zero_stage", "3"],
+     {"ppo.init_kl_coef": 0.05, "ppo.use_kl_loss": True, "strategy.zero_stage": 3}),
+    ("ppo-ray", ["--ds.param_dtype", "bf16", "--ds.attn_implementation", "sdpa"],
+     {"strategy.bf16": True, "model.flash_attn": False}),
+    ("ppo-ray", ["--freezing_actor_steps", "-1"], {"ppo.freezing_actor_steps": 0}),
+    ("ppo-ray", ["--critic.freezing_steps", "3"], {"ppo.freezing_actor_steps": 3}),
+    ("ppo-ray", ["--ckpt.output_dir", "out", "--ckpt.save_steps", "5", "--ckpt.path", "c"],
+     {"ppo.save_path": "out", "ppo.save_steps": 5, "ppo.ckpt_path": "c"}),
+    ("ppo", ["--vllm_is_correction_type", "icepop"], {"ppo.is_correction": None}),  # inert without the enable flag
+    ("ppo", ["--vllm_is_correction_type", "icepop", "--enable_vllm_is_correction"], {"ppo.is_correction": "icepop"}),
+    ("ppo", ["--enable_vllm_is_correction", "--vllm_is_correction_type", "icepop"], {"ppo.is_correction": "icepop"}),
+    ("ppo", ["--algo.advantage.is_correction_enable"], {"ppo.is_correction": "tis"}),
+    ("ppo", ["--ring_attn_size", "1", "--zpg", "1", "--dataloader_num_workers", "0"], {}),  # "off" values: no-ops
+    ("sft", ["--target_modules", "q_proj", "v_proj"], {"model.target_modules": "q_proj,v_proj"}),
+    ("sft", ["--ds.lora.target_modules", "q_proj", "--ds.lora.rank", "8"],
+     {"model.target_modules": "q_proj", "model.lora_rank": 8}),
+    ("sft", ["--multiturn", "--packing_samples"], {"data.apply_chat_template": True, "data.packing": True}),
+    ("sft", ["--adam.lr", "1e-5", "--train.seed", "7", "--model.model_name_or_path", "m"],
+     {"strategy.learning_rate": 1e-5, "strategy.seed": 7, "model.pretrain": "m"}),
+    ("sft", ["--optim", "adam"], {}),
+    ("rm", ["--value_head_prefix", "score", "--model.loss_type", "logexp"], {"train.loss": "logexp"}),
+    ("dpo", ["--model.beta", "0.2", "--ref.model_name_or_path", "r", "--model.ipo_enable"],
+     {"train.beta": 0.2, "model.ref_pretrain": "r", "train.ipo": True}),
+    ("dpo", ["--eval.dataset", "e.jsonl", "--eval.steps", "10"], {"data.eval_dataset": "e.jsonl",
+                                                                  "train.eval_steps": 10}),
+])
+def test_openrlhf_flags_land_in_the_right_field(command, argv, want):
+    cfgs = parse(command, argv)
+    got = {k: getattr(cfgs[k.split(".")[0]], k.split(".")[1]) for k in want}
+    assert got == want
+
+
+@pytest.mark.parametrize(("command", "argv", "says"), [
+    ("ppo-ray", ["--ring_attn_size", "2"], "ring attention"),
+    ("ppo-ray", ["--micro_rollout_batch_size", "4"], "--micro_train_batch_size"),
+    ("ppo-ray", ["--train.max_tokens_per_gpu", "16000"], "token-budget"),
+    ("ppo-ray", ["--packing_samples"], "packed sequences"),
+    ("ppo-ray", ["--entropy_loss_coef", "0.01"], "entropy"),
+    ("ppo-ray", ["--perf"], "metrics"),
+    ("ppo-ray", ["--actor.muon.lr", "0.02"], "Muon"),
+    ("ppo-ray", ["--actor.optim", "muon"], "AdamW"),
+    ("ppo-ray", ["--ds.param_dtype", "fp16"], "bf16"),
+    ("ppo-ray", ["--lora_rank", "8"], "LoRA"),
+    ("ppo", ["--vllm_num_engines", "2"], "rl ppo-ray"),
+    ("ppo", ["--actor.num_gpus_per_node", "2"], "rl ppo-ray"),
+    ("rm", ["--value_head_prefix", "value_head2"], "rl_head"),
+    ("rm", ["--packing_samples"], "SFT only"),
+    ("sft", ["--pretrain_mode"], "response tokens"),
+    ("sft", ["--save_hf_ckpt"], "--save_path"),
+    ("kto", ["--ref_offload"], "offloading"),
+])
+def test_refused_flags_stop_with_one_line_naming_the_flag(command, argv, says, capsys):
+    line = refused(command, argv, capsys)
+    assert argv[0] in line and says in line, line
+
+
+def test_accepted_flags_take_openrlhf_values_in_openrlhf_shape():
+    """A switch of OpenRLHF's parses with no value, a multi-value flag with its values, a typed one with its default."""
+    bad = []
+    for command in openrlhf.COMMANDS:
+        parser = openrlhf.parser_of(command)
+        for dialect in ("flat", "grouped"):
+            for name, shape in openrlhf.flags_of(command)[dialect].items():
+                act = parser._option_string_actions[f"--{name}"]
+                if isinstance(act, openrlhf._Refused):
+                    continue
+                default = shape.get("default")
+                if shape.get("action") in ("store_true", "store_false"):
+                    argv = [f"--{name}"]
+                elif isinstance(default, list) and default:
+                    argv = [f"--{name}", *map(str, default)]
+                elif isinstance(default, (int, float, str)) and not isinstance(default, bool) and not (
+                        isinstance(default, str) and "(" in default):
+                    argv = [f"--{name}", str(default)]
+                else:
+                    continue
+                try:
+                    parser.parse_args(argv)
+                except SystemExit:
+                    bad.append(f"rl {command} {' '.join(argv)}")
+    assert not bad, "OpenRLHF values our parser rejects:\n" + "\n".join(bad)
+
+
+def _run(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300, cwd=ROOT)
+
+
+SHEET = ["--pretrain", "/nonexistent/Qwen2.5-7B-Instruct", "--reward_pretrain", "/nonexistent/rm",
+         "--advantage_estimator", "group_norm", "--n_samples_per_prompt", "8", "--vllm_num_engines", "2",
+         "--vllm_tensor_parallel_size", "1", "--actor_num_gpus_per_node", "4", "--colocate_actor_ref",
+         "--prompt_data", "/nonexistent/prompts", "--input_key", "prompt", "--save_path", "./ckpt"]
+GROUPED = ["--actor.model_name_or_path", "/nonexistent/Qwen2.5-7B-Instruct", "--reward.model_name_or_path",
+           "/nonexistent/rm", "--algo.advantage.estimator", "group_norm", "--rollout.n_samples_per_prompt", "8",
+           "--vllm.num_engines", "2", "--vllm.tensor_parallel_size", "1", "--actor.num_gpus_per_node", "4",
+           "--train.colocate_actor_ref", "--data.prompt_dataset", "/nonexistent/prompts", "--data.input_key",
+           "prompt", "--ckpt.output_dir", "./ckpt"]
+
+
+@pytest.mark.parametrize("argv", [SHEET, GROUPED], ids=["flat", "grouped"])
+def test_the_reference_sheet_command_prints_its_config_in_both_dialects(argv):
+    """(OpenRLHF itself asserts n_samples_per_prompt > 1 for group_norm, as we do: the sheet omits it.)"""
+    t0 = time.monotonic()
+    r = _run("-m", "rl_cli.train_ppo_ray", *argv, "--print_config")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert time.monotonic() - t0 < 120
+    out = r.stdout
+    assert '"pretrain": "/nonexistent/Qwen2.5-7B-Instruct"' in out and '"advantage_estimator": "group_norm"' in out
+    assert '"colocate_actor_ref": true' in out and '"vllm_num_engines": 2' in out and '"input_key": "prompt"' in out
+    assert "8 prompts x 8 samples = 64 samples" in out
+    assert "micro batch 1 x accumulation 2 x data parallel 4" in out
+    assert "node0: gpu3 [actor r3, ref r3]" in out and "[vllm e1/tp0]" in out
+    assert "nothing loaded" in out
+    assert "torch.distributed" not in r.stderr and "Started a local Ray" not in r.stderr + out
+
+
+@pytest.mark.parametrize("command", ["sft", "rm", "dpo", "kto", "ppo"])
+def test_print_config_is_a_dry_run_on_every_command(command):
+    data = "--prompt_data" if command == "ppo" else "--dataset"
+    extra = ["--reward_fn", "builtin:math", "--label_key", "answer"] if command == "ppo" else []
+    r = _run("-m", "rl_cli.main", command, "--pretrain", "/nonexistent/model", data, "/nonexistent/data.jsonl",
+             "--train_batch_size", "4", "--micro_train_batch_size", "2", *extra, "--print_config")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert '"pretrain": "/nonexistent/model"' in r.stdout
+    assert "global batch 4 = micro batch 2 x accumulation 2 x data parallel 1" in r.stdout
+    assert "nothing loaded" in r.stdout
+
+
+def test_print_config_reports_batch_arithmetic_that_cannot_work():
+    r = _run("-m", "rl_cli.main", "ppo-ray", "--pretrain", "m", "--prompt_data", "p", "--rollout_batch_size", "3",
+             "--train_batch_size", "4", "--print_config")
+    assert r.returncode == 2
+    assert "3 x --n_samples_per_prompt 1 = 3 samples per iteration is not a multiple of --train_batch_size 4" \
+        in r.stdout
+
+
+def test_extractor_reads_loops_and_fstrings():
+    spec = importlib.util.spec_from_file_location("extract", ROOT / "packages/rl-cli/scripts/extract_openrlhf_flags.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    src = '''
+import argparse
+p = argparse.ArgumentParser()
+p.add_argument("--a.b", type=int, default=3)
+p.add_argument("--flag", action="store_true", default=False)
+for prefix in ("actor", "critic"):
+    p.add_argument(f"--{prefix}.adam.betas", type=float, nargs=2, default=(0.9, 0.95))
+'''
+    ast.parse(src)
+    assert mod.flags_of(src) == {"a.b": {"type": "int", "default": 3},
+                                 "flag": {"action": "store_true", "default": False},
+                                 "actor.adam.betas": {"type": "float", "nargs": 2, "default": [0.9, 0.95]},
+                                 "critic.adam.betas": {"type": "float", "nargs": 2, "default": [0.9, 0.95]}}
