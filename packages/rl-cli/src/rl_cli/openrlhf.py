@@ -22,6 +22,7 @@ the list is neither accepted nor refused, or when the docs drift from the code.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -495,19 +496,36 @@ def install(parser: argparse.ArgumentParser, command: str | None, owner: dict[st
 # ----- the table: docs/openrlhf.md ----------------------------------------------------------------
 
 
+def groups_of(command: str) -> dict[str, type]:
+    if command in ("ppo", "ppo-ray"):
+        from rl_cli import ppo
+
+        return ppo._groups(command == "ppo-ray")
+    from rl_cli import train
+
+    return train._groups(train.COMMANDS[command])
+
+
 def parser_of(command: str) -> argparse.ArgumentParser:
     """The command's real parser (the one ``rl COMMAND`` runs), built without loading anything heavy."""
     from rl_cli.config import build_parser
 
-    if command in ("ppo", "ppo-ray"):
-        from rl_cli import ppo
+    return build_parser(f"rl {command}", command, groups_of(command))[0]
 
-        groups = ppo._groups(command == "ppo-ray")
-    else:
-        from rl_cli import train
 
-        groups = train._groups(train.COMMANDS[command])
-    return build_parser(f"rl {command}", command, groups)[0]
+def _default_gap(command: str, dest: str, shape: dict) -> str:
+    """'X / Y' (OpenRLHF's default / ours) where a run that omits the flag would differ; else ''."""
+    theirs = shape.get("default")
+    if shape.get("action") == "store_true" and theirs is None:
+        theirs = False
+    if isinstance(theirs, str) and ("(" in theirs or "%" in theirs):  # an expression or a run-name pattern
+        return ""
+    group, field = dest.split(".", 1)
+    f = next(f for f in dataclasses.fields(groups_of(command)[group]) if f.name == field)
+    ours = f.default if f.default is not dataclasses.MISSING else (
+        f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+    same = theirs == ours or (isinstance(theirs, list) and ours is not None and tuple(theirs) == tuple(ours))
+    return "" if same else f"{theirs!r} / {ours!r}"
 
 
 @dataclass(frozen=True)
@@ -517,6 +535,7 @@ class Row:
     ours: str
     status: str  # "accepted" | "refused" | "MISSING"
     why: str = ""
+    defaults: str = ""  # "OpenRLHF X / ours Y" where a run that omits the flag differs
 
 
 def rows(command: str) -> list[Row]:
@@ -526,7 +545,7 @@ def rows(command: str) -> list[Row]:
     acts = parser._option_string_actions
     out = []
     for dialect in ("flat", "grouped"):
-        for name in flags_of(command)[dialect]:
+        for name, shape in flags_of(command)[dialect].items():
             act = acts.get(f"--{name}")
             if act is None:
                 out.append(Row(name, dialect, "", "MISSING"))
@@ -539,7 +558,8 @@ def rows(command: str) -> list[Row]:
                     and act.dest.startswith("data."):
                 out.append(Row(name, dialect, act.dest, "refused", UNUSED_BY_RL[act.dest.split(".")[-1]]))
             else:
-                out.append(Row(name, dialect, act.dest, "accepted", NOTES.get((command, name), "")))
+                out.append(Row(name, dialect, act.dest, "accepted", NOTES.get((command, name), ""),
+                               _default_gap(command, act.dest, shape)))
     return out
 
 
@@ -563,18 +583,20 @@ def markdown() -> str:
     lines += ["", "`python -m openrlhf.cli.train_X` becomes `python -m rl_cli.train_X` or `rl X`. `ours` is the "
               "setting the flag sets (`rl X --print_config` shows them all resolved). A refused flag given "
               "the value that leaves its feature off in OpenRLHF (e.g. `--ring_attn_size 1`) is accepted as the "
-              "no-op it is.", ""]
+              "no-op it is. The last column shows where a run that leaves a flag out differs from OpenRLHF's "
+              "(pass the flag to get OpenRLHF's value; `None` on our side means derived, see `rl X --help`).", ""]
     for command in COMMANDS:
         rs = rows(command)
         acc = sum(r.status == "accepted" for r in rs)
         src = sorted({s["from"] for d in flags_of(command).values() for s in d.values()})
         lines += [f"## rl {command}", "",
                   f"{len(rs)} OpenRLHF flags ({', '.join(src)}): {acc} accepted, {len(rs) - acc} refused.", "",
-                  "| OpenRLHF flag | ours | status |", "|---|---|---|"]
+                  "| OpenRLHF flag | ours | status | default: OpenRLHF / ours, where they differ |",
+                  "|---|---|---|---|"]
         for r in rs:
             status = r.status if not r.why else f"{r.status}: {r.why}"
-            ours = f"`{r.ours}`" if r.ours else ""
-            lines.append(f"| `--{r.flag}` | {ours.replace('|', '&#124;')} | {status.replace('|', '&#124;')} |")
+            cells = [f"`--{r.flag}`", f"`{r.ours}`" if r.ours else "", status, f"`{r.defaults}`" if r.defaults else ""]
+            lines.append("| " + " | ".join(c.replace("|", "&#124;") for c in cells) + " |")
         lines.append("")
     return "\n".join(lines)
 
