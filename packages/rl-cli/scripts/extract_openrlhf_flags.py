@@ -10,6 +10,9 @@ every one of them is either mapped onto our configs or refused.
 
     python packages/rl-cli/scripts/extract_openrlhf_flags.py /path/to/OpenRLHF/.git \
         > packages/rl-cli/src/rl_cli/openrlhf_flags.json
+
+``OPENRLHF_GIT=/path/to/OpenRLHF/.git pytest packages/rl-cli/tests/test_openrlhf_flags.py`` checks
+that the committed file is what this script reads (to move to a newer release, edit SOURCES).
 """
 
 from __future__ import annotations

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import json
+import os
 import subprocess
 import sys
 import time
@@ -234,3 +236,10 @@ for prefix in ("actor", "critic"):
                                  "flag": {"action": "store_true", "default": False},
                                  "actor.adam.betas": {"type": "float", "nargs": 2, "default": [0.9, 0.95]},
                                  "critic.adam.betas": {"type": "float", "nargs": 2, "default": [0.9, 0.95]}}
+
+
+@pytest.mark.skipif(not os.environ.get("OPENRLHF_GIT"), reason="set OPENRLHF_GIT to a clone of OpenRLHF (its .git)")
+def test_the_committed_list_is_what_the_extractor_reads_from_openrlhf():
+    r = _run(str(ROOT / "packages/rl-cli/scripts/extract_openrlhf_flags.py"), os.environ["OPENRLHF_GIT"])
+    assert r.returncode == 0, r.stderr
+    assert json.loads(r.stdout) == openrlhf.openrlhf_flags(), "re-run the extractor into rl_cli/openrlhf_flags.json"
