@@ -478,10 +478,10 @@ def install(parser: argparse.ArgumentParser, command: str | None, owner: dict[st
         if refuse is None and name in CONVERT:
             meta = {} if CONVERT[name].nargs == 0 else {"metavar": name.split(".")[-1].upper()}
             group.add_argument(opt, action=_Converted, conv=CONVERT[name], dest=argparse.SUPPRESS,
-                               help=f"OpenRLHF: sets {CONVERT[name].ours}", **meta)
+                               help=f"OpenRLHF's flag; sets {CONVERT[name].ours}", **meta)
             owner[opt] = f"openrlhf:{name}"
         elif refuse is None and target is not None:
-            group.add_argument(opt, dest=target, **{**kwargs_of[target], "help": f"OpenRLHF: --{target}"})
+            group.add_argument(opt, dest=target, **{**kwargs_of[target], "help": f"OpenRLHF's name of --{target}"})
             owner[opt] = target
         elif refuse is not None:
             group.add_argument(opt, action=_Refused, refuse=refuse, switch=shape.get("action") == "store_true",
