@@ -23,7 +23,7 @@ OPENRLHF_TABLES = ROOT / "packages" / "rl-cli" / "src" / "rl_cli" / "openrlhf.py
 ADD_ARGUMENT = re.compile(r"add_argument\(\s*\"(--[\w.-]+)\"")
 # outside tools' own flags, allowed only on a line that names the tool
 TOOLS = {
-    "uv ": {"--exact", "--locked", "--package", "--extra", "--find-links", "--no-deps"},
+    "uv ": {"--exact", "--locked", "--package", "--extra", "--find-links", "--no-deps", "--group"},
     "ray ": {"--head", "--port", "--num", "--address", "--working"},
     "torchrun": {"--nproc_per_node", "--nnodes", "--master_port", "--master_addr", "--node_rank"},
     "deepspeed ": {"--num_gpus", "--module", "--include", "--hostfile"},
