@@ -57,9 +57,11 @@ class RayArgs:
     colocate_critic_reward: bool = field(default=False, metadata=meta("critic and reward model share GPUs"))
     colocate_all_models: bool = field(default=False, metadata=meta("the hybrid engine (every model with the engines)"))
     ray_address: str | None = field(default=None, metadata=meta(
-        "an existing cluster (default: RAY_ADDRESS, else a local Ray)"))
+        "an existing cluster (default: RAY_ADDRESS, else the cluster `ray start --head` runs on this machine, "
+        "else a local Ray); token authentication is handled (rl_cli.ray_cluster)"))
     num_gpus: int | None = field(default=None, metadata=meta(
-        "a local Ray's logical GPUs (for machines without GPUs; tests, dry runs)"))
+        "start a fresh local Ray with this many logical GPUs, even where a cluster runs (for machines without "
+        "GPUs; tests, dry runs)"))
     placement_strategy: str = field(default="PACK", metadata=meta("PACK | SPREAD for the model groups"))
     call_timeout_s: float = field(default=3600.0, metadata=meta(
         "a role call that takes longer fails, naming the role and rank"))
@@ -294,13 +296,14 @@ def run_ray(argv: list[str] | None = None) -> int:
 
     import ray
 
+    from rl_cli.ray_cluster import cluster_address, connect
     from rl_cli.ray_factory import RayFactory
     from rl_core.rl.build import build_run
     from rl_placement import create_placement_groups
 
-    address = a.ray_address or os.environ.get("RAY_ADDRESS")
+    address = cluster_address(a.ray_address, a.num_gpus)  # --ray_address, RAY_ADDRESS, a `ray start` cluster here
     if address:
-        ray.init(address=address, include_dashboard=False)
+        connect(address)  # RAY_AUTH_MODE=token when a token is at hand; one line when the cluster refuses
     else:
         _local_ray_env()
         ray.init(num_gpus=a.num_gpus, include_dashboard=False, log_to_driver=True)

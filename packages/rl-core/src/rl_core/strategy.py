@@ -57,6 +57,9 @@ class StrategyConfig:
     gradient_checkpointing: bool = field(default=False, metadata=meta("recompute activations in the backward pass (less memory)"))
     seed: int = field(default=42, metadata=meta("seed of the model init, data order and sampling"))
     zero_bucket_bytes: int = field(default=500_000_000, metadata=meta("ZeRO reduce / prefetch bucket size"))
+    local_rank: int = field(default=-1, metadata=meta(
+        "this process's rank on its node, as the deepspeed launcher passes it (--local_rank=N); launchers also "
+        "export LOCAL_RANK, which wins; -1: from the environment (torchrun, Ray) or 0 alone"))
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
@@ -134,6 +137,8 @@ class DeepSpeedStrategy:
             return
         import deepspeed
 
+        if self.cfg.local_rank >= 0:  # deepspeed --module passes --local_rank=N (and exports LOCAL_RANK)
+            os.environ.setdefault("LOCAL_RANK", str(self.cfg.local_rank))
         if "RANK" not in os.environ:  # no launcher: a world of one
             os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
             os.environ.setdefault("MASTER_PORT", str(_free_port()))
