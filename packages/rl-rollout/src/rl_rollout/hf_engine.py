@@ -10,14 +10,18 @@ greedy requests report ``log_softmax(logits)``. Weights change in place
 trainer's :class:`~rl_rollout.transport.CollectiveSender`, verified after the
 load where the model's dtype is the wire dtype). ``sleep`` moves the model to the
 host when it lives on an accelerator (on CUDA, returning the freed memory to the
-driver, where a colocated trainer can allocate it) and is a no-op on CPU. Not here: continuous batching (``agenerate``
-runs one request at a time under a lock), stop strings, prefix caching.
+driver, where a colocated trainer can allocate it) and is a no-op on CPU. ``agenerate`` runs one request at a
+time; with ``batch_agenerate = True`` the calls made in the same event-loop tick (an agent executor's episodes,
+each at its next turn) run as one batch, and requests that differ only in ``seed`` share one ``generate`` call
+seeded from all their seeds (reproducible for the same set of requests, no longer per request). Not here:
+continuous batching (a request waits for the batch in flight), stop strings, prefix caching.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import os
 import threading
 from collections.abc import Iterable
@@ -67,6 +71,8 @@ class HFEngine:
         self.policy_version = 0
         self._sleeping = False
         self._lock = threading.Lock()
+        self._pending: dict[asyncio.AbstractEventLoop, list] = {}  # agenerate calls of this tick, per event loop
+        self.batch_agenerate = False  # the RL loop's agent episodes turn it on (module docstring)
         self._receiver = None  # a CollectiveReceiver after init_weight_group
 
     # ---- generation ----
@@ -87,8 +93,34 @@ class HFEngine:
             return [results[i] for i in range(len(requests))]
 
     async def agenerate(self, request: RolloutRequest) -> list[RolloutSample]:
-        (samples,) = await asyncio.to_thread(self.generate, [request])
-        return samples
+        if not self.batch_agenerate:
+            (samples,) = await asyncio.to_thread(self.generate, [request])
+            return samples
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+        pending = self._pending.setdefault(loop, [])
+        pending.append((request, future))
+        if len(pending) == 1:  # runs after the coroutines already scheduled in this tick have queued theirs
+            loop.call_soon(lambda: loop.create_task(self._flush(loop)))
+        return await future
+
+    async def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
+        batch = self._pending.pop(loop)
+        requests = [r for r, _ in batch]
+        seeds = [r.params.seed for r in requests]
+        if len(requests) > 1 and all(x is not None for x in seeds):  # one generate call needs one seed
+            seed = hash(tuple(seeds)) & 0x7FFFFFFF
+            requests = [dataclasses.replace(r, params=dataclasses.replace(r.params, seed=seed)) for r in requests]
+        try:
+            results = await asyncio.to_thread(self.generate, requests)
+        except BaseException as e:
+            for _, f in batch:
+                if not f.done():
+                    f.set_exception(e)
+            return
+        for (_, f), samples in zip(batch, results, strict=True):
+            if not f.done():
+                f.set_result(samples)
 
     @torch.no_grad()
     def _generate_group(self, requests: list[RolloutRequest], params: SamplingParams) -> list[list[RolloutSample]]:
