@@ -125,9 +125,12 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         parser.error("--pretrain is required: a local HF model folder (config.json, weights, tokenizer)")
     if not d.dataset:
         parser.error("--prompt_data (or --dataset) is required: prompts as .jsonl/.json/.parquet or a datasets folder")
-    if not (cfgs["reward"].given or m.reward_pretrain):
-        parser.error("no reward: give --reward_fn SPEC (file.py:func, builtin:math ...), --remote_rm_url URL "
-                     "or --reward_pretrain FOLDER")
+    if not (cfgs["reward"].given or m.reward_pretrain or p.agent_func_path):
+        parser.error("no reward: give --reward_fn SPEC (file.py:func, builtin:math ...), --remote_rm_url URL, "
+                     "--reward_pretrain FOLDER or --agent_func_path FILE.py (an environment's rewards)")
+    if ray and p.agent_func_path:
+        parser.error("--agent_func_path plays episodes turn by turn through an engine in the trainer's process: "
+                     "use rl ppo (rl ppo-ray's engine actors do not take turn-by-turn requests yet)")
     _refuse_unused(cfgs, parser)
     cfgs["model"] = m = _local_models(f"rl {name}", m)  # hub ids -> local HF cache folders, before any model loads
     _wandb_installed(f"rl {name}", cfgs["logger"])

@@ -32,6 +32,16 @@ in-process (:class:`~rl_core.rl.groups.LocalGroup`, ``rl ppo``) or Ray actors
    loop's state committed together by one marker (:mod:`rl_core.rl.checkpoint`),
    resumable with ``load_checkpoint`` from the newest committed iteration.
 
+Asynchronous training (``async_train``, :mod:`rl_core.rl.pipeline`): a producer thread runs
+step 1 and 2 for the next iterations while this thread runs 3 to 6; a batch waits to be
+generated until the policy it will train is at most ``max_staleness`` versions newer than the
+engines' (``rl/staleness_mean``, ``staleness_max``, ``staleness_violations`` (0 by
+construction), ``policy_version_generated``, ``policy_version_trained``, ``rollout_wait_s``).
+Its samples are off-policy: old log-probs always come from the policy's forward (no on-policy
+shortcut) and the engine's sampling is corrected with ``is_correction`` (``tis`` unless set);
+the log-prob gap alarm watches only the samples the training policy generated
+(``stale_logprob_gap``: the others). The engines cannot sleep in this mode.
+
 Metrics per iteration (``metrics.jsonl``, TensorBoard, ``curves.png``, the console
 bar): rewards, reward-call failures (``reward/failures``, ``errors``, ``timeouts``,
 ``nonfinite``), lengths, truncation, KL, losses, clip fractions, dynamic-filtering
@@ -53,6 +63,7 @@ from rl_core.metrics import MetricsLogger
 from rl_core.rl.checkpoint import RLCheckpoints
 from rl_core.rl.experience import collate, dp_order, make_item, rows
 from rl_core.rl.groups import LocalGroup, concurrently
+from rl_core.rl.pipeline import AsyncRollout
 from rl_core.trainers.ppo_config import PPOConfig
 
 __all__ = ["PPOConfig", "PPOTrainer"]
@@ -94,9 +105,20 @@ class PPOTrainer:
             raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
         self.sleep_level = sleep_level
         self._gap_warned = False
-        if reward_fn is None and reward_model is None:
-            raise ValueError("no reward: give a reward function (--reward_fn / --remote_rm_url) or a reward model "
-                             "(--reward_pretrain)")
+        if reward_fn is None and reward_model is None and not cfg.agent_func_path:
+            raise ValueError("no reward: give a reward function (--reward_fn / --remote_rm_url), a reward model "
+                             "(--reward_pretrain) or an environment (--agent_func_path)")
+        self.agent = None  # a factory of fresh environments, one per episode
+        if cfg.agent_func_path:
+            from rl_rollout.agents.openrlhf import load_agent
+
+            if not callable(getattr(rollout, "agenerate", None)):
+                raise ValueError(f"--agent_func_path plays episodes turn by turn through the engine's agenerate, "
+                                 f"which this rollout ({type(rollout).__name__}) lacks: use rl ppo (the engine in "
+                                 "the trainer's process)")
+            self.agent = load_agent(cfg.agent_func_path)
+            if hasattr(rollout, "batch_agenerate"):  # the HF engine: one generate per turn of all episodes
+                rollout.batch_agenerate = True
         if cfg.needs_critic and critic is None:
             raise ValueError("--advantage_estimator gae (PPO) needs a critic (--critic_pretrain); or pick a "
                              f"critic-free estimator: {', '.join(estimator_names(critic_free=True))}")
@@ -132,8 +154,13 @@ class PPOTrainer:
                        else FixedKLController(cfg.init_kl_coef))
         # One epoch and one global batch per iteration, no KL reward penalty: the policy trains once on weights
         # the engine sampled with, so its old log-probs are its train forward's (detached): skip that forward.
+        # Asynchronous training samples with older weights than the ones that train: never on-policy.
         self.on_policy = (cfg.max_epochs == 1 and samples == train_batch_size and self.kl is None
-                          and cfg.freezing_actor_steps == 0)
+                          and cfg.freezing_actor_steps == 0 and not cfg.async_train)
+        if cfg.async_train and sleep_engines:
+            raise ValueError("--async_train generates while the policy trains, so the engines cannot sleep "
+                             "meanwhile: drop --vllm_enable_sleep (or --async_train)")
+        self._ckpt_cursor = None  # async: the prompt cursor after the batch trained last (the producer runs ahead)
         local = [g for g in (policy, critic, ref, reward_model) if g is not None]
         self.parallel = not all(isinstance(g, LocalGroup) for g in local)
 
@@ -156,16 +183,55 @@ class PPOTrainer:
         c = self.cfg
         params = SamplingParams(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.generate_max_len,
                                 n=c.n_samples_per_prompt, stop_token_ids=self.eos, seed=seed)
-        groups = self.rollout.generate([RolloutRequest(list(p["prompt_ids"]), params) for p in prompts])
+        if self.agent is not None:
+            groups = self._episodes(prompts, params)
+        else:
+            groups = self.rollout.generate([RolloutRequest(list(p["prompt_ids"]), params) for p in prompts])
         if len(groups) != len(prompts) or any(len(g) != c.n_samples_per_prompt for g in groups):
             raise RuntimeError(f"the rollout returned {[len(g) for g in groups]} samples for {len(prompts)} prompts "
                                f"x n={c.n_samples_per_prompt}")
         return [s for g in groups for s in g]
 
+    def _episodes(self, prompts: list[dict], params):
+        """Multi-turn episodes (rl-rollout's AgentExecutor): environment tokens carry loss mask 0."""
+        from rl_rollout.agents import AgentExecutor, AgentRequest
+
+        c = self.cfg
+        executor = AgentExecutor(self.rollout, self.tokenizer, self.agent, max_turns=c.agent_max_turns,
+                                 max_len=c.agent_max_len, params=params)
+        return executor.run([AgentRequest(list(p["prompt_ids"]), prompt=p.get("prompt"), label=p.get("label"))
+                             for p in prompts])
+
+    def _episode_rewards(self, samples) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """The episodes' rewards (sums of step rewards), their scores (OpenRLHF's last ``scores``, else the
+        reward) and what to log: turns, policy and environment tokens, stop causes, the agent's extra logs."""
+        rewards = torch.tensor([float(s.reward or 0.0) for s in samples])
+        scores = torch.tensor([float((s.info["env_info"] or [{}])[-1].get("score", s.reward or 0.0))
+                               for s in samples])
+        k = len(samples)
+        info = {"agent/reward_mean": rewards.mean().item(),
+                "agent/turns": sum(s.info["turns"] for s in samples) / k,
+                "agent/policy_tokens": sum(sum(s.loss_mask) for s in samples) / k,
+                "agent/env_tokens": sum(len(s.loss_mask) - sum(s.loss_mask) for s in samples) / k,
+                "agent/done_fraction": sum(s.info["stop_cause"] == "done" for s in samples) / k}
+        extra: dict[str, list[float]] = {}
+        for s in samples:
+            for step in s.info["env_info"]:
+                for name, v in (step.get("extra_logs") or {}).items():
+                    extra.setdefault(name, []).append(float(v))
+        info.update({f"agent_extra/{n}": sum(v) / len(v) for n, v in extra.items()})
+        return rewards, scores, info
+
     def _rewards(self, prompts: list[dict], samples, items: list[dict]) -> tuple[torch.Tensor, dict]:
         n = self.cfg.n_samples_per_prompt
         parts, info = [], {}
         self._filter_scores = None  # the scorer's own scores for dynamic filtering, when it reports them
+        if self.agent is not None:
+            rewards, agent_scores, agent_info = self._episode_rewards(samples)
+            parts.append(rewards)
+            info.update(agent_info)
+            if self.reward_fn is None and self.reward_model is None:
+                self._filter_scores = agent_scores
         if self.reward_fn is not None:
             ps = [prompts[i // n]["prompt"] for i in range(len(samples))]
             labels = [prompts[i // n].get("label") for i in range(len(samples))]
@@ -263,7 +329,8 @@ class PPOTrainer:
             from rl_rollout.rewards import RewardError
 
             self.metrics.log(it, {"rl/" + k: v for k, v in stats.items() if k.startswith("reward/")})
-            self.metrics.close()
+            if not self.cfg.async_train:  # async: the trainer thread, still logging, closes it when it re-raises
+                self.metrics.close()
             raise RewardError(f"iteration {it}: {summary}, more than --reward_max_failure_rate {limit} allows; "
                               f"first: {counts.first_failure}. Fix the reward function or the data it reads, or "
                               f"raise --reward_max_failure_rate to train on --reward_fallback for failed calls")
@@ -286,7 +353,9 @@ class PPOTrainer:
             for it, t in zip(items, per_item, strict=True):
                 it[key] = t
 
-    def _advantages(self, items: list[dict], scores: torch.Tensor) -> dict[str, float]:
+    def _advantages(self, items: list[dict], scores: torch.Tensor,
+                    fresh: list[bool] | None = None) -> dict[str, float]:
+        """``fresh`` (async): which items the policy that trains generated; only they measure the engine's gap."""
         from rl_algos import approx_kl, compute_advantages, masked_mean, masked_whiten
 
         c = self.cfg
@@ -318,10 +387,17 @@ class PPOTrainer:
         if all(has_rollout) and not self.on_policy:  # on-policy: measured in the policy's train forward
             m = mask.clone()
             m[:, 0] = 0
-            out["rollout_logprob_gap"] = masked_mean((b["old_logprobs"] - b["rollout_logprobs"]).abs(), m).item()
-            out.update(self._check_gap(out["rollout_logprob_gap"]))
-        if c.is_correction and not all(has_rollout):
-            raise ValueError(f"--is_correction {c.is_correction} needs the engine's rollout logprobs; this "
+            gap_BT = (b["old_logprobs"] - b["rollout_logprobs"]).abs()
+            if fresh is not None:  # older policies' samples differ by training, not by a faulty sync
+                f = torch.tensor(fresh, dtype=m.dtype).unsqueeze(1)
+                if (m * (1 - f)).sum() > 0:
+                    out["stale_logprob_gap"] = masked_mean(gap_BT, m * (1 - f)).item()
+                m = m * f
+            if m.sum() > 0:
+                out["rollout_logprob_gap"] = masked_mean(gap_BT, m).item()
+                out.update(self._check_gap(out["rollout_logprob_gap"]))
+        if c.is_correction_type and not all(has_rollout):
+            raise ValueError(f"--is_correction {c.is_correction_type} needs the engine's rollout logprobs; this "
                              "rollout returned samples without them")
         return out
 
@@ -389,7 +465,8 @@ class PPOTrainer:
         (:class:`~rl_core.rl.checkpoint.RLCheckpoints`)."""
         from rl_core.checkpoint import rng_state_json
 
-        state = {"iteration": it, "cursor": self.cursor, "kl_coef": self.kl.value if self.kl is not None else None,
+        cursor = self.cursor if self._ckpt_cursor is None else self._ckpt_cursor
+        state = {"iteration": it, "cursor": cursor, "kl_coef": self.kl.value if self.kl is not None else None,
                  "history": self.history, "gap_warned": self._gap_warned, "rng": rng_state_json()}
         self.ckpt.save(it, self._roles_with_state(), state)
 
@@ -411,6 +488,62 @@ class PPOTrainer:
 
     # ----- the loop --------------------------------------------------------------------------
 
+    def _collect_with_cursor(self, it: int):
+        """The producer thread's batch: :meth:`_collect`'s, and the prompt cursor right after it."""
+        return (*self._collect(it), self.cursor)
+
+    def _staleness(self, samples, trained: int) -> tuple[dict[str, float], list[bool]]:
+        """How many versions each sample's policy lags the one that trains (``trained``), against the bound."""
+        lag = [trained - s.policy_version for s in samples]
+        violations = sum(x > self.cfg.max_staleness or x < 0 for x in lag)
+        if violations:
+            logger.warning("%d samples break the staleness bound %d: versions %s trained at %d", violations,
+                           self.cfg.max_staleness, sorted({s.policy_version for s in samples}), trained)
+        return {"staleness_mean": sum(lag) / len(lag), "staleness_max": float(max(lag)),
+                "staleness_violations": float(violations), "policy_version_generated": float(trained - max(lag)),
+                "policy_version_trained": float(trained)}, [x == 0 for x in lag]
+
+    def _iteration(self, it: int, bar, pipeline: AsyncRollout | None) -> None:
+        c = self.cfg
+        t0 = time.perf_counter()
+        fresh = None
+        if pipeline is None:
+            prompts, samples, items, scores, m = self._collect(it)
+        else:
+            (prompts, samples, items, scores, m, self._ckpt_cursor), wait_s = pipeline.get(it)
+            stale, fresh = self._staleness(samples, it - 1)
+            m.update(stale, rollout_wait_s=wait_s)
+        if self.sleep_engines:
+            self.rollout.sleep(self.sleep_level)
+        t1 = time.perf_counter()
+        self._experience(items)
+        m.update(self._advantages(items, scores, fresh))
+        t2 = time.perf_counter()
+        m.update(self._train(items, it))
+        m.update(self._sync(it))
+        if pipeline is not None:
+            pipeline.synced(it)
+        if self.kl is not None and "kl" in m:
+            self.kl.update(m["kl"], len(items))
+        lengths = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.float32)
+        m.update({
+            "reward_mean": scores.mean().item(), "reward_std": scores.std().item() if len(scores) > 1 else 0.0,
+            "response_length": lengths.mean().item(),
+            "truncated": sum(s.finish_reason == "length" for s in samples) / len(samples),
+            "experience_s": t2 - t1, "iteration_s": time.perf_counter() - t0,
+        })
+        if not all(math.isfinite(v) for v in m.values()):
+            logger.warning("iteration %d: non-finite metrics %s", it, m)
+        self.history.append(m)
+        self.metrics.log(it, {"rl/" + k: v for k, v in m.items()})
+        bar.update(1)
+        post = {"reward": f"{m['reward_mean']:.3f}", "kl": f"{m.get('kl', 0.0):.4f}"}
+        if m.get("reward/failures"):
+            post["reward_failed"] = f"{m['reward/failures']}/{m['reward/failures'] + m['reward/ok']}"
+        bar.set_postfix(**post)
+        if c.save_steps > 0 and (it % c.save_steps == 0 or it == self.num_iterations):
+            self.save_checkpoint(it)
+
     def fit(self) -> list[dict[str, float]]:
         c = self.cfg
         start = self.load_checkpoint() if c.load_checkpoint else 0
@@ -419,37 +552,20 @@ class PPOTrainer:
                         "that a run logged before it stopped are logged again)", start, self.num_iterations, start)
             self._sync(start)
         bar = tqdm(total=self.num_iterations, initial=start, desc=f"rl {c.advantage_estimator}")
-        for it in range(start + 1, self.num_iterations + 1):
-            t0 = time.perf_counter()
-            prompts, samples, items, scores, m = self._collect(it)
-            if self.sleep_engines:
-                self.rollout.sleep(self.sleep_level)
-            t1 = time.perf_counter()
-            self._experience(items)
-            m.update(self._advantages(items, scores))
-            t2 = time.perf_counter()
-            m.update(self._train(items, it))
-            m.update(self._sync(it))
-            if self.kl is not None and "kl" in m:
-                self.kl.update(m["kl"], len(items))
-            lengths = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.float32)
-            m.update({
-                "reward_mean": scores.mean().item(), "reward_std": scores.std().item() if len(scores) > 1 else 0.0,
-                "response_length": lengths.mean().item(),
-                "truncated": sum(s.finish_reason == "length" for s in samples) / len(samples),
-                "experience_s": t2 - t1, "iteration_s": time.perf_counter() - t0,
-            })
-            if not all(math.isfinite(v) for v in m.values()):
-                logger.warning("iteration %d: non-finite metrics %s", it, m)
-            self.history.append(m)
-            self.metrics.log(it, {"rl/" + k: v for k, v in m.items()})
-            bar.update(1)
-            post = {"reward": f"{m['reward_mean']:.3f}", "kl": f"{m.get('kl', 0.0):.4f}"}
-            if m.get("reward/failures"):
-                post["reward_failed"] = f"{m['reward/failures']}/{m['reward/failures'] + m['reward/ok']}"
-            bar.set_postfix(**post)
-            if c.save_steps > 0 and (it % c.save_steps == 0 or it == self.num_iterations):
-                self.save_checkpoint(it)
+        pipeline = None
+        if c.async_train:  # the producer thread collects batch k+1.. while this thread trains on batch k
+            pipeline = AsyncRollout(self._collect_with_cursor, start + 1, self.num_iterations,
+                                    max_staleness=c.max_staleness, version=start)
+        try:
+            for it in range(start + 1, self.num_iterations + 1):
+                self._iteration(it, bar, pipeline)
+        except BaseException:
+            if pipeline is not None:
+                pipeline.close(timeout=60.0)
+                self.metrics.close()
+            raise
+        if pipeline is not None:
+            pipeline.close()
         bar.close()
         self.metrics.close()
         if c.save_path:

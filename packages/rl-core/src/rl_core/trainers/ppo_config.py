@@ -63,6 +63,23 @@ class PPOConfig:
     is_correction_threshold: tuple[float, float] = field(default=(0.5, 5.0), metadata=meta(
         "LOW HIGH bounds of the importance weights (clamp for tis, keep-range for icepop / seq-mask-tis)",
         openrlhf=("algo.advantage.is_correction_threshold",)))
+    async_train: bool = field(default=False, metadata=meta(
+        "generate the next batch while the policy trains on this one (one-step-off-policy pipelining): a sample "
+        "trains a policy at most --max_staleness versions newer than the one that generated it; old log-probs "
+        "are the trainer's and the engine's sampling is corrected by --is_correction (tis unless set)",
+        openrlhf=("train.async_enable",)))
+    max_staleness: int = field(default=1, metadata=meta(
+        "with --async_train: how many policy versions a sample may lag the policy it trains (generation waits "
+        "for the weight sync otherwise; 0: the synchronous schedule)"))
+    agent_func_path: str | None = field(default=None, metadata=meta(
+        "multi-turn episodes against an environment: file.py with OpenRLHF's AgentInstance (async reset/step "
+        "returning rewards, environment_feedback, done), file.py:NAME returning an rl_rollout Environment, or "
+        "builtin:calculator. Environment tokens are masked out of the loss; the episode's reward (the sum of its "
+        "step rewards, plus --reward_fn's if given) trains", openrlhf=("train.agent_func_path",)))
+    agent_max_turns: int = field(default=4, metadata=meta(
+        "with --agent_func_path: policy turns per episode at most (each up to --generate_max_len tokens)"))
+    agent_max_len: int = field(default=1024, metadata=meta(
+        "with --agent_func_path: prompt + response tokens of an episode (policy and environment turns) at most"))
     reward_max_failure_rate: float = field(default=0.5, metadata=meta(
         "stop the run, with the first failure's message, when more than this fraction of an iteration's reward "
         "calls fail (raise, time out, return a non-number, NaN or inf; each gets --reward_fallback); in [0, 1), so "
@@ -111,7 +128,7 @@ class PPOConfig:
     def __post_init__(self) -> None:
         spec = get_estimator(self.advantage_estimator)  # an unknown name fails listing the valid ones
         for name in ("n_samples_per_prompt", "rollout_batch_size", "generate_max_len", "num_episodes", "max_epochs",
-                     "dynamic_filtering_max_rounds", "max_ckpt_num"):
+                     "dynamic_filtering_max_rounds", "max_ckpt_num", "agent_max_turns"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} (--{name}) must be >= 1, got {getattr(self, name)}")
         if self.n_samples_per_prompt < spec.min_group_size:
@@ -143,6 +160,14 @@ class PPOConfig:
         try:
             self.policy_loss  # noqa: B018 - builds (and so validates) the variant
         except ValueError as e:
+        if self.agent_max_len < 2:
+            raise ValueError(f"agent_max_len (--agent_max_len) must be >= 2 (prompt + response tokens), got "
+                             f"{self.agent_max_len}")
+        if self.max_staleness < 0:
+            raise ValueError(f"max_staleness (--max_staleness) must be >= 0, got {self.max_staleness}")
+        if self.max_staleness != 1 and not self.async_train:
+            raise ValueError(f"--max_staleness {self.max_staleness} bounds --async_train's pipelining; add "
+                             "--async_train or drop --max_staleness")
             raise ValueError(f"{e} (--policy_loss_type, --eps_clip, --eps_clip_high, --dual_clip, --loss_agg_mode, "
                              f"--is_correction, --is_correction_threshold)") from None
 
@@ -154,14 +179,20 @@ class PPOConfig:
     @property
     def policy_loss(self):
         """The policy-loss variant (rl-algos typed config), built once per access from these fields."""
-        corr = None if self.is_correction is None else ISCorrectionConfig(self.is_correction,
-                                                                          *self.is_correction_threshold)
+        kind = self.is_correction_type
+        corr = None if kind is None else ISCorrectionConfig(kind, *self.is_correction_threshold)
         return policy_loss_config(self.policy_loss_type, clip_eps_low=self.eps_clip, clip_eps_high=self.eps_clip_high,
                                   dual_clip=self.dual_clip, aggregation=self.loss_agg_mode, is_correction=corr)
 
     @property
     def loss_norm_len(self) -> float:
         """The constant that ``seq-mean-token-sum-norm`` divides by (Dr. GRPO): the generation budget."""
+    @property
+    def is_correction_type(self) -> str | None:
+        """The importance correction in force: ``--is_correction``, else ``tis`` with ``--async_train`` (its
+        samples come from older policies than the one that trains), else none."""
+        return self.is_correction or ("tis" if self.async_train else None)
+
         return float(self.generate_max_len)
 
     @property

@@ -1,0 +1,95 @@
+"""``rl ppo --agent_func_path``: an OpenRLHF agent file (unchanged, importing ``openrlhf.utils.agent``) trains
+with multi-turn episodes from the command line, also under ``--async_train``; OpenRLHF's dialect names the
+same fields; ``rl ppo-ray`` refuses the flag with the reason."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from rl_cli.config import build_parser, resolve
+from rl_cli.main import main
+from rl_cli.ppo import _groups
+
+pytestmark = pytest.mark.timeout(900)
+
+AGENT = '''
+from openrlhf.utils.agent import AgentInstanceBase
+
+
+class AgentInstance(AgentInstanceBase):
+    def __init__(self, *args, **kwargs):
+        self.turn = 0
+
+    async def reset(self, states, **kwargs):
+        return {"observation": states["observation"]}
+
+    async def step(self, states, **kwargs):
+        self.turn += 1
+        hits = min(states["action_text"].count(states["label"]), 4) / 4
+        done = self.turn >= 2
+        return {"rewards": hits / 2, "scores": hits / 2, "environment_feedback": "" if done else " again: ",
+                "done": done, "extra_logs": {"hits": hits}}
+'''
+
+
+@pytest.fixture(autouse=True)
+def own_dist_env():
+    """The in-process runs set RANK, MASTER_PORT...: leave none for later tests' subprocesses (their rendezvous
+    would try this process's port)."""
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    saved = {k: os.environ.get(k) for k in keys}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    from rl_rollout.testing import make_tiny_model
+
+    root = tmp_path_factory.mktemp("agent-cli")
+    model = make_tiny_model(root / "tiny")
+    (root / "prompts.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"Repeat the letter {c}: ", "label": c}) + "\n" for c in "abcd"))
+    (root / "agent.py").write_text(AGENT)
+    return root, model
+
+
+def argv(root, model, run, *extra):
+    return ["ppo", "--pretrain", str(model), "--prompt_data", str(root / "prompts.jsonl"), "--input_key", "prompt",
+            "--label_key", "label", "--agent_func_path", str(root / "agent.py"), "--agent_max_turns", "3",
+            "--agent_max_len", "64", "--advantage_estimator", "group_norm", "--n_samples_per_prompt", "4",
+            "--rollout_batch_size", "4", "--train_batch_size", "16", "--generate_max_len", "4", "--max_iterations",
+            "2", "--bf16", "false", "--init_kl_coef", "0", "--rollout_engine", "hf", "--seed", "1", "--run_dir",
+            str(root / run), *extra]
+
+
+def test_rl_ppo_trains_an_openrlhf_agent_file_sync_and_async(task):
+    root, model = task
+    assert main(argv(root, model, "sync")) == 0
+    assert main(argv(root, model, "async", "--async_train")) == 0
+    for run in ("sync", "async"):
+        rows = [json.loads(x) for x in (root / run / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in rows] == [1, 2]
+        assert all(r["rl/agent/turns"] >= 1 and r["rl/agent/env_tokens"] > 0 and "rl/agent_extra/hits" in r
+                   for r in rows), rows
+    assert all(r["rl/staleness_violations"] == 0 for r in
+               (json.loads(x) for x in (root / "async" / "metrics.jsonl").read_text().splitlines()))
+
+
+def test_the_flags_in_both_dialects_and_ppo_ray_refuses_agents(task, capsys):
+    groups = _groups(False)
+    parser, flags = build_parser("rl ppo", "", groups)
+    p = resolve(groups, parser.parse_args(["--agent_func_path", "a.py", "--async_train", "--max_staleness", "2"]),
+                flags)["ppo"]
+    assert (p.agent_func_path, p.async_train, p.max_staleness) == ("a.py", True, 2)
+    root, model = task
+    with pytest.raises(SystemExit):
+        main(["ppo-ray"] + argv(root, model, "ray")[1:])
+    assert "use rl ppo" in capsys.readouterr().err

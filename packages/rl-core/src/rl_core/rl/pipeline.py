@@ -1,0 +1,101 @@
+"""Asynchronous rollout for the RL loop (``--async_train``): batch k+1 is generated while the policy trains on batch k.
+
+One-step-off-policy pipelining as in OpenRLHF (``--train.async_enable``) and verl's
+one-step-off trainer: a producer thread collects batches (generation, rewards,
+dynamic filtering) in iteration order; the trainer takes them one by one, trains and
+syncs the engines. Weight versions: the engines start at version ``v0`` (0, or the
+resumed iteration) and the sync after iteration ``k`` pushes version ``k``, so
+iteration ``k`` trains the policy of version ``k - 1``.
+
+Bounded staleness (``max_staleness`` = S): the producer starts batch ``k`` only once
+version ``k - 1 - S`` has been synced, so every sample of batch ``k`` was generated
+by a policy at most S versions older than the one it trains (the engines never go
+back a version). The producer *waits* for the trainer (nothing is generated and
+thrown away); at most S + 1 batches are ahead of the trainer. S = 0 is the
+synchronous schedule on a thread. The loop measures the bound on every sample
+(``policy_version`` of each :class:`~rl_rollout.types.RolloutSample`) and counts
+violations (``rl/staleness_violations``, 0 by construction).
+
+Thread safety: the engines lock each generate and each weight update (an update
+waits for the generate in flight and the next generate waits for the update), so a
+batch holds one version per generate call. Not here: several engines whose versions
+differ within a batch (the bound then holds per sample, which is what is checked),
+reproducibility across runs (the two threads interleave differently).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+__all__ = ["AsyncRollout"]
+
+
+class AsyncRollout:
+    """Collect batches ``first..last`` on a producer thread, ``max_staleness`` versions ahead at most.
+
+    ``collect(k)`` returns batch ``k`` (any value); ``version`` is the engines' version now.
+    The trainer calls :meth:`get` (blocks until batch ``k`` is ready; re-raises the producer's
+    error), :meth:`synced` after each weight sync, and :meth:`close` at the end (also on error).
+    """
+
+    def __init__(self, collect: Callable[[int], Any], first: int, last: int, *, max_staleness: int, version: int):
+        if max_staleness < 0:
+            raise ValueError(f"max_staleness must be >= 0, got {max_staleness}")
+        self.collect, self.first, self.last, self.max_staleness = collect, first, last, max_staleness
+        self._version = version
+        self._ready: dict[int, Any] = {}
+        self._error: BaseException | None = None
+        self._stop = False
+        self._cond = threading.Condition()
+        self.gate_wait_s = 0.0  # producer time spent waiting for a sync (the bound at work)
+        self._thread = threading.Thread(target=self._produce, name="rl-async-rollout", daemon=True)
+        self._thread.start()
+
+    def _may_start(self, k: int) -> bool:
+        return self._stop or self._version >= k - 1 - self.max_staleness
+
+    def _produce(self) -> None:
+        for k in range(self.first, self.last + 1):
+            t0 = time.perf_counter()
+            with self._cond:
+                self._cond.wait_for(lambda k=k: self._may_start(k))
+                if self._stop:
+                    return
+            self.gate_wait_s += time.perf_counter() - t0
+            try:
+                batch = self.collect(k)
+            except BaseException as e:  # handed to the trainer thread, which re-raises it
+                with self._cond:
+                    self._error = e
+                    self._cond.notify_all()
+                return
+            with self._cond:
+                self._ready[k] = batch
+                self._cond.notify_all()
+
+    def get(self, k: int) -> tuple[Any, float]:
+        """Batch ``k`` and the seconds the trainer waited for it."""
+        t0 = time.perf_counter()
+        with self._cond:
+            self._cond.wait_for(lambda: k in self._ready or self._error is not None or self._stop)
+            if k in self._ready:
+                return self._ready.pop(k), time.perf_counter() - t0
+            if self._error is not None:
+                raise self._error
+            raise RuntimeError("AsyncRollout was closed")
+
+    def synced(self, version: int) -> None:
+        """The engines now hold ``version``: batches up to ``version + 1 + max_staleness`` may start."""
+        with self._cond:
+            self._version = version
+            self._cond.notify_all()
+
+    def close(self, timeout: float = 600.0) -> None:
+        """Stop after the batch in progress (a generate call is not interrupted) and wait for the thread."""
+        with self._cond:
+            self._stop = True
+            self._cond.notify_all()
+        self._thread.join(timeout)

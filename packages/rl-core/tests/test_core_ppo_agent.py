@@ -1,0 +1,165 @@
+"""``agent_func_path``: multi-turn episodes in the RL loop (tiny model, CPU, real DeepSpeed and HFEngine).
+
+The environment is a two-turn letter game written in OpenRLHF's agent form (its file imports
+``openrlhf.utils.agent``, which is not installed here) and again in our ``Environment`` protocol.
+Checked on the tensors the policy trains on: the environment's tokens have loss mask 0 and advantage 0,
+every policy token carries the episode's group-normalised reward; the reward rises; async works too.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from rl_core.data import DataConfig, PromptDataset, load_rows
+from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
+from rl_core.strategy import StrategyConfig
+from rl_core.trainers.ppo import PPOConfig
+from rl_rollout import EngineConfig, WeightSyncConfig
+
+pytestmark = pytest.mark.timeout(900)
+FEEDBACK = " again: "
+
+OPENRLHF_AGENT = f'''
+import torch
+from openrlhf.utils.agent import AgentExecutorBase, AgentInstanceBase
+
+
+class AgentInstance(AgentInstanceBase):
+    def __init__(self, *args, **kwargs):
+        self.turn = 0
+
+    async def reset(self, states: dict, **kwargs):
+        return {{"observation": states["observation"]}}
+
+    async def step(self, states: dict, **kwargs):
+        self.turn += 1
+        hits = min(states["action_text"].count(states["label"]), 4) / 4
+        done = self.turn >= 2
+        return {{"rewards": torch.tensor([hits / 2]), "scores": torch.tensor([hits / 2]),
+                "environment_feedback": "" if done else {FEEDBACK!r}, "done": done,
+                "sampling_params": states.get("sampling_params"), "extra_logs": {{"hits": torch.tensor(hits)}}}}
+'''
+
+OUR_ENV = f'''
+from rl_rollout.agents import StepResult
+
+
+class LetterGame:
+    async def reset(self, prompt, label, **info):
+        self.label, self.turn = label, 0
+        return None
+
+    async def step(self, action_text):
+        self.turn += 1
+        hits = min(action_text.count(self.label), 4) / 4
+        return StepResult({FEEDBACK!r}, reward=hits / 2, done=self.turn >= 2)
+
+
+def make_env():
+    return LetterGame()
+'''
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    from rl_rollout.testing import make_tiny_model
+
+    root = tmp_path_factory.mktemp("ppo-agent")
+    model = make_tiny_model(root / "tiny")
+    (root / "prompts.jsonl").write_text(
+        "".join(json.dumps({"p": f"Repeat the letter {c}: ", "y": c}) + "\n" for c in "abcd"))
+    (root / "agent_openrlhf.py").write_text(OPENRLHF_AGENT)
+    (root / "agent_ours.py").write_text(OUR_ENV)
+    tok = AutoTokenizer.from_pretrained(model)
+    prompts = PromptDataset(load_rows(str(root / "prompts.jsonl")), tok, DataConfig(input_key="p", label_key="y"))
+    return root, model, tok, prompts
+
+
+def build(setup, tmp_path, agent, **cfg):
+    root, model, tok, prompts = setup
+    kw = dict(advantage_estimator="group_norm", n_samples_per_prompt=8, rollout_batch_size=4, generate_max_len=4,
+              max_iterations=2, init_kl_coef=0.0, max_epochs=2, agent_func_path=str(root / agent), agent_max_turns=3,
+              agent_max_len=64, run_dir=str(tmp_path / "run"))
+    kw.update(cfg)
+    s = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=16, train_batch_size=32, learning_rate=3e-3,
+                       lr_warmup_ratio=0.0, lr_scheduler="constant", seed=0)
+    return build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, PPOConfig(**kw), engine=EngineConfig(),
+                               sync=WeightSyncConfig(verify=True)),
+                     LocalFactory(engine_kind="hf"), prompts=prompts, tokenizer=tok)
+
+
+def record(trainer):
+    """What each iteration trains on: the samples and the items after advantages (wrapping the real methods)."""
+    seen = []
+    generate, advantages = trainer._generate, trainer._advantages
+
+    def _generate(prompts, seed):
+        samples = generate(prompts, seed)
+        seen.append({"samples": samples})
+        return samples
+
+    def _advantages(items, scores, fresh=None):  # batch k's (async: the producer may have generated k+1 already)
+        out = advantages(items, scores, fresh)
+        next(x for x in seen if "items" not in x).update(items=items, scores=scores.clone())
+        return out
+
+    trainer._generate, trainer._advantages = _generate, _advantages
+    return seen
+
+
+def check_tensors(seen, tok, n=8):
+    for it in (x for x in seen if "items" in x):
+        samples, items, scores = it["samples"], it["items"], it["scores"]
+        assert torch.equal(scores, torch.tensor([s.reward for s in samples]))  # the episode reward is the score
+        expected_PG = (scores.view(-1, n) - scores.view(-1, n).mean(1, keepdim=True)) / (
+            scores.view(-1, n).std(1, keepdim=True) + 1e-9)
+        feedback_ids = tok.encode(FEEDBACK, add_special_tokens=False)
+        multi_turn = 0
+        for s, item, adv in zip(samples, items, expected_PG.flatten().tolist(), strict=True):
+            P = len(s.prompt_ids)
+            mask = torch.tensor(item["loss_mask"][P:])
+            a = item["advantages"][P:]
+            actions = torch.zeros(len(s.response_ids), dtype=torch.long)
+            for start, end in s.info["action_spans"]:
+                actions[start:end] = 1
+            assert torch.equal(mask, actions), (mask, s.info["action_spans"])  # env tokens: mask 0
+            assert torch.all(a[mask == 0] == 0)  # no advantage on the environment's tokens
+            assert torch.allclose(a[mask == 1], torch.full_like(a[mask == 1], adv), atol=1e-5)
+            if s.info["turns"] == 2:  # the feedback sits between the two policy turns, masked
+                multi_turn += 1
+                (_, e1), (s2, _) = s.info["action_spans"]
+                assert s.response_ids[e1:s2] == feedback_ids and mask[e1:s2].sum() == 0
+        assert multi_turn > len(samples) // 2
+
+
+def test_openrlhf_agent_file_trains_with_env_tokens_masked_and_the_episode_reward_in_the_advantages(setup, tmp_path):
+    root, model, tok, prompts = setup
+    run = build(setup, tmp_path, "agent_openrlhf.py", max_iterations=14)
+    seen = record(run.trainer)
+    try:
+        history = run.trainer.fit()
+    finally:
+        run.close()
+    check_tensors(seen, tok)
+    rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert all(1 <= r["rl/agent/turns"] <= 2 and r["rl/agent/env_tokens"] > 0 for r in rows)
+    assert all("rl/agent_extra/hits" in r for r in rows)
+    rewards = [m["reward_mean"] for m in history]
+    assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.04, rewards
+
+
+def test_our_environment_protocol_and_async_train(setup, tmp_path):
+    root, model, tok, prompts = setup
+    run = build(setup, tmp_path, "agent_ours.py", max_iterations=3, async_train=True)
+    seen = record(run.trainer)
+    try:
+        history = run.trainer.fit()
+    finally:
+        run.close()
+    check_tensors(seen, tok)
+    assert all(m["staleness_violations"] == 0 and m["staleness_max"] <= 1 for m in history)
