@@ -157,9 +157,6 @@ class PPOConfig:
                              "stops the run (0: any failure stops it)")
         if self.logprob_gap_alarm is not None and self.logprob_gap_alarm < 0:
             raise ValueError(f"logprob_gap_alarm must be >= 0 (0: off), got {self.logprob_gap_alarm}")
-        try:
-            self.policy_loss  # noqa: B018 - builds (and so validates) the variant
-        except ValueError as e:
         if self.agent_max_len < 2:
             raise ValueError(f"agent_max_len (--agent_max_len) must be >= 2 (prompt + response tokens), got "
                              f"{self.agent_max_len}")
@@ -168,6 +165,9 @@ class PPOConfig:
         if self.max_staleness != 1 and not self.async_train:
             raise ValueError(f"--max_staleness {self.max_staleness} bounds --async_train's pipelining; add "
                              "--async_train or drop --max_staleness")
+        try:
+            self.policy_loss  # noqa: B018 - builds (and so validates) the variant
+        except ValueError as e:
             raise ValueError(f"{e} (--policy_loss_type, --eps_clip, --eps_clip_high, --dual_clip, --loss_agg_mode, "
                              f"--is_correction, --is_correction_threshold)") from None
 
