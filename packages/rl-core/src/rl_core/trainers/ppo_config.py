@@ -185,14 +185,14 @@ class PPOConfig:
                                   dual_clip=self.dual_clip, aggregation=self.loss_agg_mode, is_correction=corr)
 
     @property
-    def loss_norm_len(self) -> float:
-        """The constant that ``seq-mean-token-sum-norm`` divides by (Dr. GRPO): the generation budget."""
-    @property
     def is_correction_type(self) -> str | None:
         """The importance correction in force: ``--is_correction``, else ``tis`` with ``--async_train`` (its
         samples come from older policies than the one that trains), else none."""
         return self.is_correction or ("tis" if self.async_train else None)
 
+    @property
+    def loss_norm_len(self) -> float:
+        """The constant that ``seq-mean-token-sum-norm`` divides by (Dr. GRPO): the generation budget."""
         return float(self.generate_max_len)
 
     @property
