@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 
@@ -133,12 +134,14 @@ def test_sft_with_an_eval_set_logs_eval_metrics_and_names_a_bad_eval_file(files,
     assert [(r["step"], r["eval/tokens"]) for r in rows if "eval/loss" in r] == [(2, 12.0), (4, 12.0)]  # 3 x (3 + eos)
 
     (files / "no_answers.jsonl").write_text(json.dumps({"q": "reverse cat"}) + "\n")
-    with pytest.raises(DataError, match=r"eval set \(--eval_dataset no_answers.jsonl\): .*kept 0/1 rows.* in "
-                                        r"\S*no_answers.jsonl: no usable rows"):
+    with pytest.raises(SystemExit) as exit_:  # bad data is the user's to fix: one line, exit code 2
         run("sft", [*base, "--eval_dataset", "no_answers.jsonl", "--skip_bad_rows"])
+    assert exit_.value.code == 2
+    assert re.search(r"^rl sft: eval set \(--eval_dataset no_answers.jsonl\): .*kept 0/1 rows.* in "
+                     r"\S*no_answers.jsonl: no usable rows", capsys.readouterr().err, re.M)
     (files / "empty.jsonl").write_text("")
     with pytest.raises(DataError, match=r"eval set \(--eval_dataset empty.jsonl\): no rows in 'empty.jsonl'"):
-        run("sft", [*base, "--eval_dataset", "empty.jsonl"])
+        run("sft", [*base, "--eval_dataset", "empty.jsonl", "--debug"])  # --debug: the error itself, traceback
     with pytest.raises(SystemExit):
         run("sft", [*base, "--eval_steps", "2"])
     assert "--eval_steps 2 needs --eval_dataset PATH" in capsys.readouterr().err

@@ -22,6 +22,8 @@ import logging
 import string
 from pathlib import Path
 
+from rl_cli.errors import CliArgs, user_errors
+
 LETTERS = string.ascii_lowercase[:8]
 
 
@@ -44,6 +46,7 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max_epochs", type=int, default=2, help="passes over each iteration's samples")
     ap.add_argument("--letters", type=int, default=4, help="how many different letters the prompts ask for")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--debug", action="store_true", help=CliArgs.__dataclass_fields__["debug"].metadata["help"])
     from rl_rollout import engine_names
 
     ap.add_argument("--rollout_engine", choices=("auto", *engine_names()), default="hf",
@@ -52,6 +55,7 @@ def arg_parser() -> argparse.ArgumentParser:
     return ap
 
 
+@user_errors("rl demo")
 def main(argv: list[str] | None = None) -> int:
     ap = arg_parser()
     args = ap.parse_args(argv)

@@ -32,9 +32,10 @@ import sys
 from dataclasses import dataclass, field
 
 from rl_cli.config import build_parser, describe, resolve
+from rl_cli.errors import CliArgs, UserError, set_debug, user_errors
 from rl_cli.train import _local_models, _wandb_installed, _wandb_key
 from rl_rollout import engine_spec
-from rl_rollout.config import meta
+from rl_rollout.config import check_numbers, meta
 
 logger = logging.getLogger(__name__)
 
@@ -66,6 +67,11 @@ class RayArgs:
     call_timeout_s: float = field(default=3600.0, metadata=meta(
         "a role call that takes longer fails, naming the role and rank"))
 
+    def __post_init__(self) -> None:
+        check_numbers(self, positive=("call_timeout_s",), non_negative=(
+            "num_gpus", *(f"{r}_{c}" for r in ("critic", "ref", "reward") for c in ("num_nodes", "num_gpus_per_node"))),
+            at_least_1=("actor_num_nodes", "actor_num_gpus_per_node", "vllm_num_engines", "vllm_tensor_parallel_size"))
+
 
 def _groups(ray: bool) -> dict[str, type]:
     from rl_core.data import DataConfig
@@ -76,7 +82,8 @@ def _groups(ray: bool) -> dict[str, type]:
     from rl_rollout.config import EngineConfig, RewardConfig, WeightSyncConfig
 
     g = {"model": RLModelConfig, "data": DataConfig, "strategy": StrategyConfig, "ppo": PPOConfig,
-         "reward": RewardConfig, "rollout": EngineConfig, "sync": WeightSyncConfig, "logger": LoggerConfig}
+         "reward": RewardConfig, "rollout": EngineConfig, "sync": WeightSyncConfig, "logger": LoggerConfig,
+         "cli": CliArgs}
     if ray:
         g["ray"] = RayArgs
     return g
@@ -107,6 +114,19 @@ def _refuse_unused(cfgs: dict, parser) -> None:
             parser.error(f"--{name}: {why}; drop the flag")
 
 
+def _world_sizes(cfgs: dict) -> dict[str, int]:
+    """Ranks of each model role of an ``rl ppo-ray`` run, from the flags (the plan's own checks come later)."""
+    a, p = cfgs["ray"], cfgs["ppo"]
+
+    def ranks(prefix: str, needed: bool) -> int:
+        nodes, gpus = getattr(a, f"{prefix}_num_nodes"), getattr(a, f"{prefix}_num_gpus_per_node")
+        nodes = a.actor_num_nodes if nodes is None else nodes
+        return (nodes * (a.actor_num_gpus_per_node if gpus is None else gpus)) if needed else 0
+
+    return {"policy": a.actor_num_nodes * a.actor_num_gpus_per_node, "critic": ranks("critic", p.needs_critic),
+            "ref": ranks("ref", p.needs_reference), "reward": ranks("reward", bool(cfgs["model"].reward_pretrain))}
+
+
 def _prepare(name: str, argv: list[str] | None, ray: bool):
     groups = _groups(ray)
     parser, flags = build_parser(f"rl {name}", f"rl {name}: {__doc__.splitlines()[0]}", groups)
@@ -134,10 +154,14 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     _refuse_unused(cfgs, parser)
     cfgs["model"] = m = _local_models(f"rl {name}", m)  # hub ids -> local HF cache folders, before any model loads
     _wandb_installed(f"rl {name}", cfgs["logger"])
+    set_debug(cfgs["cli"].debug)
+    from rl_core.preflight import check_models
+
+    cfgs["model"] = m = check_models(m)  # config.json and weights in every model folder
     try:
         cfgs["reward"].check(label_key=d.label_key)
     except ValueError as e:
-        raise SystemExit(f"rl {name}: {e}") from None
+        raise UserError(str(e)) from e
     if not ray:
         try:
             cfgs["sync"].check(in_process=True)
@@ -145,13 +169,13 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
             parser.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from transformers import AutoTokenizer
+    if not getattr(args, "print_config", False):
+        cfgs["reward"].check_sources()  # the reward file imports, the reward server answers
 
     from rl_core.data import PromptDataset, load_rows
+    from rl_core.preflight import check_rl_batches, load_tokenizer
 
-    tok = AutoTokenizer.from_pretrained(m.pretrain)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
+    tok = load_tokenizer(m.pretrain)
     prompts = PromptDataset(load_rows(d.dataset, d.split, d.max_samples), tok, d)
     s = cfgs["strategy"]
     samples = p.rollout_batch_size * p.n_samples_per_prompt
@@ -166,6 +190,7 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     if getattr(args, "print_config", False):
         print(describe(cfgs))
         return None
+    check_rl_batches(p, s, len(prompts), _world_sizes(cfgs) if ray else None)  # before any model loads
     return cfgs, tok, prompts
 
 
@@ -202,6 +227,7 @@ def _finish(name: str, trainer, cfgs) -> int:
 # ----- rl ppo ---------------------------------------------------------------------------------
 
 
+@user_errors("rl ppo")
 def run_local(argv: list[str] | None = None) -> int:
     prepared = _prepare("ppo", argv, ray=False)
     if prepared is None:
@@ -273,6 +299,7 @@ def _local_ray_env() -> None:
         pass
 
 
+@user_errors("rl ppo-ray")
 def run_ray(argv: list[str] | None = None) -> int:
     prepared = _prepare("ppo-ray", argv, ray=True)
     if prepared is None:
@@ -309,7 +336,9 @@ def run_ray(argv: list[str] | None = None) -> int:
         connect(address)  # RAY_AUTH_MODE=token when a token is at hand; one line when the cluster refuses
     else:
         _local_ray_env()
-        ray.init(num_gpus=a.num_gpus, include_dashboard=False, log_to_driver=True)
+        # "local": always a fresh cluster of our own; a bare ray.init() would join whatever a stale
+        # /tmp/ray/ray_current_cluster names (a cluster not shut down) and refuse num_gpus
+        ray.init(address="local", num_gpus=a.num_gpus, include_dashboard=False, log_to_driver=True)
     placed = factory = run = None
     try:
         try:

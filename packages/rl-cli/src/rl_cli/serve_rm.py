@@ -27,6 +27,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rl_cli.config import build_parser, resolve
+from rl_cli.errors import CliArgs, set_debug, user_errors
 from rl_cli.train import _local_models
 from rl_rollout.config import meta
 
@@ -108,7 +109,7 @@ def _groups() -> dict[str, type]:
     from rl_rollout.config import RewardConfig
     from rl_rollout.rewards.server import RewardServerConfig
 
-    return {"model": RewardModelArgs, "reward": RewardConfig, "server": RewardServerConfig}
+    return {"model": RewardModelArgs, "reward": RewardConfig, "server": RewardServerConfig, "cli": CliArgs}
 
 
 def _describe(cfgs: dict) -> str:
@@ -120,6 +121,7 @@ def _describe(cfgs: dict) -> str:
     return "\n".join(lines)
 
 
+@user_errors("rl serve-rm")
 def main(argv: list[str] | None = None) -> int:
     groups = _groups()
     parser, flags = build_parser("rl serve-rm", __doc__.splitlines()[0], groups)
@@ -135,6 +137,10 @@ def main(argv: list[str] | None = None) -> int:
                      "--remote_rm_url FILE.py (reward functions, as rl ppo takes them)")
     if m.reward_pretrain:
         cfgs["model"] = m = _local_models("rl serve-rm", m)  # a hub id -> its local HF cache folder
+        set_debug(cfgs["cli"].debug)
+        from rl_core.preflight import check_models
+
+        cfgs["model"] = m = check_models(m)  # config.json and weights, before the model loads
     if getattr(args, "print_config", False):
         print(_describe(cfgs))
         return 0

@@ -20,7 +20,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rl_cli.config import build_parser, describe, resolve
-from rl_rollout.config import meta
+from rl_cli.errors import CliArgs, UserError, set_debug, user_errors
+from rl_rollout.config import check_numbers, meta
 
 logger = logging.getLogger(__name__)
 
@@ -42,6 +43,7 @@ class ModelArgs:
     def __post_init__(self) -> None:
         if self.lora_rank < 0:
             raise ValueError(f"lora_rank (--lora_rank) must be >= 0, got {self.lora_rank}")
+        check_numbers(self, at_least_1=("lora_alpha",), unit=("lora_dropout",))
 
     def lora(self):
         from rl_core.models import LoraSpec
@@ -128,7 +130,7 @@ def _groups(cmd: Command) -> dict[str, type]:
     from rl_core.strategy import StrategyConfig
 
     return {"model": ModelArgs, "data": DataConfig, "strategy": StrategyConfig, "train": cmd.config_cls(),
-            "logger": LoggerConfig}
+            "logger": LoggerConfig, "cli": CliArgs}
 
 
 def _wandb_key(argv: list[str], parser=None) -> list[str]:
@@ -177,6 +179,7 @@ def _wandb_installed(prog: str, logger_cfg) -> None:
         raise SystemExit(f"{prog}: {e}") from None
 
 
+@user_errors(lambda name, *_, **__: f"rl {name}")
 def run(name: str, argv: list[str] | None = None) -> int:
     cmd = COMMANDS[name]
     groups = _groups(cmd)
@@ -197,22 +200,20 @@ def run(name: str, argv: list[str] | None = None) -> int:
     if not cfgs["data"].dataset:
         parser.error("--dataset is required: a .jsonl/.json/.parquet file or a save_to_disk folder")
     cfgs["model"] = _local_models(f"rl {name}", cfgs["model"])
+    set_debug(cfgs["cli"].debug)
+    from rl_core.preflight import check_models, load_tokenizer
+
+    cfgs["model"] = check_models(cfgs["model"])  # config.json and weights, before anything loads
     _wandb_installed(f"rl {name}", cfgs["logger"])
     if cfgs["train"].eval_steps > 0 and not cfgs["data"].eval_dataset:
         parser.error(f"--eval_steps {cfgs['train'].eval_steps} needs --eval_dataset PATH (the rows to evaluate on)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from transformers import AutoTokenizer
-
     from rl_core.data import DataError, load_rows
     from rl_core.strategy import DeepSpeedStrategy
 
     strategy = DeepSpeedStrategy(cfgs["strategy"])
-    strategy.setup_distributed()
-    rank0 = strategy.is_rank_0()
-    tok = AutoTokenizer.from_pretrained(cfgs["model"].pretrain)
-    if tok.pad_token is None:
-        tok.pad_token = tok.eos_token
+    tok = load_tokenizer(cfgs["model"].pretrain)
     data = cfgs["data"]
     ds = cmd.dataset_cls()(load_rows(data.dataset, data.split, data.max_samples), tok, data)
     eval_ds = None
@@ -221,7 +222,17 @@ def run(name: str, argv: list[str] | None = None) -> int:
             eval_ds = cmd.dataset_cls()(load_rows(data.eval_dataset, data.eval_split, data.max_eval_samples), tok, data)
         except DataError as e:  # say which of the two sets is bad
             raise type(e)(f"eval set (--eval_dataset {data.eval_dataset}): {e}") from None
-    plan = strategy.batch_plan(len(ds), cfgs["train"].max_epochs)
+    global_batch = cfgs["strategy"].train_batch_size
+    if len(ds) < global_batch:  # the trainer would find it after the model loaded
+        raise UserError(f"the dataset ({data.dataset}) has {len(ds)} usable rows, fewer than one global batch "
+                        f"(--train_batch_size {global_batch}); lower --train_batch_size to at most {len(ds)} "
+                        f"or add data")
+    strategy.setup_distributed()  # after the checks above: joining the ranks can take a while
+    rank0 = strategy.is_rank_0()
+    try:
+        plan = strategy.batch_plan(len(ds), cfgs["train"].max_epochs)
+    except ValueError as e:  # the batch sizes do not fit the ranks
+        raise UserError(str(e)) from e
     if rank0:
         print(f"[rl {name}] {ds.report.summary()}")
         if eval_ds is not None:

@@ -31,7 +31,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from rl_rollout.config import meta
+from rl_rollout.config import check_numbers, meta
 
 logger = logging.getLogger(__name__)
 Tensor = torch.Tensor
@@ -74,6 +74,10 @@ class StrategyConfig:
             raise ValueError(f"lr_warmup_ratio must be in [0, 1), got {self.lr_warmup_ratio}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
+        check_numbers(self, positive=("learning_rate", "zero_bucket_bytes"),
+                      non_negative=("max_norm", "weight_decay", "seed"))
+        if not all(0 <= b < 1 for b in self.adam_betas):
+            raise ValueError(f"adam_betas (--adam_betas) must be two numbers in [0, 1), got {self.adam_betas}")
 
 
 SCHEDULES = ("cosine_with_min_lr", "constant_with_warmup", "constant")

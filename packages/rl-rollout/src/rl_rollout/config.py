@@ -29,6 +29,31 @@ def meta(help: str, *, flags: tuple[str, ...] = (), openrlhf: tuple[str, ...] = 
     return {"help": help, "flags": flags, "openrlhf": openrlhf}
 
 
+def check_numbers(cfg, *, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = (),
+                  unit: tuple[str, ...] = (), at_least_1: tuple[str, ...] = ()) -> None:
+    """A config's numbers, checked before anything heavy runs: every float field (and each number of a
+    tuple field) finite, then ``positive`` fields > 0, ``non_negative`` >= 0, ``unit`` in [0, 1],
+    ``at_least_1`` >= 1 (an unset optional field is skipped). ValueError naming the flag, the value and
+    the range, so a typo such as ``--learning_rate -1e-5`` stops at parse time, not inside the optimizer."""
+    import dataclasses
+    import math
+
+    def values(name):
+        v = getattr(cfg, name)
+        return [] if v is None or isinstance(v, (bool, str)) else list(v) if isinstance(v, tuple) else [v]
+
+    for f in dataclasses.fields(cfg):
+        for v in values(f.name):
+            if isinstance(v, float) and not math.isfinite(v):
+                raise ValueError(f"{f.name} (--{f.name}) must be a finite number, got {getattr(cfg, f.name)}")
+    rules = ((positive, lambda v: v > 0, "> 0"), (non_negative, lambda v: v >= 0, ">= 0"),
+             (unit, lambda v: 0 <= v <= 1, "in [0, 1]"), (at_least_1, lambda v: v >= 1, ">= 1"))
+    for names, ok, text in rules:
+        for name in names:
+            if not all(ok(v) for v in values(name)):
+                raise ValueError(f"{name} (--{name}) must be {text}, got {getattr(cfg, name)}")
+
+
 _DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32",
            "fp16": "float16", "float16": "float16"}
 
@@ -206,6 +231,7 @@ class RewardConfig:
     def __post_init__(self) -> None:
         if self.reward_workers < 0:
             raise ValueError(f"reward_workers must be >= 0, got {self.reward_workers}")
+        check_numbers(self)  # a NaN or inf --reward_fallback would reach the advantages
         if not 0 < self.reward_timeout < float("inf"):
             raise ValueError(f"reward_timeout must be a finite number of seconds > 0, got {self.reward_timeout}: "
                              "every reward call is bounded; pass a large one (e.g. 3600) for slow functions")
@@ -222,6 +248,30 @@ class RewardConfig:
             raise ValueError(f"--reward_fn {self.reward_fn} compares each response with the dataset's reference "
                              "answer, but no --label_key is set: pass --label_key FIELD (the field of each row "
                              "that holds the answer)")
+
+    def check_sources(self, *, probe_timeout_s: float = 5.0) -> None:
+        """What the run would find out at its first reward call, found before any model loads: the
+        ``--reward_fn`` spec imports and has a reward function's signature, an OpenRLHF ``.py`` file given
+        as ``--remote_rm_url`` defines ``reward_func(queries, prompts, labels)``, every reward server URL
+        is well formed and answers (any HTTP status: OpenRLHF's servers answer a GET with 404).
+        Raises RewardLoadError / ValueError / RemoteRewardError naming the value and the fix."""
+        from rl_rollout.rewards import load_reward_fn
+        from rl_rollout.rewards.remote import RemoteRewardClient
+
+        if self.reward_fn:
+            load_reward_fn(self.reward_fn)
+        if self.remote_rm_url:
+            first = str(self.remote_rm_url).split(",")[0].strip()
+            if first.endswith(".py"):
+                from rl_rollout.rewards.loading import load_openrlhf_reward_func
+
+                load_openrlhf_reward_func(first)
+            else:
+                try:
+                    client = RemoteRewardClient(self.remote_rm_url)
+                except ValueError as e:
+                    raise ValueError(f"--remote_rm_url {self.remote_rm_url}: {e}") from None
+                client.probe(timeout_s=probe_timeout_s)
 
     def build(self):
         """One scorer with ``score(prompts, responses, labels)`` (summed when several), or None."""

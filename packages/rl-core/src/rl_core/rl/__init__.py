@@ -9,10 +9,10 @@
 """
 
 from rl_core.rl.experience import collate, dp_order, make_item, rows
-from rl_core.rl.groups import (BroadcastWeightSync, DirectWeightSync, GroupRollout, IpcWeightSync, LocalGroup,
-                               WorkerGroup, concurrently)
+from rl_core.rl.groups import (BroadcastWeightSync, DirectWeightSync, EngineFailure, GroupRollout, IpcWeightSync,
+                               LocalGroup, WorkerGroup, concurrently)
 from rl_core.rl.workers import CriticWorker, PolicyWorker, ReferenceWorker, RewardModelWorker, hf_names
 
-__all__ = ["BroadcastWeightSync", "CriticWorker", "DirectWeightSync", "GroupRollout", "IpcWeightSync", "LocalGroup",
-           "PolicyWorker", "ReferenceWorker", "RewardModelWorker", "WorkerGroup", "collate", "concurrently", "dp_order",
-           "hf_names", "make_item", "rows"]
+__all__ = ["BroadcastWeightSync", "CriticWorker", "DirectWeightSync", "EngineFailure", "GroupRollout", "IpcWeightSync",
+           "LocalGroup", "PolicyWorker", "ReferenceWorker", "RewardModelWorker", "WorkerGroup", "collate",
+           "concurrently", "dp_order", "hf_names", "make_item", "rows"]

@@ -26,6 +26,8 @@ methods. rl-core never imports Ray.
 from __future__ import annotations
 
 import logging
+import queue
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Protocol
@@ -74,21 +76,102 @@ class LocalGroup:
             close()
 
 
-def concurrently(*calls: Callable[[], Any]) -> list[Any]:
-    """Run blocking calls at once (threads), wait for all, re-raise the first failure; results in order."""
+def settle(*calls: Callable[[], Any]) -> list[tuple[Any, BaseException | None]]:
+    """Run blocking calls at once (threads), wait for all; ``(result, None)`` or ``(None, error)`` each, in order."""
     with ThreadPoolExecutor(max_workers=max(len(calls), 1)) as pool:
         futures = [pool.submit(c) for c in calls]
-        errors = []
-        results = []
+        out: list[tuple[Any, BaseException | None]] = []
         for f in futures:
             try:
-                results.append(f.result())
-            except BaseException as e:  # noqa: BLE001 - re-raised below, after every call has ended
-                errors.append(e)
-                results.append(None)
-    if errors:
-        raise errors[0]
-    return results
+                out.append((f.result(), None))
+            except BaseException as e:  # noqa: BLE001 - the caller decides what to raise
+                out.append((None, e))
+    return out
+
+
+def concurrently(*calls: Callable[[], Any]) -> list[Any]:
+    """Run blocking calls at once (threads), wait for all, re-raise the first failure; results in order."""
+    outcomes = settle(*calls)
+    for _, error in outcomes:
+        if error is not None:
+            raise error
+    return [result for result, _ in outcomes]
+
+
+class EngineFailure(RuntimeError):
+    """A rollout engine that died (or raised) during a weight-sync call, named: its index, its group and
+    rank, its process id and the call. ``engine``, ``call``, ``died``; the engine's own error is chained."""
+
+    def __init__(self, message: str, *, engine: int, call: str, died: bool):
+        super().__init__(message)
+        self.engine, self.call, self.died = engine, call, died
+
+
+def _alive(group: WorkerGroup, timeout: float = 10.0) -> bool:
+    """Whether every rank of ``group`` still answers (groups without a health check are taken as alive)."""
+    check = getattr(group, "health_check", None)
+    if not callable(check):
+        return True
+    try:
+        check(timeout=timeout)
+    except Exception:  # noqa: BLE001 - any failure to answer is the answer
+        return False
+    return True
+
+
+def _engine_pid(group: WorkerGroup) -> int | None:
+    try:
+        return group.call_rank(0, "describe", timeout=60.0).get("pid")
+    except Exception:  # noqa: BLE001 - an engine without describe: its pid is unknown, the rest still names it
+        return None
+
+
+def sync_calls(what: str, policy: WorkerGroup, policy_call: tuple[str, Callable[[], Any]],
+               engines: Sequence[WorkerGroup], engine_calls: Sequence[tuple[str, Callable[[], Any]]],
+               pids: Sequence[int | None]) -> list[Any]:
+    """Run one step of a weight sync on the policy and every engine at once; results (policy first).
+
+    When a call fails, the error names the party that failed, not the one that noticed: an engine that died
+    (its group no longer answers) makes the policy's side fail too (a broadcast to a dead peer: "Connection
+    reset by peer", or a wait for it until the weight group's timeout), so a dead engine is reported as soon as
+    it is known, as :class:`EngineFailure` naming the engine, its rank, pid and call, without waiting for the
+    other ends; then a dead policy (its own error); then an engine that raised; then the policy's error.
+    The calls run in daemon threads: one still waiting on a dead peer ends when the run shuts its actors down."""
+    calls = [policy_call, *engine_calls]
+    outcomes: list[tuple[Any, BaseException | None] | None] = [None] * len(calls)
+    done: queue.Queue = queue.Queue()
+
+    def run(k: int, fn: Callable[[], Any]) -> None:
+        try:
+            done.put((k, (fn(), None)))
+        except BaseException as e:  # noqa: BLE001 - reported below, naming the party
+            done.put((k, (None, e)))
+
+    for k, (name, fn) in enumerate(calls):
+        threading.Thread(target=run, args=(k, fn), name=f"rl-sync-{name}-{k}", daemon=True).start()
+
+    def engine_failure(i: int, err: BaseException, died: bool) -> EngineFailure:
+        group, call = engines[i], engine_calls[i][0]
+        who = f"rollout engine {i} ({getattr(group, 'role', 'engine')} rank 0, pid {pids[i] or 'unknown'})"
+        policy_error = outcomes[0][1] if outcomes[0] is not None else None
+        also = f"; the policy's {policy_call[0]!r} failed with it: {policy_error}" if policy_error is not None else ""
+        how = "died during" if died else "failed in"
+        return EngineFailure(f"{who} {how} {call!r} ({what}): {err}{also}", engine=i, call=call, died=died)
+
+    for _ in calls:
+        k, outcome = done.get()
+        outcomes[k] = outcome
+        if k > 0 and outcome[1] is not None and not _alive(engines[k - 1]):
+            raise engine_failure(k - 1, outcome[1], died=True) from outcome[1]
+    policy_error = outcomes[0][1]
+    failed = [(i, o[1]) for i, o in enumerate(outcomes[1:]) if o[1] is not None]
+    if policy_error is None and not failed:
+        return [o[0] for o in outcomes]
+    if policy_error is not None and not _alive(policy):
+        raise policy_error
+    if failed:
+        raise engine_failure(*failed[0], died=False) from failed[0][1]
+    raise policy_error
 
 
 class GroupRollout:
@@ -135,6 +218,7 @@ class BroadcastWeightSync:
         self.engine_workers = list(engine_workers or [1] * len(rollout.engines))
         if len(self.engine_workers) != len(rollout.engines):
             raise ValueError(f"engine_workers has {len(self.engine_workers)} entries for {len(rollout.engines)} engines")
+        self.pids = [_engine_pid(g) for g in rollout.engines]  # while they live: to name one that dies later
         self._ready = False
 
     def setup(self) -> None:
@@ -142,20 +226,26 @@ class BroadcastWeightSync:
         world = 1 + sum(self.engine_workers)
         offsets = [1 + sum(self.engine_workers[:i]) for i in range(len(self.engine_workers))]
         t = self.timeout_s
-        calls = [lambda: self.policy.call("init_weight_sender", addr, port, world, self.backend, t)]
-        for g, off in zip(self.rollout.engines, offsets, strict=True):
-            calls.append(lambda g=g, off=off: g.call_rank(0, "init_weight_group", addr, port, world,
-                                                          rank_offset=off, backend=self.backend, timeout_s=t))
-        concurrently(*calls)
+        sync_calls("weight group setup", self.policy,
+                   ("init_weight_sender", lambda: self.policy.call("init_weight_sender", addr, port, world,
+                                                                   self.backend, t)),
+                   self.rollout.engines,
+                   [("init_weight_group", lambda g=g, off=off: g.call_rank(0, "init_weight_group", addr, port, world,
+                                                                          rank_offset=off, backend=self.backend,
+                                                                          timeout_s=t))
+                    for g, off in zip(self.rollout.engines, offsets, strict=True)], self.pids)
         logger.info("weight group: %s:%d, %d ranks (%s)", addr, port, world, self.backend)
         self._ready = True
 
     def __call__(self, version: int) -> dict:
         if not self._ready:
             self.setup()
-        results = concurrently(
-            lambda: self.policy.call("broadcast_weights", version, self.verify),
-            *[(lambda g=g: g.call_rank(0, "receive_weights", verify=self.verify)) for g in self.rollout.engines])
+        results = sync_calls(
+            f"weight sync to version {version}", self.policy,
+            ("broadcast_weights", lambda: self.policy.call("broadcast_weights", version, self.verify)),
+            self.rollout.engines,
+            [("receive_weights", lambda g=g: g.call_rank(0, "receive_weights", verify=self.verify))
+             for g in self.rollout.engines], self.pids)
         stats = results[0][0]
         stats = stats if isinstance(stats, dict) else {}
         if self.verify:

@@ -31,7 +31,7 @@ from tqdm import tqdm
 
 from rl_core.checkpoint import CheckpointManager, export_hf
 from rl_core.metrics import LoggerConfig, MetricsLogger
-from rl_rollout.config import meta
+from rl_rollout.config import check_numbers, meta
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +57,7 @@ class TrainerConfig:
         "evaluate on the eval set every N optimizer steps (-1: only after the last)"))
 
     def __post_init__(self) -> None:
+        check_numbers(self, at_least_1=("max_ckpt_num",))  # every float finite (beta, loss weights ...)
         if self.max_epochs < 1:
             raise ValueError(f"max_epochs must be >= 1, got {self.max_epochs}")
         if self.logging_steps < 1:

@@ -31,7 +31,7 @@ import torch
 from rl_algos import dpo_loss, masked_sum
 from rl_core.data import preference_collate
 from rl_core.trainers.base import Trainer, TrainerConfig
-from rl_rollout.config import meta
+from rl_rollout.config import check_numbers, meta
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +49,7 @@ class DPOConfig(TrainerConfig):
         super().__post_init__()
         if self.beta <= 0:
             raise ValueError(f"beta (--beta) must be > 0, got {self.beta}")
+        check_numbers(self, non_negative=("nll_loss_coef",))
         if not 0 <= self.label_smoothing < 0.5:
             raise ValueError(f"label_smoothing (--label_smoothing) must be in [0, 0.5), got {self.label_smoothing}")
         if self.ipo and self.label_smoothing:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rl_algos import ISCorrectionConfig, get_estimator, policy_loss_config
-from rl_rollout.config import meta
+from rl_rollout.config import check_numbers, meta
 
 
 @dataclass(frozen=True)
@@ -134,6 +134,9 @@ class PPOConfig:
         if self.n_samples_per_prompt < spec.min_group_size:
             raise ValueError(f"--advantage_estimator {self.advantage_estimator} compares the samples of a prompt: "
                              f"set --n_samples_per_prompt >= {spec.min_group_size} (got {self.n_samples_per_prompt})")
+        check_numbers(self, positive=("eps_clip", "critic_learning_rate", "kl_target", "top_p"),
+                      non_negative=("value_clip", "overlong_penalty_factor", "freezing_actor_steps"),
+                      unit=("gamma", "lambd", "top_p"), at_least_1=("kl_horizon",))
         if self.dynamic_filtering and self.n_samples_per_prompt < 2:
             raise ValueError("--dynamic_filtering judges groups of samples: set --n_samples_per_prompt >= 2")
         if self.temperature <= 0:

@@ -178,6 +178,28 @@ class RemoteRewardClient:
             f"error: {last_error}. Check that the server is up and reachable, or raise timeout_s / retries"
         )
 
+    def probe(self, timeout_s: float = 5.0) -> None:
+        """Check every server answers at all, before a run relies on it; :class:`RemoteRewardError` naming the
+        URL that does not (refused, unresolvable, no answer within ``timeout_s``).
+
+        Sends ``GET /health`` on each server's host (ours answers 200; nothing is scored). Any HTTP answer
+        counts, an error status included: OpenRLHF's servers have no ``/health`` and answer 404, yet score POSTs."""
+        for url, health in zip(self.urls, self.health_urls, strict=True):
+            request = urllib.request.Request(health, method="GET")
+            if self._token:
+                request.add_header("Authorization", f"Bearer {self._token}")
+            try:
+                with urllib.request.urlopen(request, timeout=timeout_s):
+                    pass
+            except urllib.error.HTTPError:  # it answered: reachable
+                continue
+            except (urllib.error.URLError, OSError, HTTPException) as e:  # refused, unknown host, timed out
+                reason = e.reason if isinstance(e, urllib.error.URLError) else e
+                raise RemoteRewardError(
+                    f"reward server {url} does not answer ({type(reason).__name__}: {reason}, probed for "
+                    f"{timeout_s:g} s): start it (rl serve-rm, or OpenRLHF's serve_rm) or fix --remote_rm_url"
+                ) from None
+
     def health(self) -> bool:
         """Whether ``GET /health`` on every server's host answers 200 within ``timeout_s`` (no retries)."""
         for url in self.health_urls:

@@ -1,0 +1,115 @@
+"""Checks of a run's inputs that need no model in memory: run them before anything heavy.
+
+- :func:`check_model`: a model argument (a folder, or a hub id in the local cache, resolved by
+  :func:`rl_core.hub.resolve_model`) is a transformers model folder: a readable ``config.json`` with a
+  ``model_type`` and weight files (safetensors or PyTorch ``.bin``, whole or sharded).
+  :func:`check_models` does it for every model field of a config.
+- :func:`load_tokenizer`: the model's tokenizer, or one line saying why it does not load (a folder
+  without tokenizer files otherwise fails deep in transformers with "You need to have sentencepiece
+  or tiktoken installed").
+- :func:`check_rl_batches`: the RL loop's batch arithmetic against the prompt count and the ranks of
+  each role, which the loop would otherwise find only after every model loaded.
+
+Each failure is a :class:`InputError` (a ValueError) whose message names the flag, the value and the
+fix, in one line: the CLI prints it as such, without a traceback.
+
+Leaves out: whether the weights match the config (that needs loading them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from rl_core.hub import MODEL_FIELDS, resolve_model
+
+WEIGHT_PATTERNS = ("*.safetensors", "*.safetensors.index.json", "pytorch_model*.bin", "pytorch_model.bin.index.json")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt")
+
+
+class InputError(ValueError):
+    """A user's input that cannot work; the message (one line) names the value and the fix."""
+
+
+def _listing(folder: Path, n: int = 8) -> str:
+    names = sorted(p.name for p in folder.iterdir())
+    return ", ".join(names[:n]) + (f" ... ({len(names)} entries)" if len(names) > n else "") if names else "nothing"
+
+
+def check_model(path_or_id: str, *, flag: str = "--pretrain") -> str:
+    """The local folder of ``path_or_id`` once it is known to hold a transformers model; InputError otherwise.
+
+    Raises :class:`rl_core.hub.ModelNotFoundError` for a value that is neither a folder nor a cached hub id."""
+    folder = Path(resolve_model(path_or_id, flag=flag)).expanduser()
+    shown = f"{flag} {path_or_id}" + ("" if str(path_or_id) == str(folder) else f" ({folder})")
+    config = folder / "config.json"
+    if not config.is_file():
+        raise InputError(f"{shown} is not a transformers model folder: no config.json (it holds {_listing(folder)}); "
+                         f"pass the folder save_pretrained wrote (config.json, weights, tokenizer)")
+    try:
+        model_type = json.loads(config.read_text()).get("model_type")
+    except (ValueError, OSError, AttributeError) as e:
+        raise InputError(f"{shown}: config.json is not a readable JSON object ({type(e).__name__}: {e}); "
+                         f"re-export the model with save_pretrained") from None
+    if not model_type:
+        raise InputError(f"{shown}: config.json has no model_type, so transformers cannot tell which model it is; "
+                         f"re-export the model with save_pretrained")
+    if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
+        raise InputError(f"{shown} has a config.json but no weights (*.safetensors or pytorch_model*.bin; it holds "
+                         f"{_listing(folder)}); copy the weight files there or pass the folder that has them")
+    return str(folder) if str(path_or_id) != str(folder) else str(path_or_id)
+
+
+def check_models(cfg):
+    """``cfg`` (a dataclass) with each set model field (:data:`rl_core.hub.MODEL_FIELDS`) checked and resolved."""
+    changes = {name: check_model(getattr(cfg, name), flag=f"--{name}") for name in MODEL_FIELDS
+               if getattr(cfg, name, None)}
+    return dataclasses.replace(cfg, **changes) if changes else cfg
+
+
+def load_tokenizer(folder: str, *, flag: str = "--pretrain"):
+    """``AutoTokenizer.from_pretrained(folder)`` with a pad token (eos when it has none), or one-line InputError."""
+    from transformers import AutoTokenizer
+
+    path = Path(folder)
+    if path.is_dir() and not any((path / f).is_file() for f in TOKENIZER_FILES):
+        raise InputError(f"{flag} {folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); copy the "
+                         f"tokenizer files of the model it was trained from into it (tokenizer.save_pretrained)")
+    try:
+        tok = AutoTokenizer.from_pretrained(folder)
+    except (OSError, ValueError, ImportError, KeyError, TypeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"{flag} {folder}: its tokenizer does not load ({type(e).__name__}: {first}); save the "
+                         f"model's tokenizer there with tokenizer.save_pretrained") from e
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def check_rl_batches(ppo, strategy, num_prompts: int, world_sizes: dict[str, int] | None = None) -> None:
+    """The PPO loop's batch arithmetic (``ppo``: a PPOConfig, ``strategy``: a StrategyConfig) for
+    ``num_prompts`` prompts and the ranks of each role (``{"policy": 2, "critic": 1}``); InputError with the
+    flag to change. The loop checks the same when it starts, after the models loaded."""
+    samples = ppo.rollout_batch_size * ppo.n_samples_per_prompt
+    g, micro = strategy.train_batch_size, strategy.micro_train_batch_size
+    if samples % g:
+        fit = [t for t in range(g, 0, -1) if samples % t == 0][0]
+        raise InputError(f"--rollout_batch_size {ppo.rollout_batch_size} x --n_samples_per_prompt "
+                         f"{ppo.n_samples_per_prompt} = {samples} samples per iteration is not a multiple of "
+                         f"--train_batch_size {g}; use --train_batch_size {fit} (or {samples}), or change the "
+                         f"rollout batch")
+    if num_prompts < ppo.rollout_batch_size:
+        raise InputError(f"the prompt set has {num_prompts} prompts, fewer than --rollout_batch_size "
+                         f"{ppo.rollout_batch_size}; lower it to at most {num_prompts} or add prompts")
+    for role, world in (world_sizes or {}).items():
+        if world < 1:
+            continue
+        if samples % world or g % world:
+            raise InputError(f"{role}: {world} ranks do not divide the {samples} samples per iteration and "
+                             f"--train_batch_size {g}; use a rank count that divides both")
+        if role in ("policy", "critic") and g % (micro * world):
+            raise InputError(f"--train_batch_size {g} is not a multiple of --micro_train_batch_size {micro} x "
+                             f"{world} {role} rank(s) = {micro * world}; use --micro_train_batch_size "
+                             f"{max(d for d in range(1, g // world + 1) if (g // world) % d == 0 and d <= micro)} "
+                             f"or a --train_batch_size that is a multiple of {micro * world}")
