@@ -193,15 +193,38 @@ def test_ray_address_and_a_second_node_run_a_placement_that_needs_both(task, clu
     assert "policy on cpu x 2" in out.stdout and "[rl ppo-ray] done: 1 iterations" in out.stdout, out.stdout[-3000:]
 
 
+def wait_for_http(url: str, timeout_s: float = 120.0) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            urllib.request.urlopen(url, timeout=5).close()
+            return
+        except urllib.error.HTTPError:  # it answered (401 without the token): up
+            return
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
+
+
 @pytest.mark.multiprocess
 @pytest.mark.skipif(importlib.util.find_spec("aiohttp") is None,
                     reason="ray job submit needs Ray's dashboard: pip install 'rl-cli[ray-jobs]' (ray[default])")
 def test_ray_job_submit_runs_the_module_as_the_jobs_driver(task):
+    """Ray's own `ray job submit` needs RAY_AUTH_MODE=token on a token cluster (nothing of ours runs before it
+    connects); the job's driver, our module, then joins with the token the cluster's processes carry."""
     c = Cluster(gpus=2, dashboard_port=free_port())
     try:
-        out = subprocess.run([str(BIN / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{c.dashboard_port}",
-                              "--", *ppo_ray(task, "job")],
-                             capture_output=True, text=True, timeout=800, env={**c.env, "RAY_AUTH_MODE": "token"})
+        wait_for_http(f"http://127.0.0.1:{c.dashboard_port}/api/version")  # the dashboard starts after `ray start`
+        submit = [str(BIN / "ray"), "job", "submit", "--address", f"http://127.0.0.1:{c.dashboard_port}", "--",
+                  *ppo_ray(task, "job")]
+        refused = subprocess.run(submit, capture_output=True, text=True, timeout=300, env=c.env)
+        assert refused.returncode != 0 and "token" in refused.stderr.lower(), refused.stderr[-2000:]
+        out = subprocess.run(submit, capture_output=True, text=True, timeout=800,
+                             env={**c.env, "RAY_AUTH_MODE": "token"})
         assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
         assert "[rl ppo-ray] done: 1 iterations" in out.stdout and "succeeded" in out.stdout, out.stdout[-3000:]
     finally:
