@@ -88,7 +88,7 @@ def test_a_bad_input_stops_rl_ppo_in_one_line_before_any_model_loads(task, case)
                                                            r"--train_batch_size 7; use --train_batch_size 4"),
     }[case]
     out, seconds = rl("ppo", *ppo_argv(root, model, *argv, run=case))
-    assert out.returncode != 0, out.stdout[-2000:]
+    assert out.returncode == 2, out.stdout[-2000:] + out.stderr[-2000:]
     assert re.search(expected, out.stderr), out.stderr[-3000:]
     assert "Traceback" not in out.stderr, out.stderr[-3000:]
     assert "Loading weights" not in out.stderr and not (root / case).exists()  # no model loaded, nothing ran

@@ -162,13 +162,11 @@ def _wandb_key(argv: list[str], parser=None) -> list[str]:
 
 
 def _local_models(prog: str, model_cfg):
-    """Hub ids (``--pretrain org/name``) -> folders of the local HF cache; a missing one stops here, in one line."""
-    from rl_core.hub import ModelNotFoundError, resolve_models
+    """Hub ids (``--pretrain org/name``) -> folders of the local HF cache. A missing one raises ModelNotFoundError,
+    which the command's guard (:func:`rl_cli.errors.user_errors`) prints in one line (exit code 2)."""
+    from rl_core.hub import resolve_models
 
-    try:
-        return resolve_models(model_cfg)
-    except ModelNotFoundError as e:
-        raise SystemExit(f"{prog}: {e}") from None
+    return resolve_models(model_cfg)
 
 
 def _wandb_installed(prog: str, logger_cfg) -> None:
