@@ -127,6 +127,9 @@ class PPOConfig:
 
     def __post_init__(self) -> None:
         spec = get_estimator(self.advantage_estimator)  # an unknown name fails listing the valid ones
+        check_numbers(self, positive=("eps_clip", "critic_learning_rate", "kl_target", "top_p"),
+                      non_negative=("value_clip", "overlong_penalty_factor", "freezing_actor_steps"),
+                      unit=("gamma", "lambd", "top_p"), at_least_1=("kl_horizon",))
         for name in ("n_samples_per_prompt", "rollout_batch_size", "generate_max_len", "num_episodes", "max_epochs",
                      "dynamic_filtering_max_rounds", "max_ckpt_num", "agent_max_turns"):
             if getattr(self, name) < 1:
@@ -134,9 +137,6 @@ class PPOConfig:
         if self.n_samples_per_prompt < spec.min_group_size:
             raise ValueError(f"--advantage_estimator {self.advantage_estimator} compares the samples of a prompt: "
                              f"set --n_samples_per_prompt >= {spec.min_group_size} (got {self.n_samples_per_prompt})")
-        check_numbers(self, positive=("eps_clip", "critic_learning_rate", "kl_target", "top_p"),
-                      non_negative=("value_clip", "overlong_penalty_factor", "freezing_actor_steps"),
-                      unit=("gamma", "lambd", "top_p"), at_least_1=("kl_horizon",))
         if self.dynamic_filtering and self.n_samples_per_prompt < 2:
             raise ValueError("--dynamic_filtering judges groups of samples: set --n_samples_per_prompt >= 2")
         if self.temperature <= 0:
