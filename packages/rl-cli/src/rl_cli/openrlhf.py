@@ -233,8 +233,6 @@ REFUSED: dict[str, Refuse] = {
                                "setting", off=(1,)),
     "train.async_queue_size": Refuse("async training (issue 19) counts its queue in policy versions: the "
                                      "max_staleness setting", off=(1,)),
-    "local_rank": Refuse("launcher support (deepspeed --module) is being built (issue 17 item 3); "
-                         "torchrun sets LOCAL_RANK in the environment, use it"),
     # not built
     "train_max_tokens_per_gpu": Refuse(_NO_TOKEN_BATCH),
     "train.max_tokens_per_gpu": Refuse(_NO_TOKEN_BATCH),
