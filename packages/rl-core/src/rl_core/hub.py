@@ -21,6 +21,10 @@ import dataclasses
 import os
 from pathlib import Path
 
+from huggingface_hub import snapshot_download
+from huggingface_hub.errors import LocalEntryNotFoundError
+from huggingface_hub.utils import HFValidationError, validate_repo_id
+
 MODEL_FIELDS = ("pretrain", "ref_pretrain", "critic_pretrain", "reward_pretrain")
 
 
@@ -41,8 +45,6 @@ def hub_cache_dir() -> Path:
 
 
 def _is_repo_id(value: str) -> bool:
-    from huggingface_hub.utils import HFValidationError, validate_repo_id
-
     if value.startswith((".", "/", "~")) or value.count("/") > 1:
         return False
     try:
@@ -64,9 +66,6 @@ def resolve_model(path_or_id: str, *, flag: str = "--pretrain") -> str:
     if not _is_repo_id(value):
         raise ModelNotFoundError(f"{flag} {value}: no such folder (and not a hub id like org/name to look up in "
                                  f"the Hugging Face cache {cache})")
-    from huggingface_hub import snapshot_download
-    from huggingface_hub.errors import LocalEntryNotFoundError
-
     try:
         return snapshot_download(value, cache_dir=str(cache), local_files_only=True)
     except (LocalEntryNotFoundError, FileNotFoundError, OSError):
