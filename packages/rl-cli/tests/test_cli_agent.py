@@ -86,9 +86,10 @@ def test_rl_ppo_trains_an_openrlhf_agent_file_sync_and_async(task):
 def test_the_flags_in_both_dialects_and_ppo_ray_refuses_agents(task, capsys):
     groups = _groups(False)
     parser, flags = build_parser("rl ppo", "", groups)
-    p = resolve(groups, parser.parse_args(["--agent_func_path", "a.py", "--async_train", "--max_staleness", "2"]),
-                flags)["ppo"]
+    p = resolve(groups, parser.parse_args(["--agent_func_path", "a.py", "--async_train", "--max_staleness", "2",
+                                           "--partial_rollout", "--partial_rollout_tokens", "4"]), flags)["ppo"]
     assert (p.agent_func_path, p.async_train, p.max_staleness) == ("a.py", True, 2)
+    assert (p.partial_rollout, p.partial_rollout_tokens) == (True, 4)
     root, model = task
     with pytest.raises(SystemExit):
         main(["ppo-ray"] + argv(root, model, "ray")[1:])

@@ -147,3 +147,34 @@ def test_a_producer_error_reaches_the_trainer_and_close_stops_a_waiting_producer
     assert waiting.get(1)[0] == 1  # batch 2 waits for version 1, which never comes
     waiting.close(timeout=5)
     assert not any(t.name == "rl-async-rollout" and t.is_alive() for t in threading.enumerate())
+
+
+def test_partial_rollouts_let_the_sync_land_mid_batch_with_every_token_tagged(setup, tmp_path):
+    """Generation (32 tokens in chunks of 2) is slower than training here, so each sync lands while the next
+    batch is being sampled: its responses continue with the new weights, and every token's version lies within
+    the bound of the policy it trains."""
+    run = build(setup, tmp_path, max_iterations=5, max_staleness=1, partial_rollout=True, partial_rollout_tokens=2,
+                generate_max_len=32, max_epochs=1)
+    batches = []
+    collect = run.trainer._collect
+
+    def collect_and_keep(it):
+        out = collect(it)
+        batches.append((it, out[1]))
+        return out
+
+    run.trainer._collect = collect_and_keep
+    try:
+        run.trainer.fit()
+    finally:
+        run.close()
+    r = rows(tmp_path)
+    assert all(x["rl/staleness_violations"] == 0 for x in r)
+    for it, samples in batches:
+        for s in samples:
+            v = s.info["token_versions"]
+            assert v == sorted(v) and it - 2 <= v[0] and v[-1] <= it - 1, (it, v)  # trains version it - 1
+    assert sum(x["rl/partial_fraction"] > 0 for x in r) >= 2, [x["rl/partial_fraction"] for x in r]
+    assert any(len(set(s.info["token_versions"])) > 1 for _, b in batches for s in b)
+    with pytest.raises(ValueError, match="add --async_train"):
+        PPOConfig(partial_rollout=True)

@@ -15,6 +15,12 @@ time; with ``batch_agenerate = True`` the calls made in the same event-loop tick
 each at its next turn) run as one batch, and requests that differ only in ``seed`` share one ``generate`` call
 seeded from all their seeds (reproducible for the same set of requests, no longer per request). Not here:
 continuous batching (a request waits for the batch in flight), stop strings, prefix caching.
+
+Partial rollouts (``partial_chunk_tokens = K``, the RL loop's ``--partial_rollout``): ``generate`` samples K
+tokens at a time and releases the engine's lock between chunks, so a weight update arriving mid-response
+lands between two chunks and the rest of the response is sampled with the new weights (the prefix is re-read
+by them: no KV cache survives, so nothing old is reused); each token's weight version is in
+``info["token_versions"]`` and ``policy_version`` is the oldest. Each chunk is seeded ``seed + chunk index``.
 """
 
 from __future__ import annotations
@@ -24,6 +30,7 @@ import contextlib
 import dataclasses
 import os
 import threading
+import time
 from collections.abc import Iterable
 
 import torch
@@ -73,13 +80,17 @@ class HFEngine:
         self._lock = threading.Lock()
         self._pending: dict[asyncio.AbstractEventLoop, list] = {}  # agenerate calls of this tick, per event loop
         self.batch_agenerate = False  # the RL loop's agent episodes turn it on (module docstring)
+        self.partial_chunk_tokens: int | None = None  # partial rollouts (``_generate_partial``); None: off
+        self._updates_waiting = 0  # update_weights calls waiting for the lock (a partial rollout lets them in)
         self._receiver = None  # a CollectiveReceiver after init_weight_group
 
     # ---- generation ----
 
     def generate(self, requests: list[RolloutRequest]) -> list[list[RolloutSample]]:
-        with self._lock:
-            self._check_awake()
+        partial = self.partial_chunk_tokens is not None
+        with contextlib.nullcontext() if partial else self._lock:  # partial: locked chunk by chunk
+            if not partial:
+                self._check_awake()
             results: dict[int, list[RolloutSample]] = {}
             groups: dict[SamplingParams, list[int]] = {}
             for i, req in enumerate(requests):
@@ -88,9 +99,46 @@ class HFEngine:
                 per_call = max(1, self.max_batch_sequences // params.n)
                 for start in range(0, len(idx), per_call):
                     chunk = idx[start : start + per_call]
-                    samples = self._generate_group([requests[i] for i in chunk], params)
+                    group = self._generate_partial if partial else self._generate_group
+                    samples = group([requests[i] for i in chunk], params)
                     results.update(zip(chunk, samples, strict=True))
             return [results[i] for i in range(len(requests))]
+
+    def _generate_partial(self, requests: list[RolloutRequest], params: SamplingParams) -> list[list[RolloutSample]]:
+        """Partial rollouts: ``partial_chunk_tokens`` new tokens at a time, the lock released in between, so a
+        weight update lands mid-response and the rest is sampled (its prefix re-read) with the new weights.
+        ``info["token_versions"]``: the weight version of each response token; ``policy_version``: the oldest."""
+        n, chunk_tokens = params.n, self.partial_chunk_tokens
+        prompts = [list(r.prompt_token_ids) for r in requests for _ in range(n)]
+        tokens: list[list[int]] = [[] for _ in prompts]
+        logprobs: list[list[float]] = [[] for _ in prompts]
+        versions: list[list[int]] = [[] for _ in prompts]
+        finish: list[str | None] = [None] * len(prompts)
+        k = 0
+        while active := [b for b in range(len(prompts)) if finish[b] is None]:
+            step = min(chunk_tokens, params.max_new_tokens - len(tokens[active[0]]))  # active rows: same length
+            p = dataclasses.replace(params, n=1, max_new_tokens=step,
+                                    seed=None if params.seed is None else params.seed + k)
+            while self._updates_waiting:  # a lock is not fair: let a waiting update in before the next chunk
+                time.sleep(0.001)
+            with self._lock:
+                self._check_awake()
+                out = self._generate_group([RolloutRequest(prompts[b] + tokens[b], p) for b in active], p)
+                version = self.policy_version
+            for b, (s,) in zip(active, out, strict=True):
+                tokens[b] += s.response_ids
+                logprobs[b] += s.rollout_logprobs
+                versions[b] += [version] * len(s.response_ids)
+                if s.finish_reason == "stop" or len(tokens[b]) >= params.max_new_tokens:
+                    finish[b] = s.finish_reason
+            k += 1
+        return [[RolloutSample(prompt_ids=prompts[i * n + j], response_ids=tokens[i * n + j],
+                               rollout_logprobs=logprobs[i * n + j], loss_mask=[1] * len(tokens[i * n + j]),
+                               finish_reason=finish[i * n + j],
+                               policy_version=min(versions[i * n + j], default=self.policy_version),
+                               info={"request_id": r.request_id, "sample_index": j,
+                                     "token_versions": versions[i * n + j]})
+                 for j in range(n)] for i, r in enumerate(requests)]
 
     async def agenerate(self, request: RolloutRequest) -> list[RolloutSample]:
         if not self.batch_agenerate:
@@ -187,9 +235,13 @@ class HFEngine:
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy ``(hf_name, tensor)`` pairs into the model in place; a subset is fine."""
-        with self._lock:
-            self._copy_weights(named_tensors)
-            self.policy_version = version
+        self._updates_waiting += 1  # partial rollouts: the next chunk waits for this update (no lock starvation)
+        try:
+            with self._lock:
+                self._copy_weights(named_tensors)
+                self.policy_version = version
+        finally:
+            self._updates_waiting -= 1
 
     @torch.no_grad()
     def update_weights_ipc(self, sync, version: int, *, verify: bool = True) -> int:

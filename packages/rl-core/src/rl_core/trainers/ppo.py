@@ -157,6 +157,12 @@ class PPOTrainer:
         # Asynchronous training samples with older weights than the ones that train: never on-policy.
         self.on_policy = (cfg.max_epochs == 1 and samples == train_batch_size and self.kl is None
                           and cfg.freezing_actor_steps == 0 and not cfg.async_train)
+        if cfg.partial_rollout:
+            if not hasattr(rollout, "partial_chunk_tokens"):
+                raise ValueError(f"--partial_rollout needs an engine that samples in chunks a weight update can "
+                                 f"land between; {type(rollout).__name__} does not: use --rollout_engine hf in "
+                                 "rl ppo, or drop --partial_rollout")
+            rollout.partial_chunk_tokens = cfg.partial_rollout_tokens
         if cfg.async_train and sleep_engines:
             raise ValueError("--async_train generates while the policy trains, so the engines cannot sleep "
                              "meanwhile: drop --vllm_enable_sleep (or --async_train)")
@@ -499,9 +505,15 @@ class PPOTrainer:
         if violations:
             logger.warning("%d samples break the staleness bound %d: versions %s trained at %d", violations,
                            self.cfg.max_staleness, sorted({s.policy_version for s in samples}), trained)
-        return {"staleness_mean": sum(lag) / len(lag), "staleness_max": float(max(lag)),
-                "staleness_violations": float(violations), "policy_version_generated": float(trained - max(lag)),
-                "policy_version_trained": float(trained)}, [x == 0 for x in lag]
+        out = {"staleness_mean": sum(lag) / len(lag), "staleness_max": float(max(lag)),
+               "staleness_violations": float(violations), "policy_version_generated": float(trained - max(lag)),
+               "policy_version_trained": float(trained)}
+        tagged = [s.info["token_versions"] for s in samples if "token_versions" in s.info]
+        if tagged:  # partial rollouts: responses that span a weight update, and the lag per token
+            out["partial_fraction"] = sum(len(set(v)) > 1 for v in tagged) / len(tagged)
+            tokens = [trained - v for vs in tagged for v in vs]
+            out["token_staleness_mean"] = sum(tokens) / max(len(tokens), 1)
+        return out, [x == 0 for x in lag]
 
     def _iteration(self, it: int, bar, pipeline: AsyncRollout | None) -> None:
         c = self.cfg

@@ -71,6 +71,13 @@ class PPOConfig:
     max_staleness: int = field(default=1, metadata=meta(
         "with --async_train: how many policy versions a sample may lag the policy it trains (generation waits "
         "for the weight sync otherwise; 0: the synchronous schedule)"))
+    partial_rollout: bool = field(default=False, metadata=meta(
+        "with --async_train: a weight update lands between chunks of the responses being generated instead of "
+        "waiting for them; the rest is sampled with the new weights, each token tagged with its version (the "
+        "importance correction then uses each token's own rollout log-prob). HF engine",
+        openrlhf=("train.partial_rollout_enable",)))
+    partial_rollout_tokens: int = field(default=16, metadata=meta(
+        "with --partial_rollout: tokens sampled between two points where a weight update may land"))
     agent_func_path: str | None = field(default=None, metadata=meta(
         "multi-turn episodes against an environment: file.py with OpenRLHF's AgentInstance (async reset/step "
         "returning rewards, environment_feedback, done), file.py:NAME returning an rl_rollout Environment, or "
@@ -131,7 +138,8 @@ class PPOConfig:
                       non_negative=("value_clip", "overlong_penalty_factor", "freezing_actor_steps"),
                       unit=("gamma", "lambd", "top_p"), at_least_1=("kl_horizon",))
         for name in ("n_samples_per_prompt", "rollout_batch_size", "generate_max_len", "num_episodes", "max_epochs",
-                     "dynamic_filtering_max_rounds", "max_ckpt_num", "agent_max_turns"):
+                     "dynamic_filtering_max_rounds", "max_ckpt_num", "agent_max_turns",
+                     "partial_rollout_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} (--{name}) must be >= 1, got {getattr(self, name)}")
         if self.n_samples_per_prompt < spec.min_group_size:
@@ -165,6 +173,9 @@ class PPOConfig:
                              f"{self.agent_max_len}")
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness (--max_staleness) must be >= 0, got {self.max_staleness}")
+        if self.partial_rollout and not self.async_train:
+            raise ValueError("--partial_rollout lets weight updates land mid-generation, which only happens when "
+                             "generation runs beside training: add --async_train")
         if self.max_staleness != 1 and not self.async_train:
             raise ValueError(f"--max_staleness {self.max_staleness} bounds --async_train's pipelining; add "
                              "--async_train or drop --max_staleness")
