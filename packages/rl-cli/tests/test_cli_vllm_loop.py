@@ -125,3 +125,35 @@ def test_rl_ppo_async_with_vllm_in_process_learns_within_the_staleness_bound(tas
     assert fresh and max(fresh) < GAP, fresh
     rewards = [r["rl/reward_mean"] for r in rows]
     assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.05, rewards
+
+
+AGENT = '''
+from openrlhf.utils.agent import AgentInstanceBase
+
+
+class AgentInstance(AgentInstanceBase):
+    def __init__(self, *args, **kwargs):
+        self.turn = 0
+
+    async def step(self, states, **kwargs):
+        self.turn += 1
+        hits = min(states["action_text"].count(states["label"]), 4) / 4
+        done = self.turn >= 2
+        return {"rewards": hits / 2, "environment_feedback": "" if done else " again: ", "done": done}
+'''
+
+
+def test_rl_ppo_async_agent_episodes_with_vllm(task):
+    """An OpenRLHF agent file (two turns, feedback between them) with vLLM in this process and --async_train:
+    the engine's log-probs on the policy's tokens equal the trainer's (the environment's tokens are masked out
+    of that comparison as of the loss), and the bound holds."""
+    root, model = task
+    (root / "agent.py").write_text(AGENT)
+    argv = grpo(root, model, "agent", 3) + ["--agent_func_path", str(root / "agent.py"), "--agent_max_turns", "3",
+                                            "--agent_max_len", "64", "--async_train", "--generate_max_len", "4"]
+    run_cli("rl_cli.train_ppo", [a for a in argv if a not in ("--reward_fn", f"{root / 'reward.py'}:letter")])
+    rows = metrics(root / "agent")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["rl/agent/turns"] == 2 and r["rl/agent/env_tokens"] == 8 for r in rows), rows
+    assert all(r["rl/staleness_violations"] == 0 and r["rl/staleness_max"] <= 1 for r in rows)
+    assert rows[0]["rl/rollout_logprob_gap"] < GAP
