@@ -132,7 +132,9 @@ def test_an_engine_plugin_runs_the_loop_by_name(task, tmp_path):
     plugin = write_engine_plugin(tmp_path / "site")
     argv = common(root, model, "plugin") + ["--rollout_engine", "hf-probe", "--max_iterations", "2",
                                             "--advantage_estimator", "group_norm", "--init_kl_coef", "0"]
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin), os.environ.get("PYTHONPATH", "")])}
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                             "MASTER_PORT")}  # a fresh process, as a user's
+    env["PYTHONPATH"] = os.pathsep.join([str(plugin), os.environ.get("PYTHONPATH", "")])
     out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo", *argv], capture_output=True, text=True,
                          env=env, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
