@@ -13,7 +13,7 @@ from rl_cli.config import build_parser, resolve
 from rl_cli.main import main
 from rl_cli.ppo import _groups
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 AGENT = '''
 from openrlhf.utils.agent import AgentInstanceBase

@@ -8,7 +8,7 @@ import pytest
 
 from rl_cli.main import main
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 
 def test_demo_reward_rises_and_the_run_is_written(tmp_path, capsys):

@@ -29,7 +29,7 @@ import pytest
 from rl_cli.ppo import _groups as ppo_groups
 from rl_cli.train import COMMANDS, _groups
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 BIN = Path(sys.executable).parent
 REAL_HOME = Path.home()
 

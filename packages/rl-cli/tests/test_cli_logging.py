@@ -15,7 +15,7 @@ import pytest
 from rl_cli.ppo import _groups as ppo_groups
 from rl_cli.train import COMMANDS, _groups, _wandb_key
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 KEY = "k3y-0f-a-test-that-must-never-show-0123456789"
 needs_wandb = pytest.mark.skipif(importlib.util.find_spec("wandb") is None, reason="wandb is not installed here")
 

@@ -16,7 +16,7 @@ from rl_cli.config import build_parser, resolve
 from rl_cli.main import main
 from rl_cli.ppo import _groups, plan_from
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 REWARD = "def letter(prompt, response, label, **info):\n    return min(response.count(label), 8) / 8\n"
 
 

@@ -14,7 +14,7 @@ import pytest
 
 from rl_cli.main import main
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 REWARDS = """
 import time
 

@@ -23,7 +23,7 @@ import pytest
 
 from rl_cli.main import main
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 REWARD = "def letter(prompt, response, label, **info):\n    return min(response.count(label), 8) / 8\n"
 BOUND_S = 90  # generous: a model load plus a first iteration takes longer, and the import alone ~5-25 s here
 

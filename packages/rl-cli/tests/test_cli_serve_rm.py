@@ -29,7 +29,7 @@ import pytest
 
 from rl_cli.main import main
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 OPENRLHF_EXAMPLE = Path(__file__).resolve().parents[2] / "rl-rollout" / "tests" / "data" / "openrlhf_reward_func.py"
 REWARD = "def letter(prompt, response, label, **info):\n    return min(response.count(label), 8) / 8\n"
 

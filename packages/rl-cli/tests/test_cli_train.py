@@ -14,7 +14,7 @@ import pytest
 from rl_cli.config import build_parser, resolve
 from rl_cli.train import COMMANDS, _groups, _wandb_key, run
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 WORDS = ["abc", "hello", "xyz", "rl", "ppo", "grpo", "data", "kto"]
 
 

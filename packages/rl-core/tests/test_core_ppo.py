@@ -15,7 +15,7 @@ from rl_core.strategy import StrategyConfig
 from rl_core.trainers.ppo import PPOConfig, PPOTrainer
 from rl_rollout import WeightSyncConfig
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 LETTERS = "abcd"
 
 

@@ -17,7 +17,7 @@ from rl_core.strategy import StrategyConfig
 from rl_core.trainers.ppo import PPOConfig
 from rl_rollout import EngineConfig, RewardRunner, WeightSyncConfig
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 
 def letter_reward(prompt, response, label, **info):

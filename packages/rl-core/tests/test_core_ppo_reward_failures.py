@@ -18,7 +18,7 @@ from rl_core.trainers.ppo import PPOConfig
 from rl_rollout import RewardRunner, WeightSyncConfig
 from rl_rollout.rewards import RewardError
 
-pytestmark = pytest.mark.timeout(900)
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
 
 def flaky(prompt, response, label):

@@ -17,7 +17,7 @@ from rl_core.models import Actor, RewardModel, frozen
 from rl_core.strategy import DeepSpeedStrategy, StrategyConfig
 from rl_core.trainers import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer, RewardModelTrainer, RMConfig
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 WORDS = ["abc", "hello", "xyz", "rl", "ppo", "grpo", "data", "kto", "model", "token", "reward", "value"]
 EVAL_WORDS = ["cat", "sun", "map", "tree", "bird", "lamp"]  # held out: the same preference on unseen words
 

@@ -14,7 +14,7 @@ from rl_core.strategy import DeepSpeedStrategy, StrategyConfig
 from rl_core.trainers import SFTConfig, SFTTrainer
 from rl_rollout.testing import make_tiny_model
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")

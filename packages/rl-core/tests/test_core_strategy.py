@@ -19,7 +19,7 @@ from rl_core.models import Actor
 from rl_core.strategy import DeepSpeedStrategy, StrategyConfig
 from rl_rollout.testing import make_tiny_model
 
-pytestmark = pytest.mark.timeout(600)
+pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
 
 
 @pytest.fixture(scope="module")
