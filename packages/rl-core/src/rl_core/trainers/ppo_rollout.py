@@ -1,0 +1,232 @@
+"""The sampling half of the PPO-family loop: prompts in, scored samples out (a mixin of
+:class:`rl_core.trainers.ppo.PPOTrainer`, whose ``__init__`` sets every attribute used here).
+
+Takes ``rollout_batch_size`` prompts in the seeded order, generates ``n_samples_per_prompt``
+samples each (single turns, or agent episodes with environment tokens masked), scores them
+(reward functions, reward-model groups, episode rewards, overlong penalty, clipping), counts
+failed reward calls and stops the run past ``reward_max_failure_rate``, applies dynamic
+filtering over sampling rounds, and measures the staleness of asynchronous batches. The rest
+of an iteration (experience, advantages, training, sync, checkpoints) is
+:mod:`rl_core.trainers.ppo`.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from rl_algos import clip_rewards, overlong_penalty
+
+from rl_core.rl.experience import make_item
+
+logger = logging.getLogger(__name__)
+
+
+def _bounded(fn):
+    """A plain ``fn(prompt, response, label)`` as a :class:`rl_rollout.RewardRunner`: its calls run on threads,
+    30 s each at most, failures counted (the runner's defaults)."""
+    from rl_rollout.rewards import RewardRunner
+
+    def call(prompt, response, label, **info):
+        return fn(prompt, response, label)
+
+    call.__qualname__ = getattr(fn, "__qualname__", type(fn).__name__)  # the name in failure messages
+    call.__module__ = getattr(fn, "__module__", None) or "?"
+    return RewardRunner(call)
+
+
+class RolloutPhase:
+    def _take_prompts(self, k: int) -> list[dict]:
+        n, out = len(self.prompts), []
+        while len(out) < k:
+            epoch, i = divmod(self.cursor, n)
+            order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
+            out.append(self.prompts[order[i]])
+            self.cursor += 1
+        return out
+
+    # ----- rollout and rewards --------------------------------------------------------------
+
+    def _generate(self, prompts: list[dict], seed: int):
+        from rl_rollout import RolloutRequest, SamplingParams
+
+        c = self.cfg
+        params = SamplingParams(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.generate_max_len,
+                                n=c.n_samples_per_prompt, stop_token_ids=self.eos, seed=seed)
+        if self.agent is not None:
+            groups = self._episodes(prompts, params)
+        else:
+            groups = self.rollout.generate([RolloutRequest(list(p["prompt_ids"]), params) for p in prompts])
+        if len(groups) != len(prompts) or any(len(g) != c.n_samples_per_prompt for g in groups):
+            raise RuntimeError(f"the rollout returned {[len(g) for g in groups]} samples for {len(prompts)} prompts "
+                               f"x n={c.n_samples_per_prompt}")
+        return [s for g in groups for s in g]
+
+    def _episodes(self, prompts: list[dict], params):
+        """Multi-turn episodes (rl-rollout's AgentExecutor): environment tokens carry loss mask 0."""
+        from rl_rollout.agents import AgentExecutor, AgentRequest
+
+        c = self.cfg
+        executor = AgentExecutor(self.rollout, self.tokenizer, self.agent, max_turns=c.agent_max_turns,
+                                 max_len=c.agent_max_len, params=params)
+        return executor.run([AgentRequest(list(p["prompt_ids"]), prompt=p.get("prompt"), label=p.get("label"))
+                             for p in prompts])
+
+    def _episode_rewards(self, samples) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
+        """The episodes' rewards (sums of step rewards), their scores (OpenRLHF's last ``scores``, else the
+        reward) and what to log: turns, policy and environment tokens, stop causes, the agent's extra logs."""
+        rewards = torch.tensor([float(s.reward or 0.0) for s in samples])
+        scores = torch.tensor([float((s.info["env_info"] or [{}])[-1].get("score", s.reward or 0.0))
+                               for s in samples])
+        k = len(samples)
+        info = {"agent/reward_mean": rewards.mean().item(),
+                "agent/turns": sum(s.info["turns"] for s in samples) / k,
+                "agent/policy_tokens": sum(sum(s.loss_mask) for s in samples) / k,
+                "agent/env_tokens": sum(len(s.loss_mask) - sum(s.loss_mask) for s in samples) / k,
+                "agent/done_fraction": sum(s.info["stop_cause"] == "done" for s in samples) / k}
+        extra: dict[str, list[float]] = {}
+        for s in samples:
+            for step in s.info["env_info"]:
+                for name, v in (step.get("extra_logs") or {}).items():
+                    extra.setdefault(name, []).append(float(v))
+        info.update({f"agent_extra/{n}": sum(v) / len(v) for n, v in extra.items()})
+        return rewards, scores, info
+
+    def _rewards(self, prompts: list[dict], samples, items: list[dict]) -> tuple[torch.Tensor, dict]:
+        n = self.cfg.n_samples_per_prompt
+        parts, info = [], {}
+        self._filter_scores = None  # the scorer's own scores for dynamic filtering, when it reports them
+        if self.agent is not None:
+            rewards, agent_scores, agent_info = self._episode_rewards(samples)
+            parts.append(rewards)
+            info.update(agent_info)
+            if self.reward_fn is None and self.reward_model is None:
+                self._filter_scores = agent_scores
+        if self.reward_fn is not None:
+            ps = [prompts[i // n]["prompt"] for i in range(len(samples))]
+            labels = [prompts[i // n].get("label") for i in range(len(samples))]
+            texts = [self.tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
+            r = self.reward_fn.score(ps, texts, labels)
+            self._reward_counts = getattr(self.reward_fn, "last_counts", None)
+            parts.append(torch.tensor(r, dtype=torch.float32))
+            info["reward_fn_mean"] = parts[-1].mean().item()
+            record = self.reward_fn.last_record() if callable(getattr(self.reward_fn, "last_record", None)) else None
+            if record is not None:
+                info.update({f"reward_extra/{k}": v for k, v in record.log_means().items()})
+                if record.scores is not None and self.reward_model is None:
+                    self._filter_scores = torch.tensor(record.scores, dtype=torch.float32)
+        if self.reward_model is not None:
+            parts.append(torch.tensor(self.reward_model.call_sharded("score", items), dtype=torch.float32))
+            info["reward_model_mean"] = parts[-1].mean().item()
+        scores = sum(parts[1:], parts[0])
+        c = self.cfg
+        if c.overlong_buffer_len is not None:
+            lengths = torch.tensor([len(s.response_ids) for s in samples])
+            penalty = overlong_penalty(lengths, c.generate_max_len, c.overlong_buffer_len, c.overlong_penalty_factor)
+            scores = scores + penalty
+            info["overlong_penalty_mean"] = penalty.mean().item()
+        if c.reward_clip_range is not None:
+            scores = clip_rewards(scores, *c.reward_clip_range)
+        return scores, info
+
+    def _sample_round(self, k: int, seed: int):
+        prompts = self._take_prompts(k)
+        samples = self._generate(prompts, seed)
+        items = [make_item(s.prompt_ids, s.response_ids, s.loss_mask, s.rollout_logprobs) for s in samples]
+        t0 = time.perf_counter()
+        scores, info = self._rewards(prompts, samples, items)
+        return prompts, samples, items, scores, info, time.perf_counter() - t0
+
+    def _collect(self, it: int):
+        """Samples of ``rollout_batch_size`` prompts, filtered dynamically when asked; per-phase seconds."""
+        from rl_algos import filter_groups
+
+        c, n, want = self.cfg, self.cfg.n_samples_per_prompt, self.cfg.rollout_batch_size
+        kept: list[tuple] = []
+        dropped: list[tuple] = []
+        stats = {"generate_s": 0.0, "reward_s": 0.0, "rounds": 0, "groups_seen": 0}
+        counts = []  # the reward scorer's counts, one per round
+        for r in range(c.dynamic_filtering_max_rounds if c.dynamic_filtering else 1):
+            t0 = time.perf_counter()
+            need = want - len(kept)
+            prompts, samples, items, scores, info, reward_s = self._sample_round(need, self.seed + 1000 * it + r)
+            stats["generate_s"] += time.perf_counter() - t0 - reward_s
+            stats["reward_s"] += reward_s
+            stats["rounds"] += 1
+            stats["groups_seen"] += need
+            stats.update(info)
+            if self._reward_counts is not None:
+                counts.append(self._reward_counts)
+            groups = [(prompts[g], samples[g * n:(g + 1) * n], items[g * n:(g + 1) * n], scores[g * n:(g + 1) * n])
+                      for g in range(need)]
+            if not c.dynamic_filtering:
+                kept = groups
+                break
+            by = scores if self._filter_scores is None else self._filter_scores
+            keep = filter_groups(by, n, mean_range=tuple(c.dynamic_filtering_reward_range)).keep_groups.tolist()
+            kept += [g for g, k in zip(groups, keep, strict=True) if k]
+            dropped += [g for g, k in zip(groups, keep, strict=True) if not k]
+            if len(kept) >= want:
+                break
+        if c.dynamic_filtering:
+            stats["dynamic/kept_fraction"] = min(len(kept), want) / max(stats["groups_seen"], 1)
+            filled = max(0, want - len(kept))
+            if filled:
+                logger.warning("iteration %d: dynamic filtering kept %d of %d groups in %d rounds; %d filtered-out "
+                               "groups fill the batch (raise --dynamic_filtering_max_rounds or widen the range)",
+                               it, len(kept), want, stats["rounds"], filled)
+            stats["dynamic/filled"] = filled
+            kept = (kept + dropped[:filled])[:want]
+        stats["dynamic/rounds"] = stats.pop("rounds")
+        stats.pop("groups_seen")
+        if counts:
+            self._check_reward_calls(it, sum(counts[1:], counts[0]), stats)
+        prompts = [g[0] for g in kept]
+        samples = [s for g in kept for s in g[1]]
+        items = [x for g in kept for x in g[2]]
+        scores = torch.cat([g[3] for g in kept])
+        return prompts, samples, items, scores, stats
+
+    def _check_reward_calls(self, it: int, counts, stats: dict) -> None:
+        """Log the iteration's failed reward calls; stop the run when more than the tolerated fraction failed."""
+        stats.update(counts.metrics("reward/"))
+        if not counts.failures:
+            return
+        limit = self.cfg.reward_max_failure_rate
+        summary = (f"{counts.failures} of {counts.calls} reward calls failed (errors {counts.errors}, timeouts "
+                   f"{counts.timeouts}, non-finite {counts.nonfinite})")
+        if counts.failures > limit * counts.calls:
+            from rl_rollout.rewards import RewardError
+
+            self.metrics.log(it, {"rl/" + k: v for k, v in stats.items() if k.startswith("reward/")})
+            if not self.cfg.async_train:  # async: the trainer thread, still logging, closes it when it re-raises
+                self.metrics.close()
+            raise RewardError(f"iteration {it}: {summary}, more than --reward_max_failure_rate {limit} allows; "
+                              f"first: {counts.first_failure}. Fix the reward function or the data it reads, or "
+                              f"raise --reward_max_failure_rate to train on --reward_fallback for failed calls")
+        logger.warning("iteration %d: %s, each scored with the fallback; first: %s", it, summary,
+                       counts.first_failure)
+
+    # ----- experience and advantages -------------------------------------------------------
+
+    def _collect_with_cursor(self, it: int):
+        """The producer thread's batch: :meth:`_collect`'s, and the prompt cursor right after it."""
+        return (*self._collect(it), self.cursor)
+
+    def _staleness(self, samples, trained: int) -> tuple[dict[str, float], list[bool]]:
+        """How many versions each sample's policy lags the one that trains (``trained``), against the bound."""
+        lag = [trained - s.policy_version for s in samples]
+        violations = sum(x > self.cfg.max_staleness or x < 0 for x in lag)
+        if violations:
+            logger.warning("%d samples break the staleness bound %d: versions %s trained at %d", violations,
+                           self.cfg.max_staleness, sorted({s.policy_version for s in samples}), trained)
+        out = {"staleness_mean": sum(lag) / len(lag), "staleness_max": float(max(lag)),
+               "staleness_violations": float(violations), "policy_version_generated": float(trained - max(lag)),
+               "policy_version_trained": float(trained)}
+        tagged = [s.info["token_versions"] for s in samples if "token_versions" in s.info]
+        if tagged:  # partial rollouts: responses that span a weight update, and the lag per token
+            out["partial_fraction"] = sum(len(set(v)) > 1 for v in tagged) / len(tagged)
+            tokens = [trained - v for vs in tagged for v in vs]
+            out["token_staleness_mean"] = sum(tokens) / max(len(tokens), 1)
+        return out, [x == 0 for x in lag]
