@@ -42,7 +42,7 @@ def test_every_openrlhf_flag_is_accepted_or_refused(command):
     rows = openrlhf.rows(command)
     missing = [r.flag for r in rows if r.status == "MISSING"]
     assert not missing, (f"rl {command}: OpenRLHF flags neither accepted nor refused; add each to ALIAS, CONVERT or "
-                         f"REFUSED in rl_cli/openrlhf.py: {missing}")
+                         f"REFUSED in rl_cli/openrlhf_tables.py: {missing}")
     assert len(rows) == sum(len(d) for d in openrlhf.flags_of(command).values())
     assert all(r.why for r in rows if r.status == "refused")
 

@@ -1,0 +1,396 @@
+"""The data of the OpenRLHF mapping: OpenRLHF's flag list per command and the three tables that settle
+every flag the fields' own metadata does not (:data:`ALIAS`, :data:`CONVERT`, :data:`REFUSED`, plus the
+per-command refusals). One line per flag; :mod:`rl_cli.openrlhf` installs them on the parsers and writes
+docs/openrlhf.md from them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+FLAGS_FILE = Path(__file__).with_name("openrlhf_flags.json")
+COMMANDS = ("sft", "rm", "dpo", "kto", "ppo", "ppo-ray")
+
+
+@cache
+def openrlhf_flags() -> dict:
+    return json.loads(FLAGS_FILE.read_text())
+
+
+def flags_of(command: str) -> dict[str, dict[str, dict]]:
+    """``{"flat": {name: shape}, "grouped": {...}}`` of one of our commands."""
+    return openrlhf_flags()["commands"][command]
+
+
+# ----- the tables ---------------------------------------------------------------------------------
+
+# OpenRLHF name -> our dotted field(s); the first one the command has is the target.
+ALIAS: dict[str, tuple[str, ...]] = {
+    "actor_learning_rate": ("strategy.learning_rate",),
+    "actor.adam.lr": ("strategy.learning_rate",),
+    "adam.lr": ("strategy.learning_rate",),
+    "actor.adam.betas": ("strategy.adam_betas",),
+    "adam.betas": ("strategy.adam_betas",),
+    "actor.adam.weight_decay": ("strategy.weight_decay",),
+    "adam.weight_decay": ("strategy.weight_decay",),
+    "actor.lr_scheduler": ("strategy.lr_scheduler",),
+    "actor.lr_warmup_ratio": ("strategy.lr_warmup_ratio",),
+    "actor.min_lr_ratio": ("strategy.min_lr_ratio",),
+    "actor.max_norm": ("strategy.max_norm",),
+    "actor.gradient_checkpointing_enable": ("strategy.gradient_checkpointing",),
+    "model.gradient_checkpointing_enable": ("strategy.gradient_checkpointing",),
+    "ds.zero_stage": ("strategy.zero_stage",),
+    "ds.adam_offload": ("strategy.adam_offload",),
+    "train.seed": ("strategy.seed",),
+    "train.batch_size": ("strategy.train_batch_size",),
+    "train.micro_batch_size": ("strategy.micro_train_batch_size",),
+    "model.model_name_or_path": ("model.pretrain",),
+    "ref.model_name_or_path": ("model.ref_pretrain",),
+    "ds.lora.rank": ("model.lora_rank",),
+    "ds.lora.alpha": ("model.lora_alpha",),
+    "ds.lora.dropout": ("model.lora_dropout",),
+    "model.beta": ("train.beta",),
+    "model.ipo_enable": ("train.ipo",),
+    "model.label_smoothing": ("train.label_smoothing",),
+    "model.nll_loss_coef": ("train.nll_loss_coef",),
+    "model.loss_type": ("train.loss",),
+    "model.margin_loss_enable": ("train.margin_loss",),
+    "ckpt.output_dir": ("train.save_path", "ppo.save_path"),
+    "ckpt.path": ("train.ckpt_path", "ppo.ckpt_path"),
+    "ckpt.save_steps": ("train.save_steps", "ppo.save_steps"),
+    "ckpt.max_num": ("train.max_ckpt_num", "ppo.max_ckpt_num"),
+    "ckpt.load_enable": ("train.load_checkpoint", "ppo.load_checkpoint"),
+    "logger.logging_steps": ("train.logging_steps",),
+    "ds.packing_samples": ("data.packing",),
+    "packing_samples": ("data.packing",),
+    "dataset_split": ("data.split",),
+    "data.dataset_split": ("data.split",),
+    "train_split": ("data.split",),
+    "prompt_split": ("data.split",),
+    "data.prompt_split": ("data.split",),
+    "data.prompt_dataset": ("data.dataset",),
+    "eval.dataset": ("data.eval_dataset",),
+    "eval.split": ("data.eval_split",),
+    "eval.steps": ("train.eval_steps",),
+    "eval_steps": ("train.eval_steps",),
+    "train.colocate_actor_ref": ("ray.colocate_actor_ref",),
+    "train.colocate_critic_reward": ("ray.colocate_critic_reward",),
+    "train.colocate_all": ("ray.colocate_all_models",),
+    "actor.num_nodes": ("ray.actor_num_nodes",),
+    "actor.num_gpus_per_node": ("ray.actor_num_gpus_per_node",),
+    "critic.num_nodes": ("ray.critic_num_nodes",),
+    "critic.num_gpus_per_node": ("ray.critic_num_gpus_per_node",),
+    "ref.num_nodes": ("ray.ref_num_nodes",),
+    "ref.num_gpus_per_node": ("ray.ref_num_gpus_per_node",),
+    "reward.num_nodes": ("ray.reward_num_nodes",),
+    "reward.num_gpus_per_node": ("ray.reward_num_gpus_per_node",),
+    "vllm.num_engines": ("ray.vllm_num_engines",),
+    "vllm.tensor_parallel_size": ("ray.vllm_tensor_parallel_size",),
+    "vllm_is_truncated_threshold": ("ppo.is_correction_threshold",),
+}
+
+
+@dataclass(frozen=True)
+class Convert:
+    """An OpenRLHF flag whose value becomes other values of ours: ``convert(value) -> {dotted: value}``."""
+
+    ours: str  # what it sets, for the table
+    convert: Callable[[object, argparse.Namespace], dict[str, object]]
+    nargs: object = None  # None: one value; 0: a switch; "*", 2 ...
+    type: Callable = str
+
+
+def _param_dtype(v, _ns):
+    if v == "bf16":
+        return {"strategy.bf16": True}
+    raise ValueError(f"{v!r}: fp16 training is not built; use bf16 (the default) or --bf16 false for fp32")
+
+
+def _attn(v, _ns):
+    if v in ("flash_attention_2", "flash_attn", "flash_attention"):
+        return {"model.flash_attn": True}
+    if v == "sdpa":
+        return {"model.flash_attn": False}
+    raise ValueError(f"{v!r}: only flash_attention_2 (needs flash-attn) and sdpa are built; use one of those")
+
+
+def _optim(v, _ns):
+    if v == "adam":
+        return {}
+    raise ValueError(f"{v!r}: only AdamW is built (the Muon optimizer is not); use --optim adam or drop the flag")
+
+
+_IS_TYPE = "_openrlhf_is_correction_type"  # OpenRLHF's type takes effect only with its enable flag
+
+
+def _is_enable(_v, ns):
+    return {"ppo.is_correction": getattr(ns, _IS_TYPE, "tis")}
+
+
+def _is_type(v, ns):
+    out = {_IS_TYPE: v}
+    if getattr(ns, "ppo.is_correction", None):  # already enabled: the type applies
+        out["ppo.is_correction"] = v
+    return out
+
+
+def _not_negative(field: str):
+    return lambda v, _ns: {field: max(0, v)}  # OpenRLHF's -1 means "none", as our 0 does
+
+
+CONVERT: dict[str, Convert] = {
+    "eps_clip_low_high": Convert("ppo.eps_clip, ppo.eps_clip_high",
+                                 lambda v, _ns: {"ppo.eps_clip": v[0], "ppo.eps_clip_high": v[1]}, 2, float),
+    "actor.eps_clip_low_high": Convert("ppo.eps_clip, ppo.eps_clip_high",
+                                       lambda v, _ns: {"ppo.eps_clip": v[0], "ppo.eps_clip_high": v[1]}, 2, float),
+    "target_modules": Convert("model.target_modules (names joined by commas)",
+                              lambda v, _ns: {"model.target_modules": ",".join(v) if v else "all-linear"}, "*"),
+    "ds.lora.target_modules": Convert("model.target_modules (names joined by commas)",
+                                      lambda v, _ns: {"model.target_modules": ",".join(v) if v else "all-linear"},
+                                      "*"),
+    "param_dtype": Convert("strategy.bf16 (bf16 only)", _param_dtype),
+    "ds.param_dtype": Convert("strategy.bf16 (bf16 only)", _param_dtype),
+    "attn_implementation": Convert("model.flash_attn (flash_attention_2 | sdpa)", _attn),
+    "ds.attn_implementation": Convert("model.flash_attn (flash_attention_2 | sdpa)", _attn),
+    "optim": Convert("AdamW (adam only)", _optim),
+    "actor.optim": Convert("AdamW (adam only)", _optim),
+    "critic.optim": Convert("AdamW (adam only)", _optim),
+    "multiturn": Convert("data.apply_chat_template (multi-turn = a message list in --input_key, no --output_key)",
+                         lambda _v, _ns: {"data.apply_chat_template": True}, 0),
+    "data.multiturn": Convert("data.apply_chat_template (multi-turn = a message list in --input_key, no --output_key)",
+                              lambda _v, _ns: {"data.apply_chat_template": True}, 0),
+    "enable_vllm_is_correction": Convert("ppo.is_correction (tis unless a type is given)", _is_enable, 0),
+    "algo.advantage.is_correction_enable": Convert("ppo.is_correction (tis unless a type is given)", _is_enable, 0),
+    "vllm_is_correction_type": Convert("ppo.is_correction (with --enable_vllm_is_correction)", _is_type),
+    "algo.advantage.is_correction_type": Convert("ppo.is_correction (with --algo.advantage.is_correction_enable)",
+                                                 _is_type),
+    "freezing_actor_steps": Convert("ppo.freezing_actor_steps (-1: 0)", _not_negative("ppo.freezing_actor_steps"),
+                                    None, int),
+    "critic.freezing_steps": Convert("ppo.freezing_actor_steps (-1: 0)", _not_negative("ppo.freezing_actor_steps"),
+                                     None, int),
+}
+
+# Accepted flags whose meaning differs in a way a user should know: shown in the table.
+NOTES: dict[tuple[str, str], str] = {
+    **{(c, n): "OpenRLHF: prompt + response; here it caps the prompt, and --max_new_tokens the response"
+       for c in ("ppo", "ppo-ray") for n in ("max_len", "data.max_len")},
+}
+
+
+@dataclass(frozen=True)
+class Refuse:
+    why: str  # one line: why not, and what to use instead
+    off: tuple = ()  # values that leave the feature off in OpenRLHF: accepted as the no-ops they are
+
+
+_PENDING_ASYNC = "being built (issue 19)"
+_NO_TOKEN_BATCH = "token-budget dynamic batching is not built; batches count sequences: --micro_train_batch_size"
+_NO_VLM = "vision-language models are not built (text only)"
+_NO_MUON = "the Muon optimizer is not built (AdamW only); drop the --*.muon.* flags"
+_CRITIC_OPT = ("the critic shares the actor's optimizer settings (--adam_betas, --l2, --lr_scheduler, --max_norm ...); "
+               "only its learning rate is its own: --critic_learning_rate")
+_NO_OFFLOAD = ("offloading frozen models to CPU is not built; colocate them (--colocate_actor_ref, "
+               "--colocate_critic_reward) or give them their own GPUs")
+_NO_EVAL_RL = "the RL loop has no evaluation pass yet"
+_NO_RING = "ring attention (sequence parallelism) is not built; use a shorter --max_len or ZeRO-3"
+_NO_DS_TP = "DeepSpeed tensor-parallel training (AutoTP) is not built; use ZeRO-3 (--zero_stage 3)"
+_NO_EMA = "EMA weights are not built; the policy's own weights are saved"
+_NO_PTX = "PPO-ptx (a pretraining loss mixed into the RL loss) is not built; run rl sft separately"
+_NO_MIX = "mixing several datasets by probability is not built; give one dataset (merge the files first)"
+_NO_HEAD = ("our reward/critic heads are saved as rl_head.safetensors beside the model, under a fixed name "
+            "(rl rm writes them, rl ppo reads them)")
+
+REFUSED: dict[str, Refuse] = {
+    # being built by others right now: an ALIAS line when they land
+    "agent_func_path": Refuse("agent functions are " + _PENDING_ASYNC + "; rewards: --reward_fn file.py:func"),
+    "train.agent_func_path": Refuse("agent functions are " + _PENDING_ASYNC + "; rewards: --reward_fn file.py:func"),
+    "async_train": Refuse("async training is " + _PENDING_ASYNC),
+    "train.async_enable": Refuse("async training is " + _PENDING_ASYNC),
+    "partial_rollout": Refuse("partial rollouts are " + _PENDING_ASYNC),
+    "train.partial_rollout_enable": Refuse("partial rollouts are " + _PENDING_ASYNC),
+    "async_queue_size": Refuse("async training (issue 19) counts its queue in policy versions: the max_staleness "
+                               "setting", off=(1,)),
+    "train.async_queue_size": Refuse("async training (issue 19) counts its queue in policy versions: the "
+                                     "max_staleness setting", off=(1,)),
+    # not built
+    "train_max_tokens_per_gpu": Refuse(_NO_TOKEN_BATCH),
+    "train.max_tokens_per_gpu": Refuse(_NO_TOKEN_BATCH),
+    "rollout_max_tokens_per_gpu": Refuse(_NO_TOKEN_BATCH),
+    "rollout.max_tokens_per_gpu": Refuse(_NO_TOKEN_BATCH),
+    "use_dynamic_batch": Refuse(_NO_TOKEN_BATCH),
+    "train.dynamic_batch_enable": Refuse(_NO_TOKEN_BATCH),
+    "ring_attn_size": Refuse(_NO_RING, off=(1,)),
+    "ds.ring_attn_size": Refuse(_NO_RING, off=(1,)),
+    "ring_head_stride": Refuse(_NO_RING, off=(1,)),
+    "ds.ring_attn_head_stride": Refuse(_NO_RING, off=(1,)),
+    "ds_tensor_parallel_size": Refuse(_NO_DS_TP, off=(1,)),
+    "ds.tensor_parallel_size": Refuse(_NO_DS_TP, off=(1,)),
+    "zpg": Refuse("ZeRO++ hierarchical partitioning is not wired; plain ZeRO (--zero_stage)", off=(1,)),
+    "ds.zpg": Refuse("ZeRO++ hierarchical partitioning is not wired; plain ZeRO (--zero_stage)", off=(1,)),
+    "overlap_comm": Refuse("DeepSpeed overlap_comm is not exposed; --zero_bucket_bytes tunes the ZeRO buckets"),
+    "ds.overlap_comm": Refuse("DeepSpeed overlap_comm is not exposed; --zero_bucket_bytes tunes the ZeRO buckets"),
+    "deepcompile": Refuse("DeepSpeed deepcompile is not wired"),
+    "ds.deepcompile": Refuse("DeepSpeed deepcompile is not wired"),
+    "grad_accum_dtype": Refuse("the gradient accumulation dtype is DeepSpeed's default (fp32 master weights); "
+                               "not a flag here"),
+    "ds.grad_accum_dtype": Refuse("the gradient accumulation dtype is DeepSpeed's default (fp32 master weights); "
+                                  "not a flag here"),
+    "ds.experts_implementation": Refuse("MoE expert kernels are transformers' default; not selectable here"),
+    "use_liger_kernel": Refuse("Liger kernels are not wired"),
+    "ds.use_liger_kernel": Refuse("Liger kernels are not wired"),
+    "load_in_4bit": Refuse("4-bit (QLoRA) loading is not built; use --lora_rank with bf16 weights"),
+    "ds.load_in_4bit": Refuse("4-bit (QLoRA) loading is not built; use --lora_rank with bf16 weights"),
+    "use_ds_universal_ckpt": Refuse("DeepSpeed universal checkpoints are not wired; resume with --load_checkpoint "
+                                    "on the same world size"),
+    "ds.use_universal_ckpt": Refuse("DeepSpeed universal checkpoints are not wired; resume with --load_checkpoint "
+                                    "on the same world size"),
+    "deepspeed_enable_sleep": Refuse("sleeping the DeepSpeed models between phases is not built; "
+                                     "--vllm_enable_sleep frees the engines' memory"),
+    "ds.enable_sleep": Refuse("sleeping the DeepSpeed models between phases is not built; "
+                              "--vllm_enable_sleep frees the engines' memory"),
+    "gradient_checkpointing_use_reentrant": Refuse("gradient checkpointing is always non-reentrant (torch's "
+                                                   "recommended mode); --gradient_checkpointing turns it on"),
+    "actor.gradient_checkpointing_reentrant": Refuse("gradient checkpointing is always non-reentrant (torch's "
+                                                     "recommended mode); --gradient_checkpointing turns it on"),
+    "model.gradient_checkpointing_reentrant": Refuse("gradient checkpointing is always non-reentrant (torch's "
+                                                     "recommended mode); --gradient_checkpointing turns it on"),
+    "full_determinism": Refuse("full determinism mode is not built; --seed fixes init, data order and sampling"),
+    "train.full_determinism_enable": Refuse("full determinism mode is not built; --seed fixes init, data order and "
+                                            "sampling"),
+    "aux_loss_coef": Refuse("the MoE load-balancing loss is not built", off=(0,)),
+    "actor.aux_loss_coef": Refuse("the MoE load-balancing loss is not built", off=(0,)),
+    "model.aux_loss_coef": Refuse("the MoE load-balancing loss is not built", off=(0,)),
+    "compute_fp32_loss": Refuse("not a switch here: the losses are computed from fp32 log-probs"),
+    "model.compute_fp32_loss_enable": Refuse("not a switch here: the losses are computed from fp32 log-probs"),
+    "pretrain_mode": Refuse("SFT trains on the response tokens only; for plain text put it in the --output_key "
+                            "column with an empty prompt"),
+    "model.pretrain_mode_enable": Refuse("SFT trains on the response tokens only; for plain text put it in the "
+                                         "--output_key column with an empty prompt"),
+    "tokenizer_chat_template": Refuse("the tokenizer's own chat template is used; put a custom one in the model's "
+                                      "tokenizer_config.json"),
+    "data.tokenizer_chat_template": Refuse("the tokenizer's own chat template is used; put a custom one in the "
+                                           "model's tokenizer_config.json"),
+    "dataset_probs": Refuse(_NO_MIX, off=("1.0", "1")),
+    "data.dataset_probs": Refuse(_NO_MIX, off=("1.0", "1")),
+    "prompt_data_probs": Refuse(_NO_MIX, off=("1.0", "1")),
+    "data.prompt_probs": Refuse(_NO_MIX, off=("1.0", "1")),
+    "dataloader_num_workers": Refuse("the data loads in the main process (tokenized once, up front)", off=(0,)),
+    "data.dataloader_num_workers": Refuse("the data loads in the main process (tokenized once, up front)", off=(0,)),
+    "disable_fast_tokenizer": Refuse("tokenizers load with AutoTokenizer's default (the fast one when the model "
+                                     "has it)"),
+    "data.disable_fast_tokenizer": Refuse("tokenizers load with AutoTokenizer's default (the fast one when the "
+                                          "model has it)"),
+    "use_ms": Refuse("ModelScope downloads are not built; pass a local folder or a Hugging Face id"),
+    "image_key": Refuse(_NO_VLM),
+    "data.image_key": Refuse(_NO_VLM),
+    "max_images_per_prompt": Refuse(_NO_VLM),
+    "data.max_images_per_prompt": Refuse(_NO_VLM),
+    "freeze_visual_encoder": Refuse(_NO_VLM),
+    "actor.freeze_visual_encoder": Refuse(_NO_VLM),
+    "value_head_prefix": Refuse(_NO_HEAD, off=("score", "value_head")),
+    "ds.value_head_prefix": Refuse(_NO_HEAD, off=("score", "value_head")),
+    "save_hf_ckpt": Refuse("checkpoints hold the DeepSpeed state for exact resume; the HF export is written to "
+                           "--save_path at the end"),
+    "ckpt.save_hf": Refuse("checkpoints hold the DeepSpeed state for exact resume; the HF export is written to "
+                           "--save_path at the end"),
+    "disable_ds_ckpt": Refuse("checkpoints always hold the DeepSpeed state (exact resume); --save_steps -1 saves "
+                              "none"),
+    "ckpt.disable_ds": Refuse("checkpoints always hold the DeepSpeed state (exact resume); --save_steps -1 saves "
+                              "none"),
+    "max_ckpt_mem": Refuse("checkpoints are bounded by count: --max_ckpt_num"),
+    "ckpt.max_mem": Refuse("checkpoints are bounded by count: --max_ckpt_num"),
+    "best_metric_key": Refuse("best-checkpoint tracking is not built; the last --max_ckpt_num are kept"),
+    "ckpt.best_metric_key": Refuse("best-checkpoint tracking is not built; the last --max_ckpt_num are kept"),
+    "ref_offload": Refuse(_NO_OFFLOAD + "; rl dpo: --precompute_ref releases the reference after one pass"),
+    "ref.offload": Refuse(_NO_OFFLOAD + "; rl dpo: --precompute_ref releases the reference after one pass"),
+    "reward.offload": Refuse(_NO_OFFLOAD),
+    "ref_reward_offload": Refuse(_NO_OFFLOAD),
+    "actor_init_on_gpu": Refuse("not needed: every model loads straight onto its device"),
+    "perf": Refuse("OpenRLHF's timing printout is not built; per-phase seconds are in the metrics (--run_dir)"),
+    "micro_rollout_batch_size": Refuse("experience passes (old/reference log-probs, values) run in "
+                                       "--micro_train_batch_size chunks; set that"),
+    "rollout.micro_batch_size": Refuse("experience passes (old/reference log-probs, values) run in "
+                                       "--micro_train_batch_size chunks; set that"),
+    "vllm_generate_batch_size": Refuse("oversampling is not built: an iteration generates --rollout_batch_size "
+                                       "prompts (dynamic filtering refills)"),
+    "rollout.vllm_generate_batch_size": Refuse("oversampling is not built: an iteration generates "
+                                               "--rollout_batch_size prompts (dynamic filtering refills)"),
+    "vllm_sync_with_ray": Refuse("weights go over rl-rollout's transport, not Ray's object store: "
+                                 "--vllm_sync_backend nccl | gloo | ipc"),
+    "vllm.sync_with_ray": Refuse("weights go over rl-rollout's transport, not Ray's object store: "
+                                 "--vllm_sync_backend nccl | gloo | ipc"),
+    "entropy_loss_coef": Refuse("the policy loss has no entropy term (entropy regularisation is not built)"),
+    "actor.entropy_coef": Refuse("the policy loss has no entropy term (entropy regularisation is not built)"),
+    "no_advantage_std_norm": Refuse("use --advantage_estimator dr_grpo (group mean, no std) or "
+                                    "--whiten_advantages false"),
+    "algo.advantage.no_std_norm": Refuse("use --advantage_estimator dr_grpo (group mean, no std) or "
+                                         "--whiten_advantages false"),
+    "stop_properly_penalty_coef": Refuse("the stop-properly penalty (rl_algos.shaping) is not applied by the RL "
+                                         "loop yet"),
+    "reward.stop_properly_penalty_coef": Refuse("the stop-properly penalty (rl_algos.shaping) is not applied by "
+                                                "the RL loop yet"),
+    "ptx_coef": Refuse(_NO_PTX),
+    "pretrain_data": Refuse(_NO_PTX),
+    "pretrain_data_probs": Refuse(_NO_PTX),
+    "pretrain_split": Refuse(_NO_PTX),
+    "enable_ema": Refuse(_NO_EMA),
+    "train.enable_ema": Refuse(_NO_EMA),
+    "ema_beta": Refuse(_NO_EMA),
+    "train.ema_beta": Refuse(_NO_EMA),
+    "eval_n_samples_per_prompt": Refuse(_NO_EVAL_RL),
+    "eval.n_samples_per_prompt": Refuse(_NO_EVAL_RL),
+    "eval_temperature": Refuse(_NO_EVAL_RL),
+    "eval.temperature": Refuse(_NO_EVAL_RL),
+    "logging_steps": Refuse("the RL loop logs every iteration", off=(1,)),
+    **{f"critic.{k}": Refuse(_CRITIC_OPT) for k in (
+        "adam.betas", "adam.eps", "adam.weight_decay", "lr_scheduler", "lr_warmup_ratio", "max_norm",
+        "min_lr_ratio")},
+    "adam.eps": Refuse("AdamW's eps is fixed at 1e-8 (OpenRLHF's default)", off=(1e-8,)),
+    "actor.adam.eps": Refuse("AdamW's eps is fixed at 1e-8 (OpenRLHF's default)", off=(1e-8,)),
+    **{f"{p}muon.{k}": Refuse(_NO_MUON) for p in ("", "actor.", "critic.")
+       for k in ("lr", "momentum", "nesterov", "no_nesterov", "ns_steps")},
+    **{k: Refuse("LoRA is not wired into the RL roles (the weight sync sends full weights); train full weights, or "
+                 "rl sft / rl dpo --lora_rank") for k in (
+        "lora_rank", "lora_alpha", "lora_dropout", "ds.lora.rank", "ds.lora.alpha", "ds.lora.dropout")},
+}
+
+_PLACEMENT = "placement is rl ppo-ray's: rl ppo runs every role in this process"
+_PACKING_SFT = "packing is built for SFT only (rl sft --packing_samples); drop the flag"
+_RL_ONLY: dict[str, Refuse] = {
+    "target_modules": REFUSED["lora_rank"], "ds.lora.target_modules": REFUSED["lora_rank"],
+    "eval.dataset": Refuse(_NO_EVAL_RL), "eval.split": Refuse(_NO_EVAL_RL), "eval.steps": Refuse(_NO_EVAL_RL),
+    "eval_steps": Refuse(_NO_EVAL_RL), "logger.logging_steps": Refuse("the RL loop logs every iteration", off=(1,)),
+    "ds.packing_samples": Refuse("packed sequences are not wired into the RL loop yet (every row is padded)"),
+    "packing_samples": Refuse("packed sequences are not wired into the RL loop yet (every row is padded)"),
+}
+# Refusals of one command only (the same name works elsewhere); they come before ALIAS and CONVERT.
+COMMAND_REFUSED: dict[str, dict[str, Refuse]] = {
+    "ppo-ray": _RL_ONLY,
+    "ppo": {**_RL_ONLY, **{k: Refuse(_PLACEMENT) for k in (
+        "actor_num_nodes", "actor_num_gpus_per_node", "critic_num_nodes", "critic_num_gpus_per_node",
+        "ref_num_nodes", "ref_num_gpus_per_node", "reward_num_nodes", "reward_num_gpus_per_node",
+        "vllm_num_engines", "vllm_tensor_parallel_size", "colocate_actor_ref", "colocate_critic_reward",
+        "colocate_all_models", "actor.num_nodes", "actor.num_gpus_per_node", "critic.num_nodes",
+        "critic.num_gpus_per_node", "ref.num_nodes", "ref.num_gpus_per_node", "reward.num_nodes",
+        "reward.num_gpus_per_node", "vllm.num_engines", "vllm.tensor_parallel_size", "train.colocate_actor_ref",
+        "train.colocate_critic_reward", "train.colocate_all")}},
+    **{c: {"packing_samples": Refuse(_PACKING_SFT), "ds.packing_samples": Refuse(_PACKING_SFT)}
+       for c in ("rm", "dpo", "kto")},
+}
+
+
+def command_refusal(command: str | None, name: str) -> Refuse | None:
+    return COMMAND_REFUSED.get(command or "", {}).get(name)
+
+
+def converted_names(command: str | None) -> set[str]:
+    """Names the parser must leave to :data:`CONVERT` (their value has another shape than our field's)."""
+    if command not in COMMANDS:
+        return set()
+    names = set(flags_of(command)["flat"]) | set(flags_of(command)["grouped"])
+    return {n for n in names & set(CONVERT) if command_refusal(command, n) is None}
