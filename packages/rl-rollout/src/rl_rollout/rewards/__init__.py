@@ -14,7 +14,8 @@
 - :mod:`~rl_rollout.rewards.remote`: :class:`RemoteRewardClient`, batches over
   HTTP with a bearer token, in our format and OpenRLHF's at once.
 - :mod:`~rl_rollout.rewards.server`: :class:`RewardServer`, hardened against slow,
-  oversized and malformed clients; answers our clients and OpenRLHF's.
+  oversized and malformed clients; answers our clients and OpenRLHF's. The request
+  formats and their parsing are :mod:`~rl_rollout.rewards.protocol`.
 - :mod:`~rl_rollout.rewards.openrlhf`: :class:`OpenRLHFRewardFunc`, OpenRLHF's reward
   files (``reward_func(queries, prompts, labels)`` returning a tensor or
   ``{"rewards", "scores", "extra_logs"}``) as a batch scorer; :class:`RewardRecord`

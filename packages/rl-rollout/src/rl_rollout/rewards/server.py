@@ -46,7 +46,6 @@ from __future__ import annotations
 import asyncio
 import collections
 import hmac
-import inspect
 import json
 import logging
 import os
@@ -60,6 +59,7 @@ from typing import Any
 
 from rl_rollout.config import meta
 from rl_rollout.rewards.loading import record_from
+from rl_rollout.rewards.protocol import Batch, _parse_head, _Refused, _takes_queries, parse_batch  # noqa: F401
 
 logger = logging.getLogger(__name__)
 
@@ -67,106 +67,7 @@ ScoreFn = Callable[..., Any]
 SCORE_PATHS = ("/", "/score", "/get_reward")
 TOKEN_ENV = "RL_REWARD_TOKEN"
 _DRAIN_LIMIT = 64 << 20  # read and drop up to this much of a refused body, so the client sees the reply
-_MAX_HEADERS = 100
 _WORKER_THREADS = 4  # parse + score; score_fn itself runs one call at a time
-
-
-class _Refused(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-@dataclass(frozen=True)
-class Batch:
-    """A parsed request: one prompt, response and label per sample; ``queries`` when the client sent them."""
-
-    prompts: list[str]
-    responses: list[str]
-    labels: list[str | None]
-    queries: list[str] | None = None
-
-
-def _strings(data: dict, key: str) -> list[str]:
-    value = data.get(key)
-    if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
-        raise _Refused(400, f"'{key}' must be a list of strings, got {json.dumps(value)[:100]}")
-    return value
-
-
-def parse_batch(body: bytes, max_batch: int) -> Batch:
-    """The :class:`Batch` in a request body (either dialect), or :class:`_Refused` with 400/413 and the reason."""
-    try:
-        data = json.loads(body)
-    except (ValueError, RecursionError) as e:  # RecursionError: nesting deeper than the parser's stack
-        raise _Refused(400, f"request body is not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
-    if not isinstance(data, dict):
-        kind = type(data).__name__
-        raise _Refused(400, f"request body must be a JSON object with 'prompts' and 'responses' (or OpenRLHF's "
-                            f"'query'), got a {kind}")
-    queries = None
-    if "responses" in data or "query" not in data:
-        prompts, responses = _strings(data, "prompts"), _strings(data, "responses")
-        if "query" in data:
-            queries = _strings(data, "query")
-    else:  # OpenRLHF: query = prompt + response; prompts since 2025, labels since 2025-02
-        queries = _strings(data, "query")
-        prompts = [""] * len(queries) if data.get("prompts") is None else _strings(data, "prompts")
-        if len(prompts) != len(queries):
-            raise _Refused(400, f"{len(queries)} queries and {len(prompts)} prompts; send one prompt per query")
-        responses = [q[len(p):] if q.startswith(p) else q for q, p in zip(queries, prompts, strict=True)]
-    labels = data.get("labels")
-    if labels is None:
-        labels = [None] * len(prompts)
-    elif not isinstance(labels, list) or not all(x is None or isinstance(x, (str, int, float)) for x in labels):
-        raise _Refused(400, f"'labels' must be null or a list of strings/numbers/nulls, got {json.dumps(labels)[:100]}")
-    labels = [x if x is None or isinstance(x, str) else str(x) for x in labels]  # a numeric answer as text
-    if not len(prompts) == len(responses) == len(labels) or (queries is not None and len(queries) != len(prompts)):
-        n_q = "" if queries is None else f", {len(queries)} queries"
-        raise _Refused(
-            400, f"{len(prompts)} prompts, {len(responses)} responses, {len(labels)} labels{n_q}; send one per sample"
-        )
-    if len(prompts) > max_batch:
-        raise _Refused(413, f"batch of {len(prompts)} samples exceeds the server's max_batch={max_batch}; split it")
-    return Batch(prompts, responses, labels, queries)
-
-
-def _takes_queries(fn: Callable) -> bool:
-    try:
-        return "queries" in inspect.signature(fn).parameters
-    except (TypeError, ValueError):
-        return False
-
-
-@dataclass
-class _Head:
-    method: str
-    path: str
-    headers: dict[str, list[str]]
-
-    def get(self, name: str) -> str | None:
-        values = self.headers.get(name)
-        return values[0] if values else None
-
-
-def _parse_head(raw: bytes) -> _Head:
-    lines = raw.decode("latin-1").split("\r\n")
-    while lines and not lines[0]:  # stray CRLFs before the request line are allowed (RFC 9112 2.2)
-        lines.pop(0)
-    parts = lines[0].split(" ") if lines else []
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1].startswith("/"):
-        raise _Refused(400, f"malformed request line {lines[0][:100] if lines else ''!r}; expected "
-                            "'METHOD /path HTTP/1.1'")
-    fields = [x for x in lines[1:] if x]
-    if len(fields) > _MAX_HEADERS:
-        raise _Refused(431, f"{len(fields)} header lines; at most {_MAX_HEADERS}")
-    headers: dict[str, list[str]] = {}
-    for line in fields:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise _Refused(400, f"malformed header line {line[:100]!r}")
-        headers.setdefault(name.lower(), []).append(value.strip())
-    return _Head(parts[0], parts[1].split("?", 1)[0], headers)
 
 
 class RewardServer:
