@@ -81,7 +81,7 @@ def test_a_bad_input_stops_rl_ppo_in_one_line_before_any_model_loads(task, case)
         "pretrain_missing": (["--pretrain", "/nonexistent"], r"--pretrain /nonexistent: no such folder"),
         "not_a_model": (["--pretrain", str(root / "notmodel")], r"notmodel is not a transformers model folder: "
                                                                   r"no config.json \(it holds notes.txt\)"),
-        "learning_rate": (["--learning_rate", "-0.001"], r"learning_rate \(--learning_rate\) must be > 0, got -0.001"),
+        "learning_rate": (["--learning_rate", "-0.001"], r"learning_rate \(--learning_rate\) must be >= 0, got -0.001"),
         "dead_reward_server": (["--reward_fn", "", "--remote_rm_url", f"http://127.0.0.1:{port}/score"],
                                rf"reward server http://127.0.0.1:{port}/score does not answer .*start it"),
         "batch_arithmetic": (["--train_batch_size", "7"], r"= 16 samples per iteration is not a multiple of "
@@ -170,7 +170,7 @@ def test_numbers_out_of_range_are_refused_by_the_configs():
     from rl_core.trainers import DPOConfig
     from rl_core.trainers.ppo import PPOConfig
 
-    for bad, match in (({"learning_rate": -1e-3}, r"learning_rate \(--learning_rate\) must be > 0"),
+    for bad, match in (({"learning_rate": -1e-3}, r"learning_rate \(--learning_rate\) must be >= 0"),
                        ({"learning_rate": float("nan")}, r"learning_rate .* must be a finite number"),
                        ({"max_norm": -1.0}, r"max_norm .* must be >= 0"),
                        ({"adam_betas": (0.9, 1.5)}, r"adam_betas .* in \[0, 1\)")):

@@ -74,8 +74,9 @@ class StrategyConfig:
             raise ValueError(f"lr_warmup_ratio must be in [0, 1), got {self.lr_warmup_ratio}")
         if not 0 <= self.min_lr_ratio <= 1:
             raise ValueError(f"min_lr_ratio must be in [0, 1], got {self.min_lr_ratio}")
-        check_numbers(self, positive=("learning_rate", "zero_bucket_bytes"),
-                      non_negative=("max_norm", "weight_decay", "seed"))
+        # a learning rate of 0 is legitimate (a run that must not move the weights: evaluation, loss checks)
+        check_numbers(self, positive=("zero_bucket_bytes",),
+                      non_negative=("learning_rate", "max_norm", "weight_decay", "seed"))
         if not all(0 <= b < 1 for b in self.adam_betas):
             raise ValueError(f"adam_betas (--adam_betas) must be two numbers in [0, 1), got {self.adam_betas}")
 
