@@ -48,14 +48,15 @@ def argv(root, model, run, reward_fn, *extra):
             "--run_dir", str(root / run), *extra]
 
 
-def test_exact_match_without_a_label_key_fails_before_any_model_loads(task):
+def test_exact_match_without_a_label_key_fails_before_any_model_loads(task, capsys):
     root, model = task
     start = time.monotonic()
     with pytest.raises(SystemExit) as e:
         main(["ppo", *argv(root, model, "nolabel", "builtin:exact_match")])
-    assert str(e.value.code) == ("rl ppo: --reward_fn builtin:exact_match compares each response with the dataset's "
-                                 "reference answer, but no --label_key is set: pass --label_key FIELD (the field of "
-                                 "each row that holds the answer)")
+    assert e.value.code == 2  # a user mistake: one line on stderr (rl_cli.errors), no traceback
+    assert ("--reward_fn builtin:exact_match compares each response with the dataset's reference answer, but no "
+            "--label_key is set: pass --label_key FIELD (the field of each row that holds the answer)"
+            ) in capsys.readouterr().err
     assert time.monotonic() - start < 5 and not (root / "nolabel").exists()
 
 
