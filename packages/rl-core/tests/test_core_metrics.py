@@ -28,7 +28,7 @@ def test_silent_on_other_ranks(tmp_path):
 
 @pytest.mark.skipif(importlib.util.find_spec("wandb") is not None, reason="wandb is installed: the offline test runs")
 def test_wandb_missing_says_how_to_install(tmp_path):
-    with pytest.raises(RuntimeError, match=r"pip install wandb .*WANDB_MODE=offline"):
+    with pytest.raises(RuntimeError, match=r"pip install 'rl-core\[wandb\]' \(or pip install wandb\).*WANDB_MODE=offline"):
         MetricsLogger(tmp_path, wandb={"project": "t"})
 
 
