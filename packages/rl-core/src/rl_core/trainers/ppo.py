@@ -337,7 +337,7 @@ class PPOTrainer(RolloutPhase):
         lengths = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.float32)
         m.update({
             "reward_mean": scores.mean().item(), "reward_std": scores.std().item() if len(scores) > 1 else 0.0,
-            "response_length": lengths.mean().item(),
+            "response_length": lengths.mean().item(), "response_length_max": lengths.max().item(),
             "truncated": sum(s.finish_reason == "length" for s in samples) / len(samples),
             "experience_s": t2 - t1, "iteration_s": time.perf_counter() - t0,
         })
