@@ -13,7 +13,9 @@ sync to rollout engines consume). Works the same in one process and under
 Gradient accumulation is managed by DeepSpeed (``gradient_accumulation_steps``);
 losses are normalised by the caller with a global count (rl_algos.aggregate_loss),
 so :meth:`backward` passes ``scale_wrt_gas=False``: the sum over micro-batches
-and the mean over ranks then give exactly the full-batch loss.
+and the mean over ranks then give exactly the full-batch loss. A caller whose micro-batch
+count varies (the RL workers' token budgets) marks each step's last one with
+:meth:`accumulation_boundary`.
 """
 
 from __future__ import annotations
@@ -272,6 +274,13 @@ class DeepSpeedStrategy:
     def backward(loss: Tensor, engine) -> None:
         """Backward of an already globally normalised loss (no extra 1/accumulation)."""
         engine.backward(loss, scale_wrt_gas=False)
+
+    @staticmethod
+    def accumulation_boundary(engine, last: bool) -> None:
+        """Say, before a micro-batch's forward, whether it is the last of its optimizer step. Callers whose
+        micro-batch count varies per step (token budgets) set it by hand instead of DeepSpeed counting
+        ``gradient_accumulation_steps``; every data-parallel rank must run as many micro-batches."""
+        engine.set_gradient_accumulation_boundary(last)
 
     @staticmethod
     def optimizer_step(engine) -> bool:

@@ -1,6 +1,8 @@
 """The RL loop's moving parts, apart from the loop itself (:mod:`rl_core.trainers.ppo`).
 
 - :mod:`rl_core.rl.experience`: per-sample experience items, padding, data-parallel order.
+- :mod:`rl_core.rl.batching`: micro-batches (sequence counts or token budgets, equal over ranks), padded
+  or packed rows.
 - :mod:`rl_core.rl.workers`: one class per role rank (policy, critic, reference, reward model).
 - :mod:`rl_core.rl.groups`: the worker-group protocol, the in-process group, generation over
   engine groups and the weight syncs (collective broadcast, CUDA IPC, in-process).
@@ -8,11 +10,12 @@
   weight sync and loop of a run out (``rl ppo``, ``rl ppo-ray``, ``rl demo``, benchmarks, tests).
 """
 
+from rl_core.rl.batching import MicroBatchConfig, plan_micro_batches
 from rl_core.rl.experience import collate, dp_order, make_item, rows
 from rl_core.rl.groups import (BroadcastWeightSync, DirectWeightSync, EngineFailure, GroupRollout, IpcWeightSync,
                                LocalGroup, WorkerGroup, concurrently)
 from rl_core.rl.workers import CriticWorker, PolicyWorker, ReferenceWorker, RewardModelWorker, hf_names
 
 __all__ = ["BroadcastWeightSync", "CriticWorker", "DirectWeightSync", "EngineFailure", "GroupRollout", "IpcWeightSync",
-           "LocalGroup", "PolicyWorker", "ReferenceWorker", "RewardModelWorker", "WorkerGroup", "collate",
-           "concurrently", "dp_order", "hf_names", "make_item", "rows"]
+           "LocalGroup", "MicroBatchConfig", "PolicyWorker", "ReferenceWorker", "RewardModelWorker", "WorkerGroup",
+           "collate", "concurrently", "dp_order", "hf_names", "make_item", "plan_micro_batches", "rows"]

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from rl_core.metrics import MetricsLogger
+from rl_core.rl.batching import MicroBatchConfig
 from rl_core.rl.groups import DirectWeightSync, LocalGroup, WorkerGroup
 from rl_core.rl.workers import CriticWorker, PolicyWorker, ReferenceWorker, RewardModelWorker
 from rl_core.strategy import StrategyConfig
@@ -72,6 +73,8 @@ class RunConfig:
     ppo: PPOConfig
     engine: EngineConfig = EngineConfig()
     sync: WeightSyncConfig = WeightSyncConfig()
+    batching: MicroBatchConfig = MicroBatchConfig()
+    packing: bool = False  # every forward's items in one row (rl_core.rl.batching); the CLI's data.packing
 
     @property
     def dtype(self) -> str:
@@ -145,13 +148,14 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
     samples = p.rollout_batch_size * p.n_samples_per_prompt
     steps = p.optimizer_steps(len(prompts), s.train_batch_size) if samples % s.train_batch_size == 0 else 1
     kw = cfg.load_kw()
-    policy = factory.role("policy", PolicyWorker, s, m.pretrain, p, steps, load_kw=kw, pad_id=pad)
+    mb = {"batching": cfg.batching, "packing": cfg.packing}
+    policy = factory.role("policy", PolicyWorker, s, m.pretrain, p, steps, load_kw=kw, pad_id=pad, **mb)
     critic = factory.role("critic", CriticWorker, s, m.critic_path, p, steps, load_kw=kw,
-                          pad_id=pad) if p.needs_critic else None
+                          pad_id=pad, **mb) if p.needs_critic else None
     ref = factory.role("ref", ReferenceWorker, s, m.ref_path, load_kw=kw, pad_id=pad,
-                       temperature=p.temperature) if p.needs_reference else None
+                       temperature=p.temperature, **mb) if p.needs_reference else None
     rm = factory.role("reward", RewardModelWorker, s, m.reward_pretrain, load_kw=kw, pad_id=pad,
-                      normalize=m.normalize_reward) if m.reward_pretrain else None
+                      normalize=m.normalize_reward, batching=cfg.batching) if m.reward_pretrain else None
     device = policy.call_rank(0, "world")["device"]
     rollout = factory.rollout(cfg.engine, m.pretrain, dtype=cfg.dtype, seed=s.seed, device=device)
     sync = factory.weight_sync(policy, rollout, cfg.sync)

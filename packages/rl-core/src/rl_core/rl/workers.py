@@ -14,6 +14,12 @@ together, so under ZeRO-3 each shard must hold the same number of items.
 - :class:`CriticWorker`: values and the (clipped) value loss.
 - :class:`ReferenceWorker`: frozen logprobs.
 - :class:`RewardModelWorker`: one score per sample.
+
+Every forward goes through :mod:`rl_core.rl.batching`: micro-batches of ``micro_train_batch_size`` items (the
+no-grad ones ``forward_micro_batch_size``), or token-budget bins (``max_tokens_per_gpu``), padded rows or one
+packed row per micro-batch (``packing``); the per-token results come back as padded rows, so the losses are
+the same either way. The accumulation boundary is set by hand at each global batch's last micro-batch, since
+a token budget makes the count vary (the same on every rank: :func:`~rl_core.rl.batching.equalise`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from dataclasses import replace
 
 import torch
 
+from rl_core.rl.batching import MicroBatchConfig, ModelInputs, equalise, plan_micro_batches
 from rl_core.rl.experience import collate, rows
 
 logger = logging.getLogger(__name__)
@@ -39,13 +46,16 @@ def hf_names(named_params):
 class _Worker:
     """Strategy, distributed init and micro-batched no-grad forwards shared by every role."""
 
-    def __init__(self, strategy_cfg, *, pad_id: int = 0, micro_batch: int | None = None):
+    def __init__(self, strategy_cfg, *, pad_id: int = 0, batching: MicroBatchConfig | None = None,
+                 packing: bool = False):
         from rl_core.strategy import DeepSpeedStrategy
 
         self.s = DeepSpeedStrategy(strategy_cfg)
         self.s.setup_distributed()
         self.pad_id = pad_id
-        self.micro_batch = micro_batch or strategy_cfg.micro_train_batch_size
+        self.batching = batching or MicroBatchConfig()
+        self.packing = packing
+        self.micro_batch = self.batching.forward_micro_batch_size or strategy_cfg.micro_train_batch_size
 
     @property
     def rank(self) -> int:
@@ -56,14 +66,31 @@ class _Worker:
         return {"rank": self.s.rank, "world_size": self.s.world_size, "device": str(self.s.device),
                 "pid": os.getpid()}
 
+    def _micro_batches(self, items: list[dict], *, train: bool) -> list[list[int]]:
+        """Indices of ``items`` per micro-batch; with a token budget, as many on every rank (collective)."""
+        lengths = [len(it["input_ids"]) for it in items]
+        if train:
+            budget, flag, micro = self.batching.max_tokens_per_gpu, "--max_tokens_per_gpu", \
+                self.s.cfg.micro_train_batch_size
+        else:
+            (budget, flag), micro = self.batching.forward_budget(), self.micro_batch
+        groups = plan_micro_batches(lengths, micro_batch=micro, max_tokens=budget, packing=self.packing, flag=flag)
+        return groups if budget is None else equalise(groups, lengths, self.s, self.packing)
+
+    def _model(self, fn, items: list[dict]) -> torch.Tensor:
+        """``fn(**model inputs)`` on one micro-batch; per-token results as padded ``[B, T]`` rows."""
+        x = ModelInputs.of(items, self.pad_id, self.packing, self.s.device)
+        return x.rows(fn(**x.kwargs))
+
     @torch.no_grad()
-    def _forward_items(self, fn, items: list[dict]) -> list[torch.Tensor]:
-        out: list[torch.Tensor] = []
-        for k in range(0, len(items), self.micro_batch):
-            chunk = items[k:k + self.micro_batch]
-            b = collate(chunk, self.pad_id)
-            res = fn(b["input_ids"].to(self.s.device), b["attention_mask"].to(self.s.device))
-            out.extend(rows(res, chunk) if res.dim() == 2 else [r.item() for r in res.float().cpu()])
+    def _forward_items(self, fn, items: list[dict]) -> list:
+        out: list = [None] * len(items)
+        for idx in self._micro_batches(items, train=False):
+            chunk = [items[i] for i in idx]
+            res = self._model(fn, chunk)
+            for i, r in zip(idx, rows(res, chunk) if res.dim() == 2 else [r.item() for r in res.float().cpu()],
+                            strict=True):
+                out[i] = r
         return out
 
     def _global_batches(self, items: list[dict], epochs: int):
@@ -76,8 +103,10 @@ class _Worker:
             for g in range(0, len(items), local):
                 yield items[g:g + local]
 
-    def _global_count(self, mask: torch.Tensor) -> torch.Tensor:
-        return self.s.all_reduce(mask.sum().float(), "sum").clamp(min=1)
+    def _global_tokens(self, items: list[dict]) -> torch.Tensor:
+        """Loss tokens of this global batch over every rank (the losses' normaliser)."""
+        local = torch.tensor(float(sum(sum(it["loss_mask"]) for it in items)), device=self.s.device)
+        return self.s.all_reduce(local, "sum").clamp(min=1)
 
     def barrier(self) -> None:
         self.s.barrier()
@@ -101,8 +130,8 @@ class PolicyWorker(_Worker):
     """One rank of the policy (actor): ``logprobs``, ``train``, weight broadcast, checkpoints, export."""
 
     def __init__(self, strategy_cfg, pretrain: str, ppo_cfg, total_steps: int, *, load_kw: dict | None = None,
-                 pad_id: int = 0):
-        super().__init__(strategy_cfg, pad_id=pad_id)
+                 pad_id: int = 0, batching: MicroBatchConfig | None = None, packing: bool = False):
+        super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
         from rl_core.models import Actor
 
         kw = dict(load_kw or {})
@@ -120,7 +149,7 @@ class PolicyWorker(_Worker):
         t = self.cfg.temperature
         self.engine.eval()
         try:
-            return self._forward_items(lambda i, a: self.engine(i, attention_mask=a, temperature=t).logprobs, items)
+            return self._forward_items(lambda **x: self.engine(**x, temperature=t).logprobs, items)
         finally:
             self.engine.train()
 
@@ -145,26 +174,27 @@ class PolicyWorker(_Worker):
         gap_sum = gap_tokens = 0.0
         steps = 0
         self.engine.train()
+        G = self.s.cfg.train_batch_size
         for chunk in self._global_batches(items, c.max_epochs):
-            b = collate(chunk, self.pad_id, keys)
-            total = self._global_count(b["loss_mask"])
-            G = self.s.cfg.train_batch_size
-            for k in range(0, len(chunk), self.micro_batch):
-                sl = slice(k, k + self.micro_batch)
-                m = b["loss_mask"][sl].to(dev)
-                lp = self.engine(b["input_ids"][sl].to(dev), attention_mask=b["attention_mask"][sl].to(dev),
-                                 temperature=c.temperature).logprobs
-                rollout = b["rollout_logprobs"][sl].to(dev) if use_rollout else None
-                old = lp.detach() if on_policy else b["old_logprobs"][sl].to(dev)
+            total = self._global_tokens(chunk)
+            groups = self._micro_batches(chunk, train=True)
+            for k, idx in enumerate(groups):
+                sub = [chunk[i] for i in idx]
+                b = {key: v.to(dev) for key, v in collate(sub, self.pad_id, keys).items()}
+                m = b["loss_mask"]
+                self.s.accumulation_boundary(self.engine, k == len(groups) - 1)
+                lp = self._model(lambda **x: self.engine(**x, temperature=c.temperature).logprobs, sub)
+                rollout = b["rollout_logprobs"] if use_rollout else None
+                old = lp.detach() if on_policy else b["old_logprobs"]
                 if on_policy and rollout is not None:
                     gap_sum += ((old - rollout).abs() * m).sum().item()
                     gap_tokens += m.sum().item()
-                out = variant.loss(lp, old, b["advantages"][sl].to(dev), m,
+                out = variant.loss(lp, old, b["advantages"], m,
                                    rollout_logprobs_BT=rollout if variant.needs_rollout_logprobs else None,
                                    global_tokens=total, global_seqs=G, dp_size=world, norm_len=c.loss_norm_len)
                 loss = out.loss
                 if c.use_kl_loss:
-                    kl = approx_kl(lp, b["ref_logprobs"][sl].to(dev), c.kl_estimator, mask=m)
+                    kl = approx_kl(lp, b["ref_logprobs"], c.kl_estimator, mask=m)
                     kl_term = aggregate_loss(kl, m, "token-mean", global_tokens=total, dp_size=world)
                     loss = loss + kl_coef * kl_term
                     sums["kl_loss"] += kl_term.item() / world
@@ -294,10 +324,10 @@ class CriticWorker(_Worker):
     """One rank of the critic: ``values`` and ``train`` on returns with the (clipped) value loss."""
 
     def __init__(self, strategy_cfg, pretrain: str, ppo_cfg, total_steps: int, *, load_kw: dict | None = None,
-                 pad_id: int = 0):
+                 pad_id: int = 0, batching: MicroBatchConfig | None = None, packing: bool = False):
         if ppo_cfg.critic_learning_rate is not None:
             strategy_cfg = replace(strategy_cfg, learning_rate=ppo_cfg.critic_learning_rate)
-        super().__init__(strategy_cfg, pad_id=pad_id)
+        super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
         from rl_core.models import Critic
 
         self.cfg = ppo_cfg
@@ -307,7 +337,7 @@ class CriticWorker(_Worker):
     def values(self, items: list[dict]) -> list[torch.Tensor]:
         self.engine.eval()
         try:
-            return self._forward_items(lambda i, a: self.engine(i, attention_mask=a), items)
+            return self._forward_items(lambda **x: self.engine(**x), items)
         finally:
             self.engine.train()
 
@@ -319,13 +349,15 @@ class CriticWorker(_Worker):
         sums, steps = {"critic_loss": 0.0, "value_clip_fraction": 0.0}, 0
         self.engine.train()
         for chunk in self._global_batches(items, c.max_epochs):
-            b = collate(chunk, self.pad_id, ("values", "returns"))
-            total = self._global_count(b["loss_mask"])
-            for k in range(0, len(chunk), self.micro_batch):
-                sl = slice(k, k + self.micro_batch)
-                m = b["loss_mask"][sl].to(dev)
-                v = self.engine(b["input_ids"][sl].to(dev), attention_mask=b["attention_mask"][sl].to(dev))
-                out = value_loss(v, b["values"][sl].to(dev), b["returns"][sl].to(dev), m, clip_eps=c.value_clip,
+            total = self._global_tokens(chunk)
+            groups = self._micro_batches(chunk, train=True)
+            for k, idx in enumerate(groups):
+                sub = [chunk[i] for i in idx]
+                b = {key: t.to(dev) for key, t in collate(sub, self.pad_id, ("values", "returns")).items()}
+                m = b["loss_mask"]
+                self.s.accumulation_boundary(self.engine, k == len(groups) - 1)
+                v = self._model(lambda **x: self.engine(**x), sub)
+                out = value_loss(v, b["values"], b["returns"], m, clip_eps=c.value_clip,
                                  global_tokens=total, dp_size=world)
                 self.s.backward(out.loss, self.engine)
                 self.s.optimizer_step(self.engine)
@@ -344,8 +376,8 @@ class ReferenceWorker(_Worker):
     """One rank of the frozen reference policy: ``logprobs``."""
 
     def __init__(self, strategy_cfg, pretrain: str, *, load_kw: dict | None = None, pad_id: int = 0,
-                 temperature: float = 1.0):
-        super().__init__(strategy_cfg, pad_id=pad_id)
+                 temperature: float = 1.0, batching: MicroBatchConfig | None = None, packing: bool = False):
+        super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
         from rl_core.models import Actor, frozen
 
         self.temperature = temperature
@@ -355,15 +387,16 @@ class ReferenceWorker(_Worker):
     def logprobs(self, items: list[dict]) -> list[torch.Tensor]:
         """Log-probs at the sampling temperature, like the policy's (the KL compares the same distributions)."""
         t = self.temperature
-        return self._forward_items(lambda i, a: self.engine(i, attention_mask=a, temperature=t).logprobs, items)
+        return self._forward_items(lambda **x: self.engine(**x, temperature=t).logprobs, items)
 
 
 class RewardModelWorker(_Worker):
-    """One rank of a reward model: ``score`` (normalised by the stored mean/std unless told otherwise)."""
+    """One rank of a reward model: ``score`` (normalised by the stored mean/std unless told otherwise).
+    Its rows stay padded (one score per row, read at the last real token); the token budget applies."""
 
     def __init__(self, strategy_cfg, pretrain: str, *, load_kw: dict | None = None, pad_id: int = 0,
-                 normalize: bool = True):
-        super().__init__(strategy_cfg, pad_id=pad_id)
+                 normalize: bool = True, batching: MicroBatchConfig | None = None):
+        super().__init__(strategy_cfg, pad_id=pad_id, batching=batching)
         from rl_core.models import RewardModel
 
         kw = {k: v for k, v in (load_kw or {}).items() if k not in ("lora", "gradient_checkpointing")}
@@ -374,4 +407,4 @@ class RewardModelWorker(_Worker):
         self.normalize = normalize
 
     def score(self, items: list[dict]) -> list[float]:
-        return self._forward_items(lambda i, a: self.engine(i, attention_mask=a, normalize=self.normalize), items)
+        return self._forward_items(lambda **x: self.engine(**x, normalize=self.normalize), items)

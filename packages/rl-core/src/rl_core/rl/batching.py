@@ -1,0 +1,145 @@
+"""Micro-batches of the RL workers: which experience items share a forward, and the layout they go in.
+
+- :class:`MicroBatchConfig`: the token budget of a training micro-batch (``--max_tokens_per_gpu``,
+  OpenRLHF's dynamic batching), the budget and the sequence count of the no-grad experience forwards.
+- :func:`plan_micro_batches`: a rank's items grouped into micro-batches: consecutive runs of ``micro_batch``
+  items, or, with a token budget, first-fit decreasing bins whose cost stays within it (cost: the real
+  tokens when packed, rows x longest row when padded). :func:`equalise` then splits the largest bins until
+  every data-parallel rank has the same count: DeepSpeed reduces gradients on each backward (ZeRO-2) or at
+  the accumulation boundary, and gathers weights on each forward (ZeRO-3), so ranks must call it in step.
+- :class:`ModelInputs`: one micro-batch as the model takes it, padded rows (``attention_mask``) or one
+  packed row (``position_ids`` restarting at 0 per item, no mask: transformers keeps attention within each
+  item; see :mod:`rl_core.models`), and :meth:`ModelInputs.rows` to lay a per-token result out as the
+  padded ``[B, T]`` of :func:`rl_core.rl.experience.collate`, so the losses see the same tensors either way.
+
+The loss normalisers are global counts (tokens, sequences over the global batch), so how items are grouped
+does not change the gradient; only the time and memory per forward.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from rl_core.data.collate import pack_greedy
+from rl_rollout.config import check_numbers, meta
+
+OPENRLHF_TOKEN_BUDGET = 16192  # OpenRLHF's --train_max_tokens_per_gpu default, what --use_dynamic_batch alone uses
+
+
+@dataclass(frozen=True)
+class MicroBatchConfig:
+    """How the RL workers group a rank's items into forwards (``--packing`` is the data group's)."""
+
+    max_tokens_per_gpu: int | None = field(default=None, metadata=meta(
+        "token budget of a training micro-batch per rank (OpenRLHF dynamic batching): items are grouped first-fit "
+        "decreasing under it instead of --micro_train_batch_size at a time; counts real tokens with --packing, "
+        "rows x longest row without",
+        openrlhf=("train_max_tokens_per_gpu", "train.max_tokens_per_gpu")))
+    forward_max_tokens_per_gpu: int | None = field(default=None, metadata=meta(
+        "token budget of the no-grad experience forwards (old/reference log-probs, values, reward model); "
+        "default: --max_tokens_per_gpu",
+        openrlhf=("rollout_max_tokens_per_gpu", "rollout.max_tokens_per_gpu")))
+    forward_micro_batch_size: int | None = field(default=None, metadata=meta(
+        "sequences per no-grad experience forward when no budget applies; default: --micro_train_batch_size",
+        openrlhf=("micro_rollout_batch_size", "rollout.micro_batch_size")))
+
+    def __post_init__(self) -> None:
+        check_numbers(self, at_least_1=("max_tokens_per_gpu", "forward_max_tokens_per_gpu",
+                                        "forward_micro_batch_size"))
+
+    def forward_budget(self) -> tuple[int | None, str]:
+        """The no-grad forwards' budget and the flag that set it (for errors)."""
+        if self.forward_max_tokens_per_gpu is not None:
+            return self.forward_max_tokens_per_gpu, "--forward_max_tokens_per_gpu"
+        return self.max_tokens_per_gpu, "--max_tokens_per_gpu"
+
+
+def _cost(lengths: Sequence[int], packing: bool) -> int:
+    return sum(lengths) if packing else len(lengths) * max(lengths, default=0)
+
+
+def plan_micro_batches(lengths: Sequence[int], *, micro_batch: int, max_tokens: int | None = None,
+                       packing: bool = False, flag: str = "--max_tokens_per_gpu") -> list[list[int]]:
+    """Item indices per micro-batch, each list ascending.
+
+    Without ``max_tokens``: consecutive runs of ``micro_batch``. With it: first-fit decreasing bins of cost
+    at most ``max_tokens``; an item longer than the budget on its own is a ValueError naming ``flag``."""
+    n = len(lengths)
+    if max_tokens is None:
+        return [list(range(k, min(k + micro_batch, n))) for k in range(0, n, micro_batch)]
+    for i, length in enumerate(lengths):
+        if length > max_tokens:
+            raise ValueError(f"item {i} has {length} tokens (prompt + response), more than {flag} {max_tokens}; "
+                             f"raise {flag} to at least {length} or lower --max_len / --max_new_tokens")
+    if packing:
+        return pack_greedy(list(lengths), max_tokens)
+    bins: list[list[int]] = []  # padded: longest first, so a bin's first item sets its row length
+    for i in sorted(range(n), key=lambda i: (-lengths[i], i)):
+        for b in bins:
+            if (len(b) + 1) * lengths[b[0]] <= max_tokens:
+                b.append(i)
+                break
+        else:
+            bins.append([i])
+    return [sorted(b) for b in bins]
+
+
+def split_to(groups: list[list[int]], n: int, lengths: Sequence[int], packing: bool = False) -> list[list[int]]:
+    """Split the costliest splittable group in two until there are ``n`` groups (each half stays in budget)."""
+    groups = [list(g) for g in groups]
+    while len(groups) < n:
+        splittable = [k for k, g in enumerate(groups) if len(g) > 1]
+        if not splittable:
+            raise ValueError(f"{sum(map(len, groups))} items cannot fill {n} micro-batches: every data-parallel "
+                             "rank must hold the same number of items")
+        k = max(splittable, key=lambda k: _cost([lengths[i] for i in groups[k]], packing))
+        g = groups.pop(k)
+        half = len(g) // 2
+        groups[k:k] = [g[:half], g[half:]]
+    return groups
+
+
+def equalise(groups: list[list[int]], lengths: Sequence[int], strategy, packing: bool = False) -> list[list[int]]:
+    """Every rank ends with the largest rank's micro-batch count (collective: call on every rank)."""
+    if strategy.world_size == 1:
+        return groups
+    n = int(strategy.all_reduce(float(len(groups)), "max"))
+    return split_to(groups, n, lengths, packing)
+
+
+@dataclass
+class ModelInputs:
+    """One micro-batch as the model takes it; :meth:`rows` maps a per-token result back to padded rows."""
+
+    kwargs: dict[str, torch.Tensor]
+    lengths: list[int]
+    packed: bool
+
+    @classmethod
+    def of(cls, items: Sequence[dict], pad_id: int, packing: bool, device) -> ModelInputs:
+        lengths = [len(it["input_ids"]) for it in items]
+        if packing:
+            ids = torch.tensor([t for it in items for t in it["input_ids"]], dtype=torch.long)
+            pos = torch.cat([torch.arange(n, dtype=torch.long) for n in lengths])
+            kw = {"input_ids": ids[None].to(device), "position_ids": pos[None].to(device)}
+        else:
+            ids = torch.full((len(items), max(lengths)), pad_id, dtype=torch.long)
+            mask = torch.zeros_like(ids)
+            for b, it in enumerate(items):
+                ids[b, :lengths[b]] = torch.as_tensor(it["input_ids"], dtype=torch.long)
+                mask[b, :lengths[b]] = 1
+            kw = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+        return cls(kw, lengths, packing)
+
+    def rows(self, out: torch.Tensor) -> torch.Tensor:
+        """``[B, T]`` (padded, 0 past each item's end) from the model's per-token output; differentiable."""
+        if not self.packed:
+            return out
+        real = torch.arange(max(self.lengths), device=out.device)[None] < torch.tensor(self.lengths,
+                                                                                      device=out.device)[:, None]
+        rows = out.new_zeros(real.shape)
+        rows[real] = out[0]  # row-major order of the mask is the packed order
+        return rows
