@@ -180,6 +180,9 @@ def test_masked_whiten():
     torch.testing.assert_close(sel, ref)
     kept = masked_whiten(x, mask, shift_mean=False)[mask.bool()]
     assert kept.mean().item() == pytest.approx(x[mask.bool()].mean().item(), abs=1e-9)
+    centred = masked_whiten(x, mask, scale=False)  # OpenRLHF's --no_advantage_std_norm: the mean only
+    torch.testing.assert_close(centred[mask.bool()], x[mask.bool()] - x[mask.bool()].mean())
+    assert torch.all(centred[~mask.bool()] == 0)
 
 
 def test_empty_rows_get_no_reward():

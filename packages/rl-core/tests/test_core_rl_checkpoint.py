@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rl_core.checkpoint import rng_state, rng_state_from_json, rng_state_json, set_rng_state
-from rl_core.rl.checkpoint import MARKER, RLCheckpoints
+from rl_core.rl.checkpoint import MARKER, RLCheckpoints, iter_dir
 
 
 class FakeRole:
@@ -115,6 +115,32 @@ def test_saving_an_iteration_again_replaces_it(tmp_path):
     fresh = FakeRole()
     assert RLCheckpoints(ck).load({"policy": fresh}) == {"v": 5} and fresh.value == 5
     assert json.loads((ck / "iter_00000001" / MARKER).read_text()) == {"iteration": 1, "roles": ["policy"]}
+
+
+def test_hf_exports_are_written_and_synced_before_the_marker_and_a_failed_one_commits_nothing(tmp_path):
+    """--save_hf_ckpt: the exports go in after the roles' states; the marker only once every export returned."""
+    ck = tmp_path / "ck"
+    store, seen = RLCheckpoints(ck), []
+    store.crash_hook = lambda step, it: seen.append((step, (iter_dir(ck, it) / MARKER).exists()))
+
+    def export(path):
+        Path(path).mkdir(parents=True)
+        (Path(path) / "config.json").write_text("{}")
+
+    store.save(1, {"policy": FakeRole()}, {}, {"hf": export, "hf/critic": export})
+    assert [s for s, _ in seen] == ["before:policy", "after:policy", "before:export:hf", "after:export:hf",
+                                    "before:export:hf/critic", "after:export:hf/critic", "before:commit",
+                                    "after:commit"]
+    assert not any(marked for s, marked in seen if s != "after:commit")
+    assert (iter_dir(ck, 1) / "hf" / "critic" / "config.json").is_file()
+
+    def broken(path):
+        raise OSError("disk full")
+
+    with pytest.raises(OSError, match="disk full"):
+        store.save(2, {"policy": FakeRole()}, {}, {"hf": broken})
+    assert not (iter_dir(ck, 2) / MARKER).exists()
+    assert RLCheckpoints(ck).latest() == iter_dir(ck, 1)  # resume never sees iteration 2
 
 
 def test_rng_state_round_trips_through_json():

@@ -315,14 +315,18 @@ def compute_advantages(name: str, scores_B: Tensor, mask_BT: Tensor, **kwargs) -
     return get_estimator(name)(scores_B, mask_BT, **kwargs)
 
 
-def masked_whiten(x_BT: Tensor, mask_BT: Tensor, shift_mean: bool = True, eps: float = 1e-8) -> Tensor:
+def masked_whiten(x_BT: Tensor, mask_BT: Tensor, shift_mean: bool = True, eps: float = 1e-8,
+                  scale: bool = True) -> Tensor:
     """Normalise the masked-in elements to zero mean and unit variance (biased variance,
     clamped at ``eps``), as OpenRLHF normalises advantages; masked-out elements become 0.
-    With ``shift_mean=False`` the mean is added back (only the scale changes)."""
+    With ``shift_mean=False`` the mean is added back (only the scale changes); with
+    ``scale=False`` the std is not divided by (only the mean is subtracted: OpenRLHF's
+    ``--no_advantage_std_norm``)."""
     check_same_shape(x_BT=x_BT, mask_BT=mask_BT)
     mean = masked_mean(x_BT, mask_BT)
-    var = masked_var(x_BT, mask_BT)
-    out = (x_BT.to(mean.dtype) - mean) * var.clamp(min=eps).rsqrt()
+    out = x_BT.to(mean.dtype) - mean
+    if scale:
+        out = out * masked_var(x_BT, mask_BT).clamp(min=eps).rsqrt()
     if not shift_mean:
         out = out + mean
     return out * mask_BT.to(out.dtype)

@@ -179,6 +179,11 @@ CONVERT: dict[str, Convert] = {
 NOTES: dict[tuple[str, str], str] = {
     **{(c, n): "OpenRLHF: prompt + response; here it caps the prompt, and --max_new_tokens the response"
        for c in ("ppo", "ppo-ray") for n in ("max_len", "data.max_len")},
+    **{(c, n): "OpenRLHF -1: no evaluation; here -1 evaluates the --eval_dataset once, after the last iteration"
+       for c in ("ppo", "ppo-ray") for n in ("eval_steps", "eval.steps")},
+    **{(c, n): "gae, reinforce, reinforce_baseline (the batch-normalised estimators); refused with the others, "
+               "where OpenRLHF ignores it" for c in ("ppo", "ppo-ray")
+       for n in ("no_advantage_std_norm", "algo.advantage.no_std_norm")},
 }
 
 
@@ -196,7 +201,6 @@ _CRITIC_OPT = ("the critic shares the actor's optimizer settings (--adam_betas, 
                "only its learning rate is its own: --critic_learning_rate")
 _NO_OFFLOAD = ("offloading frozen models to CPU is not built; colocate them (--colocate_actor_ref, "
                "--colocate_critic_reward) or give them their own GPUs")
-_NO_EVAL_RL = "the RL loop has no evaluation pass yet"
 _NO_RING = "ring attention (sequence parallelism) is not built; use a shorter --max_len or ZeRO-3"
 _NO_DS_TP = "DeepSpeed tensor-parallel training (AutoTP) is not built; use ZeRO-3 (--zero_stage 3)"
 _NO_EMA = "EMA weights are not built; the policy's own weights are saved"
@@ -326,14 +330,6 @@ REFUSED: dict[str, Refuse] = {
                                  "--vllm_sync_backend nccl | gloo | ipc"),
     "entropy_loss_coef": Refuse("the policy loss has no entropy term (entropy regularisation is not built)"),
     "actor.entropy_coef": Refuse("the policy loss has no entropy term (entropy regularisation is not built)"),
-    "no_advantage_std_norm": Refuse("use --advantage_estimator dr_grpo (group mean, no std) or "
-                                    "--whiten_advantages false"),
-    "algo.advantage.no_std_norm": Refuse("use --advantage_estimator dr_grpo (group mean, no std) or "
-                                         "--whiten_advantages false"),
-    "stop_properly_penalty_coef": Refuse("the stop-properly penalty (rl_algos.shaping) is not applied by the RL "
-                                         "loop yet"),
-    "reward.stop_properly_penalty_coef": Refuse("the stop-properly penalty (rl_algos.shaping) is not applied by "
-                                                "the RL loop yet"),
     "ptx_coef": Refuse(_NO_PTX),
     "pretrain_data": Refuse(_NO_PTX),
     "pretrain_data_probs": Refuse(_NO_PTX),
@@ -342,10 +338,6 @@ REFUSED: dict[str, Refuse] = {
     "train.enable_ema": Refuse(_NO_EMA),
     "ema_beta": Refuse(_NO_EMA),
     "train.ema_beta": Refuse(_NO_EMA),
-    "eval_n_samples_per_prompt": Refuse(_NO_EVAL_RL),
-    "eval.n_samples_per_prompt": Refuse(_NO_EVAL_RL),
-    "eval_temperature": Refuse(_NO_EVAL_RL),
-    "eval.temperature": Refuse(_NO_EVAL_RL),
     "logging_steps": Refuse("the RL loop logs every iteration", off=(1,)),
     **{f"critic.{k}": Refuse(_CRITIC_OPT) for k in (
         "adam.betas", "adam.eps", "adam.weight_decay", "lr_scheduler", "lr_warmup_ratio", "max_norm",
@@ -363,8 +355,7 @@ _PLACEMENT = "placement is rl ppo-ray's: rl ppo runs every role in this process"
 _PACKING_SFT = "packing is built for SFT only (rl sft --packing_samples); drop the flag"
 _RL_ONLY: dict[str, Refuse] = {
     "target_modules": REFUSED["lora_rank"], "ds.lora.target_modules": REFUSED["lora_rank"],
-    "eval.dataset": Refuse(_NO_EVAL_RL), "eval.split": Refuse(_NO_EVAL_RL), "eval.steps": Refuse(_NO_EVAL_RL),
-    "eval_steps": Refuse(_NO_EVAL_RL), "logger.logging_steps": Refuse("the RL loop logs every iteration", off=(1,)),
+    "logger.logging_steps": Refuse("the RL loop logs every iteration", off=(1,)),
     "ds.packing_samples": Refuse("packed sequences are not wired into the RL loop yet (every row is padded)"),
     "packing_samples": Refuse("packed sequences are not wired into the RL loop yet (every row is padded)"),
 }

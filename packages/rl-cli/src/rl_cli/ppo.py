@@ -21,7 +21,8 @@ run by a :class:`rl_rollout.RewardRunner` (every call bounded by ``--reward_time
 call that raises, hangs or returns a non-finite value gets the fallback and is counted
 per iteration; above ``--reward_max_failure_rate`` the run stops with the first error),
 ``--remote_rm_url`` (HTTP), and/or ``--reward_pretrain`` (a reward model role). Every
-run prints the batch arithmetic and where each role runs.
+run prints the batch arithmetic and where each role runs. ``--eval_dataset`` adds the loop's
+eval pass (:mod:`rl_core.trainers.ppo_eval`): the eval set is read here, with the prompts.
 """
 
 from __future__ import annotations
@@ -92,9 +93,6 @@ def _groups(ray: bool) -> dict[str, type]:
 # Flags of the shared groups that an RL run would not use: refused, with the reason, instead of ignored.
 UNUSED_BY_RL = {
     "packing": "packed sequences are not wired into the RL loop yet (every row is padded)",
-    "eval_dataset": "the RL loop has no evaluation pass yet",
-    "eval_split": "the RL loop has no evaluation pass yet",
-    "max_eval_samples": "the RL loop has no evaluation pass yet",
     "output_key": "the RL loop generates the responses: only --input_key (and --label_key) are read",
     "chosen_key": "preference keys are for rl dpo / rl rm / rl kto, not the RL loop",
     "rejected_key": "preference keys are for rl dpo / rl rm / rl kto, not the RL loop",
@@ -152,6 +150,11 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         parser.error("--agent_func_path plays episodes turn by turn through an engine in the trainer's process: "
                      "use rl ppo (rl ppo-ray's engine actors do not take turn-by-turn requests yet)")
     _refuse_unused(cfgs, parser)
+    if p.eval_steps > 0 and not d.eval_dataset:
+        parser.error(f"--eval_steps {p.eval_steps} needs --eval_dataset PATH (the prompts to evaluate on)")
+    if d.eval_dataset and p.async_train:
+        parser.error("--eval_dataset with --async_train is not built (the eval pass would share the engines with "
+                     "the sampling that runs ahead): drop one of them")
     cfgs["model"] = m = _local_models(f"rl {name}", m)  # hub ids -> local HF cache folders, before any model loads
     _wandb_installed(f"rl {name}", cfgs["logger"])
     set_debug(cfgs["cli"].debug)
@@ -172,11 +175,23 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     if not getattr(args, "print_config", False):
         cfgs["reward"].check_sources()  # the reward file imports, the reward server answers
 
-    from rl_core.data import PromptDataset, load_rows
+    from rl_core.data import DataError, PromptDataset, load_rows
     from rl_core.preflight import check_rl_batches, load_tokenizer
 
     tok = load_tokenizer(m.pretrain)
     prompts = PromptDataset(load_rows(d.dataset, d.split, d.max_samples), tok, d)
+    eval_prompts = None
+    if d.eval_dataset:
+        try:
+            eval_prompts = PromptDataset(load_rows(d.eval_dataset, d.eval_split, d.max_eval_samples), tok, d)
+        except DataError as e:  # say which of the two sets is bad
+            raise type(e)(f"eval set (--eval_dataset {d.eval_dataset}): {e}") from None
+        if len(eval_prompts) == 0:
+            raise UserError(f"the eval set (--eval_dataset {d.eval_dataset}) has no usable prompts; fix the file or "
+                            "drop the flag")
+        when = f"every {p.eval_steps} iterations and " if p.eval_steps > 0 else ""
+        print(f"[rl {name}] eval: {len(eval_prompts)} prompts x {p.eval_n_samples_per_prompt} samples at "
+              f"temperature {p.eval_temperature}, {when}after the last iteration", flush=True)
     s = cfgs["strategy"]
     samples = p.rollout_batch_size * p.n_samples_per_prompt
     steps = p.optimizer_steps(len(prompts), s.train_batch_size) if samples % s.train_batch_size == 0 else 1
@@ -191,7 +206,7 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         print(describe(cfgs))
         return None
     check_rl_batches(p, s, len(prompts), _world_sizes(cfgs) if ray else None)  # before any model loads
-    return cfgs, tok, prompts
+    return cfgs, tok, prompts, eval_prompts
 
 
 def run_config(cfgs: dict):
@@ -221,6 +236,10 @@ def _finish(name: str, trainer, cfgs) -> int:
                  if f in ("save_path", "ckpt_path", "run_dir") and v}
         print(f"[rl {name}] done: {len(h)} iterations, reward {first:.3f} (first {k}) -> {last:.3f} (last {k}); "
               f"{where}", flush=True)
+    if trainer.eval_history:
+        e = trainer.eval_history[-1]
+        shown = ", ".join(f"{k[len('eval/'):]} {v:.4g}" for k, v in e.items() if k.startswith("eval/"))
+        print(f"[rl {name}] eval at iteration {e['iteration']}: {shown}", flush=True)
     return 0
 
 
@@ -232,12 +251,12 @@ def run_local(argv: list[str] | None = None) -> int:
     prepared = _prepare("ppo", argv, ray=False)
     if prepared is None:
         return 0
-    cfgs, tok, prompts = prepared
+    cfgs, tok, prompts, eval_prompts = prepared
 
     from rl_core.rl.build import LocalFactory, build_run
 
     run = build_run(run_config(cfgs), LocalFactory(), prompts=prompts, tokenizer=tok,
-                    reward_fn=cfgs["reward"].build(), metrics=metrics_logger(cfgs))
+                    reward_fn=cfgs["reward"].build(), metrics=metrics_logger(cfgs), eval_prompts=eval_prompts)
     print(f"[rl ppo] one process: {run.roles()} on {run.policy.call_rank(0, 'world')['device']}; rollout "
           f"{type(run.rollout).__name__}", flush=True)
     from rl_rollout.rewards import RewardError
@@ -304,7 +323,7 @@ def run_ray(argv: list[str] | None = None) -> int:
     prepared = _prepare("ppo-ray", argv, ray=True)
     if prepared is None:
         return 0
-    cfgs, tok, prompts = prepared
+    cfgs, tok, prompts, eval_prompts = prepared
     p, r, a = cfgs["ppo"], cfgs["rollout"], cfgs["ray"]
     from rl_placement import PlacementError
 
@@ -348,7 +367,7 @@ def run_ray(argv: list[str] | None = None) -> int:
         factory = RayFactory(placed, colocated=a.colocate_all_models, call_timeout_s=a.call_timeout_s)
         try:
             run = build_run(run_config(cfgs), factory, prompts=prompts, tokenizer=tok,
-                            reward_fn=cfgs["reward"].build(), metrics=metrics_logger(cfgs))
+                            reward_fn=cfgs["reward"].build(), metrics=metrics_logger(cfgs), eval_prompts=eval_prompts)
         except ValueError as e:
             raise SystemExit(f"rl ppo-ray: {e}") from None
         print(f"[rl ppo-ray] {factory.describe()}", flush=True)

@@ -136,8 +136,9 @@ class Run:
 
 
 def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, reward_fn=None,
-              metrics: MetricsLogger | None = None) -> Run:
-    """The roles the run needs, the rollout, the weight sync and the :class:`PPOTrainer` over them."""
+              metrics: MetricsLogger | None = None, eval_prompts=None) -> Run:
+    """The roles the run needs, the rollout, the weight sync and the :class:`PPOTrainer` over them
+    (``eval_prompts``: the eval set, a PromptDataset, or None)."""
     m, s, p = cfg.model, cfg.strategy, cfg.ppo
     if not m.pretrain:
         raise ValueError("RLModelConfig.pretrain (--pretrain) is required: a local HF model folder")
@@ -162,5 +163,6 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
     trainer = PPOTrainer(p, policy=policy, rollout=rollout, weight_sync=sync, prompts=prompts, tokenizer=tokenizer,
                          train_batch_size=s.train_batch_size, reward_fn=reward_fn, reward_model=rm, critic=critic,
                          ref=ref, sleep_engines=cfg.engine.enable_sleep, metrics=metrics, seed=s.seed,
-                         gap_alarm=p.gap_alarm(bf16=s.bf16), sleep_level=cfg.engine.sleep_level)
+                         gap_alarm=p.gap_alarm(bf16=s.bf16), sleep_level=cfg.engine.sleep_level,
+                         eval_prompts=eval_prompts)
     return Run(trainer, policy, rollout, sync, critic=critic, ref=ref, reward_model=rm, reward_fn=reward_fn)

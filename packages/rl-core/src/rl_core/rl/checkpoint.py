@@ -5,12 +5,14 @@ Layout under ``ckpt_path``::
     iter_00000012/
         policy/           the policy group's DeepSpeed state (tag "ds"; each rank writes its part and its RNG)
         critic/           the critic group's, when the run has a critic
+        hf/               with --save_hf_ckpt: the policy's Hugging Face export (hf/critic/: the critic's)
         loop_state.json   the loop: iteration, prompt cursor, KL coefficient, metrics history, the driver's RNG
         COMPLETE          the commit marker ({"iteration": 12, "roles": ["policy", "critic"]}), written last
 
 Save (:meth:`RLCheckpoints.save`, on the driver): each role's group writes its part
 (``group.call("save_checkpoint", folder)``; the ranks may be Ray actors in other processes,
-each fsyncs what it wrote before returning), then the loop state, then the marker (temp
+each fsyncs what it wrote before returning), then the HF exports when asked (``exports``:
+each writes its folder, which is then fsynced), then the loop state, then the marker (temp
 file, fsync, ``os.replace``, fsync of the folder), only after every role has returned.
 Older iterations are pruned down to ``keep_last`` (``--max_ckpt_num``) only once the new
 marker exists, each losing its marker before its files, so a crash in the middle of a
@@ -28,7 +30,8 @@ state and the marker are JSON.
 
 Fault injection (tests only): :attr:`RLCheckpoints.crash_hook`, when set, is called with
 the name of each step of a save and the iteration saved (``before:policy``, ``after:policy``, ``before:critic``,
-``after:critic``, ``before:commit``, ``after:commit``); the crash tests SIGKILL the process
+``after:critic``, ``before:export:hf``, ``after:export:hf``..., ``before:commit``, ``after:commit``); the crash
+tests SIGKILL the process
 there. It is None in every run.
 """
 
@@ -42,7 +45,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rl_core.checkpoint import atomic_write_text, fsync_dir
+from rl_core.checkpoint import atomic_write_text, fsync_dir, fsync_tree
 
 logger = logging.getLogger(__name__)
 
@@ -106,9 +109,11 @@ class RLCheckpoints:
         if self.crash_hook is not None:
             self.crash_hook(name, iteration)
 
-    def save(self, iteration: int, roles: Mapping[str, Any], loop_state: dict) -> Path:
-        """Every role's state (``roles``: name -> worker group), then ``loop_state`` (JSON values), then the
-        marker; then prune. Returns the committed folder."""
+    def save(self, iteration: int, roles: Mapping[str, Any], loop_state: dict,
+             exports: Mapping[str, Callable[[str], Any]] | None = None) -> Path:
+        """Every role's state (``roles``: name -> worker group), then each of ``exports`` (relative folder ->
+        ``write(path)``, in order: an HF export), then ``loop_state`` (JSON values), then the marker; then
+        prune. Returns the committed folder."""
         self.root.mkdir(parents=True, exist_ok=True)
         self.remove_incomplete()
         d = iter_dir(self.root, iteration)
@@ -119,6 +124,12 @@ class RLCheckpoints:
             self._point(f"before:{name}", iteration)
             group.call("save_checkpoint", str(d / name))
             self._point(f"after:{name}", iteration)
+        for rel, write in (exports or {}).items():
+            self._point(f"before:export:{rel}", iteration)
+            write(str(d / rel))
+            self._point(f"after:export:{rel}", iteration)
+        for rel in exports or {}:
+            fsync_tree(d / rel)  # on disk before the marker says the folder is whole
         atomic_write_text(d / LOOP_STATE, json.dumps(loop_state))
         self._point("before:commit", iteration)
         atomic_write_text(d / MARKER, json.dumps({"iteration": iteration, "roles": list(roles)}))

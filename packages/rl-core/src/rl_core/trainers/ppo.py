@@ -33,7 +33,9 @@ in-process (:class:`~rl_core.rl.groups.LocalGroup`, ``rl ppo``) or Ray actors
 6. Weight sync policy -> engines (version = iteration), then metrics and a
    checkpoint every ``save_steps`` iterations: the policy's, the critic's and the
    loop's state committed together by one marker (:mod:`rl_core.rl.checkpoint`),
-   resumable with ``load_checkpoint`` from the newest committed iteration.
+   resumable with ``load_checkpoint`` from the newest committed iteration (with ``save_hf_ckpt`` the
+   checkpoint also holds the HF exports). With an eval set, the eval pass (:mod:`rl_core.trainers.ppo_eval`)
+   runs after the sync every ``eval_steps`` iterations and after the last one.
 
 Asynchronous training (``async_train``, :mod:`rl_core.rl.pipeline`): a producer thread runs
 step 1 and 2 for the next iterations while this thread runs 3 to 6; a batch waits to be
@@ -68,23 +70,26 @@ from rl_core.rl.experience import collate, dp_order, rows
 from rl_core.rl.groups import LocalGroup, concurrently
 from rl_core.rl.pipeline import AsyncRollout
 from rl_core.trainers.ppo_config import PPOConfig
+from rl_core.trainers.ppo_eval import EvalPhase
 from rl_core.trainers.ppo_rollout import RolloutPhase, _bounded
 
 __all__ = ["PPOConfig", "PPOTrainer"]
 
 logger = logging.getLogger(__name__)
 
-class PPOTrainer(RolloutPhase):
+class PPOTrainer(RolloutPhase, EvalPhase):
     """The loop. ``policy``, ``critic``, ``ref``, ``reward_model``: worker groups (or None);
     ``rollout``: ``generate(requests) -> [[RolloutSample]]`` (+ optional ``sleep``/``wake_up``);
     ``weight_sync``: ``sync(version) -> stats dict``; ``prompts``: a PromptDataset; ``seed`` fixes the
-    prompt order (one permutation per pass) and the sampling (seed + 1000 x iteration + round).
+    prompt order (one permutation per pass) and the sampling (seed + 1000 x iteration + round);
+    ``eval_prompts``: a PromptDataset evaluated every ``eval_steps`` iterations and after the last one
+    (:mod:`rl_core.trainers.ppo_eval`).
     """
 
     def __init__(self, cfg: PPOConfig, *, policy, rollout, weight_sync, prompts, tokenizer, train_batch_size: int,
                  reward_fn=None, reward_model=None, critic=None, ref=None, sleep_engines: bool = False,
                  metrics: MetricsLogger | None = None, seed: int = 42, gap_alarm: float | None = None,
-                 sleep_level: int = 1):
+                 sleep_level: int = 1, eval_prompts=None):
         self.cfg, self.policy, self.rollout, self.weight_sync, self.seed = cfg, policy, rollout, weight_sync, seed
         if reward_fn is not None and not callable(getattr(reward_fn, "score", None)):
             reward_fn = _bounded(reward_fn)
@@ -96,6 +101,14 @@ class PPOTrainer(RolloutPhase):
             raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
         self.sleep_level = sleep_level
         self._gap_warned = False
+        self.eval_prompts = eval_prompts
+        if eval_prompts is not None and len(eval_prompts) == 0:
+            raise ValueError("the eval set has no rows; pass --eval_dataset a file with usable rows, or leave it unset")
+        if eval_prompts is None and cfg.eval_steps > 0:
+            raise ValueError(f"eval_steps={cfg.eval_steps} needs an eval set (--eval_dataset PATH) to evaluate on")
+        if eval_prompts is not None and cfg.async_train:
+            raise ValueError("--eval_dataset with --async_train is not built (the eval pass would share the engines "
+                             "with the producer thread's sampling): drop one of them")
         if reward_fn is None and reward_model is None and not cfg.agent_func_path:
             raise ValueError("no reward: give a reward function (--reward_fn / --remote_rm_url), a reward model "
                              "(--reward_pretrain) or an environment (--agent_func_path)")
@@ -136,6 +149,7 @@ class PPOTrainer(RolloutPhase):
                              f"({', '.join(d.name for d in self.ckpt.complete())}) that this run would mix with its "
                              f"own: resume it with --load_checkpoint, or point --ckpt_path at a new folder")
         self.history: list[dict[str, float]] = []
+        self.eval_history: list[dict[str, float]] = []  # the eval passes' metrics, with their iteration
         self.cursor = 0  # prompts consumed so far (over epochs of seeded permutations)
         self.kl = None
         if cfg.needs_reference and not cfg.use_kl_loss:
@@ -198,7 +212,7 @@ class PPOTrainer(RolloutPhase):
         if c.needs_critic:
             kw.update(values_BT=b["values"] * mask, lambd=c.lambd)
         adv = compute_advantages(c.advantage_estimator, scores, mask, **kw)
-        a = masked_whiten(adv.advantages, mask) if c.whiten else adv.advantages
+        a = masked_whiten(adv.advantages, mask, scale=not c.no_advantage_std_norm) if c.whiten else adv.advantages
         for item, x in zip(items, rows(a * mask, items), strict=True):
             item["advantages"] = x
         if c.needs_critic:
@@ -292,7 +306,16 @@ class PPOTrainer(RolloutPhase):
         cursor = self.cursor if self._ckpt_cursor is None else self._ckpt_cursor
         state = {"iteration": it, "cursor": cursor, "kl_coef": self.kl.value if self.kl is not None else None,
                  "history": self.history, "gap_warned": self._gap_warned, "rng": rng_state_json()}
-        self.ckpt.save(it, self._roles_with_state(), state)
+        self.ckpt.save(it, self._roles_with_state(), state, self._hf_exports() if self.cfg.save_hf_ckpt else None)
+
+    def _hf_exports(self) -> dict:
+        """``--save_hf_ckpt``: the policy's HF export into the checkpoint (``hf/``), the critic's in ``hf/critic``,
+        written as the final export is (the critic's after the policy's, which replaces its folder)."""
+        tok_path = getattr(self.tokenizer, "name_or_path", None)
+        out = {"hf": lambda path: self.policy.call("export", path, tok_path)}
+        if self.critic is not None:
+            out["hf/critic"] = lambda path: self.critic.call("export", path)
+        return out
 
     def load_checkpoint(self) -> int:
         """Restore the newest committed iteration (every role and the loop); returns it (0 when none)."""
@@ -344,7 +367,10 @@ class PPOTrainer(RolloutPhase):
         if not all(math.isfinite(v) for v in m.values()):
             logger.warning("iteration %d: non-finite metrics %s", it, m)
         self.history.append(m)
-        self.metrics.log(it, {"rl/" + k: v for k, v in m.items()})
+        evaluated = self._evaluate(it) if self._eval_due(it) else {}
+        if evaluated:
+            self.eval_history.append({"iteration": it, **evaluated})
+        self.metrics.log(it, {**{"rl/" + k: v for k, v in m.items()}, **evaluated})
         bar.update(1)
         post = {"reward": f"{m['reward_mean']:.3f}", "kl": f"{m.get('kl', 0.0):.4f}"}
         if m.get("reward/failures"):

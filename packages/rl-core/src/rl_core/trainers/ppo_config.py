@@ -99,8 +99,15 @@ class PPOConfig:
         openrlhf=("reward.overlong_buffer_len",)))
     overlong_penalty_factor: float = field(default=1.0, metadata=meta(
         "DAPO overlong penalty at generate_max_len", openrlhf=("reward.overlong_penalty_factor",)))
+    stop_properly_penalty_coef: float | None = field(default=None, metadata=meta(
+        "ProRL stop-properly penalty on samples cut at --generate_max_len (finish reason length, no EOS): their "
+        "reward is scaled by this coefficient in [0, 1], or, when negative, replaced by it (a fixed reward)",
+        openrlhf=("reward.stop_properly_penalty_coef",)))
     whiten_advantages: bool | None = field(default=None, metadata=meta(
         "batch-whiten the advantages (default: what the estimator's registry entry says)"))
+    no_advantage_std_norm: bool = field(default=False, metadata=meta(
+        "batch normalisation of the advantages subtracts the mean only, without dividing by the std (OpenRLHF: "
+        "gae, reinforce, reinforce_baseline, the estimators it whitens)", openrlhf=("algo.advantage.no_std_norm",)))
     dynamic_filtering: bool = field(default=False, metadata=meta(
         "drop groups without signal and sample new prompts (DAPO)", openrlhf=("algo.dynamic_filtering_enable",)))
     dynamic_filtering_reward_range: tuple[float, float] = field(default=(0.0, 1.0), metadata=meta(
@@ -126,11 +133,22 @@ class PPOConfig:
         "checkpoints only: DeepSpeed reads them with torch.load(weights_only=False), so loading one runs any code "
         "it holds; for weights from elsewhere start from their HF export (safetensors) with --pretrain and "
         "--critic_pretrain", openrlhf=("ckpt.load_enable",)))
+    save_hf_ckpt: bool = field(default=False, metadata=meta(
+        "every checkpoint also holds the Hugging Face export of the policy (iter_N/hf/) and of the critic, if any "
+        "(iter_N/hf/critic/), written before the checkpoint's COMPLETE marker", openrlhf=("ckpt.save_hf",)))
     save_path: str | None = field(default=None, metadata=meta(
         "final HF export of the policy", openrlhf=("ckpt.output_dir",)))
     save_value_network: bool = field(default=False, metadata=meta(
         "also export the critic (save_path/critic)", openrlhf=("critic.save_value_network",)))
     run_dir: str | None = field(default=None, metadata=meta("metrics.jsonl, tensorboard/, curves.png"))
+    eval_steps: int = field(default=-1, metadata=meta(
+        "with --eval_dataset: evaluate every N iterations and after the last one (-1: only after the last one)",
+        openrlhf=("eval.steps",)))
+    eval_n_samples_per_prompt: int = field(default=4, metadata=meta(
+        "with --eval_dataset: samples per eval prompt; eval/pass@N is the mean over prompts of the best sample's "
+        "reward", openrlhf=("eval.n_samples_per_prompt",)))
+    eval_temperature: float = field(default=0.6, metadata=meta(
+        "with --eval_dataset: sampling temperature of the eval pass (0: greedy)", openrlhf=("eval.temperature",)))
 
     def __post_init__(self) -> None:
         spec = get_estimator(self.advantage_estimator)  # an unknown name fails listing the valid ones
@@ -179,11 +197,35 @@ class PPOConfig:
         if self.max_staleness != 1 and not self.async_train:
             raise ValueError(f"--max_staleness {self.max_staleness} bounds --async_train's pipelining; add "
                              "--async_train or drop --max_staleness")
+        self._check_extras()
         try:
             self.policy_loss  # noqa: B018 - builds (and so validates) the variant
         except ValueError as e:
             raise ValueError(f"{e} (--policy_loss_type, --eps_clip, --eps_clip_high, --dual_clip, --loss_agg_mode, "
                              f"--is_correction, --is_correction_threshold)") from None
+
+    def _check_extras(self) -> None:
+        """Evaluation, the stop-properly penalty, HF exports in checkpoints, centre-only advantages."""
+        if self.eval_steps == 0 or self.eval_steps < -1:
+            raise ValueError(f"eval_steps (--eval_steps) must be >= 1, or -1 to evaluate only after the last "
+                             f"iteration, got {self.eval_steps}")
+        if self.eval_n_samples_per_prompt < 1:
+            raise ValueError(f"eval_n_samples_per_prompt (--eval_n_samples_per_prompt) must be >= 1, got "
+                             f"{self.eval_n_samples_per_prompt}")
+        if self.eval_temperature < 0:
+            raise ValueError(f"eval_temperature (--eval_temperature) must be >= 0 (0: greedy), got "
+                             f"{self.eval_temperature}")
+        if self.stop_properly_penalty_coef is not None and self.stop_properly_penalty_coef > 1:
+            raise ValueError(f"stop_properly_penalty_coef (--stop_properly_penalty_coef) must be in [0, 1] (a "
+                             f"scale) or negative (a fixed reward), got {self.stop_properly_penalty_coef}")
+        if self.save_hf_ckpt and self.save_steps <= 0:
+            raise ValueError("--save_hf_ckpt writes the HF export into each checkpoint: set --save_steps N and "
+                             "--ckpt_path DIR (for one export at the end: --save_path DIR)")
+        if self.no_advantage_std_norm and not self.whiten:
+            raise ValueError(f"--no_advantage_std_norm changes the batch normalisation of the advantages, which "
+                             f"--advantage_estimator {self.advantage_estimator} does not do (as in OpenRLHF, where "
+                             f"it then has no effect): drop the flag, or use dr_grpo for the group mean without the "
+                             f"std")
 
     @property
     def estimator(self):

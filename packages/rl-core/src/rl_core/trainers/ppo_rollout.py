@@ -16,7 +16,7 @@ import logging
 import time
 
 import torch
-from rl_algos import clip_rewards, overlong_penalty
+from rl_algos import clip_rewards, overlong_penalty, stop_properly_penalty
 
 from rl_core.rl.experience import make_item
 
@@ -48,19 +48,22 @@ class RolloutPhase:
 
     # ----- rollout and rewards --------------------------------------------------------------
 
-    def _generate(self, prompts: list[dict], seed: int):
+    def _generate(self, prompts: list[dict], seed: int, *, n: int | None = None,
+                  temperature: float | None = None):
+        """``n`` samples per prompt (default: the run's); the eval pass gives its own ``n`` and ``temperature``."""
         from rl_rollout import RolloutRequest, SamplingParams
 
         c = self.cfg
-        params = SamplingParams(temperature=c.temperature, top_p=c.top_p, max_new_tokens=c.generate_max_len,
-                                n=c.n_samples_per_prompt, stop_token_ids=self.eos, seed=seed)
+        n = c.n_samples_per_prompt if n is None else n
+        params = SamplingParams(temperature=c.temperature if temperature is None else temperature, top_p=c.top_p,
+                                max_new_tokens=c.generate_max_len, n=n, stop_token_ids=self.eos, seed=seed)
         if self.agent is not None:
             groups = self._episodes(prompts, params)
         else:
             groups = self.rollout.generate([RolloutRequest(list(p["prompt_ids"]), params) for p in prompts])
-        if len(groups) != len(prompts) or any(len(g) != c.n_samples_per_prompt for g in groups):
+        if len(groups) != len(prompts) or any(len(g) != n for g in groups):
             raise RuntimeError(f"the rollout returned {[len(g) for g in groups]} samples for {len(prompts)} prompts "
-                               f"x n={c.n_samples_per_prompt}")
+                               f"x n={n}")
         return [s for g in groups for s in g]
 
     def _episodes(self, prompts: list[dict], params):
@@ -94,7 +97,25 @@ class RolloutPhase:
         return rewards, scores, info
 
     def _rewards(self, prompts: list[dict], samples, items: list[dict]) -> tuple[torch.Tensor, dict]:
-        n = self.cfg.n_samples_per_prompt
+        """The run's rewards (:meth:`_score`), then the length penalties and the clipping."""
+        scores, info = self._score(prompts, samples, items, self.cfg.n_samples_per_prompt)
+        c = self.cfg
+        if c.overlong_buffer_len is not None:
+            lengths = torch.tensor([len(s.response_ids) for s in samples])
+            penalty = overlong_penalty(lengths, c.generate_max_len, c.overlong_buffer_len, c.overlong_penalty_factor)
+            scores = scores + penalty
+            info["overlong_penalty_mean"] = penalty.mean().item()
+        if c.stop_properly_penalty_coef is not None:  # ProRL, as OpenRLHF: cut samples (no EOS) lose their reward
+            cut = torch.tensor([s.finish_reason == "length" for s in samples])
+            scores = stop_properly_penalty(scores, cut, c.stop_properly_penalty_coef)
+            info["stop_properly_penalized"] = cut.float().mean().item()
+        if c.reward_clip_range is not None:
+            scores = clip_rewards(scores, *c.reward_clip_range)
+        return scores, info
+
+    def _score(self, prompts: list[dict], samples, items: list[dict], n: int) -> tuple[torch.Tensor, dict]:
+        """Raw rewards of ``n`` samples per prompt: episode rewards, the reward function's, the reward model's
+        (their sum). Also the eval pass's scorer (:mod:`rl_core.trainers.ppo_eval`)."""
         parts, info = [], {}
         self._filter_scores = None  # the scorer's own scores for dynamic filtering, when it reports them
         if self.agent is not None:
@@ -117,18 +138,11 @@ class RolloutPhase:
                 if record.scores is not None and self.reward_model is None:
                     self._filter_scores = torch.tensor(record.scores, dtype=torch.float32)
         if self.reward_model is not None:
-            parts.append(torch.tensor(self.reward_model.call_sharded("score", items), dtype=torch.float32))
+            pad = -len(items) % self.reward_model.world_size  # eval sets need not split over the ranks: repeat one
+            scored = self.reward_model.call_sharded("score", items + items[-1:] * pad)
+            parts.append(torch.tensor(scored[:len(items)], dtype=torch.float32))
             info["reward_model_mean"] = parts[-1].mean().item()
-        scores = sum(parts[1:], parts[0])
-        c = self.cfg
-        if c.overlong_buffer_len is not None:
-            lengths = torch.tensor([len(s.response_ids) for s in samples])
-            penalty = overlong_penalty(lengths, c.generate_max_len, c.overlong_buffer_len, c.overlong_penalty_factor)
-            scores = scores + penalty
-            info["overlong_penalty_mean"] = penalty.mean().item()
-        if c.reward_clip_range is not None:
-            scores = clip_rewards(scores, *c.reward_clip_range)
-        return scores, info
+        return sum(parts[1:], parts[0]), info
 
     def _sample_round(self, k: int, seed: int):
         prompts = self._take_prompts(k)

@@ -1,0 +1,164 @@
+"""``rl ppo`` / ``rl ppo-ray`` with the OpenRLHF RL features of issue 17's leftovers, each through the real
+command on the tiny model: the eval pass (``--eval_dataset``, ``--eval_steps``, ``--eval.n_samples_per_prompt``,
+``--eval_temperature``) logged beside the training metrics and leaving the training trajectory alone, the HF
+export inside every checkpoint (``--save_hf_ckpt`` / ``--ckpt.save_hf``), the stop-properly penalty on
+truncated samples and centre-only advantage normalisation (``--no_advantage_std_norm``)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from rl_cli.main import main
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
+REWARDS = """
+def hits(prompt, response, label, **info):
+    return sum(ch in label for ch in response) / 8
+
+def one(prompt, response, label, **info):
+    return 1.0
+"""
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    from rl_rollout.testing import make_tiny_model
+
+    root = tmp_path_factory.mktemp("ppo-extras-cli")
+    model = make_tiny_model(root / "tiny")
+    (root / "prompts.jsonl").write_text(
+        "".join(json.dumps({"prompt": f"Repeat the letter {c}: ", "label": c}) + "\n" for c in "abcd"))
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    (root / "eval.jsonl").write_text("".join(json.dumps({"prompt": f"Spell {w}: ", "label": letters[i::2]}) + "\n"
+                                             for i, w in enumerate(("cat", "dog", "emu"))))
+    (root / "rewards.py").write_text(REWARDS)
+    return root, model
+
+
+def argv(root, model, run, *extra, reward="hits", estimator="group_norm"):
+    return ["--pretrain", str(model), "--prompt_data", str(root / "prompts.jsonl"), "--input_key", "prompt",
+            "--label_key", "label", "--reward_fn", f"{root / 'rewards.py'}:{reward}", "--advantage_estimator",
+            estimator, "--init_kl_coef", "0", "--n_samples_per_prompt", "4", "--rollout_batch_size", "4",
+            "--train_batch_size", "16", "--micro_train_batch_size", "8", "--generate_max_len", "8",
+            "--max_iterations", "3", "--bf16", "false", "--learning_rate", "1e-3", "--seed", "7",
+            "--run_dir", str(root / run), *extra]
+
+
+def metrics(path):
+    return [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+EVAL = ["--eval_dataset", "EVAL", "--eval.steps", "2", "--eval.n_samples_per_prompt", "2", "--eval_temperature", "0"]
+
+
+def with_eval(root):
+    return [str(root / "eval.jsonl") if a == "EVAL" else a for a in EVAL]
+
+
+def test_bad_combinations_fail_before_any_model_loads_naming_the_fix(task, capsys):
+    root, model = task
+    cases = [
+        (["--eval_steps", "2"], r"--eval_steps 2 needs --eval_dataset PATH"),
+        (["--eval_steps", "0", "--eval_dataset", "x.jsonl"], r"eval_steps \(--eval_steps\) must be >= 1, or -1"),
+        (["--eval_dataset", "x.jsonl", "--async_train"], r"--eval_dataset with --async_train is not built"),
+        (["--eval_temperature", "-1"], r"eval_temperature \(--eval_temperature\) must be >= 0 \(0: greedy\)"),
+        (["--ckpt.save_hf"], r"--save_hf_ckpt writes the HF export into each checkpoint: set --save_steps N"),
+        (["--stop_properly_penalty_coef", "2"], r"must be in \[0, 1\] \(a scale\) or negative \(a fixed reward\)"),
+        (["--algo.advantage.no_std_norm"], r"--advantage_estimator group_norm does not do .*dr_grpo"),
+    ]
+    for extra, message in cases:
+        with pytest.raises(SystemExit) as e:
+            main(["ppo", *argv(root, model, "bad", *extra)])
+        assert e.value.code == 2, extra
+        assert re.search(message, capsys.readouterr().err), (extra, message)
+
+
+def test_eval_pass_logs_reward_and_pass_at_n_and_leaves_the_training_trajectory_alone(task):
+    """Two runs from the same seed, one evaluating at iterations 2 and 3 (every 2 and the last), greedy with
+    2 samples per prompt: the same training metrics and final weights; eval/* only in the evaluated rows."""
+    root, model = task
+    assert main(["ppo", *argv(root, model, "plain", "--save_path", str(root / "plain-final"))]) == 0
+    assert main(["ppo", *argv(root, model, "eval", "--save_path", str(root / "eval-final"), *with_eval(root))]) == 0
+    plain, evaluated = metrics(root / "plain"), metrics(root / "eval")
+    assert [r["step"] for r in evaluated] == [1, 2, 3]
+    for a, b in zip(plain, evaluated, strict=True):
+        for k in ("rl/reward_mean", "rl/policy_loss", "rl/advantage_abs_mean", "rl/response_length",
+                  "rl/rollout_logprob_gap"):
+            assert b[k] == a[k], (k, a["step"], a[k], b[k])  # bit for bit: the eval pass drew no training RNG
+    w_plain = load_file(root / "plain-final" / "model.safetensors")
+    w_eval = load_file(root / "eval-final" / "model.safetensors")
+    assert all(torch.equal(w_plain[k], w_eval[k]) for k in w_plain)
+    assert not any(k.startswith("eval/") for k in evaluated[0])
+    for r in evaluated[1:]:
+        assert r["eval/samples"] == 3 * 2 and r["eval/reward_failures"] == 0
+        assert 0 < r["eval/reward_mean"] <= 1
+        assert r["eval/pass@2"] == r["eval/reward_mean"]  # greedy: both samples of a prompt are the same
+        assert 0 < r["eval/response_length"] <= 8 and 0 <= r["eval/truncated"] <= 1
+    (root / "eval-rows.json").write_text(json.dumps(evaluated))
+
+
+@pytest.mark.multiprocess
+def test_rl_ppo_ray_evaluates_as_the_one_process_run(task):
+    """The eval pass over Ray: the engine is an actor, the policy another; same seeds, same eval numbers."""
+    root, model = task
+    if not (root / "eval-rows.json").is_file():
+        assert main(["ppo", *argv(root, model, "eval", *with_eval(root))]) == 0
+        (root / "eval-rows.json").write_text(json.dumps(metrics(root / "eval")))
+    local = json.loads((root / "eval-rows.json").read_text())
+    out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *argv(root, model, "eval-ray"),
+                          *with_eval(root), "--num_gpus", "2", "--vllm_num_engines", "1"],
+                         capture_output=True, text=True, timeout=800)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    rows = metrics(root / "eval-ray")
+    assert [r["step"] for r in rows] == [1, 2, 3] and not any(k.startswith("eval/") for k in rows[0])
+    for a, b in zip(local[1:], rows[1:], strict=True):
+        for k in ("eval/reward_mean", "eval/pass@2", "eval/response_length", "eval/samples"):
+            assert b[k] == pytest.approx(a[k], abs=1e-6), (k, a["step"], a[k], b[k])
+
+
+def test_save_hf_ckpt_puts_a_loadable_export_of_the_policy_and_critic_in_every_checkpoint(task):
+    from transformers import AutoModelForCausalLM
+
+    root, model = task
+    ck, final = root / "hf-ck", root / "hf-final"
+    assert main(["ppo", *argv(root, model, "hf", "--max_iterations", "2", "--ckpt.save_hf", "--save_steps", "1",
+                              "--ckpt_path", str(ck), "--save_path", str(final), "--save_value_network",
+                              estimator="gae")]) == 0
+    iters = [ck / "iter_00000001", ck / "iter_00000002"]
+    assert sorted(p.name for p in ck.iterdir()) == [p.name for p in iters]
+    for d in iters:
+        assert (d / "COMPLETE").is_file() and (d / "hf" / "critic" / "config.json").is_file()
+        AutoModelForCausalLM.from_pretrained(d / "hf")  # loads as transformers reads it (tokenizer beside it)
+        assert (d / "hf" / "tokenizer_config.json").is_file()
+    first, last = (load_file(d / "hf" / "model.safetensors") for d in iters)
+    exported = load_file(final / "model.safetensors")  # the policy after iteration 2
+    assert first.keys() == last.keys() == exported.keys()
+    assert all(torch.equal(last[k], exported[k]) for k in last)  # iteration 2's checkpoint holds its weights
+    assert any(not torch.equal(first[k], last[k]) for k in first)  # iteration 1's are the earlier ones
+    critic_last = load_file(iters[1] / "hf" / "critic" / "model.safetensors")
+    critic_final = load_file(final / "critic" / "model.safetensors")
+    assert all(torch.equal(critic_last[k], critic_final[k]) for k in critic_final)
+
+
+def test_stop_properly_penalty_scales_the_reward_of_truncated_samples(task):
+    """A constant reward of 1 and --reward.stop_properly_penalty_coef 0.5: a truncated sample (no EOS within 4
+    tokens) trains on 0.5, the others on 1, so the iteration's mean reward is 1 - 0.5 x the truncated share.
+    With reinforce and --no_advantage_std_norm the advantages are only centred: |A| <= 0.25 on average."""
+    root, model = task
+    assert main(["ppo", *argv(root, model, "stop", "--generate_max_len", "4", "--max_iterations", "2",
+                              "--reward.stop_properly_penalty_coef", "0.5", "--no_advantage_std_norm",
+                              reward="one", estimator="reinforce")]) == 0
+    rows = metrics(root / "stop")
+    assert any(r["rl/truncated"] > 0 for r in rows)
+    for r in rows:
+        assert r["rl/reward_fn_mean"] == 1.0
+        assert r["rl/stop_properly_penalized"] == r["rl/truncated"]
+        assert r["rl/reward_mean"] == pytest.approx(1 - 0.5 * r["rl/truncated"], abs=1e-6)
+        assert r["rl/advantage_abs_mean"] <= 0.25 + 1e-6  # whitened it would be 2 sqrt(p(1-p)) > p(1-p)
