@@ -89,8 +89,8 @@ def test_bad_runs_fail_before_any_model_loads_naming_the_fix(task, capsys):
         main(["ppo", *common(root, model, "bad"), "--vllm_sync_backend", "gloo"])
     assert "in one process (rl ppo) the engine takes the trainer's tensors in memory" in capsys.readouterr().err
     with pytest.raises(SystemExit):  # a shared flag the RL loop would ignore is refused
-        main(["ppo", *common(root, model, "bad"), "--packing"])
-    assert "--packing: packed sequences are not wired into the RL loop" in capsys.readouterr().err
+        main(["ppo", *common(root, model, "bad"), "--output_key", "answer"])
+    assert "--output_key: the RL loop generates the responses" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["ppo", *common(root, model, "bad"), "--advantage_estimator", "rlooo"])
     assert "unknown advantage estimator 'rlooo'; valid: dr_grpo, gae" in capsys.readouterr().err
@@ -121,6 +121,32 @@ def test_rl_ppo_runs_one_process_writes_metrics_checkpoints_and_the_model(task):
     assert all(r["rl/rollout_logprob_gap"] < 1e-4 for r in rows)
     assert (root / "final" / "config.json").is_file() and (root / "local" / "curves.png").is_file()
     assert sorted(p.name for p in (root / "ck").iterdir()) == ["iter_00000002", "iter_00000003"]  # one folder per save
+
+
+def test_rl_ppo_packed_with_a_token_budget_trains_like_the_padded_run(task, capsys):
+    """OpenRLHF's dynamic batching flags: every forward packs its items into one row and a training micro-batch
+    holds 64 tokens (two samples here, against 8 padded rows in the reference run): the same run, within fp32
+    rounding. --print_config shows what the flags set."""
+    root, model = task
+    if not (root / "local" / "metrics.jsonl").is_file():
+        assert main(["ppo", *common(root, model, "local"), "--zero_stage", "2", "--micro_train_batch_size", "8"]) == 0
+    argv = common(root, model, "packed") + ["--zero_stage", "2", "--micro_train_batch_size", "8", "--packing_samples",
+                                            "--use_dynamic_batch", "--train_max_tokens_per_gpu", "64",
+                                            "--rollout_max_tokens_per_gpu", "200"]
+    capsys.readouterr()
+    assert main(["ppo", *argv, "--print_config"]) == 0
+    out = capsys.readouterr().out
+    shown = json.loads(out[:out.index("\n[rl ppo]")])
+    assert shown["data"]["packing"] and shown["batching"] == {
+        "max_tokens_per_gpu": 64, "forward_max_tokens_per_gpu": 200, "forward_micro_batch_size": None}
+    assert "micro-batches per rank: packed rows; training at most 64 tokens, experience forwards at most 200" in out
+    assert main(["ppo", *argv]) == 0
+    local, packed = metrics(root / "local"), metrics(root / "packed")
+    assert [r["step"] for r in packed] == [1, 2, 3]
+    for a, b in zip(local, packed, strict=True):
+        assert b["rl/rollout_logprob_gap"] < 1e-4, b
+        for k in ("rl/reward_mean", "rl/kl", "rl/critic_loss", "rl/policy_loss", "rl/value_mean"):
+            assert b[k] == pytest.approx(a[k], abs=1e-4), (k, a["step"], a[k], b[k])
 
 
 def test_an_engine_plugin_runs_the_loop_by_name(task, tmp_path):

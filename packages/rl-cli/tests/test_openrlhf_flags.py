@@ -97,6 +97,20 @@ def test_docs_table_is_generated_from_the_parsers():
     ("ppo", ["--enable_vllm_is_correction", "--vllm_is_correction_type", "icepop"], {"ppo.is_correction": "icepop"}),
     ("ppo", ["--algo.advantage.is_correction_enable"], {"ppo.is_correction": "tis"}),
     ("ppo", ["--ring_attn_size", "1", "--zpg", "1", "--dataloader_num_workers", "0"], {}),  # "off" values: no-ops
+    ("ppo-ray", ["--packing_samples", "--micro_rollout_batch_size", "4"],
+     {"data.packing": True, "batching.forward_micro_batch_size": 4, "batching.max_tokens_per_gpu": None}),
+    ("ppo", ["--ds.packing_samples", "--rollout.micro_batch_size", "2"],
+     {"data.packing": True, "batching.forward_micro_batch_size": 2}),
+    # OpenRLHF's budgets act only with its dynamic-batch switch, which also packs (either order)
+    ("ppo", ["--train_max_tokens_per_gpu", "8000"], {"batching.max_tokens_per_gpu": None, "data.packing": False}),
+    ("ppo", ["--use_dynamic_batch"], {"batching.max_tokens_per_gpu": 16192, "data.packing": True,
+                                      "batching.forward_max_tokens_per_gpu": None}),
+    ("ppo-ray", ["--train_max_tokens_per_gpu", "8000", "--rollout_max_tokens_per_gpu", "20000", "--use_dynamic_batch"],
+     {"batching.max_tokens_per_gpu": 8000, "batching.forward_max_tokens_per_gpu": 20000, "data.packing": True}),
+    ("ppo-ray", ["--train.dynamic_batch_enable", "--train.max_tokens_per_gpu", "4096",
+                 "--rollout.max_tokens_per_gpu", "9000"],
+     {"batching.max_tokens_per_gpu": 4096, "batching.forward_max_tokens_per_gpu": 9000, "data.packing": True}),
+    ("ppo", ["--max_tokens_per_gpu", "3000", "--use_dynamic_batch"], {"batching.max_tokens_per_gpu": 3000}),
     ("sft", ["--target_modules", "q_proj", "v_proj"], {"model.target_modules": "q_proj,v_proj"}),
     ("sft", ["--ds.lora.target_modules", "q_proj", "--ds.lora.rank", "8"],
      {"model.target_modules": "q_proj", "model.lora_rank": 8}),
@@ -118,9 +132,6 @@ def test_openrlhf_flags_land_in_the_right_field(command, argv, want):
 
 @pytest.mark.parametrize(("command", "argv", "says"), [
     ("ppo-ray", ["--ring_attn_size", "2"], "ring attention"),
-    ("ppo-ray", ["--micro_rollout_batch_size", "4"], "--micro_train_batch_size"),
-    ("ppo-ray", ["--train.max_tokens_per_gpu", "16000"], "token-budget"),
-    ("ppo-ray", ["--packing_samples"], "packed sequences"),
     ("ppo-ray", ["--entropy_loss_coef", "0.01"], "entropy"),
     ("ppo-ray", ["--perf"], "metrics"),
     ("ppo-ray", ["--actor.muon.lr", "0.02"], "Muon"),

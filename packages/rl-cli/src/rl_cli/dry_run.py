@@ -48,8 +48,14 @@ def _rl_batches(cfgs: dict, ray: bool) -> list[str]:
              else f"{p.num_episodes} episode(s) x prompts // {p.rollout_batch_size}")
     roles = ["policy"] + (["critic"] if p.needs_critic else []) + (["reference"] if p.needs_reference else []) \
         + (["reward model"] if cfgs["model"].reward_pretrain else [])
+    b, rows = cfgs["batching"], "packed rows" if cfgs["data"].packing else "padded rows"
+    budget, _ = b.forward_budget()
+    train_mb = f"at most {b.max_tokens_per_gpu} tokens" if b.max_tokens_per_gpu else f"{micro} samples"
+    fwd_mb = f"at most {budget} tokens" if budget else f"{b.forward_micro_batch_size or micro} samples"
     return [f"per iteration: {p.rollout_batch_size} prompts x {p.n_samples_per_prompt} samples = {samples} samples",
             f"global batch {g} = micro batch {micro} x accumulation {g // (micro * world)} x data parallel {world}",
+            f"micro-batches per rank: {rows}; training {train_mb}, experience forwards {fwd_mb}"
+            + (" (the count per step varies; every rank runs the largest)" if b.max_tokens_per_gpu else ""),
             f"optimizer steps per iteration (each trained model): {samples} // {g} x {p.max_epochs} epoch(s) = "
             f"{samples // g * p.max_epochs}",
             f"iterations: {iters}",

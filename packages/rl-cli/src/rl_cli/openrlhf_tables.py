@@ -92,6 +92,8 @@ ALIAS: dict[str, tuple[str, ...]] = {
     "vllm.num_engines": ("ray.vllm_num_engines",),
     "vllm.tensor_parallel_size": ("ray.vllm_tensor_parallel_size",),
     "vllm_is_truncated_threshold": ("ppo.is_correction_threshold",),
+    "micro_rollout_batch_size": ("batching.forward_micro_batch_size",),
+    "rollout.micro_batch_size": ("batching.forward_micro_batch_size",),
 }
 
 
@@ -139,6 +141,33 @@ def _is_type(v, ns):
     return out
 
 
+_BUDGETS = "_openrlhf_token_budgets"  # OpenRLHF's budgets take effect only with its dynamic-batch flag
+_DYNAMIC = "_openrlhf_dynamic_batch"
+_BUDGET_FIELD = {"train": "batching.max_tokens_per_gpu", "rollout": "batching.forward_max_tokens_per_gpu"}
+OPENRLHF_TRAIN_TOKENS = 16192  # OpenRLHF's --train_max_tokens_per_gpu default
+
+
+def _dynamic_batch(_v, ns):
+    """OpenRLHF's --use_dynamic_batch: packing on (it forces packing_samples), the train budget (its default
+    16192 unless given) and the rollout budget (default: the train budget, as ours)."""
+    budgets = getattr(ns, _BUDGETS, {})
+    train = budgets.get("train") or getattr(ns, _BUDGET_FIELD["train"], None) or OPENRLHF_TRAIN_TOKENS
+    out = {_DYNAMIC: True, "data.packing": True, _BUDGET_FIELD["train"]: train}
+    if "rollout" in budgets:
+        out[_BUDGET_FIELD["rollout"]] = budgets["rollout"]
+    return out
+
+
+def _budget(kind: str):
+    def convert(v, ns):
+        out = {_BUDGETS: {**getattr(ns, _BUDGETS, {}), kind: v}}
+        if getattr(ns, _DYNAMIC, False):  # already enabled: the budget applies
+            out[_BUDGET_FIELD[kind]] = v
+        return out
+
+    return convert
+
+
 def _not_negative(field: str):
     return lambda v, _ns: {field: max(0, v)}  # OpenRLHF's -1 means "none", as our 0 does
 
@@ -173,6 +202,12 @@ CONVERT: dict[str, Convert] = {
                                     None, int),
     "critic.freezing_steps": Convert("ppo.freezing_actor_steps (-1: 0)", _not_negative("ppo.freezing_actor_steps"),
                                      None, int),
+    **{k: Convert("data.packing, batching.max_tokens_per_gpu (16192 unless given)", _dynamic_batch, 0)
+       for k in ("use_dynamic_batch", "train.dynamic_batch_enable")},
+    **{k: Convert("batching.max_tokens_per_gpu (with --use_dynamic_batch, as in OpenRLHF)", _budget("train"), None,
+                  int) for k in ("train_max_tokens_per_gpu", "train.max_tokens_per_gpu")},
+    **{k: Convert("batching.forward_max_tokens_per_gpu (with --use_dynamic_batch, as in OpenRLHF)",
+                  _budget("rollout"), None, int) for k in ("rollout_max_tokens_per_gpu", "rollout.max_tokens_per_gpu")},
 }
 
 # Accepted flags whose meaning differs in a way a user should know: shown in the table.
@@ -194,7 +229,6 @@ class Refuse:
 
 
 _PENDING_ASYNC = "being built (issue 19)"
-_NO_TOKEN_BATCH = "token-budget dynamic batching is not built; batches count sequences: --micro_train_batch_size"
 _NO_VLM = "vision-language models are not built (text only)"
 _NO_MUON = "the Muon optimizer is not built (AdamW only); drop the --*.muon.* flags"
 _CRITIC_OPT = ("the critic shares the actor's optimizer settings (--adam_betas, --l2, --lr_scheduler, --max_norm ...); "
@@ -222,12 +256,6 @@ REFUSED: dict[str, Refuse] = {
     "train.async_queue_size": Refuse("async training (issue 19) counts its queue in policy versions: the "
                                      "max_staleness setting", off=(1,)),
     # not built
-    "train_max_tokens_per_gpu": Refuse(_NO_TOKEN_BATCH),
-    "train.max_tokens_per_gpu": Refuse(_NO_TOKEN_BATCH),
-    "rollout_max_tokens_per_gpu": Refuse(_NO_TOKEN_BATCH),
-    "rollout.max_tokens_per_gpu": Refuse(_NO_TOKEN_BATCH),
-    "use_dynamic_batch": Refuse(_NO_TOKEN_BATCH),
-    "train.dynamic_batch_enable": Refuse(_NO_TOKEN_BATCH),
     "ring_attn_size": Refuse(_NO_RING, off=(1,)),
     "ds.ring_attn_size": Refuse(_NO_RING, off=(1,)),
     "ring_head_stride": Refuse(_NO_RING, off=(1,)),
@@ -316,10 +344,6 @@ REFUSED: dict[str, Refuse] = {
     "ref_reward_offload": Refuse(_NO_OFFLOAD),
     "actor_init_on_gpu": Refuse("not needed: every model loads straight onto its device"),
     "perf": Refuse("OpenRLHF's timing printout is not built; per-phase seconds are in the metrics (--run_dir)"),
-    "micro_rollout_batch_size": Refuse("experience passes (old/reference log-probs, values) run in "
-                                       "--micro_train_batch_size chunks; set that"),
-    "rollout.micro_batch_size": Refuse("experience passes (old/reference log-probs, values) run in "
-                                       "--micro_train_batch_size chunks; set that"),
     "vllm_generate_batch_size": Refuse("oversampling is not built: an iteration generates --rollout_batch_size "
                                        "prompts (dynamic filtering refills)"),
     "rollout.vllm_generate_batch_size": Refuse("oversampling is not built: an iteration generates "
@@ -356,8 +380,6 @@ _PACKING_SFT = "packing is built for SFT only (rl sft --packing_samples); drop t
 _RL_ONLY: dict[str, Refuse] = {
     "target_modules": REFUSED["lora_rank"], "ds.lora.target_modules": REFUSED["lora_rank"],
     "logger.logging_steps": Refuse("the RL loop logs every iteration", off=(1,)),
-    "ds.packing_samples": Refuse("packed sequences are not wired into the RL loop yet (every row is padded)"),
-    "packing_samples": Refuse("packed sequences are not wired into the RL loop yet (every row is padded)"),
 }
 # Refusals of one command only (the same name works elsewhere); they come before ALIAS and CONVERT.
 COMMAND_REFUSED: dict[str, dict[str, Refuse]] = {

@@ -77,14 +77,15 @@ class RayArgs:
 def _groups(ray: bool) -> dict[str, type]:
     from rl_core.data import DataConfig
     from rl_core.metrics import LoggerConfig
+    from rl_core.rl.batching import MicroBatchConfig
     from rl_core.rl.build import RLModelConfig
     from rl_core.strategy import StrategyConfig
     from rl_core.trainers.ppo import PPOConfig
     from rl_rollout.config import EngineConfig, RewardConfig, WeightSyncConfig
 
     g = {"model": RLModelConfig, "data": DataConfig, "strategy": StrategyConfig, "ppo": PPOConfig,
-         "reward": RewardConfig, "rollout": EngineConfig, "sync": WeightSyncConfig, "logger": LoggerConfig,
-         "cli": CliArgs}
+         "reward": RewardConfig, "rollout": EngineConfig, "sync": WeightSyncConfig, "batching": MicroBatchConfig,
+         "logger": LoggerConfig, "cli": CliArgs}
     if ray:
         g["ray"] = RayArgs
     return g
@@ -92,7 +93,6 @@ def _groups(ray: bool) -> dict[str, type]:
 
 # Flags of the shared groups that an RL run would not use: refused, with the reason, instead of ignored.
 UNUSED_BY_RL = {
-    "packing": "packed sequences are not wired into the RL loop yet (every row is padded)",
     "output_key": "the RL loop generates the responses: only --input_key (and --label_key) are read",
     "chosen_key": "preference keys are for rl dpo / rl rm / rl kto, not the RL loop",
     "rejected_key": "preference keys are for rl dpo / rl rm / rl kto, not the RL loop",
@@ -213,7 +213,7 @@ def run_config(cfgs: dict):
     from rl_core.rl.build import RunConfig
 
     return RunConfig(model=cfgs["model"], strategy=cfgs["strategy"], ppo=cfgs["ppo"], engine=cfgs["rollout"],
-                     sync=cfgs["sync"])
+                     sync=cfgs["sync"], batching=cfgs["batching"], packing=cfgs["data"].packing)
 
 
 def metrics_logger(cfgs: dict):

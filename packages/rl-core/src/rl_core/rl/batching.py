@@ -26,25 +26,22 @@ import torch
 from rl_core.data.collate import pack_greedy
 from rl_rollout.config import check_numbers, meta
 
-OPENRLHF_TOKEN_BUDGET = 16192  # OpenRLHF's --train_max_tokens_per_gpu default, what --use_dynamic_batch alone uses
-
 
 @dataclass(frozen=True)
 class MicroBatchConfig:
-    """How the RL workers group a rank's items into forwards (``--packing`` is the data group's)."""
+    """How the RL workers group a rank's items into forwards (``--packing`` is the data group's). OpenRLHF's
+    names (``--use_dynamic_batch``, ``--train_max_tokens_per_gpu``, ``--micro_rollout_batch_size`` ...) are
+    mapped by rl-cli."""
 
     max_tokens_per_gpu: int | None = field(default=None, metadata=meta(
         "token budget of a training micro-batch per rank (OpenRLHF dynamic batching): items are grouped first-fit "
         "decreasing under it instead of --micro_train_batch_size at a time; counts real tokens with --packing, "
-        "rows x longest row without",
-        openrlhf=("train_max_tokens_per_gpu", "train.max_tokens_per_gpu")))
+        "rows x longest row without"))
     forward_max_tokens_per_gpu: int | None = field(default=None, metadata=meta(
         "token budget of the no-grad experience forwards (old/reference log-probs, values, reward model); "
-        "default: --max_tokens_per_gpu",
-        openrlhf=("rollout_max_tokens_per_gpu", "rollout.max_tokens_per_gpu")))
+        "default: --max_tokens_per_gpu"))
     forward_micro_batch_size: int | None = field(default=None, metadata=meta(
-        "sequences per no-grad experience forward when no budget applies; default: --micro_train_batch_size",
-        openrlhf=("micro_rollout_batch_size", "rollout.micro_batch_size")))
+        "sequences per no-grad experience forward when no budget applies; default: --micro_train_batch_size"))
 
     def __post_init__(self) -> None:
         check_numbers(self, at_least_1=("max_tokens_per_gpu", "forward_max_tokens_per_gpu",
