@@ -43,9 +43,9 @@ def task(tmp_path_factory):
 
 
 def argv(root, model, run, *extra, reward="hits", estimator="group_norm"):
+    scorer = ["--reward_fn", f"{root / 'rewards.py'}:{reward}"] if reward else ["--reward_pretrain", str(model)]
     return ["--pretrain", str(model), "--prompt_data", str(root / "prompts.jsonl"), "--input_key", "prompt",
-            "--label_key", "label", "--reward_fn", f"{root / 'rewards.py'}:{reward}", "--advantage_estimator",
-            estimator, "--init_kl_coef", "0", "--n_samples_per_prompt", "4", "--rollout_batch_size", "4",
+            "--label_key", "label", *scorer, "--advantage_estimator", estimator, "--init_kl_coef", "0", "--n_samples_per_prompt", "4", "--rollout_batch_size", "4",
             "--train_batch_size", "16", "--micro_train_batch_size", "8", "--generate_max_len", "8",
             "--max_iterations", "3", "--bf16", "false", "--learning_rate", "1e-3", "--seed", "7",
             "--run_dir", str(root / run), *extra]
@@ -121,6 +121,21 @@ def test_rl_ppo_ray_evaluates_as_the_one_process_run(task):
     for a, b in zip(local[1:], rows[1:], strict=True):
         for k in ("eval/reward_mean", "eval/pass@2", "eval/response_length", "eval/samples"):
             assert b[k] == pytest.approx(a[k], abs=1e-6), (k, a["step"], a[k], b[k])
+
+
+@pytest.mark.multiprocess
+def test_eval_pass_scores_with_a_reward_model_group_whose_ranks_do_not_divide_the_eval_set(task):
+    """3 eval prompts x 1 sample over a 2-rank reward-model group (the tiny model with a fresh head): the eval
+    samples are padded to split evenly over the ranks, and only the real ones count."""
+    root, model = task
+    out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *argv(root, model, "eval-rm", reward=None),
+                          "--max_iterations", "1", "--eval_dataset", str(root / "eval.jsonl"),
+                          "--eval_n_samples_per_prompt", "1", "--num_gpus", "4", "--reward_num_gpus_per_node", "2",
+                          "--vllm_num_engines", "1"], capture_output=True, text=True, timeout=800)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    (row,) = metrics(root / "eval-rm")
+    assert row["eval/samples"] == 3 and "eval/pass@1" not in row
+    assert row["eval/reward_mean"] != 0 and abs(row["eval/reward_mean"]) < 1e3  # the reward model's scores
 
 
 def test_save_hf_ckpt_puts_a_loadable_export_of_the_policy_and_critic_in_every_checkpoint(task):
