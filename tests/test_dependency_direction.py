@@ -25,7 +25,7 @@ DIST_OF = {"yaml": "pyyaml", "rl_algos": "rl-algos", "rl_rollout": "rl-rollout",
 
 # DESIGN.md: what each package may import (besides stdlib and itself).
 ALLOWED = {
-    "rl_algos": {"torch"},
+    "rl_algos": {"torch", "triton"},  # triton: torch's CUDA wheels bring it; only losses/logits_triton.py, lazily
     "rl_rollout": {"torch", "transformers", "tokenizers", "msgpack", "safetensors", "numpy", "vllm"},
     "rl_placement": {"ray"},
     "rl_core": {"rl_algos", "rl_rollout", "torch", "transformers", "deepspeed", "safetensors", "msgpack", "peft",
@@ -36,7 +36,7 @@ ALLOWED = {
 }
 # Optional imports (guarded by try/except ImportError, or an extra): allowed without a
 # hard dependency, but they must still be in ALLOWED.
-OPTIONAL = {"vllm", "wandb", "flash_attn"}
+OPTIONAL = {"vllm", "wandb", "flash_attn", "triton"}
 FORBIDDEN = {"rl_core": {"ray", "rl_placement"}, "rl_algos": {"numpy"}}
 
 

@@ -26,6 +26,8 @@ from rl_algos.losses import (
     entropy_from_logits,
     kto_loss,
     kto_reference_kl,
+    LogprobsEntropy,
+    logprobs_and_entropy_from_logits,
     logprobs_from_logits,
     POLICY_LOSSES,
     GSPOLossConfig,
@@ -48,7 +50,8 @@ __all__ = [
     "ESTIMATORS", "AdaptiveKLController", "AdvantageEstimator", "Advantages", "FixedKLController",
     "GroupFilterResult", "advantages", "aggregate_loss", "approx_kl", "clip_rewards", "compute_advantages",
     "dpo_loss", "entropy_from_logits", "filter_groups", "filters", "get_estimator", "kl", "kl_penalized_rewards",
-    "kto_loss", "kto_reference_kl", "logprobs_from_logits", "losses", "masked_mean", "masked_sum",
+    "kto_loss", "kto_reference_kl", "LogprobsEntropy", "logprobs_and_entropy_from_logits",
+    "logprobs_from_logits", "losses", "masked_mean", "masked_sum",
     "masked_whiten", "overlong_penalty", "pairwise_loss", "policy_loss", "sft_loss", "shaping",
     "stop_properly_penalty", "value_loss",
 ]

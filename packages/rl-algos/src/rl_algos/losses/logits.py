@@ -14,10 +14,20 @@ and the chunk is freed. Backward recomputes the softmax chunk by chunk and write
 training memory is also one chunk plus the gradient. Temperature is applied
 inside the chunk (``logits / T``) instead of on a full copy.
 
+On CUDA the public functions run a Triton kernel instead (``logits_triton``: one pass
+over the vocabulary per row, online float32 log-sum-exp, no chunk copies) when triton
+imports and the logits are bf16, fp16 or fp32. ``RL_LOGPROBS_KERNEL=torch|triton`` forces
+a path (``auto``, the default, picks as above); asking for triton where it cannot run is
+an error. An explicit ``chunk_rows`` is a knob of the torch path and selects it.
+
 Benchmark: ``benchmarks/logprobs_from_logits.py``.
 """
 
 from __future__ import annotations
+
+import functools
+import os
+from typing import NamedTuple
 
 import torch
 
@@ -47,6 +57,45 @@ def _upcast(x: Tensor) -> Tensor:
 def _check_temperature(temperature: float) -> None:
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+
+
+KERNEL_ENV = "RL_LOGPROBS_KERNEL"
+KERNEL_CHOICES = ("auto", "torch", "triton")
+KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@functools.cache
+def _triton_import_error() -> str | None:
+    try:
+        import triton  # noqa: F401
+    except ImportError as e:
+        return f"triton does not import ({e})"
+    return None
+
+
+def _triton_unavailable(logits: Tensor) -> str | None:
+    """Why the Triton kernel cannot take these logits, or None if it can."""
+    if logits.dtype not in KERNEL_DTYPES:
+        return f"logits dtype {logits.dtype} has no triton kernel (bfloat16, float16, float32 do)"
+    if logits.device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        return f"logits are on {logits.device} (the kernel needs CUDA, or TRITON_INTERPRET=1 to interpret it on CPU)"
+    return _triton_import_error()
+
+
+def _use_triton(logits: Tensor, chunk_rows: int | None) -> bool:
+    choice = os.environ.get(KERNEL_ENV, "auto")
+    if choice not in KERNEL_CHOICES:
+        raise ValueError(f"{KERNEL_ENV}={choice!r} is not one of {', '.join(KERNEL_CHOICES)}")
+    if choice == "torch":
+        return False
+    reason = _triton_unavailable(logits)
+    if choice == "auto":  # the interpreter on CPU is for tests: only when forced
+        return reason is None and logits.device.type == "cuda" and chunk_rows is None
+    if reason is not None:
+        raise RuntimeError(f"{KERNEL_ENV}=triton but {reason}; unset {KERNEL_ENV} or set it to torch")
+    if chunk_rows is not None:
+        raise ValueError(f"chunk_rows={chunk_rows} applies to the chunked torch path only; drop it or set {KERNEL_ENV}=torch")
+    return True
 
 
 class _LogprobsFn(torch.autograd.Function):
@@ -122,6 +171,28 @@ class _EntropyFn(torch.autograd.Function):
         return grad_logits, None, None
 
 
+class LogprobsEntropy(NamedTuple):
+    logprobs: Tensor
+    entropy: Tensor
+
+
+def _check_labels(logits: Tensor, labels: Tensor) -> None:
+    if logits.shape[:-1] != labels.shape:
+        raise ValueError(
+            f"labels shape {tuple(labels.shape)} must equal logits shape without the vocab axis "
+            f"{tuple(logits.shape[:-1])}"
+        )
+
+
+def _triton(logits: Tensor, labels: Tensor | None, temperature: float, with_entropy: bool) -> LogprobsEntropy:
+    from rl_algos.losses.logits_triton import TritonLogprobsEntropyFn
+
+    lab = None if labels is None else labels.reshape(-1).long().contiguous()
+    lp, ent = TritonLogprobsEntropyFn.apply(logits, lab, float(temperature), with_entropy)
+    lead = logits.shape[:-1]
+    return LogprobsEntropy(lp.view(lead) if labels is not None else lp, ent.view(lead) if with_entropy else ent)
+
+
 def logprobs_from_logits(
     logits: Tensor, labels: Tensor, temperature: float = 1.0, chunk_rows: int | None = None
 ) -> Tensor:
@@ -131,13 +202,13 @@ def logprobs_from_logits(
     ``[...]``. Differentiable w.r.t. ``logits``. ``chunk_rows`` rows (positions) are
     processed at a time; the default keeps a chunk near 512K elements on CPU, 16M on GPU.
     Accuracy: float32 log-sum-exp (max abs error vs float64 ~1e-6 on bf16 logits).
+    On CUDA (see the module docstring) the Triton kernel runs instead; there a label
+    outside ``[0, V)`` gives NaN rather than an error.
     """
     _check_temperature(temperature)
-    if logits.shape[:-1] != labels.shape:
-        raise ValueError(
-            f"labels shape {tuple(labels.shape)} must equal logits shape without the vocab axis "
-            f"{tuple(logits.shape[:-1])}"
-        )
+    _check_labels(logits, labels)
+    if _use_triton(logits, chunk_rows):
+        return _triton(logits, labels, temperature, with_entropy=False).logprobs
     V = logits.shape[-1]
     flat = logits.reshape(-1, V)
     if not flat.is_contiguous():
@@ -153,9 +224,29 @@ def entropy_from_logits(logits: Tensor, temperature: float = 1.0, chunk_rows: in
     like :func:`logprobs_from_logits`.
     """
     _check_temperature(temperature)
+    if _use_triton(logits, chunk_rows):
+        return _triton(logits, None, temperature, with_entropy=True).entropy
     V = logits.shape[-1]
     flat = logits.reshape(-1, V)
     if not flat.is_contiguous():
         flat = flat.contiguous()
     out = _EntropyFn.apply(flat, float(temperature), _rows_per_chunk(V, chunk_rows, logits.device))
     return out.view(logits.shape[:-1])
+
+
+def logprobs_and_entropy_from_logits(
+    logits: Tensor, labels: Tensor, temperature: float = 1.0, chunk_rows: int | None = None
+) -> LogprobsEntropy:
+    """Both :func:`logprobs_from_logits` and :func:`entropy_from_logits`, shapes ``[...]``.
+
+    The Triton kernel computes both in one pass over the logits (and one backward pass for
+    both gradients); the torch path runs the two chunked functions.
+    """
+    _check_temperature(temperature)
+    _check_labels(logits, labels)
+    if _use_triton(logits, chunk_rows):
+        return _triton(logits, labels, temperature, with_entropy=True)
+    return LogprobsEntropy(
+        logprobs_from_logits(logits, labels, temperature, chunk_rows),
+        entropy_from_logits(logits, temperature, chunk_rows),
+    )
