@@ -1,15 +1,21 @@
 """Benchmark: rl_algos.logprobs_from_logits against two baselines, same run, same data.
 
-    uv run python benchmarks/logprobs_from_logits.py            # B=4, T=1024, V=151,936, bf16
-    uv run python benchmarks/logprobs_from_logits.py --small    # a quick shape
+    uv run python benchmarks/logprobs_from_logits.py              # B=4, T=1024, V=151,936, bf16
+    uv run python benchmarks/logprobs_from_logits.py --small      # a quick shape
+    python3 benchmarks/logprobs_from_logits.py --device cuda      # GPU: see logprobs_cuda.py
 
-Methods:
+Needs only torch and the repo's rl_algos (``PYTHONPATH=packages/rl-algos/src`` without uv).
+
+Methods (CPU):
 - ``naive``: ``log_softmax(logits.float(), -1).gather(...)`` (a float32 copy + its log-softmax).
 - ``rowwise_bf16``: a loop over batch rows, ``log_softmax`` in the input dtype (bf16), as
-  frameworks do to save memory.
+  frameworks do to save memory (OpenRLHF's ``log_probs_from_logits`` for bf16 logits).
 - ``rl_algos``: chunked float32 log-sum-exp (``rl_algos.losses.logits``).
 
-For each: wall time (best of ``--repeats``), peak extra resident memory (``ru_maxrss``
+On CUDA (``--device cuda``, ``logprobs_cuda.py``) the Triton kernel is added, forward and
+forward+backward are timed with CUDA events, and memory is the allocator's peak.
+
+For each on CPU: wall time (best of ``--repeats``), peak extra resident memory (``ru_maxrss``
 growth in a fresh process, so one method's peak cannot hide another's), and the max abs
 error against a float64 reference computed chunk by chunk. Prints ratios against the
 baselines and whether the targets hold (error <= 1e-5, memory <= naive / 20, time <=
@@ -20,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -83,14 +90,30 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--vocab", type=int, default=151_936)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=None, help="default: 3 on CPU, 20 on CUDA")
     ap.add_argument("--small", action="store_true", help="B=2, T=256, V=32,000")
+    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                    help="auto: cuda when torch sees a GPU")
+    ap.add_argument("--json", help="also write the results to this file (CUDA only)")
     ap.add_argument("--child", choices=METHODS, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.small:
         args.batch, args.seq, args.vocab = 2, 256, 32_000
     if args.child:
         return child(args)
+    if args.device == "auto":
+        args.device = "cuda" if torch.cuda.is_available() else "cpu"
+    if args.repeats is None:
+        args.repeats = 20 if args.device == "cuda" else 3
+    if args.repeats < 1:
+        ap.error(f"--repeats must be >= 1, got {args.repeats}")
+    if args.device == "cuda":
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from logprobs_cuda import main_cuda
+
+        return main_cuda(args)
+    if args.json:
+        ap.error("--json is written by the CUDA benchmark only; drop it or add --device cuda")
 
     print(f"logprobs_from_logits: B={args.batch} T={args.seq} V={args.vocab} bf16 logits "
           f"({args.batch * args.seq * args.vocab * 2 / 2**30:.2f} GiB), torch {torch.__version__}, "
