@@ -1,7 +1,9 @@
 """The PPO-family RL loop (PPO with a critic, GRPO, REINFORCE++, RLOO, Dr.GRPO) over worker groups.
 
 Steps 1-2 below (prompts to scored, filtered samples) are :mod:`rl_core.trainers.ppo_rollout`
-(a mixin); this module holds the rest of the iteration and the loop itself.
+(a mixin), the eval pass :mod:`rl_core.trainers.ppo_eval` and the checkpoints of step 6
+:mod:`rl_core.trainers.ppo_checkpoint` (mixins too); this module holds the rest of the iteration
+and the loop itself.
 
 One loop, two transports: the roles are worker groups (:mod:`rl_core.rl.groups`),
 in-process (:class:`~rl_core.rl.groups.LocalGroup`, ``rl ppo``) or Ray actors
@@ -69,6 +71,7 @@ from rl_core.rl.checkpoint import RLCheckpoints
 from rl_core.rl.experience import collate, dp_order, rows
 from rl_core.rl.groups import LocalGroup, concurrently
 from rl_core.rl.pipeline import AsyncRollout
+from rl_core.trainers.ppo_checkpoint import CheckpointPhase
 from rl_core.trainers.ppo_config import PPOConfig
 from rl_core.trainers.ppo_eval import EvalPhase
 from rl_core.trainers.ppo_rollout import RolloutPhase, _bounded
@@ -77,7 +80,7 @@ __all__ = ["PPOConfig", "PPOTrainer"]
 
 logger = logging.getLogger(__name__)
 
-class PPOTrainer(RolloutPhase, EvalPhase):
+class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
     """The loop. ``policy``, ``critic``, ``ref``, ``reward_model``: worker groups (or None);
     ``rollout``: ``generate(requests) -> [[RolloutSample]]`` (+ optional ``sleep``/``wake_up``);
     ``weight_sync``: ``sync(version) -> stats dict``; ``prompts``: a PromptDataset; ``seed`` fixes the
@@ -292,46 +295,6 @@ class PPOTrainer(RolloutPhase, EvalPhase):
         if "verify_s" in stats:  # the engines checked they hold what was sent (part of sync_s)
             out["sync_verify_s"] = float(stats["verify_s"])
         return out
-
-    # ----- checkpoints ---------------------------------------------------------------------
-
-    def _roles_with_state(self) -> dict:
-        return {name: g for name, g in (("policy", self.policy), ("critic", self.critic)) if g is not None}
-
-    def save_checkpoint(self, it: int) -> None:
-        """One commit for iteration ``it``: every role's state, the loop's, then the marker
-        (:class:`~rl_core.rl.checkpoint.RLCheckpoints`)."""
-        from rl_core.checkpoint import rng_state_json
-
-        cursor = self.cursor if self._ckpt_cursor is None else self._ckpt_cursor
-        state = {"iteration": it, "cursor": cursor, "kl_coef": self.kl.value if self.kl is not None else None,
-                 "history": self.history, "gap_warned": self._gap_warned, "rng": rng_state_json()}
-        self.ckpt.save(it, self._roles_with_state(), state, self._hf_exports() if self.cfg.save_hf_ckpt else None)
-
-    def _hf_exports(self) -> dict:
-        """``--save_hf_ckpt``: the policy's HF export into the checkpoint (``hf/``), the critic's in ``hf/critic``,
-        written as the final export is (the critic's after the policy's, which replaces its folder)."""
-        tok_path = getattr(self.tokenizer, "name_or_path", None)
-        out = {"hf": lambda path: self.policy.call("export", path, tok_path)}
-        if self.critic is not None:
-            out["hf/critic"] = lambda path: self.critic.call("export", path)
-        return out
-
-    def load_checkpoint(self) -> int:
-        """Restore the newest committed iteration (every role and the loop); returns it (0 when none)."""
-        from rl_core.checkpoint import rng_state_from_json, set_rng_state
-
-        state = self.ckpt.load(self._roles_with_state())
-        if state is None:
-            logger.info("no checkpoint under %s: starting fresh", self.cfg.ckpt_path)
-            return 0
-        self.cursor = state["cursor"]
-        if self.kl is not None and state["kl_coef"] is not None:
-            self.kl.value = state["kl_coef"]
-        self.history = list(state["history"])
-        self._gap_warned = state["gap_warned"]
-        set_rng_state(rng_state_from_json(state["rng"]))  # last: the roles' loads set this process's RNG too
-        return state["iteration"]
 
     # ----- the loop --------------------------------------------------------------------------
 
