@@ -26,6 +26,8 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import subprocess
+import sys
 import tempfile
 from pathlib import Path
 
@@ -50,7 +52,7 @@ def run(args, work: Path, async_train: bool) -> dict:
     cfg = PPOConfig(advantage_estimator="group_norm", n_samples_per_prompt=args.n, rollout_batch_size=args.prompts,
                     generate_max_len=args.max_new_tokens, max_iterations=args.iterations, init_kl_coef=0.0,
                     async_train=async_train, run_dir=str(work / ("async" if async_train else "sync")))
-    s = StrategyConfig(zero_stage=0, bf16=args.device == "cuda", micro_train_batch_size=G // 2, train_batch_size=G,
+    s = StrategyConfig(zero_stage=0, bf16=args.device == "cuda", micro_train_batch_size=args.micro or G // 2, train_batch_size=G,
                        learning_rate=1e-4, lr_warmup_ratio=0.0, lr_scheduler="constant", seed=0)
     r = build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, cfg, EngineConfig(kind=args.rollout_engine, max_batch_sequences=G)),
                   LocalFactory(), prompts=prompts, tokenizer=tok, reward_fn=RewardRunner(letter_reward, workers=0))
@@ -75,17 +77,24 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=8)
     ap.add_argument("--max_new_tokens", type=int, default=64)
     ap.add_argument("--hidden", type=int, default=256)
+    ap.add_argument("--micro", type=int, default=0, help="training micro-batch (sequences); 0: half the batch")
     ap.add_argument("--shape", choices=("tiny", "0.5b"), default="tiny", help="0.5b: Qwen2.5-0.5B's layer sizes")
     ap.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     ap.add_argument("--rollout_engine", choices=("hf", "vllm"), default="hf")
     ap.add_argument("--repeats", type=int, default=2, help="sync and async runs alternate this many times (a "
                     "shared machine's load then hits both alike); the medians are reported")
+    ap.add_argument("--one", choices=("sync", "async"), help=argparse.SUPPRESS)  # a child: one run, JSON out
+    ap.add_argument("--work", help=argparse.SUPPRESS)
     args = ap.parse_args()
     import torch
 
     if (args.device == "cuda") != torch.cuda.is_available():
         ap.error(f"--device {args.device}, but torch.cuda.is_available() is {torch.cuda.is_available()}: the run "
                  "trains where DeepSpeed finds an accelerator; pass the device this machine has")
+
+    if args.one:
+        print(json.dumps(run(args, Path(args.work), async_train=args.one == "async")), flush=True)
+        return
 
     from rl_rollout.testing import make_tiny_model
 
@@ -98,8 +107,12 @@ def main() -> None:
             "".join(json.dumps({"p": f"Repeat the letter {c}: ", "y": c}) + "\n" for c in "abcdefgh"))
         runs = {"sync": [], "async": []}
         for _ in range(args.repeats):
-            runs["sync"].append(run(args, work, async_train=False))
-            runs["async"].append(run(args, work, async_train=True))
+            for mode in runs:  # each run in a process of its own: DeepSpeed keeps process groups per process
+                out = subprocess.run([sys.executable, __file__, *sys.argv[1:], "--one", mode, "--work", d],
+                                     stdout=subprocess.PIPE, text=True)
+                if out.returncode != 0:
+                    raise SystemExit(f"the {mode} run exited {out.returncode} (its log is above)")
+                runs[mode].append(json.loads(out.stdout.strip().splitlines()[-1]))
     med = {k: {m: statistics.median(r[m] for r in v) for m in v[0]} for k, v in runs.items()}
     print(json.dumps({**med, "ratio_async_over_sync": med["async"]["iteration_s"] / med["sync"]["iteration_s"],
                       "each_iteration_s": {k: [r["iteration_s"] for r in v] for k, v in runs.items()},
