@@ -1,0 +1,156 @@
+"""Benchmark: packed rows + token-budget micro-batches against padded micro-batches in the RL policy worker.
+
+    uv run python benchmarks/rl_packing.py                                  # CPU, tiny Llama, fp32
+    python benchmarks/rl_packing.py --device cuda --preset 0.5b --max_len 2048 --samples 128 --micro 8
+
+One batch of experience items with a skewed length distribution (most responses short, a few at
+``--max_len``: see :func:`response_lengths`), the same items for both sides, timed in the same run
+with the sides alternating (``--repeats`` rounds, median):
+
+- ``padded``: rl-core's :class:`~rl_core.rl.PolicyWorker` as before this feature: right-padded rows,
+  ``--micro`` sequences per forward (the training micro-batch and the no-grad one);
+- ``packed``: the same worker with ``packing=True`` and ``max_tokens_per_gpu`` = ``--budget`` (default
+  ``--micro`` x the longest item: the padded side's worst-case micro-batch, so the same peak memory).
+
+Two phases each: the no-grad log-prob pass (``PolicyWorker.logprobs``, the experience phase's forward)
+and one policy train step (``PolicyWorker.train``: forward, clipped PPO loss, backward, AdamW step,
+one optimizer step over the batch). Tokens/s count the real tokens (prompt + response) of the batch,
+the same on both sides, so the ratio is the speed-up. Also printed: the tokens each side computes
+(padding included) and the attention kernel transformers ran (packing without flash-attn runs sdpa with
+a block-diagonal mask built from the position ids). CUDA runs in bf16 and synchronises before each clock
+read; CPU runs in fp32. ``--out FILE`` writes the numbers as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+PRESETS = {
+    "tiny": dict(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256),
+    "small": dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=768),
+    "0.5b": dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864),  # Qwen2.5
+}
+
+
+def response_lengths(n: int, max_len: int, seed: int = 0) -> list[int]:
+    """Skewed: 80% short (1/32 .. 1/8 of the limit), 15% medium (1/8 .. 1/2), 5% at the limit (at least one)."""
+    g = torch.Generator().manual_seed(seed)
+    out = []
+    for i in range(n):
+        u = torch.rand((), generator=g).item()
+        lo, hi = (max_len // 32, max_len // 8) if u < 0.8 else (max_len // 8, max_len // 2) if u < 0.95 else \
+            (max_len, max_len)
+        out.append(int(torch.randint(max(lo, 1), max(hi, 1) + 1, (), generator=g)))
+    out[n // 2] = max_len
+    return out
+
+
+def make_items(n: int, prompt_len: int, max_len: int, vocab: int, seed: int = 0) -> list[dict]:
+    from rl_core.rl import make_item
+
+    g = torch.Generator().manual_seed(seed)
+    items = []
+    for r in response_lengths(n, max_len, seed):
+        ids = torch.randint(5, vocab, (prompt_len + r,), generator=g).tolist()
+        it = make_item(ids[:prompt_len], ids[prompt_len:])
+        it["advantages"] = torch.tensor(it["loss_mask"], dtype=torch.float32) * torch.randn(len(ids), generator=g)
+        items.append(it)
+    return items
+
+
+def computed_tokens(worker, items, train: bool) -> int:
+    """Tokens the forwards process, padding included."""
+    total = 0
+    for idx in worker._micro_batches(items, train=train):
+        lengths = [len(items[i]["input_ids"]) for i in idx]
+        total += sum(lengths) if worker.packing else len(lengths) * max(lengths)
+    return total
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--preset", default="tiny", choices=tuple(PRESETS), help="model shape (random weights)")
+    ap.add_argument("--samples", type=int, default=32, help="items in the batch (one optimizer step)")
+    ap.add_argument("--prompt_len", type=int, default=32)
+    ap.add_argument("--max_len", type=int, default=256, help="the response length limit (a few items reach it)")
+    ap.add_argument("--micro", type=int, default=4, help="padded side: sequences per micro-batch")
+    ap.add_argument("--budget", type=int, default=None,
+                    help="packed side: tokens per micro-batch (default: --micro x the longest item)")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--out", default=None, help="write the numbers as JSON here")
+    args = ap.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("--device cuda: no CUDA device here; run on the GPU machine or drop the flag")
+    dev = torch.device(args.device)
+    bf16 = dev.type == "cuda"
+
+    def clock() -> float:
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter()
+
+    from rl_core.attention import attention_implementation
+    from rl_core.rl import MicroBatchConfig, PolicyWorker
+    from rl_core.strategy import StrategyConfig
+    from rl_core.trainers.ppo import PPOConfig
+    from rl_rollout.testing import make_tiny_model
+
+    work = Path(tempfile.mkdtemp(prefix="rl-packing-"))
+    vocab = 151_936 if args.preset == "0.5b" else 128  # Qwen2.5's vocabulary: the log-prob pass reads its logits
+    model = make_tiny_model(work / "model", **PRESETS[args.preset], vocab_size=vocab,
+                            max_position_embeddings=max(2048, 2 * (args.prompt_len + args.max_len)))
+    items = make_items(args.samples, args.prompt_len, args.max_len, vocab)
+    longest = max(len(it["input_ids"]) for it in items)
+    budget = args.budget or args.micro * longest
+    real = sum(len(it["input_ids"]) for it in items)
+    s = StrategyConfig(zero_stage=0, bf16=bf16, micro_train_batch_size=args.micro, train_batch_size=args.samples,
+                       learning_rate=1e-7, lr_warmup_ratio=0.0, lr_scheduler="constant")
+    c = PPOConfig(max_epochs=1)
+    kw = {"load_kw": {"dtype": "bf16" if bf16 else "fp32"}}
+    workers = {"padded": PolicyWorker(s, str(model), c, 10 * args.repeats, **kw),
+               "packed": PolicyWorker(s, str(model), c, 10 * args.repeats, packing=True,
+                                      batching=MicroBatchConfig(max_tokens_per_gpu=budget), **kw)}
+    for it, lp in zip(items, workers["padded"].logprobs(items), strict=True):  # also warms both sides up
+        it["old_logprobs"] = lp
+    workers["packed"].logprobs(items)
+    times: dict[str, list[float]] = {f"{side}/{phase}": [] for side in workers for phase in ("logprobs", "train")}
+    for _ in range(args.repeats):  # the sides alternate within each phase, so a shared machine's load hits both
+        for phase in ("logprobs", "train"):
+            for side, w in workers.items():
+                t0 = clock()
+                w.logprobs(items) if phase == "logprobs" else w.train(items)
+                times[f"{side}/{phase}"].append(clock() - t0)
+    med = {k: statistics.median(v) for k, v in times.items()}
+    resp = [len(it["input_ids"]) - args.prompt_len for it in items]
+    result = {
+        "device": str(dev), "dtype": "bf16" if bf16 else "fp32", "preset": args.preset,
+        "attention": attention_implementation(), "samples": args.samples, "prompt_len": args.prompt_len,
+        "response_len": {"min": min(resp), "median": int(statistics.median(resp)), "max": max(resp)},
+        "real_tokens": real, "micro": args.micro, "budget": budget,
+        "micro_batches": {side: len(w._micro_batches(items, train=True)) for side, w in workers.items()},
+        "computed_tokens": {side: computed_tokens(w, items, True) for side, w in workers.items()},
+        "tokens_per_s": {k: real / v for k, v in med.items()},
+        "speedup": {p: med[f"padded/{p}"] / med[f"packed/{p}"] for p in ("logprobs", "train")},
+    }
+    print(f"{args.preset} on {dev} ({result['dtype']}, attention {result['attention']}): {args.samples} items, "
+          f"response lengths {result['response_len']}, {real} real tokens")
+    for side in workers:
+        print(f"  {side:7s} {result['micro_batches'][side]:3d} micro-batches, {result['computed_tokens'][side]:7d} "
+              f"tokens computed | log-probs {result['tokens_per_s'][side + '/logprobs']:9.0f} tok/s | "
+              f"train step {result['tokens_per_s'][side + '/train']:9.0f} tok/s")
+    print(f"  packed / padded: log-probs {result['speedup']['logprobs']:.2f}x, train step "
+          f"{result['speedup']['train']:.2f}x (median of {args.repeats}, same run)")
+    if args.out:
+        Path(args.out).write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
