@@ -146,3 +146,17 @@ def test_corrupt_checkpoint_marker_fails_with_the_fix(tmp_path):
     mgr = CheckpointManager(tmp_path, DeepSpeedStrategy())
     with pytest.raises(ValueError, match=r"step_00000001 is corrupt: .*delete the folder"):
         mgr.load(engine=None)
+
+
+def test_a_second_world_in_one_process_prepares(tiny):
+    """A run whose process group was destroyed (vLLM's in-process engine does so at close on CUDA) does not
+    leave DeepSpeed's cached world clone behind: the next strategy's prepare() works (it raised "Group ... is
+    not registered" on the H200 before the fix)."""
+    import torch.distributed as dist
+
+    s, engine = setup(tiny, 2, 4)
+    train(s, engine, batches(1))
+    dist.destroy_process_group()
+    s2, engine2 = setup(tiny, 2, 4)  # a new world of one, as the next run in a sweep or notebook builds it
+    assert dist.is_initialized()
+    assert len(train(s2, engine2, batches(1))) == 1

@@ -153,6 +153,13 @@ class DeepSpeedStrategy:
         if torch.cuda.is_available():
             torch.cuda.set_device(self.device)
         if not dist.is_initialized():
+            # A world that an earlier run in this process destroyed (vLLM's in-process engine tears down the default
+            # group at close) leaves DeepSpeed's clone of it cached; the next prepare() would fail with "Group ... is
+            # not registered". The clone belongs to the world, so a new world starts without it.
+            from deepspeed.utils import groups as ds_groups
+
+            if getattr(ds_groups, "_WORLD_GROUP", None) is not None:
+                ds_groups._WORLD_GROUP = None
             deepspeed.init_distributed(dist_backend=backend)
         self.set_seed(self.cfg.seed)
         self._initialized = True
