@@ -55,11 +55,9 @@ def metrics(path):
     return [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
 
 
-EVAL = ["--eval_dataset", "EVAL", "--eval.steps", "2", "--eval.n_samples_per_prompt", "2", "--eval_temperature", "0"]
-
-
-def with_eval(root):
-    return [str(root / "eval.jsonl") if a == "EVAL" else a for a in EVAL]
+def with_eval(root, *extra):
+    return ["--eval_dataset", str(root / "eval.jsonl"), "--eval.steps", "2", "--eval.n_samples_per_prompt", "2",
+            *extra]
 
 
 def test_bad_combinations_fail_before_any_model_loads_naming_the_fix(task, capsys):
@@ -85,7 +83,8 @@ def test_eval_pass_logs_reward_and_pass_at_n_and_leaves_the_training_trajectory_
     2 samples per prompt: the same training metrics and final weights; eval/* only in the evaluated rows."""
     root, model = task
     assert main(["ppo", *argv(root, model, "plain", "--save_path", str(root / "plain-final"))]) == 0
-    assert main(["ppo", *argv(root, model, "eval", "--save_path", str(root / "eval-final"), *with_eval(root))]) == 0
+    assert main(["ppo", *argv(root, model, "eval", "--save_path", str(root / "eval-final"),
+                              *with_eval(root, "--eval_temperature", "0"))]) == 0
     plain, evaluated = metrics(root / "plain"), metrics(root / "eval")
     assert [r["step"] for r in evaluated] == [1, 2, 3]
     for a, b in zip(plain, evaluated, strict=True):
@@ -101,17 +100,17 @@ def test_eval_pass_logs_reward_and_pass_at_n_and_leaves_the_training_trajectory_
         assert 0 < r["eval/reward_mean"] <= 1
         assert r["eval/pass@2"] == r["eval/reward_mean"]  # greedy: both samples of a prompt are the same
         assert 0 < r["eval/response_length"] <= 8 and 0 <= r["eval/truncated"] <= 1
-    (root / "eval-rows.json").write_text(json.dumps(evaluated))
 
 
 @pytest.mark.multiprocess
 def test_rl_ppo_ray_evaluates_as_the_one_process_run(task):
-    """The eval pass over Ray: the engine is an actor, the policy another; same seeds, same eval numbers."""
+    """The eval pass over Ray at OpenRLHF's default eval temperature (0.6, sampled): the engine is an actor, the
+    policy another; same seeds, same eval numbers as in one process."""
     root, model = task
-    if not (root / "eval-rows.json").is_file():
-        assert main(["ppo", *argv(root, model, "eval", *with_eval(root))]) == 0
-        (root / "eval-rows.json").write_text(json.dumps(metrics(root / "eval")))
-    local = json.loads((root / "eval-rows.json").read_text())
+    assert main(["ppo", *argv(root, model, "eval-sampled", *with_eval(root))]) == 0
+    local = metrics(root / "eval-sampled")
+    assert all(r["eval/pass@2"] >= r["eval/reward_mean"] for r in local[1:])
+    assert any(r["eval/pass@2"] > r["eval/reward_mean"] for r in local[1:])  # sampled: the two samples differ
     out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *argv(root, model, "eval-ray"),
                           *with_eval(root), "--num_gpus", "2", "--vllm_num_engines", "1"],
                          capture_output=True, text=True, timeout=800)
