@@ -178,3 +178,26 @@ def test_a_builtin_that_compares_with_labels_needs_a_label_key():
         RewardConfig(reward_fn=spec).check(label_key="answer")
     RewardConfig(reward_fn="builtin:format:^a").check(label_key=None)  # reads no label
     RewardConfig(reward_fn="my_rewards.py:score").check(label_key=None)  # cannot tell: its calls are counted
+
+
+def test_summed_rewards_keep_the_parts_scores_and_extra_logs(tmp_path):
+    """--reward_fn with an OpenRLHF reward file (scores + extra logs) summed with a plain function: the summed
+    scorer's last_record still carries the file's scores and logs (they were dropped before)."""
+    from rl_rollout.rewards.openrlhf import OpenRLHFRewardFunc
+
+    f = tmp_path / "orl.py"
+    f.write_text("import torch\n"
+                 "def reward_func(queries, prompts, labels):\n"
+                 "    r = torch.tensor([float(len(q) % 2) for q in queries])\n"
+                 "    return {'rewards': r, 'scores': r * 10, 'extra_logs': {'odd': r}}\n")
+    both = SummedRewards([OpenRLHFRewardFunc(f), RewardRunner(lambda p, r, l, **info: 0.5, workers=0)])
+    assert both.last_record() is None
+    rewards = both.score(["p", "p"], ["a", "ab"], [None, None])  # queries "pa" (even), "pab" (odd)
+    rec = both.last_record()
+    assert rewards == rec.rewards == [0.5, 1.5]
+    assert rec.scores == [0.5, 10.5]  # the file's scores + the plain part's rewards
+    assert rec.extra_logs == {"odd": [0.0, 1.0]} and rec.log_means() == {"odd": 0.5}
+    plain = SummedRewards([RewardRunner(lambda p, r, l, **info: 1.0, workers=0),
+                           RewardRunner(lambda p, r, l, **info: 2.0, workers=0)])
+    plain.score(["p"], ["x"], [None])
+    assert plain.last_record().scores is None and plain.last_record().rewards == [3.0]

@@ -293,14 +293,37 @@ class RewardConfig:
 
 class SummedRewards:
     """Several scorers as one: the per-sample sum; ``close`` closes each. ``counts`` and ``last_counts`` sum
-    those of the parts that count their failures (``rl_rollout.rewards.RewardCounts``)."""
+    those of the parts that count their failures (``rl_rollout.rewards.RewardCounts``); ``last_record``
+    combines the parts' latest records (OpenRLHF reward files and servers send scores and extra logs)."""
 
     def __init__(self, fns):
         self.fns = list(fns)
+        self._last = None
 
     def score(self, prompts, responses, labels):
         parts = [f.score(prompts, responses, labels) for f in self.fns]
+        self._last = parts
         return [sum(x) for x in zip(*parts, strict=True)]
+
+    def last_record(self):
+        """The latest batch as one :class:`~rl_rollout.rewards.RewardRecord`: rewards and scores summed per sample
+        (a part without scores adds its rewards), every part's extra logs (a name two parts log gets the part's
+        index appended the second time). None before the first :meth:`score`."""
+        from rl_rollout.rewards import RewardRecord
+
+        if self._last is None:
+            return None
+        records = []
+        for f, rewards in zip(self.fns, self._last):
+            rec = f.last_record() if callable(getattr(f, "last_record", None)) else None
+            records.append(rec if rec is not None else RewardRecord(list(rewards)))
+        scored = any(r.scores is not None for r in records)
+        scores = [sum(x) for x in zip(*((r.rewards if r.scores is None else r.scores) for r in records))]
+        logs: dict[str, list[float]] = {}
+        for i, r in enumerate(records):
+            for k, v in r.extra_logs.items():
+                logs[k if k not in logs else f"{k}_{i}"] = v
+        return RewardRecord([sum(x) for x in zip(*self._last)], scores if scored else None, logs)
 
     def _sum(self, attr: str):
         from rl_rollout.rewards.runner import RewardCounts
