@@ -63,3 +63,21 @@ def test_wandb_not_importable_fails_in_one_line_naming_the_extra(monkeypatch):
     with pytest.raises(RuntimeError) as e:
         LoggerConfig(use_wandb=True).check()
     assert "\n" not in str(e.value) and "pip install 'rl-core[wandb]'" in str(e.value)
+
+
+def test_rewind_keeps_one_row_per_step_across_a_resume(tmp_path):
+    """A run that logged steps 1-5, stopped, and resumes from the checkpoint of step 3 logs 4 and 5 again:
+    after rewind(3) the file holds each step once, the resumed values last, and the curves agree."""
+    m = MetricsLogger(tmp_path)
+    for s in range(1, 6):
+        m.log(s, {"loss": float(s)})
+    m.close()
+    m = MetricsLogger(tmp_path)  # the resumed process
+    assert m.rewind(3) == 2
+    for s in (4, 5):
+        m.log(s, {"loss": 10.0 * s})
+    m.close()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4, 5]
+    assert [r["loss"] for r in rows] == [1.0, 2.0, 3.0, 40.0, 50.0]
+    assert not (tmp_path / "metrics.jsonl.tmp").exists()

@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -73,10 +74,35 @@ class MetricsLogger:
             self._jsonl = (self.run_dir / "metrics.jsonl").open("a")
         tb_dir = Path(tensorboard) if isinstance(tensorboard, (str, Path)) else (
             self.run_dir / "tensorboard" if tensorboard and self.run_dir is not None else None)
-        if enabled and tb_dir is not None:
+        self._tb_dir = tb_dir if enabled else None
+        if self._tb_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
 
             self._tb = SummaryWriter(str(tb_dir))
+
+    def rewind(self, step: int) -> int:
+        """Forget every row after ``step``: a run resumed from the checkpoint of iteration ``step`` logs the
+        iterations after it again, and each step must keep one row (metrics.jsonl is rewritten without the later
+        rows, TensorBoard purges its events after ``step``; wandb cannot unlog: its rows repeat). Returns the
+        number of metrics.jsonl rows dropped."""
+        for k in list(self.history):
+            self.history[k] = [(s, v) for s, v in self.history[k] if s <= step]
+        if self._tb is not None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb.close()
+            self._tb = SummaryWriter(str(self._tb_dir), purge_step=step + 1)
+        if not self.enabled:
+            return 0
+        self._jsonl.close()
+        path = self.run_dir / "metrics.jsonl"
+        lines = path.read_text().splitlines(keepends=True)
+        kept = [x for x in lines if x.strip() and json.loads(x).get("step", 0) <= step]
+        tmp = path.with_suffix(".jsonl.tmp")
+        tmp.write_text("".join(kept))
+        os.replace(tmp, path)  # atomic: a crash here leaves the old file or the new one, never half of one
+        self._jsonl = path.open("a")
+        return len([x for x in lines if x.strip()]) - len(kept)
 
     @classmethod
     def from_config(cls, run_dir: str | Path | None, cfg: LoggerConfig, *, enabled: bool = True,

@@ -346,8 +346,10 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         c = self.cfg
         start = self.load_checkpoint() if c.load_checkpoint else 0
         if start:
-            logger.info("resumed at iteration %d of %d; pushing its weights to the engines (iterations after %d "
-                        "that a run logged before it stopped are logged again)", start, self.num_iterations, start)
+            dropped = self.metrics.rewind(start)
+            logger.info("resumed at iteration %d of %d; pushing its weights to the engines (%d metrics rows logged "
+                        "after it before the run stopped are dropped: those iterations run again)", start,
+                        self.num_iterations, dropped)
             self._sync(start)
         bar = tqdm(total=self.num_iterations, initial=start, desc=f"rl {c.advantage_estimator}")
         pipeline = None
