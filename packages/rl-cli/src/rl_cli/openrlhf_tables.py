@@ -51,6 +51,7 @@ ALIAS: dict[str, tuple[str, ...]] = {
     "train.micro_batch_size": ("strategy.micro_train_batch_size",),
     "model.model_name_or_path": ("model.pretrain",),
     "ref.model_name_or_path": ("model.ref_pretrain",),
+    "ds.use_liger_kernel": ("model.use_liger_kernel",),
     "ds.lora.rank": ("model.lora_rank",),
     "ds.lora.alpha": ("model.lora_alpha",),
     "ds.lora.dropout": ("model.lora_dropout",),
@@ -273,8 +274,6 @@ REFUSED: dict[str, Refuse] = {
     "ds.grad_accum_dtype": Refuse("the gradient accumulation dtype is DeepSpeed's default (fp32 master weights); "
                                   "not a flag here"),
     "ds.experts_implementation": Refuse("MoE expert kernels are transformers' default; not selectable here"),
-    "use_liger_kernel": Refuse("Liger kernels are not wired"),
-    "ds.use_liger_kernel": Refuse("Liger kernels are not wired"),
     "load_in_4bit": Refuse("4-bit (QLoRA) loading is not built; use --lora_rank with bf16 weights"),
     "ds.load_in_4bit": Refuse("4-bit (QLoRA) loading is not built; use --lora_rank with bf16 weights"),
     "use_ds_universal_ckpt": Refuse("DeepSpeed universal checkpoints are not wired; resume with --load_checkpoint "

@@ -35,6 +35,8 @@ class ModelArgs:
     ref_pretrain: str | None = field(default=None, metadata=meta(
         "reference for DPO/KTO, a folder or a cached hub id (default: --pretrain)"))
     flash_attn: bool = field(default=False, metadata=meta("flash_attention_2 (needs flash-attn; default sdpa)"))
+    use_liger_kernel: bool = field(default=False, metadata=meta(
+        "liger-kernel's fused RMSNorm / SwiGLU / RoPE on the model (CUDA; the rl-core[liger] extra)"))
     lora_rank: int = field(default=0, metadata=meta(">0 trains a LoRA adapter (peft) instead of all weights"))
     lora_alpha: int = field(default=16, metadata=meta("LoRA scaling alpha"))
     lora_dropout: float = field(default=0.0, metadata=meta("LoRA dropout"))
@@ -67,7 +69,8 @@ class Command:
 def _load_kw(model: ModelArgs, strategy_cfg) -> dict:
     return {"dtype": "bf16" if strategy_cfg.bf16 else "fp32",
             "attn_implementation": "flash_attention_2" if model.flash_attn else None,
-            "gradient_checkpointing": strategy_cfg.gradient_checkpointing, "lora": model.lora()}
+            "gradient_checkpointing": strategy_cfg.gradient_checkpointing, "lora": model.lora(),
+            "use_liger_kernel": model.use_liger_kernel}
 
 
 def _build_sft(strategy, cfgs, tok, ds, train, eval_ds):

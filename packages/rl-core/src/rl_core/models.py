@@ -28,7 +28,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from rl_algos import entropy_from_logits, logprobs_from_logits
+from rl_algos import logprobs_and_entropy_from_logits, logprobs_from_logits
 from rl_core.attention import attention_implementation
 from rl_core.hub import ModelNotFoundError, resolve_model, resolve_models  # noqa: F401 - model args resolve here too
 
@@ -66,9 +66,17 @@ def _check_folder(path: str | Path) -> Path:
     return p
 
 
-def _load(auto_cls, path, dtype, attn, gradient_checkpointing, lora: LoraSpec | None):
+def _load(auto_cls, path, dtype, attn, gradient_checkpointing, lora: LoraSpec | None, use_liger_kernel: bool = False):
+    if use_liger_kernel:
+        from rl_core.liger import require_liger
+
+        require_liger()  # before the weights load, not after
     model = auto_cls.from_pretrained(_check_folder(path), dtype=_dtype(dtype),
                                      attn_implementation=attention_implementation(attn))
+    if use_liger_kernel:
+        from rl_core.liger import apply_liger_kernel
+
+        apply_liger_kernel(model)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
@@ -110,10 +118,13 @@ class Actor(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: str = "bf16", attn_implementation: str | None = None,
-                        gradient_checkpointing: bool = False, lora: LoraSpec | None = None) -> Actor:
+                        gradient_checkpointing: bool = False, lora: LoraSpec | None = None,
+                        use_liger_kernel: bool = False) -> Actor:
+        """``use_liger_kernel``: liger-kernel's fused RMSNorm / SwiGLU / RoPE (CUDA; rl_core.liger)."""
         from transformers import AutoModelForCausalLM
 
-        return cls(_load(AutoModelForCausalLM, path, dtype, attn_implementation, gradient_checkpointing, lora))
+        return cls(_load(AutoModelForCausalLM, path, dtype, attn_implementation, gradient_checkpointing, lora,
+                         use_liger_kernel))
 
     @property
     def config(self):
@@ -128,13 +139,14 @@ class Actor(nn.Module):
             pos_for_shift = position_ids
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=False)
-        logits = out.logits[:, :-1]
-        lp = logprobs_from_logits(logits, input_ids[:, 1:], temperature=temperature)
-        lp_BT = _shift_right(torch.nn.functional.pad(lp, (0, 1)), pos_for_shift)
+        logits = out.logits[:, :-1]  # a view: rl_algos' CUDA kernel reads it without a copy
         ent_BT = None
-        if return_entropy:
-            ent = entropy_from_logits(logits, temperature=temperature)
+        if return_entropy:  # one pass over the logits for both on CUDA
+            lp, ent = logprobs_and_entropy_from_logits(logits, input_ids[:, 1:], temperature=temperature)
             ent_BT = _shift_right(torch.nn.functional.pad(ent, (0, 1)), pos_for_shift)
+        else:
+            lp = logprobs_from_logits(logits, input_ids[:, 1:], temperature=temperature)
+        lp_BT = _shift_right(torch.nn.functional.pad(lp, (0, 1)), pos_for_shift)
         return ActorOutput(lp_BT, ent_BT)
 
     def save_pretrained(self, path: str | Path, state_dict: dict[str, Tensor] | None = None, **kw) -> None:
@@ -169,13 +181,15 @@ class _ScalarHeadModel(nn.Module):
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: str = "bf16", attn_implementation: str | None = None,
-                        gradient_checkpointing: bool = False, lora: LoraSpec | None = None):
-        """Load the body from ``path``; the head too if ``path`` holds one of this kind, else a fresh head."""
+                        gradient_checkpointing: bool = False, lora: LoraSpec | None = None,
+                        use_liger_kernel: bool = False):
+        """Load the body from ``path``; the head too if ``path`` holds one of this kind, else a fresh head.
+        ``use_liger_kernel`` as for :meth:`Actor.from_pretrained`."""
         from safetensors.torch import load_file
         from transformers import AutoModel
 
         path = _check_folder(path)
-        body = _load(AutoModel, path, dtype, attn_implementation, gradient_checkpointing, lora)
+        body = _load(AutoModel, path, dtype, attn_implementation, gradient_checkpointing, lora, use_liger_kernel)
         head, mean, std = None, 0.0, 1.0
         if (path / HEAD_META).is_file():
             meta = json.loads((path / HEAD_META).read_text())

@@ -52,6 +52,8 @@ class RLModelConfig:
         "a reward model folder (rl rm's output), or a cached hub id", openrlhf=("reward.model_name_or_path",)))
     ref_pretrain: str | None = field(default=None, metadata=meta("reference policy (default: --pretrain)"))
     flash_attn: bool = field(default=False, metadata=meta("flash_attention_2 (needs flash-attn; default sdpa)"))
+    use_liger_kernel: bool = field(default=False, metadata=meta(
+        "liger-kernel's fused RMSNorm / SwiGLU / RoPE on every trained and frozen model (CUDA; rl-core[liger])"))
     normalize_reward: bool = field(default=True, metadata=meta(
         "apply the reward model's stored mean/std", openrlhf=("reward.normalize_enable",)))
 
@@ -82,7 +84,8 @@ class RunConfig:
 
     def load_kw(self) -> dict:
         return {"dtype": self.dtype, "attn_implementation": "flash_attention_2" if self.model.flash_attn else None,
-                "gradient_checkpointing": self.strategy.gradient_checkpointing}
+                "gradient_checkpointing": self.strategy.gradient_checkpointing,
+                "use_liger_kernel": self.model.use_liger_kernel}
 
 
 class GroupFactory(Protocol):
