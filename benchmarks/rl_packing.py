@@ -9,13 +9,16 @@ with the sides alternating (``--repeats`` rounds, median):
 
 - ``padded``: rl-core's :class:`~rl_core.rl.PolicyWorker` as before this feature: right-padded rows,
   ``--micro`` sequences per forward (the training micro-batch and the no-grad one);
-- ``packed``: the same worker with ``packing=True`` and ``max_tokens_per_gpu`` = ``--budget`` (default
-  ``--micro`` x the longest item: the padded side's worst-case micro-batch, so the same peak memory).
+- ``packed@B``: the same worker with ``packing=True`` and ``max_tokens_per_gpu`` = B, one side per
+  ``--budget`` value (default: ``--micro`` x the longest item, the padded side's worst-case micro-batch
+  and so the same peak memory, and the longest item alone). Without flash-attn a packed row runs sdpa with a block-diagonal mask whose
+  cost grows with the row's length squared, so smaller budgets can be faster: pass several to see.
 
 Two phases each: the no-grad log-prob pass (``PolicyWorker.logprobs``, the experience phase's forward)
 and one policy train step (``PolicyWorker.train``: forward, clipped PPO loss, backward, AdamW step,
 one optimizer step over the batch). Tokens/s count the real tokens (prompt + response) of the batch,
-the same on both sides, so the ratio is the speed-up. Also printed: the tokens each side computes
+the same on both sides, so the ratio is the speed-up. Also printed: the largest difference between the two
+sides' log-probs (rounding: ~1e-6 in fp32, larger in bf16), the tokens each side computes
 (padding included) and the attention kernel transformers ran (packing without flash-attn runs sdpa with
 a block-diagonal mask built from the position ids). CUDA runs in bf16 and synchronises before each clock
 read; CPU runs in fp32. ``--out FILE`` writes the numbers as JSON.
@@ -82,8 +85,9 @@ def main() -> None:
     ap.add_argument("--prompt_len", type=int, default=32)
     ap.add_argument("--max_len", type=int, default=256, help="the response length limit (a few items reach it)")
     ap.add_argument("--micro", type=int, default=4, help="padded side: sequences per micro-batch")
-    ap.add_argument("--budget", type=int, default=None,
-                    help="packed side: tokens per micro-batch (default: --micro x the longest item)")
+    ap.add_argument("--budget", type=int, nargs="*", default=None,
+                    help="packed sides: tokens per micro-batch, one side per value (default: --micro x the longest "
+                         "item, and the longest item)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
     args = ap.parse_args()
@@ -109,18 +113,24 @@ def main() -> None:
                             max_position_embeddings=max(2048, 2 * (args.prompt_len + args.max_len)))
     items = make_items(args.samples, args.prompt_len, args.max_len, vocab)
     longest = max(len(it["input_ids"]) for it in items)
-    budget = args.budget or args.micro * longest
+    budgets = args.budget or [args.micro * longest, longest]
     real = sum(len(it["input_ids"]) for it in items)
     s = StrategyConfig(zero_stage=0, bf16=bf16, micro_train_batch_size=args.micro, train_batch_size=args.samples,
                        learning_rate=1e-7, lr_warmup_ratio=0.0, lr_scheduler="constant")
     c = PPOConfig(max_epochs=1)
     kw = {"load_kw": {"dtype": "bf16" if bf16 else "fp32"}}
-    workers = {"padded": PolicyWorker(s, str(model), c, 10 * args.repeats, **kw),
-               "packed": PolicyWorker(s, str(model), c, 10 * args.repeats, packing=True,
-                                      batching=MicroBatchConfig(max_tokens_per_gpu=budget), **kw)}
-    for it, lp in zip(items, workers["padded"].logprobs(items), strict=True):  # also warms both sides up
+    steps = 10 * args.repeats + 10
+    workers = {"padded": PolicyWorker(s, str(model), c, steps, **kw)}
+    for b in budgets:
+        workers[f"packed@{b}"] = PolicyWorker(s, str(model), c, steps, packing=True,
+                                              batching=MicroBatchConfig(max_tokens_per_gpu=b), **kw)
+    logprobs = {side: w.logprobs(items) for side, w in workers.items()}  # also the warm-up
+    gap = max((a - b).abs().max().item() for side in workers if side != "padded"
+              for a, b in zip(logprobs["padded"], logprobs[side], strict=True))
+    for it, lp in zip(items, logprobs["padded"], strict=True):
         it["old_logprobs"] = lp
-    workers["packed"].logprobs(items)
+    for w in workers.values():  # the first step allocates the optimizer state and the autograd kernels
+        w.train(items)
     times: dict[str, list[float]] = {f"{side}/{phase}": [] for side in workers for phase in ("logprobs", "train")}
     for _ in range(args.repeats):  # the sides alternate within each phase, so a shared machine's load hits both
         for phase in ("logprobs", "train"):
@@ -134,20 +144,24 @@ def main() -> None:
         "device": str(dev), "dtype": "bf16" if bf16 else "fp32", "preset": args.preset,
         "attention": attention_implementation(), "samples": args.samples, "prompt_len": args.prompt_len,
         "response_len": {"min": min(resp), "median": int(statistics.median(resp)), "max": max(resp)},
-        "real_tokens": real, "micro": args.micro, "budget": budget,
+        "real_tokens": real, "micro": args.micro, "budgets": budgets,
         "micro_batches": {side: len(w._micro_batches(items, train=True)) for side, w in workers.items()},
         "computed_tokens": {side: computed_tokens(w, items, True) for side, w in workers.items()},
+        "max_logprob_gap": gap,
         "tokens_per_s": {k: real / v for k, v in med.items()},
-        "speedup": {p: med[f"padded/{p}"] / med[f"packed/{p}"] for p in ("logprobs", "train")},
+        "speedup": {side: {p: med[f"padded/{p}"] / med[f"{side}/{p}"] for p in ("logprobs", "train")}
+                    for side in workers if side != "padded"},
     }
     print(f"{args.preset} on {dev} ({result['dtype']}, attention {result['attention']}): {args.samples} items, "
-          f"response lengths {result['response_len']}, {real} real tokens")
+          f"response lengths {result['response_len']}, {real} real tokens; packed vs padded log-probs: max gap "
+          f"{gap:.2e}")
     for side in workers:
-        print(f"  {side:7s} {result['micro_batches'][side]:3d} micro-batches, {result['computed_tokens'][side]:7d} "
+        up = result["speedup"].get(side)
+        vs = f" | vs padded: log-probs {up['logprobs']:.2f}x, train {up['train']:.2f}x" if up else ""
+        print(f"  {side:13s} {result['micro_batches'][side]:3d} micro-batches, {result['computed_tokens'][side]:7d} "
               f"tokens computed | log-probs {result['tokens_per_s'][side + '/logprobs']:9.0f} tok/s | "
-              f"train step {result['tokens_per_s'][side + '/train']:9.0f} tok/s")
-    print(f"  packed / padded: log-probs {result['speedup']['logprobs']:.2f}x, train step "
-          f"{result['speedup']['train']:.2f}x (median of {args.repeats}, same run)")
+              f"train step {result['tokens_per_s'][side + '/train']:9.0f} tok/s{vs}")
+    print(f"  (median of {args.repeats}, sides alternating, same run)")
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
 
