@@ -260,6 +260,10 @@ class EstimatorSpec:
     ``needs_critic``: it reads critic values (``values_BT``); ``min_group_size``: the
     ``n_samples`` it needs (2 for estimators that compare a prompt's samples);
     ``whiten_by_default``: OpenRLHF whitens its advantages over the batch;
+    ``turn_rewards``: its advantages are returns of token rewards, so rewards given per
+    turn of a multi-turn episode (on each turn's last token, as ``token_rewards_BT``) keep
+    their place (``reinforce_baseline`` baselines the scalar score only); the others
+    compare one scalar per sample within its group;
     ``inputs``: the keyword arguments beyond ``scores_B``/``mask_BT`` it reads.
     Calling the entry calls the estimator.
     """
@@ -269,6 +273,7 @@ class EstimatorSpec:
     needs_critic: bool = False
     min_group_size: int = 1
     whiten_by_default: bool = False
+    turn_rewards: bool = False
     inputs: tuple[str, ...] = ("n_samples", "token_rewards_BT", "gamma")
 
     def __call__(self, scores_B: Tensor, mask_BT: Tensor, **kwargs) -> Advantages:
@@ -290,10 +295,11 @@ class _Registry(dict):
 
 
 ESTIMATORS: dict[str, EstimatorSpec] = _Registry()
-ESTIMATORS.register("gae", gae, needs_critic=True, whiten_by_default=True,
+ESTIMATORS.register("gae", gae, needs_critic=True, whiten_by_default=True, turn_rewards=True,
                     inputs=("token_rewards_BT", "values_BT", "gamma", "lambd"))
-ESTIMATORS.register("reinforce", reinforce, whiten_by_default=True)
-ESTIMATORS.register("reinforce_baseline", reinforce_baseline, min_group_size=2, whiten_by_default=True)
+ESTIMATORS.register("reinforce", reinforce, whiten_by_default=True, turn_rewards=True)
+ESTIMATORS.register("reinforce_baseline", reinforce_baseline, min_group_size=2, whiten_by_default=True,
+                    turn_rewards=True)
 ESTIMATORS.register("rloo", rloo, min_group_size=2)
 ESTIMATORS.register("group_norm", group_norm, min_group_size=2)
 ESTIMATORS.register("dr_grpo", dr_grpo, min_group_size=2)

@@ -121,8 +121,8 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
 
             if not callable(getattr(rollout, "agenerate", None)):
                 raise ValueError(f"--agent_func_path plays episodes turn by turn through the engine's agenerate, "
-                                 f"which this rollout ({type(rollout).__name__}) lacks: use rl ppo (the engine in "
-                                 "the trainer's process)")
+                                 f"which this rollout ({type(rollout).__name__}) lacks: use an engine, an EnginePool "
+                                 "or a GroupRollout (rl ppo, rl ppo-ray)")
             self.agent = load_agent(cfg.agent_func_path)
             if hasattr(rollout, "batch_agenerate"):  # the HF engine: one generate per turn of all episodes
                 rollout.batch_agenerate = True
@@ -201,7 +201,8 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
 
         c = self.cfg
         keys = ("old_logprobs", "ref_logprobs", "values", "rollout_logprobs")
-        b = collate(items, self.pad_id, keys[1:] if self.on_policy else keys)
+        turns = ("turn_rewards",) if c.agent_turn_rewards else ()
+        b = collate(items, self.pad_id, (keys[1:] if self.on_policy else keys) + turns)
         mask = b["loss_mask"].float()
         out: dict[str, float] = {}
         token_rewards = None
@@ -211,6 +212,10 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
             if self.kl is not None:
                 out["kl_coef"] = self.kl.value
                 token_rewards = -self.kl.value * kl * mask
+        if c.agent_turn_rewards:  # each policy turn's step reward on its last token (ppo_rollout.place_turn_rewards)
+            token_rewards = b["turn_rewards"] if token_rewards is None else token_rewards + b["turn_rewards"]
+            for it in items:
+                it.pop("turn_rewards", None)  # not the workers' to train on
         kw = {"n_samples": c.n_samples_per_prompt, "token_rewards_BT": token_rewards, "gamma": c.gamma}
         if c.needs_critic:
             kw.update(values_BT=b["values"] * mask, lambd=c.lambd)

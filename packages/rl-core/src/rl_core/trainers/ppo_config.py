@@ -2,7 +2,7 @@
 
 What an estimator or a policy-loss variant needs is asked of its registry entry in
 rl-algos (``get_estimator(name).needs_critic``, ``.min_group_size``,
-``.whiten_by_default``; ``policy_loss_config(type, ...)``), never listed here. Each
+``.whiten_by_default``, ``.turn_rewards``; ``policy_loss_config(type, ...)``), never listed here. Each
 field carries its help text and command-line names as metadata (``flags``: our flat
 names, ``openrlhf``: OpenRLHF's), which rl-cli reads to build its parser.
 """
@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rl_algos import ISCorrectionConfig, get_estimator, policy_loss_config
+from rl_algos import ESTIMATORS, ISCorrectionConfig, get_estimator, policy_loss_config
 from rl_rollout.config import check_numbers, meta
 
 
@@ -83,6 +83,10 @@ class PPOConfig:
         "returning rewards, environment_feedback, done), file.py:NAME returning an rl_rollout Environment, or "
         "builtin:calculator. Environment tokens are masked out of the loss; the episode's reward (the sum of its "
         "step rewards, plus --reward_fn's if given) trains", openrlhf=("train.agent_func_path",)))
+    agent_turn_rewards: bool = field(default=False, metadata=meta(
+        "with --agent_func_path: each step reward goes on the last token of the policy turn it answers (token-level "
+        "rewards: earlier turns' tokens see only the rewards from their turn on) instead of their sum on the "
+        "episode's last token; for the estimators that take token rewards: gae, reinforce, reinforce_baseline"))
     agent_max_turns: int = field(default=4, metadata=meta(
         "with --agent_func_path: policy turns per episode at most (each up to --generate_max_len tokens)"))
     agent_max_len: int = field(default=1024, metadata=meta(
@@ -189,6 +193,14 @@ class PPOConfig:
         if self.agent_max_len < 2:
             raise ValueError(f"agent_max_len (--agent_max_len) must be >= 2 (prompt + response tokens), got "
                              f"{self.agent_max_len}")
+        if self.agent_turn_rewards and not self.agent_func_path:
+            raise ValueError("--agent_turn_rewards places an environment's per-turn rewards: add --agent_func_path "
+                             "FILE.py, or drop --agent_turn_rewards")
+        if self.agent_turn_rewards and not spec.turn_rewards:
+            fit = ", ".join(n for n, e in ESTIMATORS.items() if e.turn_rewards)
+            raise ValueError(f"--agent_turn_rewards gives token-level rewards, which --advantage_estimator "
+                             f"{self.advantage_estimator} (one scalar per sample, compared within its group) does not "
+                             f"take: use {fit}, or drop --agent_turn_rewards")
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness (--max_staleness) must be >= 0, got {self.max_staleness}")
         if self.partial_rollout and not self.async_train:

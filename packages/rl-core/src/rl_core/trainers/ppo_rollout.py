@@ -36,6 +36,24 @@ def _bounded(fn):
     return RewardRunner(call)
 
 
+def place_turn_rewards(samples, items: list[dict]) -> torch.Tensor:
+    """``--agent_turn_rewards``: item["turn_rewards"] (per token, 0 elsewhere) holds each policy turn's step reward
+    on that turn's last token, for every turn but the episode's last policy turn, whose reward stays in the
+    sample's scalar score (placed on the last response token, that turn's last token). Returns the rewards
+    placed, per sample, to take out of the scalar score."""
+    placed = []
+    for s, item in zip(samples, items, strict=True):
+        T, P = len(item["input_ids"]), item["prompt_len"]
+        token = torch.zeros(T, dtype=torch.float32)
+        spans, rewards = s.info["action_spans"], s.info["turn_rewards"]
+        for (start, end), r in zip(spans[:-1], rewards, strict=False):  # rewards[i]: the step after turn i
+            if end > start:  # a turn of no tokens (none sampled) leaves its reward in the score
+                token[P + end - 1] += r
+        item["turn_rewards"] = token
+        placed.append(token.sum().item())
+    return torch.tensor(placed)
+
+
 class RolloutPhase:
     def _take_prompts(self, k: int) -> list[dict]:
         n, out = len(self.prompts), []
@@ -100,6 +118,8 @@ class RolloutPhase:
         """The run's rewards (:meth:`_score`), then the length penalties and the clipping."""
         scores, info = self._score(prompts, samples, items, self.cfg.n_samples_per_prompt)
         c = self.cfg
+        if c.agent_turn_rewards:  # earlier turns' rewards go on their own last tokens; the last turn's stays here
+            scores = scores - place_turn_rewards(samples, items)
         if c.overlong_buffer_len is not None:
             lengths = torch.tensor([len(s.response_ids) for s in samples])
             penalty = overlong_penalty(lengths, c.generate_max_len, c.overlong_buffer_len, c.overlong_penalty_factor)
