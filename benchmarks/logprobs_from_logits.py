@@ -108,6 +108,8 @@ def main() -> None:
     if args.repeats < 1:
         ap.error(f"--repeats must be >= 1, got {args.repeats}")
     if args.device == "cuda":
+        if not torch.cuda.is_available():
+            ap.error("--device cuda, but torch sees no CUDA device; use --device cpu")
         sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
         from logprobs_cuda import main_cuda
 
