@@ -146,9 +146,10 @@ class TritonLogprobsEntropyFn(torch.autograd.Function):
         labels = labels_N if has_labels else lse  # any pointer: unread when HAS_LABELS is False
         if N:
             _fwd_kernel[(N,)](x, labels, lp, ent, lse, V, T_inner, s_outer, s_inner, 1.0 / temperature,
-                      HAS_LABELS=has_labels, WITH_ENTROPY=with_entropy, BLOCK=BLOCK_V, num_warps=NUM_WARPS)
+                              HAS_LABELS=has_labels, WITH_ENTROPY=with_entropy, BLOCK=BLOCK_V, num_warps=NUM_WARPS)
         ctx.save_for_backward(logits, labels_N if has_labels else None, lse, ent if with_entropy else None)
         ctx.temperature = temperature
+        ctx.set_materialize_grads(False)  # an output the loss does not use costs no backward term
         return lp, ent
 
     @staticmethod
@@ -164,7 +165,7 @@ class TritonLogprobsEntropyFn(torch.autograd.Function):
         dummy = lse
         if N:
             _bwd_kernel[(N,)](x, labels_N if has_labels else dummy, lse, ent if with_entropy else dummy,
-                      g_lp.contiguous() if has_labels else dummy, g_ent.contiguous() if with_entropy else dummy,
-                      grad, V, T_inner, s_outer, s_inner, 1.0 / ctx.temperature,
-                      HAS_LABELS=has_labels, WITH_ENTROPY=with_entropy, BLOCK=BLOCK_V, num_warps=NUM_WARPS)
+                              g_lp.contiguous() if has_labels else dummy, g_ent.contiguous() if with_entropy else dummy,
+                              grad, V, T_inner, s_outer, s_inner, 1.0 / ctx.temperature,
+                              HAS_LABELS=has_labels, WITH_ENTROPY=with_entropy, BLOCK=BLOCK_V, num_warps=NUM_WARPS)
         return grad, None, None, None
