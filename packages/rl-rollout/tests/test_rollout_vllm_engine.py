@@ -223,3 +223,50 @@ def test_async_mode(model_path, ref, engine):
         assert aeng.generate([RolloutRequest(PROMPTS[0], greedy(8))])[0][0].response_ids == ref.greedy(PROMPTS[0], 8)
     finally:
         aeng.shutdown()
+
+
+def test_partial_rollout_lets_an_update_land_mid_response(engine, ref):
+    """``partial_chunk_tokens`` (the RL loop's ``--partial_rollout``): a weight update sent while a response is
+    being sampled lands between two chunks instead of waiting for the batch; every token is tagged with the
+    weights that sampled it, and its rollout log-prob is that version's (transformers with those weights)."""
+    import threading
+
+    engine.update_weights(ref.hf.state_dict().items(), version=10)  # engine and ref hold the same weights
+    old = {k: v.clone() for k, v in ref.hf.state_dict().items()}
+    new = peaked_weights(ref.hf, seed=321)
+    chunks, started, out = [], threading.Event(), {}
+    locked = engine._generate_locked
+
+    def counting(requests):
+        chunks.append(len(requests))
+        if len(chunks) == 3:
+            started.set()
+        return locked(requests)
+
+    params = SamplingParams(temperature=1.0, n=2, max_new_tokens=40, seed=3, ignore_eos=True)
+    engine._generate_locked, engine.partial_chunk_tokens = counting, 2
+    try:
+        t = threading.Thread(target=lambda: out.update(samples=engine.generate([RolloutRequest(PROMPTS[1], params)])))
+        t.start()
+        assert started.wait(60)
+        engine.update_weights(new.items(), version=11)
+        updated_after = len(chunks)
+        t.join(120)
+    finally:
+        engine._generate_locked, engine.partial_chunk_tokens = locked, None
+    assert updated_after < 20, f"the update waited for {updated_after} of 20 chunks"
+    for s in out["samples"][0]:
+        v = s.info["token_versions"]
+        assert len(v) == len(s.response_ids) == 40 and v == sorted(v) and v[0] == 10 and v[-1] == 11, v
+        assert s.policy_version == 10
+        cut = v.index(11)
+        ref.set_weights(old)
+        before = ref.logprobs(s.prompt_ids, s.response_ids, 1.0)
+        ref.set_weights(new)
+        after = ref.logprobs(s.prompt_ids, s.response_ids, 1.0)
+        got = torch.tensor(s.rollout_logprobs)
+        assert (got[:cut] - before[:cut]).abs().max().item() <= LOGPROB_ATOL
+        assert (got[cut:] - after[cut:]).abs().max().item() <= LOGPROB_ATOL
+        assert (before[cut:] - after[cut:]).abs().max().item() > 1e-2  # the two versions really differ
+    with pytest.raises(ValueError, match="at least 1|>= 1"):
+        engine.partial_chunk_tokens = 0

@@ -135,6 +135,9 @@ class VLLMEngine(VLLMWeightsMixin):
         self.tensor_parallel_size = tensor_parallel_size
         self.pause_mode = pause_mode
         self.policy_version = 0
+        # partial rollouts (sync mode): responses sampled this many tokens at a time, updates landing in between
+        self._partial_chunk_tokens: int | None = None
+        self._updates_waiting = 0  # update sessions waiting for the lock (the chunk loop lets them in)
         self._dtype: torch.dtype | None = None
         args = dict(
             model=str(model),
@@ -176,17 +179,52 @@ class VLLMEngine(VLLMWeightsMixin):
 
     # ---- generation ----
 
+    @property
+    def partial_chunk_tokens(self) -> int | None:
+        """Partial rollouts (sync mode): tokens sampled between two points where a weight update may land; None:
+        whole responses. Async mode pauses vLLM's scheduler instead (``pause_mode="keep"``)."""
+        return self._partial_chunk_tokens
+
+    @partial_chunk_tokens.setter
+    def partial_chunk_tokens(self, value: int | None) -> None:
+        if value is not None and self.mode == "async":
+            raise ValueError("partial rollouts in chunks run in sync mode; an async-mode engine keeps requests in "
+                             "flight across an update with pause_mode='keep'")
+        if value is not None and value < 1:
+            raise ValueError(f"partial_chunk_tokens must be >= 1 (tokens per chunk) or None, got {value}")
+        self._partial_chunk_tokens = value
+
     def generate(self, requests: list[RolloutRequest]) -> list[list[RolloutSample]]:
         self._check_usable()
         if self.mode == "async":
             futures = [asyncio.run_coroutine_threadsafe(self._agenerate_on_loop(r), self._loop) for r in requests]
             return [f.result() for f in futures]
+        if self.partial_chunk_tokens is not None:
+            return self._generate_partial(requests)
+        return self._generate_locked(requests)[0]
+
+    def _generate_locked(self, requests: list[RolloutRequest]) -> tuple[list[list[RolloutSample]], int]:
         with self._lock:
             self._check_usable()
             version = self.policy_version
             prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
             outputs = self._llm.generate(prompts, [_to_vllm_params(r.params) for r in requests], use_tqdm=False)
-        return [_to_samples(r, o, version, version) for r, o in zip(requests, outputs, strict=True)]
+        return [_to_samples(r, o, version, version) for r, o in zip(requests, outputs, strict=True)], version
+
+    def _generate_partial(self, requests: list[RolloutRequest]) -> list[list[RolloutSample]]:
+        """Partial rollouts (:mod:`rl_rollout.partial`): ``partial_chunk_tokens`` tokens per chunk, the lock
+        released in between so that an update lands mid-response; ``info["token_versions"]`` per token."""
+        from rl_rollout.partial import generate_in_chunks
+
+        results: dict[int, list[RolloutSample]] = {}
+        groups: dict = {}
+        for i, r in enumerate(requests):
+            groups.setdefault(r.params, []).append(i)
+        for params, idx in groups.items():
+            samples = generate_in_chunks([requests[i] for i in idx], params, self.partial_chunk_tokens,
+                                         lambda reqs, _p: self._generate_locked(reqs), lambda: self._updates_waiting)
+            results.update(zip(idx, samples, strict=True))
+        return [results[i] for i in range(len(requests))]
 
     async def agenerate(self, request: RolloutRequest) -> list[RolloutSample]:
         self._check_usable()

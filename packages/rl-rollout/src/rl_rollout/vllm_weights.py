@@ -90,7 +90,11 @@ class VLLMWeightsMixin:
         if self.mode == "async":
             self._run(self._llm.pause_generation(mode=self.pause_mode, clear_cache=False))
         else:
-            self._lock.acquire()
+            self._updates_waiting += 1  # a partial rollout's chunk loop lets this in before its next chunk
+            try:
+                self._lock.acquire()
+            finally:
+                self._updates_waiting -= 1
         try:
             self._rpc("rl_begin_weight_update")
         except BaseException:
