@@ -1,6 +1,6 @@
 """``rl ppo --agent_func_path``: an OpenRLHF agent file (unchanged, importing ``openrlhf.utils.agent``) trains
 with multi-turn episodes from the command line, also under ``--async_train``; OpenRLHF's dialect names the
-same fields; ``rl ppo-ray`` refuses the flag with the reason."""
+same fields (``rl ppo-ray --agent_func_path``: test_cli_agent_ray.py)."""
 
 from __future__ import annotations
 
@@ -83,7 +83,7 @@ def test_rl_ppo_trains_an_openrlhf_agent_file_sync_and_async(task):
                (json.loads(x) for x in (root / "async" / "metrics.jsonl").read_text().splitlines()))
 
 
-def test_the_flags_in_both_dialects_and_ppo_ray_refuses_agents(task, capsys):
+def test_the_flags_in_both_dialects(task, capsys):
     groups = _groups(False)
     parser, flags = build_parser("rl ppo", "", groups)
     p = resolve(groups, parser.parse_args(["--agent_func_path", "a.py", "--async_train", "--max_staleness", "2",
@@ -91,6 +91,6 @@ def test_the_flags_in_both_dialects_and_ppo_ray_refuses_agents(task, capsys):
     assert (p.agent_func_path, p.async_train, p.max_staleness) == ("a.py", True, 2)
     assert (p.partial_rollout, p.partial_rollout_tokens) == (True, 4)
     root, model = task
-    with pytest.raises(SystemExit):
-        main(["ppo-ray"] + argv(root, model, "ray")[1:])
-    assert "use rl ppo" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # group_norm compares one scalar per sample: no per-turn rewards
+        main(argv(root, model, "turns", "--agent_turn_rewards"))
+    assert "--advantage_estimator group_norm" in capsys.readouterr().err

@@ -3,7 +3,8 @@
 The environment is a two-turn letter game written in OpenRLHF's agent form (its file imports
 ``openrlhf.utils.agent``, which is not installed here) and again in our ``Environment`` protocol.
 Checked on the tensors the policy trains on: the environment's tokens have loss mask 0 and advantage 0,
-every policy token carries the episode's group-normalised reward; the reward rises; async works too.
+every policy token carries the episode's group-normalised reward; the reward rises; async works too. With
+``agent_turn_rewards`` each step reward sits on its own turn's last token (the turns' advantages differ by it).
 """
 
 from __future__ import annotations
@@ -163,3 +164,34 @@ def test_our_environment_protocol_and_async_train(setup, tmp_path):
         run.close()
     check_tensors(seen, tok)
     assert all(m["staleness_violations"] == 0 and m["staleness_max"] <= 1 for m in history)
+
+
+def test_turn_rewards_land_on_each_policy_turns_last_token_in_a_run(setup, tmp_path):
+    """--agent_turn_rewards with reinforce (gamma 1, advantages centred, not scaled): a 2-turn episode's first
+    turn carries the return r1 + r2, its second r2, so their advantages differ by exactly r1; the sum-at-the-end
+    variant would give both turns the same advantage. The score keeps the last turn's reward."""
+    root, model, tok, prompts = setup
+    run = build(setup, tmp_path, "agent_ours.py", max_iterations=1, advantage_estimator="reinforce",
+                agent_turn_rewards=True, no_advantage_std_norm=True)
+    seen = record(run.trainer)
+    try:
+        run.trainer.fit()
+    finally:
+        run.close()
+    (it,) = seen
+    differs = 0
+    for s, item, score in zip(it["samples"], it["items"], it["scores"].tolist(), strict=True):
+        assert "turn_rewards" not in item  # a loop-side tensor, not sent to the workers to train on
+        P = len(s.prompt_ids)
+        a = item["advantages"][P:]
+        r = s.info["turn_rewards"]
+        assert s.info["turns"] == 2 and len(r) == 2
+        assert score == pytest.approx(r[1])
+        (s1, e1), (s2, e2) = s.info["action_spans"]
+        first, second = a[s1:e1], a[s2:e2]
+        for turn in (first, second):  # gamma 1: one return per turn
+            assert torch.allclose(turn, turn[:1].expand_as(turn))
+        assert first[0].item() - second[0].item() == pytest.approx(r[0], abs=1e-5)
+        assert torch.all(a[e1:s2] == 0)  # the environment's tokens
+        differs += r[0] != 0
+    assert differs > 0  # some first turns earned a reward of their own

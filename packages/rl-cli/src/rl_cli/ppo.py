@@ -146,9 +146,6 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     if not (cfgs["reward"].given or m.reward_pretrain or p.agent_func_path):
         parser.error("no reward: give --reward_fn SPEC (file.py:func, builtin:math ...), --remote_rm_url URL, "
                      "--reward_pretrain FOLDER or --agent_func_path FILE.py (an environment's rewards)")
-    if ray and p.agent_func_path:
-        parser.error("--agent_func_path plays episodes turn by turn through an engine in the trainer's process: "
-                     "use rl ppo (rl ppo-ray's engine actors do not take turn-by-turn requests yet)")
     _refuse_unused(cfgs, parser)
     if p.eval_steps > 0 and not d.eval_dataset:
         parser.error(f"--eval_steps {p.eval_steps} needs --eval_dataset PATH (the prompts to evaluate on)")

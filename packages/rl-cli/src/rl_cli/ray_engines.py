@@ -59,6 +59,12 @@ class RolloutEngineActor:
     def generate(self, requests: list) -> list[list]:
         return self.engine.generate(requests)
 
+    def generate_turns(self, requests: list) -> list[list]:
+        """One turn of several agent episodes (rl-core's ``GroupRollout.agenerate``): the HF engine's
+        ``generate_batch`` (one generate call, seeds merged), any other engine's ``generate``."""
+        batch = getattr(self.engine, "generate_batch", None)
+        return batch(requests) if callable(batch) else self.engine.generate(requests)
+
     def update_weights(self, named_tensors: list, version: int) -> None:
         self.engine.update_weights(named_tensors, version)
 

@@ -2,7 +2,10 @@
 
 flash_attention_2 when the ``flash_attn`` package is importable (it builds against CUDA),
 torch's ``sdpa`` otherwise. The choice is logged once per process, so a run's log says
-which kernel trained it.
+which kernel trained it. Asked for by name, two more run packed rows (``position_ids``
+restarting at 0) without sdpa's dense block-diagonal mask: ``torch_varlen`` (torch's own
+flash-attention varlen kernel, :mod:`rl_core.varlen_attention`; CUDA, bf16) and transformers'
+``flex_attention`` (a block-sparse mask; compiled, CUDA for training).
 """
 
 from __future__ import annotations
@@ -11,9 +14,11 @@ import functools
 import importlib.util
 import logging
 
+import torch
+
 logger = logging.getLogger(__name__)
 
-VALID = ("flash_attention_2", "sdpa", "eager")
+VALID = ("flash_attention_2", "sdpa", "eager", "torch_varlen", "flex_attention")
 
 
 @functools.lru_cache(maxsize=None)
@@ -25,7 +30,8 @@ def attention_implementation(requested: str | None = None) -> str:
     """The ``attn_implementation`` to pass to ``from_pretrained``.
 
     ``requested=None`` picks flash_attention_2 if ``flash_attn`` is importable, else sdpa.
-    Asking for flash_attention_2 without the package fails with the fix.
+    Asking for flash_attention_2 without the package, or torch_varlen / flex_attention without
+    CUDA, fails with the fix. torch_varlen is registered with transformers before it is returned.
     """
     has_flash = importlib.util.find_spec("flash_attn") is not None
     if requested is None:
@@ -40,5 +46,15 @@ def attention_implementation(requested: str | None = None) -> str:
             "which is not importable here; install it (pip install flash-attn, CUDA only) or drop --flash_attn "
             "to use sdpa"
         )
+    if requested == "torch_varlen":
+        from rl_core.varlen_attention import register, varlen_available
+
+        if (why := varlen_available()) is not None:
+            raise ValueError(f"attention implementation torch_varlen cannot run here: {why}; use sdpa "
+                             f"(--attn_implementation sdpa) on this machine")
+        register()
+    if requested == "flex_attention" and not torch.cuda.is_available():
+        raise ValueError("attention implementation flex_attention needs a CUDA device here (torch's FlexAttention "
+                         "has no CPU backward); use sdpa (--attn_implementation sdpa) on this machine")
     _log_choice(requested, "requested")
     return requested

@@ -35,6 +35,7 @@ from collections.abc import Iterable
 
 import torch
 
+from rl_rollout.tick_batch import TickBatcher
 from rl_rollout.types import RolloutRequest, RolloutSample, SamplingParams
 
 
@@ -78,7 +79,7 @@ class HFEngine:
         self.policy_version = 0
         self._sleeping = False
         self._lock = threading.Lock()
-        self._pending: dict[asyncio.AbstractEventLoop, list] = {}  # agenerate calls of this tick, per event loop
+        self._ticks = TickBatcher(lambda reqs: asyncio.to_thread(self.generate_batch, reqs))  # batch_agenerate
         self.batch_agenerate = False  # the RL loop's agent episodes turn it on (module docstring)
         self.partial_chunk_tokens: int | None = None  # partial rollouts (``_generate_partial``); None: off
         self._updates_waiting = 0  # update_weights calls waiting for the lock (a partial rollout lets them in)
@@ -144,31 +145,16 @@ class HFEngine:
         if not self.batch_agenerate:
             (samples,) = await asyncio.to_thread(self.generate, [request])
             return samples
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
-        pending = self._pending.setdefault(loop, [])
-        pending.append((request, future))
-        if len(pending) == 1:  # runs after the coroutines already scheduled in this tick have queued theirs
-            loop.call_soon(lambda: loop.create_task(self._flush(loop)))
-        return await future
+        return await self._ticks.submit(request)
 
-    async def _flush(self, loop: asyncio.AbstractEventLoop) -> None:
-        batch = self._pending.pop(loop)
-        requests = [r for r, _ in batch]
+    def generate_batch(self, requests: list[RolloutRequest]) -> list[list[RolloutSample]]:
+        """One turn of several episodes as one batch: requests that differ only in ``seed`` share one ``generate``
+        call seeded from all their seeds (what ``batch_agenerate`` runs; an engine actor's ``generate_turns``)."""
         seeds = [r.params.seed for r in requests]
         if len(requests) > 1 and all(x is not None for x in seeds):  # one generate call needs one seed
             seed = hash(tuple(seeds)) & 0x7FFFFFFF
             requests = [dataclasses.replace(r, params=dataclasses.replace(r.params, seed=seed)) for r in requests]
-        try:
-            results = await asyncio.to_thread(self.generate, requests)
-        except BaseException as e:
-            for _, f in batch:
-                if not f.done():
-                    f.set_exception(e)
-            return
-        for (_, f), samples in zip(batch, results, strict=True):
-            if not f.done():
-                f.set_result(samples)
+        return self.generate(requests)
 
     @torch.no_grad()
     def _generate_group(self, requests: list[RolloutRequest], params: SamplingParams) -> list[list[RolloutSample]]:

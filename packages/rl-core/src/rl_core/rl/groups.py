@@ -10,7 +10,8 @@ methods. rl-core never imports Ray.
 
 - :class:`GroupRollout`: ``generate(requests)`` spread over rollout-engine groups
   (each a group whose rank 0 is an engine: ``HFEngine`` / ``VLLMEngine`` in a Ray
-  actor), in parallel, results in request order.
+  actor), in parallel, results in request order; ``agenerate(request)``, one agent
+  turn at a time, the turns of one event-loop tick batched per engine.
 - :class:`BroadcastWeightSync`: policy -> engines over rl-rollout's collective
   transport (gloo on CPU, NCCL on GPU): policy rank 0 is the sender, each engine's
   workers the receivers; the policy ranks and engines are called concurrently
@@ -25,6 +26,7 @@ methods. rl-core never imports Ray.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -181,6 +183,9 @@ class GroupRollout:
         if not engines:
             raise ValueError("GroupRollout needs at least one engine group")
         self.engines = list(engines)
+        self.outstanding = [0] * len(self.engines)  # agenerate: sequences in flight per engine
+        self._lock = threading.Lock()
+        self._ticks = None  # agenerate's TickBatcher per engine, made on first use
 
     def generate(self, requests: list) -> list[list]:
         n, k = len(requests), len(self.engines)
@@ -189,6 +194,29 @@ class GroupRollout:
                   if bounds[i + 1] > bounds[i]]
         parts = concurrently(*[(lambda g=g, s=s: g.call_rank(0, "generate", s)) for g, s in shards])
         return [group for part in parts for group in part]
+
+    async def agenerate(self, request) -> list:
+        """One request (an agent episode's turn, rl-rollout's ``AgentExecutor``), sent to the engine with the
+        fewest sequences in flight (ties: the lowest index). An engine's requests of one event-loop tick go as one
+        ``generate_turns`` call, made on a thread: the engines sample at once, and the episodes one engine
+        answered go on while the others still sample."""
+        if self._ticks is None:
+            from rl_rollout.tick_batch import TickBatcher
+
+            self._ticks = [TickBatcher(lambda reqs, g=g: asyncio.to_thread(g.call_rank, 0, "generate_turns", reqs))
+                           for g in self.engines]
+        cost = request.params.n
+        with self._lock:
+            e = min(range(len(self.engines)), key=lambda k: (self.outstanding[k], k))
+            self.outstanding[e] += cost
+        try:
+            samples = await self._ticks[e].submit(request)
+        finally:
+            with self._lock:
+                self.outstanding[e] -= cost
+        for s in samples:
+            s.info.setdefault("engine_index", e)
+        return samples
 
     def sleep(self, level: int = 1) -> None:
         concurrently(*[(lambda g=g: g.call_rank(0, "sleep", level)) for g in self.engines])
