@@ -195,6 +195,28 @@ def test_rl_ppo_ray_over_logical_gpus_matches_the_one_process_run(task):
 
 
 @pytest.mark.multiprocess
+def test_rl_ppo_ray_packed_under_a_budget_on_two_zero3_ranks_matches_the_one_process_run(task):
+    """ZeRO-3 gathers weights on every forward, so two ranks whose slices can need different numbers of 48-token
+    bins (responses stop at different lengths; two 22-29-token samples fit a bin or not) must still run as
+    many forwards and backwards: the counts are equalised (policy and critic on two ranks each, packed rows),
+    and the run equals the padded one-process run."""
+    root, model = task
+    if not (root / "local" / "metrics.jsonl").is_file():
+        assert main(["ppo", *common(root, model, "local"), "--zero_stage", "2", "--micro_train_batch_size", "8"]) == 0
+    argv = common(root, model, "ray-packed") + [
+        "--zero_stage", "3", "--micro_train_batch_size", "4", "--num_gpus", "5", "--actor_num_gpus_per_node", "2",
+        "--critic_num_gpus_per_node", "2", "--colocate_actor_ref", "--vllm_num_engines", "1", "--packing",
+        "--max_tokens_per_gpu", "48"]
+    out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *argv], capture_output=True, text=True,
+                         timeout=800, env={**os.environ, "RAY_DEDUP_LOGS": "0"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    for a, b in zip(metrics(root / "local"), metrics(root / "ray-packed"), strict=True):
+        assert b["rl/rollout_logprob_gap"] < 1e-4, b
+        for k in ("rl/reward_mean", "rl/kl", "rl/critic_loss", "rl/policy_loss", "rl/value_mean"):
+            assert b[k] == pytest.approx(a[k], abs=1e-4), (k, a["step"], a[k], b[k])
+
+
+@pytest.mark.multiprocess
 def test_rl_ppo_ray_hybrid_engine_sleeps_and_wakes_with_the_new_weights(task):
     """--colocate_all_models: the actor and the engine share one (logical) GPU; the engine sleeps while the
     policy trains and takes every version after waking."""
