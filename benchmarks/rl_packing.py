@@ -2,6 +2,8 @@
 
     uv run python benchmarks/rl_packing.py                                  # CPU, tiny Llama, fp32
     python benchmarks/rl_packing.py --device cuda --preset 0.5b --max_len 2048 --samples 128 --micro 8
+    python benchmarks/rl_packing.py --device cuda --preset 0.5b --max_len 2048 --samples 128 --micro 8 \
+        --attn_implementation sdpa torch_varlen flex_attention     # packed sides per attention kernel
 
 One batch of experience items with a skewed length distribution (most responses short, a few at
 ``--max_len``: see :func:`response_lengths`), the same items for both sides, timed in the same run
@@ -13,6 +15,10 @@ with the sides alternating (``--repeats`` rounds, median):
   ``--budget`` value (default: ``--micro`` x the longest item, the padded side's worst-case micro-batch
   and so the same peak memory, and the longest item alone). Without flash-attn a packed row runs sdpa with a block-diagonal mask whose
   cost grows with the row's length squared, so smaller budgets can be faster: pass several to see.
+  ``--attn_implementation`` picks the packed sides' attention (one side per value and budget, named
+  ``packed@B:impl``): ``torch_varlen`` (torch's flash varlen kernel, rl_core.varlen_attention) and
+  ``flex_attention`` run each packed sequence on its own, without the dense mask (CUDA only). The padded
+  side always runs rl-core's default (flash_attention_2 if importable, else sdpa).
 
 Two phases each: the no-grad log-prob pass (``PolicyWorker.logprobs``, the experience phase's forward)
 and one policy train step (``PolicyWorker.train``: forward, clipped PPO loss, backward, AdamW step,
@@ -88,6 +94,10 @@ def main() -> None:
     ap.add_argument("--budget", type=int, nargs="*", default=None,
                     help="packed sides: tokens per micro-batch, one side per value (default: --micro x the longest "
                          "item, and the longest item)")
+    ap.add_argument("--attn_implementation", nargs="*", default=None,
+                    help="packed sides: attention implementation(s), one side per value and budget (default: "
+                         "rl-core's, flash_attention_2 if importable else sdpa; torch_varlen and flex_attention "
+                         "need CUDA)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
     args = ap.parse_args()
@@ -114,16 +124,25 @@ def main() -> None:
     items = make_items(args.samples, args.prompt_len, args.max_len, vocab)
     longest = max(len(it["input_ids"]) for it in items)
     budgets = args.budget or [args.micro * longest, longest]
+    default_attn = attention_implementation()
+    attns = args.attn_implementation or [default_attn]
+    for a in attns:
+        try:
+            attention_implementation(a)
+        except ValueError as e:
+            raise SystemExit(f"--attn_implementation: {e}") from None
     real = sum(len(it["input_ids"]) for it in items)
     s = StrategyConfig(zero_stage=0, bf16=bf16, micro_train_batch_size=args.micro, train_batch_size=args.samples,
                        learning_rate=1e-7, lr_warmup_ratio=0.0, lr_scheduler="constant")
     c = PPOConfig(max_epochs=1)
-    kw = {"load_kw": {"dtype": "bf16" if bf16 else "fp32"}}
+    dtype = "bf16" if bf16 else "fp32"
     steps = 10 * args.repeats + 10
-    workers = {"padded": PolicyWorker(s, str(model), c, steps, **kw)}
-    for b in budgets:
-        workers[f"packed@{b}"] = PolicyWorker(s, str(model), c, steps, packing=True,
-                                              batching=MicroBatchConfig(max_tokens_per_gpu=b), **kw)
+    workers = {"padded": PolicyWorker(s, str(model), c, steps, load_kw={"dtype": dtype})}
+    for a in attns:
+        for b in budgets:
+            workers[f"packed@{b}:{a}"] = PolicyWorker(s, str(model), c, steps, packing=True,
+                                                      batching=MicroBatchConfig(max_tokens_per_gpu=b),
+                                                      load_kw={"dtype": dtype, "attn_implementation": a})
     logprobs = {side: w.logprobs(items) for side, w in workers.items()}  # also the warm-up
     gap = max((a - b).abs().max().item() for side in workers if side != "padded"
               for a, b in zip(logprobs["padded"], logprobs[side], strict=True))
@@ -142,7 +161,7 @@ def main() -> None:
     resp = [len(it["input_ids"]) - args.prompt_len for it in items]
     result = {
         "device": str(dev), "dtype": "bf16" if bf16 else "fp32", "preset": args.preset,
-        "attention": attention_implementation(), "samples": args.samples, "prompt_len": args.prompt_len,
+        "attention": {"padded": default_attn, "packed": attns}, "samples": args.samples, "prompt_len": args.prompt_len,
         "response_len": {"min": min(resp), "median": int(statistics.median(resp)), "max": max(resp)},
         "real_tokens": real, "micro": args.micro, "budgets": budgets,
         "micro_batches": {side: len(w._micro_batches(items, train=True)) for side, w in workers.items()},
@@ -152,13 +171,14 @@ def main() -> None:
         "speedup": {side: {p: med[f"padded/{p}"] / med[f"{side}/{p}"] for p in ("logprobs", "train")}
                     for side in workers if side != "padded"},
     }
-    print(f"{args.preset} on {dev} ({result['dtype']}, attention {result['attention']}): {args.samples} items, "
+    print(f"{args.preset} on {dev} ({result['dtype']}, attention: padded {default_attn}, packed "
+          f"{', '.join(attns)}): {args.samples} items, "
           f"response lengths {result['response_len']}, {real} real tokens; packed vs padded log-probs: max gap "
           f"{gap:.2e}")
     for side in workers:
         up = result["speedup"].get(side)
         vs = f" | vs padded: log-probs {up['logprobs']:.2f}x, train {up['train']:.2f}x" if up else ""
-        print(f"  {side:13s} {result['micro_batches'][side]:3d} micro-batches, {result['computed_tokens'][side]:7d} "
+        print(f"  {side:26s} {result['micro_batches'][side]:3d} micro-batches, {result['computed_tokens'][side]:7d} "
               f"tokens computed | log-probs {result['tokens_per_s'][side + '/logprobs']:9.0f} tok/s | "
               f"train step {result['tokens_per_s'][side + '/train']:9.0f} tok/s{vs}")
     print(f"  (median of {args.repeats}, sides alternating, same run)")
