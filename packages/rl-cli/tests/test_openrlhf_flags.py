@@ -87,7 +87,9 @@ def test_docs_table_is_generated_from_the_parsers():
     ("ppo-ray", ["--algo.kl.init_coef", "0.05", "--algo.kl.use_loss", "--ds.zero_stage", "3"],
      {"ppo.init_kl_coef": 0.05, "ppo.use_kl_loss": True, "strategy.zero_stage": 3}),
     ("ppo-ray", ["--ds.param_dtype", "bf16", "--ds.attn_implementation", "sdpa"],
-     {"strategy.bf16": True, "model.flash_attn": False}),
+     {"strategy.bf16": True, "model.attn_implementation": "sdpa"}),
+    ("sft", ["--attn_implementation", "torch_varlen"], {"model.attn_implementation": "torch_varlen"}),
+    ("ppo", ["--attn_implementation", "flex_attention"], {"model.attn_implementation": "flex_attention"}),
     ("ppo-ray", ["--freezing_actor_steps", "-1"], {"ppo.freezing_actor_steps": 0}),
     ("ppo-ray", ["--critic.freezing_steps", "3"], {"ppo.freezing_actor_steps": 3}),
     ("ppo-ray", ["--ckpt.output_dir", "out", "--ckpt.save_steps", "5", "--ckpt.path", "c"],
@@ -152,6 +154,17 @@ def test_openrlhf_flags_land_in_the_right_field(command, argv, want):
 def test_refused_flags_stop_with_one_line_naming_the_flag(command, argv, says, capsys):
     line = refused(command, argv, capsys)
     assert argv[0] in line and says in line, line
+
+
+@pytest.mark.parametrize(("command", "argv", "says"), [
+    ("sft", ["--attn_implementation", "flash"], r"--attn_implementation 'flash' is not built; use one of "
+                                                r"flash_attention_2, sdpa, eager, torch_varlen, flex_attention"),
+    ("ppo-ray", ["--ds.attn_implementation", "sdpa", "--flash_attn"], r"--flash_attn and --attn_implementation sdpa "
+                                                                       r"disagree; pass one of them"),
+])
+def test_a_bad_attention_choice_fails_naming_it(command, argv, says):
+    with pytest.raises(ValueError, match=says):
+        parse(command, argv)
 
 
 def test_accepted_flags_take_openrlhf_values_in_openrlhf_shape():

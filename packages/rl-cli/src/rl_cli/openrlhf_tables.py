@@ -114,14 +114,6 @@ def _param_dtype(v, _ns):
     raise ValueError(f"{v!r}: fp16 training is not built; use bf16 (the default) or --bf16 false for fp32")
 
 
-def _attn(v, _ns):
-    if v in ("flash_attention_2", "flash_attn", "flash_attention"):
-        return {"model.flash_attn": True}
-    if v == "sdpa":
-        return {"model.flash_attn": False}
-    raise ValueError(f"{v!r}: only flash_attention_2 (needs flash-attn) and sdpa are built; use one of those")
-
-
 def _optim(v, _ns):
     if v == "adam":
         return {}
@@ -185,8 +177,6 @@ CONVERT: dict[str, Convert] = {
                                       "*"),
     "param_dtype": Convert("strategy.bf16 (bf16 only)", _param_dtype),
     "ds.param_dtype": Convert("strategy.bf16 (bf16 only)", _param_dtype),
-    "attn_implementation": Convert("model.flash_attn (flash_attention_2 | sdpa)", _attn),
-    "ds.attn_implementation": Convert("model.flash_attn (flash_attention_2 | sdpa)", _attn),
     "optim": Convert("AdamW (adam only)", _optim),
     "actor.optim": Convert("AdamW (adam only)", _optim),
     "critic.optim": Convert("AdamW (adam only)", _optim),

@@ -64,7 +64,9 @@ class RewardModelArgs:
 
     @property
     def attn(self) -> str | None:
-        return self.attn_implementation or ("flash_attention_2" if self.flash_attn else None)
+        from rl_core.attention import requested_attention
+
+        return requested_attention(self.attn_implementation, self.flash_attn)
 
 
 class RewardModelScorer:

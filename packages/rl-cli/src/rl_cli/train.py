@@ -35,6 +35,10 @@ class ModelArgs:
     ref_pretrain: str | None = field(default=None, metadata=meta(
         "reference for DPO/KTO, a folder or a cached hub id (default: --pretrain)"))
     flash_attn: bool = field(default=False, metadata=meta("flash_attention_2 (needs flash-attn; default sdpa)"))
+    attn_implementation: str | None = field(default=None, metadata=meta(
+        "the attention kernel: sdpa | eager | flash_attention_2 | torch_varlen | flex_attention (default: "
+        "flash-attn when importable, else sdpa); with --packing_samples, torch_varlen / flex_attention skip sdpa's "
+        "dense block-diagonal mask (CUDA; rl-core README)", openrlhf=("ds.attn_implementation",)))
     use_liger_kernel: bool = field(default=False, metadata=meta(
         "liger-kernel's fused RMSNorm / SwiGLU / RoPE on the model (CUDA; the rl-core[liger] extra)"))
     lora_rank: int = field(default=0, metadata=meta(">0 trains a LoRA adapter (peft) instead of all weights"))
@@ -46,6 +50,9 @@ class ModelArgs:
         if self.lora_rank < 0:
             raise ValueError(f"lora_rank (--lora_rank) must be >= 0, got {self.lora_rank}")
         check_numbers(self, at_least_1=("lora_alpha",), unit=("lora_dropout",))
+        from rl_core.attention import requested_attention
+
+        requested_attention(self.attn_implementation, self.flash_attn)
 
     def lora(self):
         from rl_core.models import LoraSpec
@@ -67,8 +74,10 @@ class Command:
 
 
 def _load_kw(model: ModelArgs, strategy_cfg) -> dict:
+    from rl_core.attention import requested_attention
+
     return {"dtype": "bf16" if strategy_cfg.bf16 else "fp32",
-            "attn_implementation": "flash_attention_2" if model.flash_attn else None,
+            "attn_implementation": requested_attention(model.attn_implementation, model.flash_attn),
             "gradient_checkpointing": strategy_cfg.gradient_checkpointing, "lora": model.lora(),
             "use_liger_kernel": model.use_liger_kernel}
 

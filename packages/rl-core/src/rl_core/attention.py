@@ -14,16 +14,29 @@ import functools
 import importlib.util
 import logging
 
-import torch
-
 logger = logging.getLogger(__name__)
 
 VALID = ("flash_attention_2", "sdpa", "eager", "torch_varlen", "flex_attention")
 
 
+def _cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 @functools.lru_cache(maxsize=None)
 def _log_choice(choice: str, reason: str) -> None:
     logger.info("attention implementation: %s (%s)", choice, reason)
+
+
+def requested_attention(attn_implementation: str | None, flash_attn: bool = False) -> str | None:
+    """What a config's ``--attn_implementation`` / ``--flash_attn`` ask for (None: the default), checked."""
+    if attn_implementation is not None and attn_implementation not in VALID:
+        raise ValueError(f"--attn_implementation {attn_implementation!r} is not built; use one of {', '.join(VALID)}")
+    if flash_attn and attn_implementation not in (None, "flash_attention_2"):
+        raise ValueError(f"--flash_attn and --attn_implementation {attn_implementation} disagree; pass one of them")
+    return attn_implementation or ("flash_attention_2" if flash_attn else None)
 
 
 def attention_implementation(requested: str | None = None) -> str:
@@ -53,7 +66,7 @@ def attention_implementation(requested: str | None = None) -> str:
             raise ValueError(f"attention implementation torch_varlen cannot run here: {why}; use sdpa "
                              f"(--attn_implementation sdpa) on this machine")
         register()
-    if requested == "flex_attention" and not torch.cuda.is_available():
+    if requested == "flex_attention" and not _cuda():
         raise ValueError("attention implementation flex_attention needs a CUDA device here (torch's FlexAttention "
                          "has no CPU backward); use sdpa (--attn_implementation sdpa) on this machine")
     _log_choice(requested, "requested")

@@ -27,6 +27,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rl_core.attention import requested_attention
 from rl_core.metrics import MetricsLogger
 from rl_core.rl.batching import MicroBatchConfig
 from rl_core.rl.groups import DirectWeightSync, LocalGroup, WorkerGroup
@@ -52,10 +53,17 @@ class RLModelConfig:
         "a reward model folder (rl rm's output), or a cached hub id", openrlhf=("reward.model_name_or_path",)))
     ref_pretrain: str | None = field(default=None, metadata=meta("reference policy (default: --pretrain)"))
     flash_attn: bool = field(default=False, metadata=meta("flash_attention_2 (needs flash-attn; default sdpa)"))
+    attn_implementation: str | None = field(default=None, metadata=meta(
+        "sdpa | eager | flash_attention_2 | torch_varlen | flex_attention (default: flash_attention_2 if "
+        "flash-attn is importable, else sdpa); with --packing, torch_varlen / flex_attention run packed rows "
+        "without sdpa's dense block-diagonal mask (CUDA)", openrlhf=("ds.attn_implementation",)))
     use_liger_kernel: bool = field(default=False, metadata=meta(
         "liger-kernel's fused RMSNorm / SwiGLU / RoPE on every trained and frozen model (CUDA; rl-core[liger])"))
     normalize_reward: bool = field(default=True, metadata=meta(
         "apply the reward model's stored mean/std", openrlhf=("reward.normalize_enable",)))
+
+    def __post_init__(self) -> None:
+        requested_attention(self.attn_implementation, self.flash_attn)
 
     @property
     def critic_path(self) -> str | None:
@@ -83,7 +91,8 @@ class RunConfig:
         return "bf16" if self.strategy.bf16 else "fp32"
 
     def load_kw(self) -> dict:
-        return {"dtype": self.dtype, "attn_implementation": "flash_attention_2" if self.model.flash_attn else None,
+        attn = requested_attention(self.model.attn_implementation, self.model.flash_attn)
+        return {"dtype": self.dtype, "attn_implementation": attn,
                 "gradient_checkpointing": self.strategy.gradient_checkpointing,
                 "use_liger_kernel": self.model.use_liger_kernel}
 
