@@ -50,6 +50,22 @@ def metrics(path):
     return [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
 
 
+def local_run(root, model):
+    """The one-process, padded ZeRO-2 run that other layouts of the same run must reproduce (made once)."""
+    if not (root / "local" / "metrics.jsonl").is_file():
+        assert main(["ppo", *common(root, model, "local"), "--zero_stage", "2", "--micro_train_batch_size", "8"]) == 0
+    return metrics(root / "local")
+
+
+def assert_same_run(local, rows):
+    """Every iteration's rewards, KL, losses and values within 1e-4, and the engine on the policy's weights."""
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for a, b in zip(local, rows, strict=True):
+        assert b["rl/rollout_logprob_gap"] < 1e-4, b
+        for k in ("rl/reward_mean", "rl/kl", "rl/critic_loss", "rl/policy_loss", "rl/value_mean"):
+            assert b[k] == pytest.approx(a[k], abs=1e-4), (k, a["step"], a[k], b[k])
+
+
 def test_openrlhf_flags_parse_and_the_plan_has_the_roles_the_run_needs():
     c = parse(["--pretrain", "/m", "--prompt_data", "p.jsonl", "--prompt_max_len", "256", "--reward_pretrain", "/rm",
                "--advantage_estimator", "group_norm", "--n_samples_per_prompt", "8", "--eps_clip_high", "0.28",
@@ -128,8 +144,7 @@ def test_rl_ppo_packed_with_a_token_budget_trains_like_the_padded_run(task, caps
     holds 64 tokens (two samples here, against 8 padded rows in the reference run): the same run, within fp32
     rounding. --print_config shows what the flags set."""
     root, model = task
-    if not (root / "local" / "metrics.jsonl").is_file():
-        assert main(["ppo", *common(root, model, "local"), "--zero_stage", "2", "--micro_train_batch_size", "8"]) == 0
+    local = local_run(root, model)
     argv = common(root, model, "packed") + ["--zero_stage", "2", "--micro_train_batch_size", "8", "--packing_samples",
                                             "--use_dynamic_batch", "--train_max_tokens_per_gpu", "64",
                                             "--rollout_max_tokens_per_gpu", "200"]
@@ -141,12 +156,7 @@ def test_rl_ppo_packed_with_a_token_budget_trains_like_the_padded_run(task, caps
         "max_tokens_per_gpu": 64, "forward_max_tokens_per_gpu": 200, "forward_micro_batch_size": None}
     assert "micro-batches per rank: packed rows; training at most 64 tokens, experience forwards at most 200" in out
     assert main(["ppo", *argv]) == 0
-    local, packed = metrics(root / "local"), metrics(root / "packed")
-    assert [r["step"] for r in packed] == [1, 2, 3]
-    for a, b in zip(local, packed, strict=True):
-        assert b["rl/rollout_logprob_gap"] < 1e-4, b
-        for k in ("rl/reward_mean", "rl/kl", "rl/critic_loss", "rl/policy_loss", "rl/value_mean"):
-            assert b[k] == pytest.approx(a[k], abs=1e-4), (k, a["step"], a[k], b[k])
+    assert_same_run(local, metrics(root / "packed"))
 
 
 def test_an_engine_plugin_runs_the_loop_by_name(task, tmp_path):
@@ -174,8 +184,7 @@ def test_rl_ppo_ray_over_logical_gpus_matches_the_one_process_run(task):
     """Actor: 2 ranks ZeRO-3 (DeepSpeed over gloo), critic 1, reference colocated with the actor, one HF engine
     actor that receives every version over a gloo broadcast; the same seeds as the one-process run."""
     root, model = task
-    if not (root / "local" / "metrics.jsonl").is_file():
-        assert main(["ppo", *common(root, model, "local"), "--zero_stage", "2", "--micro_train_batch_size", "8"]) == 0
+    local = local_run(root, model)
     argv = common(root, model, "ray") + ["--zero_stage", "3", "--micro_train_batch_size", "4", "--num_gpus", "4",
                                          "--actor_num_gpus_per_node", "2", "--critic_num_gpus_per_node", "1",
                                          "--colocate_actor_ref", "--vllm_num_engines", "1"]
@@ -185,13 +194,9 @@ def test_rl_ppo_ray_over_logical_gpus_matches_the_one_process_run(task):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     assert "policy on cpu x 2" in out.stdout and "weight sync gloo" in out.stdout, out.stdout[-2000:]
     assert "GPU" in out.stdout  # the placement map was printed
-    local, ray_rows = metrics(root / "local"), metrics(root / "ray")
-    assert [r["step"] for r in ray_rows] == [1, 2, 3]
-    for a, b in zip(local, ray_rows, strict=True):
-        assert b["rl/rollout_logprob_gap"] < 1e-4, b  # the engine actor holds the broadcast weights
-        assert b["rl/sync_gb_per_s"] > 0
-        for k in ("rl/reward_mean", "rl/kl", "rl/critic_loss", "rl/policy_loss", "rl/value_mean"):
-            assert b[k] == pytest.approx(a[k], abs=1e-4), (k, a["step"], a[k], b[k])
+    ray_rows = metrics(root / "ray")
+    assert_same_run(local, ray_rows)  # the engine actor holds the broadcast weights
+    assert all(b["rl/sync_gb_per_s"] > 0 for b in ray_rows)
 
 
 @pytest.mark.multiprocess
@@ -201,8 +206,7 @@ def test_rl_ppo_ray_packed_under_a_budget_on_two_zero3_ranks_matches_the_one_pro
     many forwards and backwards: the counts are equalised (policy and critic on two ranks each, packed rows),
     and the run equals the padded one-process run."""
     root, model = task
-    if not (root / "local" / "metrics.jsonl").is_file():
-        assert main(["ppo", *common(root, model, "local"), "--zero_stage", "2", "--micro_train_batch_size", "8"]) == 0
+    local = local_run(root, model)
     argv = common(root, model, "ray-packed") + [
         "--zero_stage", "3", "--micro_train_batch_size", "4", "--num_gpus", "5", "--actor_num_gpus_per_node", "2",
         "--critic_num_gpus_per_node", "2", "--colocate_actor_ref", "--vllm_num_engines", "1", "--packing",
@@ -210,10 +214,7 @@ def test_rl_ppo_ray_packed_under_a_budget_on_two_zero3_ranks_matches_the_one_pro
     out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *argv], capture_output=True, text=True,
                          timeout=800, env={**os.environ, "RAY_DEDUP_LOGS": "0"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
-    for a, b in zip(metrics(root / "local"), metrics(root / "ray-packed"), strict=True):
-        assert b["rl/rollout_logprob_gap"] < 1e-4, b
-        for k in ("rl/reward_mean", "rl/kl", "rl/critic_loss", "rl/policy_loss", "rl/value_mean"):
-            assert b[k] == pytest.approx(a[k], abs=1e-4), (k, a["step"], a[k], b[k])
+    assert_same_run(local, metrics(root / "ray-packed"))
 
 
 @pytest.mark.multiprocess
