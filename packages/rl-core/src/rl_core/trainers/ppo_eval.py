@@ -18,7 +18,7 @@ calls (``reward_failures``; they get the fallback and never stop the run here).
 The pass leaves the training trajectory alone: its requests carry their own seeds (the
 engines fork the RNG for a seeded request), it trains nothing, and it runs between the
 sync and the next iteration's sampling. Not here: per-datasource metrics (OpenRLHF's
-``eval_{datasource}_*``) and best-checkpoint tracking (``--best_metric_key``).
+``eval_{datasource}_*``) and best-checkpoint tracking (OpenRLHF's best_metric_key).
 """
 
 from __future__ import annotations
