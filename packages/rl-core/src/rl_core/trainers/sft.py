@@ -38,7 +38,7 @@ class SFTTrainer(Trainer):
     def train_step(self, indices: list[int]) -> dict[str, float]:
         micro = [self.to_device(self.collate(items)) for items in self.micro_batches(indices)]
         total = self.s.all_reduce(sum(b["loss_mask"].sum() for b in micro).float(), "sum")
-        loss_sum = 0.0
+        loss_sum = torch.zeros((), dtype=torch.float64, device=total.device)
         for b in micro:
             if self.packing:
                 out = self.engine(b["input_ids"], position_ids=b["position_ids"])
@@ -47,9 +47,9 @@ class SFTTrainer(Trainer):
             loss = sft_loss(out.logprobs, b["loss_mask"], global_tokens=total, dp_size=self.plan.dp_size)
             self.s.backward(loss, self.engine)
             self.s.optimizer_step(self.engine)
-            loss_sum += loss.item()
-        return {"loss": self.s.all_reduce(loss_sum, "mean"),
-                "tokens": float(total)}
+            loss_sum += loss.detach()  # on the device: no host sync per micro-batch, one .item() per step
+        loss_sum, total = torch.stack([loss_sum, total.double()]).tolist()
+        return {"loss": self.s.all_reduce(loss_sum, "mean"), "tokens": total}
 
     def eval_metrics(self, dataset) -> dict[str, float]:
         """``loss``: sum of response-token NLL / number of response tokens over the whole set; ``tokens``."""
