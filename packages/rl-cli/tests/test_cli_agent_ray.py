@@ -3,8 +3,8 @@
 rl-rollout's ``AgentExecutor`` drives the episodes through rl-core's ``GroupRollout.agenerate``: the turns
 waiting at once go to the HF engine actors together, spread over them, each actor sampling its share in one
 batch. Checked on the samples (environment tokens masked, the step rewards summed into the episode reward,
-one call per engine and turn, both engines used) and end to end: ``rl ppo-ray`` with an OpenRLHF agent file
-and ``--agent_turn_rewards`` completes with the agent's metrics.
+the turns waiting at once sent together, both engines used) and end to end: ``rl ppo-ray`` with an OpenRLHF
+agent file and ``--agent_turn_rewards`` completes with the agent's metrics.
 """
 
 from __future__ import annotations
@@ -95,9 +95,11 @@ def test_engine_actors_play_agent_episodes_turn_by_turn(task):
         ray.shutdown()
     samples = [s for g in groups for s in g]
     assert len(samples) == 8 and all(s.info["turns"] == 2 for s in samples)  # the agent ends at its 2nd step
-    # each turn of the 8 episodes went out at once, split over the two engines: 4 + 4 per turn
-    assert sorted(calls) == [(0, 4), (0, 4), (1, 4), (1, 4)], calls
-    assert rollout.outstanding == [0, 0]  # every turn sent was answered and counted off
+    # the first turns of the 8 episodes went out at once, one call per engine with 4 each; the second turns
+    # follow as each engine answers (how they group depends on which answer lands first)
+    assert sorted(calls[:2]) == [(0, 4), (1, 4)], calls
+    assert sum(k for _, k in calls) == 16 and len(calls) <= 10, calls  # 16 turns, in at most 2 + 8 calls
+    assert sum(rollout.pool.assigned) == 16 and rollout.pool.outstanding == [0, 0]  # all answered, counted off
     feedback = tok.encode(FEEDBACK, add_special_tokens=False)
     for s in samples:
         (s1, e1), (s2, e2) = s.info["action_spans"]

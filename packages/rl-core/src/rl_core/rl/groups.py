@@ -176,6 +176,19 @@ def sync_calls(what: str, policy: WorkerGroup, policy_call: tuple[str, Callable[
     raise policy_error
 
 
+class _EngineTurns:
+    """An engine group as an ``EnginePool`` member: its ``agenerate`` calls of one event-loop tick go to the
+    engine (rank 0) as one ``generate_turns`` call, made on a thread."""
+
+    def __init__(self, group: WorkerGroup):
+        from rl_rollout.tick_batch import TickBatcher
+
+        self._ticks = TickBatcher(lambda reqs: asyncio.to_thread(group.call_rank, 0, "generate_turns", reqs))
+
+    async def agenerate(self, request) -> list:
+        return await self._ticks.submit(request)
+
+
 class GroupRollout:
     """``generate`` over rollout-engine groups (rank 0 of each holds the engine), requests split evenly."""
 
@@ -183,9 +196,7 @@ class GroupRollout:
         if not engines:
             raise ValueError("GroupRollout needs at least one engine group")
         self.engines = list(engines)
-        self.outstanding = [0] * len(self.engines)  # agenerate: sequences in flight per engine
-        self._lock = threading.Lock()
-        self._ticks = None  # agenerate's TickBatcher per engine, made on first use
+        self.pool = None  # agenerate's EnginePool of _EngineTurns, made on first use
 
     def generate(self, requests: list) -> list[list]:
         n, k = len(requests), len(self.engines)
@@ -196,27 +207,15 @@ class GroupRollout:
         return [group for part in parts for group in part]
 
     async def agenerate(self, request) -> list:
-        """One request (an agent episode's turn, rl-rollout's ``AgentExecutor``), sent to the engine with the
-        fewest sequences in flight (ties: the lowest index). An engine's requests of one event-loop tick go as one
-        ``generate_turns`` call, made on a thread: the engines sample at once, and the episodes one engine
-        answered go on while the others still sample."""
-        if self._ticks is None:
-            from rl_rollout.tick_batch import TickBatcher
+        """One request (an agent episode's turn, rl-rollout's ``AgentExecutor``) through :attr:`pool`, an
+        ``EnginePool`` over the engines: the engine with the fewest sequences in flight takes it, and an
+        engine's requests of one event-loop tick go as one ``generate_turns`` call, made on a thread (the
+        engines sample at once; the episodes one engine answered go on while the others still sample)."""
+        if self.pool is None:
+            from rl_rollout.pool import EnginePool
 
-            self._ticks = [TickBatcher(lambda reqs, g=g: asyncio.to_thread(g.call_rank, 0, "generate_turns", reqs))
-                           for g in self.engines]
-        cost = request.params.n
-        with self._lock:
-            e = min(range(len(self.engines)), key=lambda k: (self.outstanding[k], k))
-            self.outstanding[e] += cost
-        try:
-            samples = await self._ticks[e].submit(request)
-        finally:
-            with self._lock:
-                self.outstanding[e] -= cost
-        for s in samples:
-            s.info.setdefault("engine_index", e)
-        return samples
+            self.pool = EnginePool([_EngineTurns(g) for g in self.engines])
+        return await self.pool.agenerate(request)
 
     def sleep(self, level: int = 1) -> None:
         concurrently(*[(lambda g=g: g.call_rank(0, "sleep", level)) for g in self.engines])
