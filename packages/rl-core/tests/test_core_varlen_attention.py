@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 
 from rl_core.attention import attention_implementation
+from rl_core.preflight import InputError
 from rl_core.varlen_attention import cu_seqlens, register, varlen_available
 from rl_rollout.testing import make_tiny_model
 
@@ -41,13 +42,14 @@ def test_cu_seqlens_from_restarting_positions():
 
 @pytest.mark.skipif(NO_VARLEN is None, reason="torch_varlen can run here, so asking for it is valid")
 def test_torch_varlen_where_it_cannot_run_says_what_to_use():
-    with pytest.raises(ValueError, match=r"torch_varlen cannot run here: .*; use sdpa \(--attn_implementation sdpa"):
+    """An InputError: the CLI prints it as its one last line (exit code 2), before any weights load."""
+    with pytest.raises(InputError, match=r"torch_varlen cannot run here: .*; use sdpa \(--attn_implementation sdpa"):
         attention_implementation("torch_varlen")
 
 
 @pytest.mark.skipif(CUDA, reason="a CUDA device is visible, so flex_attention is valid")
 def test_flex_attention_without_cuda_says_what_to_use():
-    with pytest.raises(ValueError, match=r"flex_attention needs a CUDA device.*use sdpa"):
+    with pytest.raises(InputError, match=r"flex_attention needs a CUDA device.*use sdpa"):
         attention_implementation("flex_attention")
 
 

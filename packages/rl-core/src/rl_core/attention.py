@@ -53,8 +53,10 @@ def attention_implementation(requested: str | None = None) -> str:
         return choice
     if requested not in VALID:
         raise ValueError(f"unknown attention implementation {requested!r}; valid: {', '.join(VALID)}")
+    from rl_core.preflight import InputError  # a ValueError the CLI prints in one line
+
     if requested == "flash_attention_2" and not has_flash:
-        raise ValueError(
+        raise InputError(
             "attention implementation flash_attention_2 (--flash_attn) needs the flash-attn package, "
             "which is not importable here; install it (pip install flash-attn, CUDA only) or drop --flash_attn "
             "to use sdpa"
@@ -63,11 +65,11 @@ def attention_implementation(requested: str | None = None) -> str:
         from rl_core.varlen_attention import register, varlen_available
 
         if (why := varlen_available()) is not None:
-            raise ValueError(f"attention implementation torch_varlen cannot run here: {why}; use sdpa "
+            raise InputError(f"attention implementation torch_varlen cannot run here: {why}; use sdpa "
                              f"(--attn_implementation sdpa) on this machine")
         register()
     if requested == "flex_attention" and not _cuda():
-        raise ValueError("attention implementation flex_attention needs a CUDA device here (torch's FlexAttention "
+        raise InputError("attention implementation flex_attention needs a CUDA device here (torch's FlexAttention "
                          "has no CPU backward); use sdpa (--attn_implementation sdpa) on this machine")
     _log_choice(requested, "requested")
     return requested
