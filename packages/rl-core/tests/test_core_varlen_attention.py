@@ -76,7 +76,7 @@ def test_padded_rows_defer_to_sdpa_and_packed_rows_off_gpu_are_refused(tiny):
 def _logprobs_and_grads(model, ids, pos=None, mask=None):
     model.zero_grad(set_to_none=True)
     lp = model(ids, attention_mask=mask, position_ids=pos).logprobs
-    lp.float().sum().backward()
+    (lp.float() if mask is None else lp.float() * mask).sum().backward()  # real tokens only: pads carry no loss
     grads = {n: p.grad.float().clone() for n, p in model.named_parameters() if p.grad is not None}
     return lp.detach().float(), grads
 
