@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import functools
 import inspect
+import logging
 import math
 
 import torch
 
 NAME = "torch_varlen"
+logger = logging.getLogger(__name__)
 
 
 def varlen_available() -> str | None:
@@ -65,7 +67,12 @@ def _cached_cu_seqlens(position_ids: torch.Tensor, batch: int) -> tuple[torch.Te
 def _params() -> frozenset[str]:
     from torch.nn.attention.varlen import varlen_attn
 
-    return frozenset(inspect.signature(varlen_attn).parameters)
+    params = frozenset(inspect.signature(varlen_attn).parameters)
+    logger.info("torch_varlen: packed rows run torch %s's varlen_attn (causal via %s, GQA %s, scale %s)",
+                torch.__version__, "window_size" if "window_size" in params else "is_causal",
+                "in the kernel" if "enable_gqa" in params else "by repeated KV heads",
+                "in the kernel" if "scale" in params else "folded into the query")
+    return params
 
 
 def _varlen(q, k, v, cu, longest: int, scaling: float | None):
