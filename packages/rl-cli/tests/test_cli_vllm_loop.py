@@ -157,3 +157,21 @@ def test_rl_ppo_async_agent_episodes_with_vllm(task):
     assert all(r["rl/agent/turns"] == 2 and r["rl/agent/env_tokens"] == 8 for r in rows), rows
     assert all(r["rl/staleness_violations"] == 0 and r["rl/staleness_max"] <= 1 for r in rows)
     assert rows[0]["rl/rollout_logprob_gap"] < GAP
+
+
+def test_rl_ppo_ray_agent_episodes_with_a_vllm_engine_actor(task):
+    """``rl ppo-ray --agent_func_path`` with a vLLM engine actor: every turn goes to the actor
+    (``generate_turns`` -> ``VLLMEngine.generate``), the environment's tokens are masked, and the engine's
+    log-probs on the policy's tokens equal the trainer's after each gloo broadcast."""
+    root, model = task
+    (root / "agent.py").write_text(AGENT)
+    argv = grpo(root, model, "ray-agent", 2) + ["--agent_func_path", str(root / "agent.py"), "--agent_max_turns",
+                                                "3", "--agent_max_len", "64", "--generate_max_len", "4",
+                                                "--num_gpus", "2", "--actor_num_gpus_per_node", "1",
+                                                "--vllm_num_engines", "1"]
+    out = run_cli("rl_cli.train_ppo_ray", [a for a in argv if a not in ("--reward_fn", f"{root / 'reward.py'}:letter")])
+    assert "VLLMEngine" in out.stdout and "weight sync gloo" in out.stdout, out.stdout[-2000:]
+    rows = metrics(root / "ray-agent")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all(r["rl/agent/turns"] == 2 and r["rl/agent/env_tokens"] == 8 for r in rows), rows
+    assert all(r["rl/rollout_logprob_gap"] < GAP for r in rows), rows
