@@ -111,9 +111,14 @@ def test_rl_demo_with_vllm(task, tmp_path):
 def test_rl_ppo_async_with_vllm_in_process_learns_within_the_staleness_bound(task):
     """``--async_train``: the next batch is generated (vLLM in this process, on the producer thread) while the
     policy trains; every batch's generating version is at most ``--max_staleness`` 1 behind the trained one,
-    the pipeline really ran ahead, and the samples of the training policy itself match its log-probs."""
+    the pipeline really ran ahead, and the samples of the training policy itself match its log-probs.
+    ``--partial_rollout``: vLLM samples in chunks of 2 tokens, so a sync may land mid-response; every sample's
+    tokens carry their versions (``partial_fraction`` is logged every iteration; the tags themselves are checked
+    against transformers in rl-rollout's test_rollout_vllm_engine.py)."""
     root, model = task
-    out = run_cli("rl_cli.train_ppo", grpo(root, model, "async", 14) + ["--async_train", "--max_staleness", "1"])
+    out = run_cli("rl_cli.train_ppo", grpo(root, model, "async", 14) + ["--async_train", "--max_staleness", "1",
+                                                                         "--partial_rollout",
+                                                                         "--partial_rollout_tokens", "2"])
     assert "rollout VLLMEngine" in out.stdout, out.stdout[-2000:]
     rows = metrics(root / "async")
     assert [r["step"] for r in rows] == list(range(1, 15))
@@ -121,6 +126,7 @@ def test_rl_ppo_async_with_vllm_in_process_learns_within_the_staleness_bound(tas
     assert all(0 <= x <= 1 for x in lags) and all(r["rl/staleness_violations"] == 0 for r in rows), lags
     assert [r["rl/policy_version_trained"] for r in rows] == list(range(14))
     assert sum(x == 1 for x in lags) >= 7, lags  # generation overlapped training
+    assert all(0 <= r["rl/partial_fraction"] <= 1 for r in rows), rows[-1]  # token versions came back tagged
     fresh = [r["rl/rollout_logprob_gap"] for r in rows if "rl/rollout_logprob_gap" in r]
     assert fresh and max(fresh) < GAP, fresh
     rewards = [r["rl/reward_mean"] for r in rows]

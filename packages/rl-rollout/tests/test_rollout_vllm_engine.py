@@ -255,6 +255,8 @@ def test_partial_rollout_lets_an_update_land_mid_response(engine, ref):
     finally:
         engine._generate_locked, engine.partial_chunk_tokens = locked, None
     assert updated_after < 20, f"the update waited for {updated_after} of 20 chunks"
+    a, b = out["samples"][0]
+    assert a.response_ids != b.response_ids  # a prompt's n samples are drawn apart (one seed per row and chunk)
     for s in out["samples"][0]:
         v = s.info["token_versions"]
         assert len(v) == len(s.response_ids) == 40 and v == sorted(v) and v[0] == 10 and v[-1] == 11, v

@@ -25,12 +25,16 @@ ChunkFn = Callable[[list[RolloutRequest], SamplingParams], tuple[list[list[Rollo
 
 
 def generate_in_chunks(requests: list[RolloutRequest], params: SamplingParams, chunk_tokens: int,
-                       sample_chunk: ChunkFn, updates_waiting: Callable[[], int]) -> list[list[RolloutSample]]:
+                       sample_chunk: ChunkFn, updates_waiting: Callable[[], int], *,
+                       seed_per_row: bool = False) -> list[list[RolloutSample]]:
     """``params.n`` samples per request, ``chunk_tokens`` new tokens at a time.
 
     ``sample_chunk(requests, params)`` samples one chunk (each request ``n=1``) under the engine's lock and
     returns the samples with the weight version that produced them. Between chunks the loop yields to
-    ``updates_waiting()`` pending updates. Chunk ``k`` is seeded ``params.seed + k``.
+    ``updates_waiting()`` pending updates. Seeds (when ``params.seed`` is set): chunk ``k`` is seeded
+    ``params.seed + k`` for the whole batch (an engine that draws one stream per batch, as HFEngine does), or
+    with ``seed_per_row`` each row gets its own seed, distinct over rows and chunks (an engine that seeds each
+    request alone, as vLLM does: a shared seed would make the n samples of a prompt identical).
     """
     if chunk_tokens < 1:
         raise ValueError(f"partial rollouts sample at least 1 token per chunk, got {chunk_tokens}")
@@ -47,7 +51,12 @@ def generate_in_chunks(requests: list[RolloutRequest], params: SamplingParams, c
         p = dataclasses.replace(params, n=1, max_new_tokens=step, seed=None if params.seed is None else params.seed + k)
         while updates_waiting():  # let a waiting update in before the next chunk
             time.sleep(0.001)
-        out, last_version = sample_chunk([RolloutRequest(prompts[b] + tokens[b], p) for b in active], p)
+        if seed_per_row and params.seed is not None:
+            rows = [RolloutRequest(prompts[b] + tokens[b],
+                                   dataclasses.replace(p, seed=params.seed + k * len(prompts) + b)) for b in active]
+        else:
+            rows = [RolloutRequest(prompts[b] + tokens[b], p) for b in active]
+        out, last_version = sample_chunk(rows, p)
         for b, (s,) in zip(active, out, strict=True):
             tokens[b] += s.response_ids
             logprobs[b] += s.rollout_logprobs

@@ -222,7 +222,8 @@ class VLLMEngine(VLLMWeightsMixin):
             groups.setdefault(r.params, []).append(i)
         for params, idx in groups.items():
             samples = generate_in_chunks([requests[i] for i in idx], params, self.partial_chunk_tokens,
-                                         lambda reqs, _p: self._generate_locked(reqs), lambda: self._updates_waiting)
+                                         lambda reqs, _p: self._generate_locked(reqs), lambda: self._updates_waiting,
+                                         seed_per_row=True)
             results.update(zip(idx, samples, strict=True))
         return [results[i] for i in range(len(requests))]
 
