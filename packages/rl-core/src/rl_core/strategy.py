@@ -247,7 +247,10 @@ class DeepSpeedStrategy:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
             return DeepSpeedCPUAdam(groups, lr=c.learning_rate, betas=c.adam_betas)
-        return torch.optim.AdamW(groups, lr=c.learning_rate, betas=c.adam_betas)
+        # fused on CUDA: one kernel over the fp32 weights and moments instead of foreach's dozen passes (estimated
+        # 10 ms of a 0.5B SFT step on an H200); it checks the parameters' device at the first step, after DeepSpeed
+        # moved them
+        return torch.optim.AdamW(groups, lr=c.learning_rate, betas=c.adam_betas, fused=self.device.type == "cuda")
 
     def prepare(self, model: nn.Module, *, total_steps: int | None = None, train: bool = True):
         """Wrap ``model`` in a DeepSpeed engine; with ``train`` also AdamW and the LR schedule.
