@@ -14,7 +14,8 @@ iterations after the first. Baselines measured in the same run on the same batch
   (sampling, same length), vs the loop's generate phase;
 - policy train: a plain PyTorch loop (AdamW, the same micro-batches, forward +
   clipped policy loss + backward + step, the same number of optimizer steps), vs the
-  loop's policy-train phase;
+  loop's policy-train phase; its padded tokens/s is printed, to set beside
+  ``sft_throughput.py``'s rate (issue 18 item 4); ``--use_liger_kernel`` runs both with liger's kernels;
 - sync: a device-to-device copy of the bytes one sync moves (every policy parameter),
   vs the loop's sync rate (GB/s); the engine's wake-up is timed apart (``wake_s``).
 
@@ -83,6 +84,9 @@ def main() -> None:
     ap.add_argument("--enable_sleep", action="store_true",
                     help="the engine sleeps while the models train (rl ppo's --vllm_enable_sleep)")
     ap.add_argument("--sleep_level", type=int, default=1, choices=(1, 2), help="rl ppo's --vllm_sleep_level")
+    ap.add_argument("--use_liger_kernel", action="store_true", help="rl ppo's --use_liger_kernel (CUDA, liger-kernel); "
+                    "the plain policy baseline, loaded after, gets liger's RMSNorm/SwiGLU/RoPE too (liger patches "
+                    "transformers' modeling module for the process)")
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
     args = ap.parse_args()
     dev = torch.device(args.device)
@@ -119,7 +123,7 @@ def main() -> None:
     def reward(prompt, response, label):
         return response.count(label) / max(len(response), 1)
 
-    run = build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, cfg,
+    run = build_run(RunConfig(RLModelConfig(pretrain=str(model), use_liger_kernel=args.use_liger_kernel), s, cfg,
                               EngineConfig(kind=args.rollout_engine, max_batch_sequences=G,
                                            enable_sleep=args.enable_sleep, sleep_level=args.sleep_level)),
                     LocalFactory(), prompts=prompts, tokenizer=tok, reward_fn=reward)
@@ -214,7 +218,9 @@ def main() -> None:
         print(f"{k[:-2]:<16}{mean[k]:>10.3f}{mean[k] / mean['iteration_s']:>8.1%}")
     print(f"generate: {tokens / mean['generate_s']:.0f} tok/s; plain model.generate {gen_base:.3f} s "
           f"-> ratio {mean['generate_s'] / gen_base:.3f}")
-    print(f"policy train: plain PyTorch loop {train_base:.3f} s -> ratio {mean['policy_train_s'] / train_base:.3f}")
+    train_tokens = b["input_ids"].numel()  # the plain loop's rows: G x (longest prompt + L), padded
+    print(f"policy train: plain PyTorch loop {train_base:.3f} s ({train_tokens / train_base:.0f} padded tokens/s) "
+          f"-> ratio {mean['policy_train_s'] / train_base:.3f}{'; liger kernels on both' * args.use_liger_kernel}")
     print(f"sync: {sync_bytes / 1e9:.3f} GB in {mean['sync_s']:.4f} s = {sync_gbps:.2f} GB/s; a device copy of the "
           f"same bytes {copy_gbps:.1f} GB/s -> ratio {sync_gbps / copy_gbps:.3f}; sync {mean['sync_s'] / mean['iteration_s']:.1%} "
           f"of an iteration (engine wake-up {mean['wake_s']:.3f} s apart); rollout {args.rollout_engine}")
@@ -226,6 +232,8 @@ def main() -> None:
     if args.out:
         Path(args.out).write_text(json.dumps({"device": name, "shape": shape, "phases": mean, "tokens": tokens,
                                               "generate_baseline_s": gen_base, "train_baseline_s": train_base,
+                                              "train_baseline_tokens": train_tokens,
+                                              "use_liger_kernel": args.use_liger_kernel,
                                               "sync_bytes": sync_bytes, "sync_gb_per_s": sync_gbps,
                                               "device_copy_gb_per_s": copy_gbps, "peak_device_gib": peak.gib, "sleep_freed_gib": freed_gib,
                                               "history": hist}, indent=1))

@@ -27,7 +27,7 @@ Sides, all built once in this process and timed in interleaved windows (plain, z
   ``torch.optim.AdamW`` (``fused=True`` on CUDA). The loop of issue 18's 75.8k tokens/s.
 - ``zero-N``: :class:`rl_core.trainers.SFTTrainer` over :class:`rl_core.strategy.DeepSpeedStrategy` at
   ZeRO stage N, as ``rl sft`` runs it: bf16 weights with DeepSpeed's fp32 master copy on CUDA,
-  sdpa, rl_algos' log-probs (the Triton kernel on CUDA), clipping 1.0, AdamW; timed as whole
+  sdpa, rl_algos' log-probs (the Triton kernel on CUDA), clipping 1.0, AdamW (fused on CUDA); timed as whole
   ``fit()`` calls (collate, token count, forward, loss, DeepSpeed backward/step, metrics).
 - ``zero-N +liger``: the same with ``Actor.from_pretrained(use_liger_kernel=True)`` (``rl sft
   --use_liger_kernel``: liger-kernel's RMSNorm / SwiGLU / RoPE). Liger's RoPE patch replaces a
