@@ -146,7 +146,7 @@ def test_openrlhf_flags_land_in_the_right_field(command, argv, want):
     ("ppo", ["--vllm_num_engines", "2"], "rl ppo-ray"),
     ("ppo", ["--actor.num_gpus_per_node", "2"], "rl ppo-ray"),
     ("rm", ["--value_head_prefix", "value_head2"], "rl_head"),
-    ("rm", ["--packing_samples"], "SFT only"),
+    ("rm", ["--packing_samples"], "not for preference pairs"),
     ("sft", ["--pretrain_mode"], "response tokens"),
     ("sft", ["--save_hf_ckpt"], "--save_path"),
     ("kto", ["--ref_offload"], "offloading"),

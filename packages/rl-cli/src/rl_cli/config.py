@@ -211,8 +211,9 @@ def _flatten_yaml(data: dict, groups: dict[str, type], flags: list[Flag], source
 
 
 def resolve(groups: dict[str, type], args: argparse.Namespace, flags: list[Flag]) -> dict[str, object]:
-    """Defaults < YAML < command line -> one instance per group (the dataclasses validate)."""
-    values: dict[str, object] = {}
+    """Defaults < OpenRLHF's defaults its flags bring < YAML < command line -> one instance per group (the
+    dataclasses validate)."""
+    values: dict[str, object] = dict(getattr(args, openrlhf.DEFAULTS, {}))
     cfg_file = getattr(args, "config", None)
     if cfg_file:
         import yaml

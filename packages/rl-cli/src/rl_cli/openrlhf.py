@@ -13,6 +13,9 @@ bare field name; the rest are settled by three tables (:mod:`rl_cli.openrlhf_tab
   ones that mean "feature off" in OpenRLHF, e.g. ``--ring_attn_size 1``) are accepted as
   the no-ops they are; anything else stops the parse with the one line.
 
+Per-command lines (:data:`COMMAND_CONVERT`, :data:`COMMAND_REFUSED`) come first: ``--ckpt.load_enable``
+brings the command's own default folder (OpenRLHF's ``./ckpt/checkpoints_sft`` ...).
+
 A refusal whose feature gets built turns into an ``ALIAS`` line (or simply disappears: a
 real flag of the same name always wins). ``python -m rl_cli.openrlhf > docs/openrlhf.md``
 writes the table from the parsers themselves, and the tests fail when an OpenRLHF flag of
@@ -27,15 +30,18 @@ from dataclasses import dataclass
 
 from rl_cli.openrlhf_tables import (  # noqa: F401  (the tables' names, re-exported)
     ALIAS,
+    COMMAND_CONVERT,
     COMMAND_REFUSED,
     COMMANDS,
     CONVERT,
+    DEFAULTS,
     FLAGS_FILE,
     NOTES,
     REFUSED,
     Convert,
     Refuse,
     command_refusal,
+    convert_of,
     converted_names,
     flags_of,
     openrlhf_flags,
@@ -99,13 +105,14 @@ def install(parser: argparse.ArgumentParser, command: str | None, owner: dict[st
             continue
         # a refusal of this command first, then what maps onto a field of ours, then the general refusal
         refuse = command_refusal(command, name)
+        conv = convert_of(command, name)
         target = next((t for t in ALIAS.get(name, ()) if t in kwargs_of), None)
-        if refuse is None and name not in CONVERT and target is None:
+        if refuse is None and conv is None and target is None:
             refuse = REFUSED.get(name)
-        if refuse is None and name in CONVERT:
-            meta = {} if CONVERT[name].nargs == 0 else {"metavar": name.split(".")[-1].upper()}
-            group.add_argument(opt, action=_Converted, conv=CONVERT[name], dest=argparse.SUPPRESS,
-                               help=f"OpenRLHF's flag; sets {CONVERT[name].ours}", **meta)
+        if refuse is None and conv is not None:
+            meta = {} if conv.nargs == 0 else {"metavar": name.split(".")[-1].upper()}
+            group.add_argument(opt, action=_Converted, conv=conv, dest=argparse.SUPPRESS,
+                               help=f"OpenRLHF's flag; sets {conv.ours}", **meta)
             owner[opt] = f"openrlhf:{name}"
         elif refuse is None and target is not None:
             group.add_argument(opt, dest=target, **{**kwargs_of[target], "help": f"OpenRLHF's name of --{target}"})
@@ -207,7 +214,9 @@ def markdown() -> str:
     ]
     for tag, commit in data["releases"].items():
         lines.append(f"- {tag}: {data['source']}/tree/{commit}")
-    lines += ["", "`python -m openrlhf.cli.train_X` becomes `python -m rl_cli.train_X` or `rl X`. `ours` is the "
+    lines += ["", "OpenRLHF's example scripts (`examples/scripts/`), one by one, and what stops those that do not run: "
+              "[packages/rl-cli/README.md](../packages/rl-cli/README.md#openrlhfs-example-scripts).",
+              "", "`python -m openrlhf.cli.train_X` becomes `python -m rl_cli.train_X` or `rl X`. `ours` is the "
               "setting the flag sets (`rl X --print_config` shows them all resolved). A refused flag given "
               "the value that leaves its feature off in OpenRLHF (e.g. `--ring_attn_size 1`) is accepted as the "
               "no-op it is. The last column shows where a run that leaves a flag out differs from OpenRLHF's "

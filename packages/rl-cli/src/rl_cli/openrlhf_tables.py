@@ -63,9 +63,7 @@ ALIAS: dict[str, tuple[str, ...]] = {
     "model.margin_loss_enable": ("train.margin_loss",),
     "ckpt.output_dir": ("train.save_path", "ppo.save_path"),
     "ckpt.path": ("train.ckpt_path", "ppo.ckpt_path"),
-    "ckpt.save_steps": ("train.save_steps", "ppo.save_steps"),
     "ckpt.max_num": ("train.max_ckpt_num", "ppo.max_ckpt_num"),
-    "ckpt.load_enable": ("train.load_checkpoint", "ppo.load_checkpoint"),
     "logger.logging_steps": ("train.logging_steps",),
     "ds.packing_samples": ("data.packing",),
     "packing_samples": ("data.packing",),
@@ -200,6 +198,40 @@ CONVERT: dict[str, Convert] = {
     **{k: Convert("batching.forward_max_tokens_per_gpu (with --use_dynamic_batch, as in OpenRLHF)",
                   _budget("rollout"), None, int) for k in ("rollout_max_tokens_per_gpu", "rollout.max_tokens_per_gpu")},
 }
+
+DEFAULTS = "_openrlhf_defaults"  # {dotted: value} below YAML and the command line (rl_cli.config.resolve)
+
+
+def _ckpt(group: str, folder: str, field: str):
+    """OpenRLHF's --ckpt.load_enable / --ckpt.save_steps N read / write its default --ckpt.path when none is
+    given (``./ckpt/checkpoints_sft`` ...); ours has no default folder, so these flags bring OpenRLHF's."""
+
+    def convert(v, ns):
+        value = True if field == "load_checkpoint" else v  # the switch, or the step count
+        out = {f"{group}.{field}": value}
+        if value is True or value > 0:  # below YAML and --ckpt.path / --ckpt_path, wherever they stand
+            out[DEFAULTS] = {**getattr(ns, DEFAULTS, {}), f"{group}.ckpt_path": folder}
+        return out
+
+    return convert
+
+
+def _ckpt_converts(command: str) -> dict[str, Convert]:
+    folder = flags_of(command)["flat"]["ckpt_path"]["default"]
+    group = "ppo" if command in ("ppo", "ppo-ray") else "train"
+    return {"ckpt.load_enable": Convert(f"{group}.load_checkpoint (no --ckpt.path: {folder})",
+                                        _ckpt(group, folder, "load_checkpoint"), 0),
+            "ckpt.save_steps": Convert(f"{group}.save_steps (N > 0, no --ckpt.path: {folder})",
+                                       _ckpt(group, folder, "save_steps"), None, int)}
+
+
+# Conversions of one command only (they come before CONVERT).
+COMMAND_CONVERT: dict[str, dict[str, Convert]] = {c: _ckpt_converts(c) for c in COMMANDS}
+
+
+def convert_of(command: str | None, name: str) -> Convert | None:
+    return COMMAND_CONVERT.get(command or "", {}).get(name) or CONVERT.get(name)
+
 
 # Accepted flags whose meaning differs in a way a user should know: shown in the table.
 NOTES: dict[tuple[str, str], str] = {
@@ -365,7 +397,7 @@ REFUSED: dict[str, Refuse] = {
 }
 
 _PLACEMENT = "placement is rl ppo-ray's: rl ppo runs every role in this process"
-_PACKING_SFT = "packing is built for SFT only (rl sft --packing_samples); drop the flag"
+_PACKING_SFT = "packing is built for rl sft, ppo and ppo-ray, not for preference pairs; drop the flag"
 _RL_ONLY: dict[str, Refuse] = {
     "target_modules": REFUSED["lora_rank"], "ds.lora.target_modules": REFUSED["lora_rank"],
     "logger.logging_steps": Refuse("the RL loop logs every iteration", off=(1,)),
@@ -395,4 +427,4 @@ def converted_names(command: str | None) -> set[str]:
     if command not in COMMANDS:
         return set()
     names = set(flags_of(command)["flat"]) | set(flags_of(command)["grouped"])
-    return {n for n in names & set(CONVERT) if command_refusal(command, n) is None}
+    return {n for n in names if convert_of(command, n) is not None and command_refusal(command, n) is None}
