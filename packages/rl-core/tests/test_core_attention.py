@@ -41,3 +41,25 @@ def test_tiny_model_loads_with_the_choice(tmp_path):
     eager = AutoModelForCausalLM.from_pretrained(path, attn_implementation="eager")
     ids = torch.randint(5, 100, (2, 12))
     torch.testing.assert_close(model(ids).logits, eager(ids).logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.skipif(HAS_FLASH, reason="flash-attn is installed here: it is the default for packed rows too")
+def test_packed_rows_default_to_torch_varlen_where_it_runs(monkeypatch):
+    """The default for a model that sees packed rows: torch_varlen on CUDA in bf16/fp16 with full attention (3.6x
+    sdpa's masked path on the H200), sdpa otherwise. Whether the kernel can run is the one thing faked here (no GPU
+    on this machine); the kernel itself is tested on the H200 (test_core_varlen_attention.py)."""
+    from types import SimpleNamespace
+
+    import rl_core.varlen_attention as va
+
+    full, windowed = SimpleNamespace(sliding_window=None), SimpleNamespace(sliding_window=4096, use_sliding_window=True)
+    off = SimpleNamespace(sliding_window=4096, use_sliding_window=False)  # Qwen2's config: a window, switched off
+    here = attention_implementation(packed=True, dtype="bf16", model_config=full)
+    assert here == ("torch_varlen" if va.varlen_available() is None else "sdpa")
+    monkeypatch.setattr(va, "varlen_available", lambda: None)  # as on a GPU with torch >= 2.10
+    assert attention_implementation(packed=True, dtype="bf16", model_config=full) == "torch_varlen"
+    assert attention_implementation(packed=True, dtype="fp16", model_config=off) == "torch_varlen"
+    assert attention_implementation(packed=True, dtype="fp32", model_config=full) == "sdpa"  # the kernel: bf16/fp16
+    assert attention_implementation(packed=True, dtype="bf16", model_config=windowed) == "sdpa"
+    assert attention_implementation(packed=False, dtype="bf16", model_config=full) == "sdpa"  # padded rows: as before
+    assert attention_implementation("sdpa", packed=True, dtype="bf16", model_config=full) == "sdpa"  # asked for

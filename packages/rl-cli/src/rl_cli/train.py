@@ -87,8 +87,9 @@ def _build_sft(strategy, cfgs, tok, ds, train, eval_ds):
     from rl_core.trainers import SFTTrainer
 
     m = cfgs["model"]
-    return SFTTrainer(strategy, Actor.from_pretrained(m.pretrain, **_load_kw(m, strategy.cfg)), tok, ds, train,
-                      eval_dataset=eval_ds, logger=cfgs["logger"])
+    packed = bool(getattr(cfgs.get("data"), "packing", False))  # the default attention for packed rows differs
+    return SFTTrainer(strategy, Actor.from_pretrained(m.pretrain, **_load_kw(m, strategy.cfg), packed=packed), tok,
+                      ds, train, eval_dataset=eval_ds, logger=cfgs["logger"])
 
 
 def _build_rm(strategy, cfgs, tok, ds, train, eval_ds):

@@ -66,13 +66,19 @@ def _check_folder(path: str | Path) -> Path:
     return p
 
 
-def _load(auto_cls, path, dtype, attn, gradient_checkpointing, lora: LoraSpec | None, use_liger_kernel: bool = False):
+def _load(auto_cls, path, dtype, attn, gradient_checkpointing, lora: LoraSpec | None, use_liger_kernel: bool = False,
+          packed: bool = False):
     if use_liger_kernel:
         from rl_core.liger import require_liger
 
         require_liger()  # before the weights load, not after
-    model = auto_cls.from_pretrained(_check_folder(path), dtype=_dtype(dtype),
-                                     attn_implementation=attention_implementation(attn))
+    model_config = None
+    if attn is None and packed:  # the default for packed rows depends on the model's attention (sliding window)
+        from transformers import AutoConfig
+
+        model_config = AutoConfig.from_pretrained(_check_folder(path))
+    impl = attention_implementation(attn, packed=packed, dtype=dtype, model_config=model_config)
+    model = auto_cls.from_pretrained(_check_folder(path), dtype=_dtype(dtype), attn_implementation=impl)
     if use_liger_kernel:
         from rl_core.liger import apply_liger_kernel
 
@@ -119,12 +125,13 @@ class Actor(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: str = "bf16", attn_implementation: str | None = None,
                         gradient_checkpointing: bool = False, lora: LoraSpec | None = None,
-                        use_liger_kernel: bool = False) -> Actor:
-        """``use_liger_kernel``: liger-kernel's fused RMSNorm / SwiGLU / RoPE (CUDA; rl_core.liger)."""
+                        use_liger_kernel: bool = False, packed: bool = False) -> Actor:
+        """``use_liger_kernel``: liger-kernel's fused RMSNorm / SwiGLU / RoPE (CUDA; rl_core.liger). ``packed``: the
+        model will see packed rows (the default attention is then torch_varlen where it runs: rl_core.attention)."""
         from transformers import AutoModelForCausalLM
 
         return cls(_load(AutoModelForCausalLM, path, dtype, attn_implementation, gradient_checkpointing, lora,
-                         use_liger_kernel))
+                         use_liger_kernel, packed))
 
     @property
     def config(self):
@@ -182,14 +189,15 @@ class _ScalarHeadModel(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: str = "bf16", attn_implementation: str | None = None,
                         gradient_checkpointing: bool = False, lora: LoraSpec | None = None,
-                        use_liger_kernel: bool = False):
+                        use_liger_kernel: bool = False, packed: bool = False):
         """Load the body from ``path``; the head too if ``path`` holds one of this kind, else a fresh head.
-        ``use_liger_kernel`` as for :meth:`Actor.from_pretrained`."""
+        ``use_liger_kernel`` and ``packed`` as for :meth:`Actor.from_pretrained`."""
         from safetensors.torch import load_file
         from transformers import AutoModel
 
         path = _check_folder(path)
-        body = _load(AutoModel, path, dtype, attn_implementation, gradient_checkpointing, lora, use_liger_kernel)
+        body = _load(AutoModel, path, dtype, attn_implementation, gradient_checkpointing, lora, use_liger_kernel,
+                     packed)
         head, mean, std = None, 0.0, 1.0
         if (path / HEAD_META).is_file():
             meta = json.loads((path / HEAD_META).read_text())

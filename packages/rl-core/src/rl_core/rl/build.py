@@ -94,7 +94,7 @@ class RunConfig:
         attn = requested_attention(self.model.attn_implementation, self.model.flash_attn)
         return {"dtype": self.dtype, "attn_implementation": attn,
                 "gradient_checkpointing": self.strategy.gradient_checkpointing,
-                "use_liger_kernel": self.model.use_liger_kernel}
+                "use_liger_kernel": self.model.use_liger_kernel, "packed": self.packing}
 
 
 class GroupFactory(Protocol):
