@@ -106,40 +106,17 @@ class HFEngine:
             return [results[i] for i in range(len(requests))]
 
     def _generate_partial(self, requests: list[RolloutRequest], params: SamplingParams) -> list[list[RolloutSample]]:
-        """Partial rollouts: ``partial_chunk_tokens`` new tokens at a time, the lock released in between, so a
-        weight update lands mid-response and the rest is sampled (its prefix re-read) with the new weights.
-        ``info["token_versions"]``: the weight version of each response token; ``policy_version``: the oldest."""
-        n, chunk_tokens = params.n, self.partial_chunk_tokens
-        prompts = [list(r.prompt_token_ids) for r in requests for _ in range(n)]
-        tokens: list[list[int]] = [[] for _ in prompts]
-        logprobs: list[list[float]] = [[] for _ in prompts]
-        versions: list[list[int]] = [[] for _ in prompts]
-        finish: list[str | None] = [None] * len(prompts)
-        k = 0
-        while active := [b for b in range(len(prompts)) if finish[b] is None]:
-            step = min(chunk_tokens, params.max_new_tokens - len(tokens[active[0]]))  # active rows: same length
-            p = dataclasses.replace(params, n=1, max_new_tokens=step,
-                                    seed=None if params.seed is None else params.seed + k)
-            while self._updates_waiting:  # a lock is not fair: let a waiting update in before the next chunk
-                time.sleep(0.001)
+        """Partial rollouts (:func:`rl_rollout.partial.generate_in_chunks`): ``partial_chunk_tokens`` new tokens at a
+        time, the lock released in between, so a weight update lands mid-response and the rest is sampled (its
+        prefix re-read) with the new weights. One seed per chunk for the whole batch (one generator stream)."""
+        from rl_rollout.partial import generate_in_chunks
+
+        def chunk(reqs: list[RolloutRequest], p: SamplingParams):
             with self._lock:
                 self._check_awake()
-                out = self._generate_group([RolloutRequest(prompts[b] + tokens[b], p) for b in active], p)
-                version = self.policy_version
-            for b, (s,) in zip(active, out, strict=True):
-                tokens[b] += s.response_ids
-                logprobs[b] += s.rollout_logprobs
-                versions[b] += [version] * len(s.response_ids)
-                if s.finish_reason == "stop" or len(tokens[b]) >= params.max_new_tokens:
-                    finish[b] = s.finish_reason
-            k += 1
-        return [[RolloutSample(prompt_ids=prompts[i * n + j], response_ids=tokens[i * n + j],
-                               rollout_logprobs=logprobs[i * n + j], loss_mask=[1] * len(tokens[i * n + j]),
-                               finish_reason=finish[i * n + j],
-                               policy_version=min(versions[i * n + j], default=self.policy_version),
-                               info={"request_id": r.request_id, "sample_index": j,
-                                     "token_versions": versions[i * n + j]})
-                 for j in range(n)] for i, r in enumerate(requests)]
+                return self._generate_group(reqs, p), self.policy_version
+
+        return generate_in_chunks(requests, params, self.partial_chunk_tokens, chunk, lambda: self._updates_waiting)
 
     async def agenerate(self, request: RolloutRequest) -> list[RolloutSample]:
         if not self.batch_agenerate:
