@@ -284,7 +284,8 @@ def test_sft_steps_equal_a_plain_torch_loop(setup):
     """Four optimizer steps of SFTTrainer (DeepSpeed ZeRO-0, fp32, micro-batch 2 x accumulation 2, rows of
     unequal length) report the losses of a hand-written loop over the same batches (token-mean NLL over the
     global batch, clip 1.0, AdamW) and leave the same weights: the step's bookkeeping (losses summed on the
-    device, one host sync per step instead of one per micro-batch) changes neither."""
+    device, one host sync per step instead of one per micro-batch; DeepSpeed's all-reduce skipped on one rank)
+    changes neither."""
     from transformers import AutoTokenizer
 
     from rl_core.data import pad_collate
@@ -294,6 +295,7 @@ def test_sft_steps_equal_a_plain_torch_loop(setup):
     s = DeepSpeedStrategy(StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=2, train_batch_size=4,
                                          learning_rate=1e-3, lr_warmup_ratio=0.0, lr_scheduler="constant"))
     trainer = SFTTrainer(s, Actor.from_pretrained(model, dtype="fp32"), tok, sft_data(setup), SFTConfig(max_epochs=2))
+    assert not trainer.engine.enable_backward_allreduce  # one rank at ZeRO-0: no all-reduce copy of the gradients
     ref = Actor.from_pretrained(model, dtype="fp32")
     opt = torch.optim.AdamW(ref.parameters(), lr=1e-3, betas=(0.9, 0.95), weight_decay=0.0)
     losses = trainer.fit()

@@ -274,6 +274,10 @@ class DeepSpeedStrategy:
         sched = torch.optim.lr_scheduler.LambdaLR(
             optim, lr_lambda(self.cfg.lr_scheduler, total_steps, warmup, self.cfg.min_lr_ratio))
         engine, *_ = deepspeed.initialize(model=model, optimizer=optim, lr_scheduler=sched, config=self.ds_config())
+        if self.cfg.zero_stage == 0 and self.world_size == 1:
+            # one rank: DeepSpeed's all-reduce at each step's last backward would flatten every gradient into
+            # buckets, reduce over nobody and copy it back (as it does when it runs without torch.distributed)
+            engine.enable_backward_allreduce = False
         if self.cfg.gradient_checkpointing:
             inner = getattr(engine.module, "model", None) or getattr(engine.module, "body", None)
             if inner is not None and hasattr(inner, "gradient_checkpointing_enable"):
