@@ -33,6 +33,8 @@ Sides, all built once in this process and timed in interleaved windows (plain, z
   --use_liger_kernel``: liger-kernel's RMSNorm / SwiGLU / RoPE). Liger's RoPE patch replaces a
   function of transformers' modeling module for the whole process, so each side's window sets that
   module's functions to what the side was built with.
+- ``--profile SIDE`` runs one more window of that side under torch.profiler and prints its top
+  kernels and how busy the device was (where the step's time goes, for the next change).
 - ``--grad_ckpt`` adds ``zero-0 +liger +ckpt`` (gradient checkpointing on); ``--big_micro M`` adds
   ``zero-0 +liger micro M`` (the same global batch in fewer, larger micro-batches); both without
   ``+liger`` under ``--liger off``.
@@ -205,6 +207,8 @@ def main() -> None:
     ap.add_argument("--grad_ckpt", action="store_true", help="add a zero-0 +liger side with gradient checkpointing")
     ap.add_argument("--big_micro", type=int, help="add a zero-0 +liger side with this micro-batch (same global batch)")
     ap.add_argument("--peak_tflops", type=float, default=989.0, help="MFU denominator (H200 SXM dense bf16: 989)")
+    ap.add_argument("--profile", metavar="SIDE", help="after the windows, one more window of this side (e.g. "
+                    "'zero-0 +liger') under torch.profiler: its top kernels and how busy the device was")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args()
     preset = "small" if args.small else args.preset or ("0.5b" if args.device == "cuda" else "default")
@@ -247,6 +251,8 @@ def main() -> None:
         if args.big_micro:
             builders["zero-0" + " +liger" * lg + f" micro {args.big_micro}"] = lambda: RlCore(
                 path, data, args.big_micro, G // args.big_micro, device, 0, liger=lg)
+        if args.profile and args.profile not in builders:
+            sys.exit(f"--profile {args.profile!r} is not a side of this run; pick one of: {', '.join(builders)}")
         sides, own = {}, {}
         for name, build in builders.items():  # warm-up: DeepSpeed builds its comm ops, Triton compiles
             before = mem(device)
@@ -295,12 +301,31 @@ def main() -> None:
         worst = min(r["speedup_vs_plain"] for r in core if "+" not in r["side"])
         verdict = "met" if 1 / worst <= 1.10 else "NOT met"
         print(f"target (rl_core wall time <= 1.10 x plain at ZeRO-0/1): {verdict}, worst {1 / worst:.3f}x")
+    if args.profile:
+        profile_window(sides[args.profile], steps, device)
     if args.out:
         with open(args.out, "w") as f:
             json.dump({"preset": preset, "shape": shape, "seq": T, "micro": micro, "accum": args.accum,
                        "steps": steps, "repeats": args.repeats, "params": n_params, "peak_tflops": args.peak_tflops,
                        "mfu_convention": "6 x params x tokens/s / peak; attention not counted",
                        "device": str(device), "torch": torch.__version__, "results": results}, f, indent=1)
+
+
+def profile_window(side, steps: int, device: torch.device) -> None:
+    """One window of ``side`` under torch.profiler: the 15 ops with the most self time on the device (CPU on a
+    CPU run) and the share of the wall time the device spent in kernels and copies (their durations summed:
+    overlapping streams count twice; profiling slows the host a little)."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    cuda = device.type == "cuda"
+    with profile(activities=[ProfilerActivity.CPU] + [ProfilerActivity.CUDA] * cuda) as prof:
+        wall = side.run(steps)
+    table = prof.key_averages()
+    print(table.table(sort_by="self_device_time_total" if cuda else "self_cpu_time_total", row_limit=15))
+    if cuda:
+        busy = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA) / 1e6
+        print(f"profiled window: {wall:.3f} s wall, device kernels {busy:.3f} s ({busy / wall:.0%} busy)")
 
 
 def mem(device: torch.device) -> int:
