@@ -33,6 +33,30 @@ def test_logprobs_are_aligned_with_input_ids(actor):
     torch.testing.assert_close(lp[:, 1:], expected, atol=1e-6, rtol=0)
 
 
+def test_logprobs_entropy_and_gradients_equal_the_naive_ones(tiny):
+    """Actor computes the log-probs over every position and drops the last (so the logits' gradient needs no
+    zero-padded copy); values, entropy and the weights' gradients are those of a naive log_softmax over
+    ``logits[:, :-1]``, also with padding (the wrapped-around label of the last position never counts)."""
+    actor = Actor.from_pretrained(tiny, dtype="fp32")
+    ids = torch.tensor([[5, 60, 70, 71, 9, 33], [0, 0, 7, 8, 30, 31]])
+    att = torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]])
+    out = actor(ids, attention_mask=att, return_entropy=True)
+    mask = att[:, 1:].float() * att[:, :-1].float()
+    (out.logprobs[:, 1:] * mask + out.entropy[:, 1:] * mask * 0.1).sum().backward()
+    mine = {n: p.grad.clone() for n, p in actor.named_parameters()}
+    actor.zero_grad()
+    logits = actor.model(input_ids=ids, attention_mask=att, position_ids=(att.cumsum(-1) - 1).clamp(min=0)).logits
+    logp = torch.log_softmax(logits[:, :-1].double(), -1)
+    lp = logp.gather(-1, ids[:, 1:, None]).squeeze(-1)
+    ent = -(logp.exp() * logp).sum(-1)
+    torch.testing.assert_close(out.logprobs[:, 1:].double(), lp, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.entropy[:, 1:].double(), ent, atol=1e-5, rtol=0)
+    assert (out.logprobs[:, 0] == 0).all() and (out.entropy[:, 0] == 0).all()
+    (lp * mask + ent * mask * 0.1).sum().backward()
+    for n, p in actor.named_parameters():
+        torch.testing.assert_close(mine[n], p.grad.to(mine[n].dtype), atol=1e-5, rtol=1e-4, msg=n)
+
+
 def test_left_padding_gives_the_unpadded_logprobs(actor):
     pad = actor.config.pad_token_id
     T = max(map(len, SEQS))

@@ -146,14 +146,17 @@ class Actor(nn.Module):
             pos_for_shift = position_ids
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=False)
-        logits = out.logits[:, :-1]  # a view: rl_algos' CUDA kernel reads it without a copy
+        # Every position, the last one's label wrapped around (its log-prob is computed and dropped): the
+        # kernels' logits gradient then comes back whole, where one of logits[:, :-1] would be copied into a
+        # zero-filled [B, T, V] by the slice's backward (a write and a copy of all the logits per micro-batch).
+        labels = torch.roll(input_ids, -1, dims=1)
         ent_BT = None
         if return_entropy:  # one pass over the logits for both on CUDA
-            lp, ent = logprobs_and_entropy_from_logits(logits, input_ids[:, 1:], temperature=temperature)
-            ent_BT = _shift_right(torch.nn.functional.pad(ent, (0, 1)), pos_for_shift)
+            lp, ent = logprobs_and_entropy_from_logits(out.logits, labels, temperature=temperature)
+            ent_BT = _shift_right(ent, pos_for_shift)
         else:
-            lp = logprobs_from_logits(logits, input_ids[:, 1:], temperature=temperature)
-        lp_BT = _shift_right(torch.nn.functional.pad(lp, (0, 1)), pos_for_shift)
+            lp = logprobs_from_logits(out.logits, labels, temperature=temperature)
+        lp_BT = _shift_right(lp, pos_for_shift)
         return ActorOutput(lp_BT, ent_BT)
 
     def save_pretrained(self, path: str | Path, state_dict: dict[str, Tensor] | None = None, **kw) -> None:
