@@ -28,8 +28,9 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 # what stops a script: the refusal line after "rl COMMAND: error: " ({flag}: the flag that asks for it)
 _UNSUPPORTED = "{flag} (OpenRLHF) is not supported: "
 FEATURES = {
-    "DeepSpeed sleep": _UNSUPPORTED + "sleeping the DeepSpeed models between phases is not built; "
-                                      "--vllm_enable_sleep frees the engines' memory",
+    "DeepSpeed sleep in async training": "--async_train trains the policy while the engines generate, so its "
+                                         "DeepSpeed states cannot sleep meanwhile: drop --deepspeed_enable_sleep (or "
+                                         "--async_train)",
     "ring attention": _UNSUPPORTED + "ring attention (sequence parallelism) is not built; use a shorter --max_len "
                                      "or ZeRO-3",
     "entropy loss": _UNSUPPORTED + "the policy loss has no entropy term (entropy regularisation is not built)",
@@ -77,8 +78,8 @@ _REINFORCE_BASELINE = (
     "--actor.adam.lr 5e-7 --actor.entropy_coef 0.0 --algo.kl.init_coef 1e-5 --algo.kl.use_loss --algo.kl.estimator "
     "k2 --algo.advantage.is_correction_enable --algo.advantage.is_correction_type icepop --logger.tensorboard_dir "
     "{out}/runs --logger.logging_steps 1 --eval.steps -1")
-_RB_BLOCKERS = (("--ds.enable_sleep", "DeepSpeed sleep"), ("--ds.ring_attn_size", "ring attention"),
-                ("--ds.ring_attn_head_stride", "ring attention"), ("--actor.entropy_coef", "entropy loss"))
+_RB_BLOCKERS = (("--ds.ring_attn_size", "ring attention"), ("--ds.ring_attn_head_stride", "ring attention"),
+                ("--actor.entropy_coef", "entropy loss"))
 _OFFLINE = ("--ckpt.save_steps -1 --logger.logging_steps 1 --eval.steps -1 --train.max_epochs 1 --ds.param_dtype bf16 "
             "--model.model_name_or_path {model} --data.dataset {data} --ds.attn_implementation flash_attention_2 ")
 _PAIRS = ("--train.batch_size 256 --train.micro_batch_size 1 --data.max_len 8192 --ds.zero_stage 3 "
@@ -87,7 +88,6 @@ _PAIRS = ("--train.batch_size 256 --train.micro_batch_size 1 --data.max_len 8192
 _DPO = "--ckpt.output_dir {out} " + _OFFLINE + _PAIRS + "--adam.lr 5e-7 --model.beta 0.1"
 _SFT = ("--data.max_len 2048 --data.input_key question --data.output_key response --data.max_samples 500000 "
         "--ckpt.output_dir {out} " + _OFFLINE)
-_SLEEP = (("--ds.enable_sleep", "DeepSpeed sleep"),)
 _PAIR_PACKING = (("--ds.packing_samples", "packing of preference pairs"),)
 
 SCRIPTS: dict[str, Script] = {
@@ -106,7 +106,7 @@ SCRIPTS: dict[str, Script] = {
         "--ds.zero_stage 3 --ds.param_dtype bf16 --actor.adam.lr 5e-7 --data.prompt_dataset {data} "
         "--data.input_key context_messages --data.apply_chat_template --actor.gradient_checkpointing_enable "
         "--ds.packing_samples --vllm.sync_backend nccl --vllm.enforce_eager --vllm.enable_sleep --ds.enable_sleep "
-        "--algo.advantage.is_correction_enable"), _SLEEP),
+        "--algo.advantage.is_correction_enable")),
     "train_dpo_llama.sh": Script("dpo", _DPO + " --local_rank=0", _PAIR_PACKING),
     "train_nonrl_slurm.sh": Script("dpo", _DPO, _PAIR_PACKING),  # train_dpo_llama.sh's command under torchrun
     "train_ppo_ray_hybrid_engine.sh": Script("ppo-ray", _RAY_GPUS.format(n=8) + (
@@ -120,7 +120,7 @@ SCRIPTS: dict[str, Script] = {
         "--reward.normalize_enable --actor.gradient_checkpointing_enable --ds.packing_samples --vllm.sync_backend "
         "nccl --vllm.enforce_eager --vllm.enable_sleep --ds.enable_sleep --train.dynamic_batch_enable "
         "--train.max_tokens_per_gpu 16384 --algo.advantage.is_correction_enable"),
-        (*_SLEEP, ("--ckpt.save_hf", "HF export with no checkpoints"))),
+        (("--ckpt.save_hf", "HF export with no checkpoints"),)),
     "train_ppo_ray_slurm.sh": Script("ppo-ray", _RAY_GPUS.format(n=4) + (
         "--reward.num_nodes 1 --reward.num_gpus_per_node 4 --critic.num_nodes 1 --critic.num_gpus_per_node 4 "
         "--vllm.num_engines 4 --vllm.tensor_parallel_size 2 --train.colocate_critic_reward --train.colocate_actor_ref "
@@ -147,11 +147,12 @@ SCRIPTS: dict[str, Script] = {
         "--ds.packing_samples --vllm.sync_backend nccl --vllm.enforce_eager --vllm.enable_sleep --ds.enable_sleep "
         "--algo.advantage.is_correction_enable --algo.advantage.is_correction_threshold 0.5 5.0 "
         "--algo.advantage.is_correction_type icepop --train.max_tokens_per_gpu 32768 "
-        "--reward.stop_properly_penalty_coef 0.0"), _SLEEP),
+        "--reward.stop_properly_penalty_coef 0.0")),
     "train_reinforce_baseline_hybrid_engine.sh": Script(
         "ppo-ray", _REINFORCE_BASELINE.replace("{extra}", "").replace("{gmu}", "0.7"), _RB_BLOCKERS),
     "train_reinforce_baseline_ray_agent_async.sh": Script("ppo-ray", _REINFORCE_BASELINE.replace(
-        "{extra}", "--train.async_enable --train.partial_rollout_enable ").replace("{gmu}", "0.95"), _RB_BLOCKERS),
+        "{extra}", "--train.async_enable --train.partial_rollout_enable ").replace("{gmu}", "0.95"),
+        (*_RB_BLOCKERS, ("--ds.enable_sleep", "DeepSpeed sleep in async training"))),
     "train_rm.sh": Script("rm", "--ckpt.output_dir {out} " + _OFFLINE + _PAIRS + "--adam.lr 9e-6 --local_rank=0",
                           _PAIR_PACKING),
     "train_sft.sh": Script("sft", _SFT + (
@@ -174,7 +175,7 @@ SCRIPTS: dict[str, Script] = {
         "--ds.attn_implementation eager --vllm.sync_backend nccl --vllm.enforce_eager --vllm.enable_sleep "
         "--ds.enable_sleep"),
         (("--data.image_key", "vision-language models"), ("--data.max_images_per_prompt", "vision-language models"),
-         ("--actor.freeze_visual_encoder", "vision-language models"), *_SLEEP)),
+         ("--actor.freeze_visual_encoder", "vision-language models"))),
 }
 # the rest of examples/scripts/: no command of OpenRLHF's to run (README lists them)
 NOT_COMMANDS = ("ckpt_ds_zero_to_universal.sh", "docker_run.sh", "nvidia_docker_install.sh")
@@ -255,6 +256,19 @@ def test_openrlhf_checkpoint_flags_bring_its_default_folder(fixtures, capsys):
     code, out, _ = _dry_run("ppo-ray", [*SCRIPTS["train_ppo_ray_slurm.sh"].args(fixtures), "--ckpt.save_steps", "-1"],
                             capsys)
     assert code == 0 and '"ckpt_path": null' in out  # no checkpoints: no folder
+
+
+def test_deepspeed_sleep_is_taken_under_zero_and_refused_without_a_zero_optimizer(fixtures, capsys):
+    """--ds.enable_sleep (train_dapo_ray_hybrid_engine.sh, ZeRO-3) sets rl-core's DeepSpeed sleep; ZeRO-0 and
+    --adam_offload are refused in one line before anything loads."""
+    argv = SCRIPTS["train_dapo_ray_hybrid_engine.sh"].args(fixtures)
+    code, out, _ = _dry_run("ppo-ray", argv, capsys)
+    assert code == 0 and '"deepspeed_enable_sleep": true' in out
+    code, _, line = _dry_run("ppo-ray", [*argv, "--ds.zero_stage", "0"], capsys)
+    assert (code, line) == (2, "rl ppo-ray: error: --deepspeed_enable_sleep needs --zero_stage 1, 2 or 3 (DeepSpeed "
+                               "offloads the states of a ZeRO optimizer), got --zero_stage 0")
+    code, _, line = _dry_run("ppo-ray", [*argv, "--ds.adam_offload"], capsys)
+    assert code == 2 and line.endswith("--adam_offload keeps them there already: drop one of them")
 
 
 def test_openrlhf_checkpoint_folder_stays_below_yaml(fixtures, capsys, tmp_path):

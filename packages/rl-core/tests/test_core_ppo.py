@@ -213,3 +213,48 @@ def test_cuda_ipc_sync_refuses_what_it_cannot_pair_or_share(setup):
         IpcWeightSync(policy, two_engines)
     with pytest.raises(ValueError, match=r"CUDA IPC shares CUDA memory; got device cpu"):
         IpcWeightSync(policy, GroupRollout([LocalGroup(object(), "e0")]))(1)
+
+
+def test_deepspeed_sleep_offloads_and_reloads_every_iteration_without_changing_the_run(setup, tmp_path):
+    """--deepspeed_enable_sleep on DeepSpeed's CPU accelerator (ZeRO-2, policy + critic): offload_states /
+    reload_states run every iteration and the run is the one without them, loss for loss and weight for weight;
+    the same for a ZeRO-3 critic's steps."""
+    kw = dict(advantage_estimator="gae", init_kl_coef=0, max_iterations=3, zero_stage=2)
+    runs = {on: make(setup, tmp_path / str(on), deepspeed_enable_sleep=on, **kw)[0] for on in (False, True)}
+    plain, slept = (runs[on].fit() for on in (False, True))
+    for k in ("policy_loss", "critic_loss", "reward_mean", "value_mean"):
+        assert [m[k] for m in slept] == pytest.approx([m[k] for m in plain], abs=1e-6), k
+    for role in ("policy", "critic"):
+        a, b = (dict(getattr(runs[on], role).worker.engine.module.named_parameters()) for on in (False, True))
+        for name, p in a.items():
+            torch.testing.assert_close(b[name], p, rtol=0, atol=1e-6)
+        assert not getattr(runs[True], role).worker.engine.optimizer.offloaded_states  # reloaded at the end
+    n = sum(p.numel() for role in ("policy", "critic")
+            for p in getattr(runs[True], role).worker.engine.module.parameters())
+    # fp32 weights + their fp32 master copy, both roles; from the second iteration on also the two Adam moments
+    assert [m["ds_sleep_gb"] for m in slept] == pytest.approx([8 * n / 1e9] + [16 * n / 1e9] * 2, abs=1e-6)
+    for m in slept:  # every iteration offloaded and reloaded
+        assert m["ds_sleep_s"] > 0 and m["ds_wake_s"] > 0 and "ds_sleep_freed_gb" not in m  # freed: CUDA only
+    assert not any(k.startswith("ds_") for m in plain for k in m)
+    # ZeRO-3: DeepSpeed moves the weights, rl-core the master weights and moments of torch's AdamW (DeepSpeed's
+    # stage 3 moves those only for its FusedAdam); two critic steps are the same with a sleep before each
+    model, tok, _ = setup
+    s = StrategyConfig(zero_stage=3, bf16=False, micro_train_batch_size=2, train_batch_size=4, learning_rate=1e-2,
+                       lr_warmup_ratio=0.0, lr_scheduler="constant")
+    items = [make_item(tok.encode(f"Repeat the letter {x}: "), tok.encode(x * 4)) for x in LETTERS]
+    for it in items:
+        it["values"], it["returns"] = torch.zeros(len(it["loss_mask"])), torch.tensor(it["loss_mask"]).float()
+    losses = {}
+    for on in (False, True):
+        critic = CriticWorker(s, model, PPOConfig(advantage_estimator="gae"), 4, load_kw={"dtype": "fp32"},
+                              pad_id=tok.pad_token_id)
+        losses[on] = []
+        for _ in range(2):
+            if on:
+                assert critic.ds_offload()["bytes"] > 0 and critic.ds_reload()["seconds"] >= 0
+            losses[on].append(critic.train(items)[0]["critic_loss"])
+    assert losses[True] == losses[False] and losses[True][0] != losses[True][1]
+    with pytest.raises(ValueError, match=r"^--deepspeed_enable_sleep needs --zero_stage 1, 2 or 3"):
+        make(setup, tmp_path / "z0", deepspeed_enable_sleep=True, **{**kw, "zero_stage": 0})
+    with pytest.raises(ValueError, match=r"--async_train trains the policy while the engines generate"):
+        PPOConfig(deepspeed_enable_sleep=True, async_train=True)

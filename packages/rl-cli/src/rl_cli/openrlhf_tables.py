@@ -302,10 +302,6 @@ REFUSED: dict[str, Refuse] = {
                                     "on the same world size"),
     "ds.use_universal_ckpt": Refuse("DeepSpeed universal checkpoints are not wired; resume with --load_checkpoint "
                                     "on the same world size"),
-    "deepspeed_enable_sleep": Refuse("sleeping the DeepSpeed models between phases is not built; "
-                                     "--vllm_enable_sleep frees the engines' memory"),
-    "ds.enable_sleep": Refuse("sleeping the DeepSpeed models between phases is not built; "
-                              "--vllm_enable_sleep frees the engines' memory"),
     "gradient_checkpointing_use_reentrant": Refuse("gradient checkpointing is always non-reentrant (torch's "
                                                    "recommended mode); --gradient_checkpointing turns it on"),
     "actor.gradient_checkpointing_reentrant": Refuse("gradient checkpointing is always non-reentrant (torch's "

@@ -129,8 +129,11 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     groups = _groups(ray)
     parser, flags = build_parser(f"rl {name}", f"rl {name}: {__doc__.splitlines()[0]}", groups)
     args = parser.parse_args(_wandb_key(sys.argv[1:] if argv is None else argv, parser))
+    from rl_core.rl.ds_sleep import check_ds_sleep
+
     try:
         cfgs = resolve(groups, args, flags)
+        check_ds_sleep(cfgs["ppo"].deepspeed_enable_sleep, cfgs["strategy"].zero_stage, cfgs["strategy"].adam_offload)
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))
     if getattr(args, "print_config", False):  # a dry run: before any path is read, model loaded or Ray started

@@ -4,6 +4,7 @@
 - :mod:`rl_core.rl.batching`: micro-batches (sequence counts or token budgets, equal over ranks), padded
   or packed rows.
 - :mod:`rl_core.rl.workers`: one class per role rank (policy, critic, reference, reward model).
+- :mod:`rl_core.rl.ds_sleep`: DeepSpeed sleep, the trained roles' states in host memory while the engines generate.
 - :mod:`rl_core.rl.groups`: the worker-group protocol, the in-process group, generation over
   engine groups and the weight syncs (collective broadcast, CUDA IPC, in-process).
 - :mod:`rl_core.rl.build` (import it by name: it needs the trainers): the one builder: a run config and a group factory in, the roles, engines,

@@ -30,6 +30,7 @@ from typing import Any, Protocol
 from rl_core.attention import requested_attention
 from rl_core.metrics import MetricsLogger
 from rl_core.rl.batching import MicroBatchConfig
+from rl_core.rl.ds_sleep import check_ds_sleep
 from rl_core.rl.groups import DirectWeightSync, LocalGroup, WorkerGroup
 from rl_core.rl.workers import CriticWorker, PolicyWorker, ReferenceWorker, RewardModelWorker
 from rl_core.strategy import StrategyConfig
@@ -85,6 +86,9 @@ class RunConfig:
     sync: WeightSyncConfig = WeightSyncConfig()
     batching: MicroBatchConfig = MicroBatchConfig()
     packing: bool = False  # every forward's items in one row (rl_core.rl.batching); the CLI's data.packing
+
+    def __post_init__(self) -> None:
+        check_ds_sleep(self.ppo.deepspeed_enable_sleep, self.strategy.zero_stage, self.strategy.adam_offload)
 
     @property
     def dtype(self) -> str:

@@ -12,6 +12,7 @@ together, so under ZeRO-3 each shard must hold the same number of items.
   broadcast to the rollout engines (rank 0 sends, every rank gathers under ZeRO-3),
   checkpoints and HF export.
 - :class:`CriticWorker`: values and the (clipped) value loss.
+- Both: ``ds_offload`` / ``ds_reload``, DeepSpeed sleep (:mod:`rl_core.rl.ds_sleep`).
 - :class:`ReferenceWorker`: frozen logprobs.
 - :class:`RewardModelWorker`: one score per sample.
 
@@ -32,6 +33,7 @@ from dataclasses import replace
 import torch
 
 from rl_core.rl.batching import MicroBatchConfig, ModelInputs, equalise, plan_micro_batches
+from rl_core.rl.ds_sleep import DeepSpeedSleep
 from rl_core.rl.experience import collate, rows
 
 logger = logging.getLogger(__name__)
@@ -126,7 +128,7 @@ class _Worker:
         load_engine_state(self.engine, path)
 
 
-class PolicyWorker(_Worker):
+class PolicyWorker(DeepSpeedSleep, _Worker):
     """One rank of the policy (actor): ``logprobs``, ``train``, weight broadcast, checkpoints, export."""
 
     def __init__(self, strategy_cfg, pretrain: str, ppo_cfg, total_steps: int, *, load_kw: dict | None = None,
@@ -320,7 +322,7 @@ class PolicyWorker(_Worker):
         return str(export_hf(self.s, self.engine, save_path, tokenizer=tok))
 
 
-class CriticWorker(_Worker):
+class CriticWorker(DeepSpeedSleep, _Worker):
     """One rank of the critic: ``values`` and ``train`` on returns with the (clipped) value loss."""
 
     def __init__(self, strategy_cfg, pretrain: str, ppo_cfg, total_steps: int, *, load_kw: dict | None = None,

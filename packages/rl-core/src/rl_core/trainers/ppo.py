@@ -32,6 +32,9 @@ in-process (:class:`~rl_core.rl.groups.LocalGroup`, ``rl ppo``) or Ray actors
 5. Train the critic, then the policy (``max_epochs`` passes, global batches of
    ``train_batch_size`` split over each group's data-parallel ranks the same way
    whatever their number).
+   With ``deepspeed_enable_sleep`` the policy's and critic's DeepSpeed states sleep in host memory from the
+   start of the iteration (before step 1's generation) and are reloaded here (:mod:`rl_core.rl.ds_sleep`;
+   ``ds_sleep_s``, ``ds_wake_s``, ``ds_sleep_gb``, on CUDA ``ds_sleep_freed_gb``).
 6. Weight sync policy -> engines (version = iteration), then metrics and a
    checkpoint every ``save_steps`` iterations: the policy's, the critic's and the
    loop's state committed together by one marker (:mod:`rl_core.rl.checkpoint`),
@@ -67,6 +70,7 @@ from rl_algos import estimator_names
 from tqdm import tqdm
 
 from rl_core.metrics import MetricsLogger
+from rl_core.rl import ds_sleep
 from rl_core.rl.checkpoint import RLCheckpoints
 from rl_core.rl.experience import collate, dp_order, rows
 from rl_core.rl.groups import LocalGroup, concurrently
@@ -307,6 +311,8 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         c = self.cfg
         t0 = time.perf_counter()
         fresh = None
+        trained = [g for g in (self.policy, self.critic) if g is not None]
+        asleep = ds_sleep.call_roles(trained, "ds_offload", self.parallel) if c.deepspeed_enable_sleep else {}
         if pipeline is None:
             prompts, samples, items, scores, m = self._collect(it)
         else:
@@ -315,6 +321,8 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
             m.update(stale, rollout_wait_s=wait_s)
         if self.sleep_engines:
             self.rollout.sleep(self.sleep_level)
+        if c.deepspeed_enable_sleep:
+            m.update(asleep, **ds_sleep.call_roles(trained, "ds_reload", self.parallel))
         t1 = time.perf_counter()
         self._experience(items)
         m.update(self._advantages(items, scores, fresh))
