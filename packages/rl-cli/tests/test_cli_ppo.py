@@ -220,11 +220,13 @@ def test_rl_ppo_ray_packed_under_a_budget_on_two_zero3_ranks_matches_the_one_pro
 @pytest.mark.multiprocess
 def test_rl_ppo_ray_hybrid_engine_sleeps_and_wakes_with_the_new_weights(task):
     """--colocate_all_models: the actor and the engine share one (logical) GPU; the engine sleeps while the
-    policy trains and takes every version after waking."""
+    policy trains and takes every version after waking; the actor's DeepSpeed states sleep while the engine
+    generates (--ds.enable_sleep, as OpenRLHF's hybrid-engine scripts pair them), called over Ray."""
     root, model = task
     argv = common(root, model, "hybrid") + ["--advantage_estimator", "group_norm", "--init_kl_coef", "0",
                                             "--micro_train_batch_size", "8", "--num_gpus", "1",
-                                            "--colocate_all_models", "--vllm_num_engines", "1", "--vllm_enable_sleep"]
+                                            "--colocate_all_models", "--vllm_num_engines", "1", "--vllm_enable_sleep",
+                                            "--ds.enable_sleep"]
     out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *argv], capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
@@ -232,3 +234,4 @@ def test_rl_ppo_ray_hybrid_engine_sleeps_and_wakes_with_the_new_weights(task):
     rows = metrics(root / "hybrid")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["rl/rollout_logprob_gap"] < 1e-4 for r in rows), rows
+    assert all(r["rl/ds_sleep_gb"] > 0 and r["rl/ds_wake_s"] > 0 for r in rows), rows
