@@ -128,6 +128,8 @@ def test_docs_table_is_generated_from_the_parsers():
      {"train.beta": 0.2, "model.ref_pretrain": "r", "train.ipo": True}),
     ("dpo", ["--eval.dataset", "e.jsonl", "--eval.steps", "10"], {"data.eval_dataset": "e.jsonl",
                                                                   "train.eval_steps": 10}),
+    ("ppo-ray", ["--actor.entropy_coef", "0.0"], {"ppo.entropy_loss_coef": 0.0}),
+    ("ppo", ["--entropy_loss_coef", "0.01"], {"ppo.entropy_loss_coef": 0.01}),
 ])
 def test_openrlhf_flags_land_in_the_right_field(command, argv, want):
     cfgs = parse(command, argv)
@@ -137,7 +139,6 @@ def test_openrlhf_flags_land_in_the_right_field(command, argv, want):
 
 @pytest.mark.parametrize(("command", "argv", "says"), [
     ("ppo-ray", ["--ring_attn_size", "2"], "ring attention"),
-    ("ppo-ray", ["--entropy_loss_coef", "0.01"], "entropy"),
     ("ppo-ray", ["--perf"], "metrics"),
     ("ppo-ray", ["--actor.muon.lr", "0.02"], "Muon"),
     ("ppo-ray", ["--actor.optim", "muon"], "AdamW"),

@@ -33,7 +33,6 @@ FEATURES = {
                                          "--async_train)",
     "ring attention": _UNSUPPORTED + "ring attention (sequence parallelism) is not built; use a shorter --max_len "
                                      "or ZeRO-3",
-    "entropy loss": _UNSUPPORTED + "the policy loss has no entropy term (entropy regularisation is not built)",
     "vision-language models": _UNSUPPORTED + "vision-language models are not built (text only)",
     "packing of preference pairs": _UNSUPPORTED + "packing is built for rl sft, ppo and ppo-ray, not for preference "
                                                  "pairs; drop the flag",
@@ -78,8 +77,7 @@ _REINFORCE_BASELINE = (
     "--actor.adam.lr 5e-7 --actor.entropy_coef 0.0 --algo.kl.init_coef 1e-5 --algo.kl.use_loss --algo.kl.estimator "
     "k2 --algo.advantage.is_correction_enable --algo.advantage.is_correction_type icepop --logger.tensorboard_dir "
     "{out}/runs --logger.logging_steps 1 --eval.steps -1")
-_RB_BLOCKERS = (("--ds.ring_attn_size", "ring attention"), ("--ds.ring_attn_head_stride", "ring attention"),
-                ("--actor.entropy_coef", "entropy loss"))
+_RB_BLOCKERS = (("--ds.ring_attn_size", "ring attention"), ("--ds.ring_attn_head_stride", "ring attention"))
 _OFFLINE = ("--ckpt.save_steps -1 --logger.logging_steps 1 --eval.steps -1 --train.max_epochs 1 --ds.param_dtype bf16 "
             "--model.model_name_or_path {model} --data.dataset {data} --ds.attn_implementation flash_attention_2 ")
 _PAIRS = ("--train.batch_size 256 --train.micro_batch_size 1 --data.max_len 8192 --ds.zero_stage 3 "

@@ -258,3 +258,21 @@ def test_deepspeed_sleep_offloads_and_reloads_every_iteration_without_changing_t
         make(setup, tmp_path / "z0", deepspeed_enable_sleep=True, **{**kw, "zero_stage": 0})
     with pytest.raises(ValueError, match=r"--async_train trains the policy while the engines generate"):
         PPOConfig(deepspeed_enable_sleep=True, async_train=True)
+
+
+def test_entropy_coefficient_logs_at_zero_and_moves_the_policy_otherwise(setup, tmp_path):
+    """``entropy_loss_coef`` (OpenRLHF's ``--actor.entropy_coef``): 0 logs the policy's token-mean entropy and
+    trains exactly as without it; a positive coefficient subtracts it from the loss, so the weights differ."""
+    kw = dict(advantage_estimator="rloo", init_kl_coef=0, max_iterations=1)
+    plain = make(setup, tmp_path / "plain", **kw)[0]
+    h0 = plain.fit()
+    zero = make(setup, tmp_path / "zero", **kw, entropy_loss_coef=0.0)[0]
+    h1 = zero.fit()
+    bonus = make(setup, tmp_path / "bonus", **kw, entropy_loss_coef=0.5)[0]
+    h2 = bonus.fit()
+    assert "entropy" not in h0[0] and h1[0]["entropy"] > 0 and h2[0]["entropy"] > 0
+    assert h1[0]["policy_loss"] == pytest.approx(h0[0]["policy_loss"], abs=1e-7)
+    w0, w1, w2 = (t.policy.call_rank(0, "weights_digest") for t in (plain, zero, bonus))
+    assert w0 == w1 and w2 != w0
+    with pytest.raises(ValueError, match="entropy_loss_coef .* finite"):
+        PPOConfig(entropy_loss_coef=float("nan"))

@@ -369,8 +369,6 @@ REFUSED: dict[str, Refuse] = {
                                  "--vllm_sync_backend nccl | gloo | ipc"),
     "vllm.sync_with_ray": Refuse("weights go over rl-rollout's transport, not Ray's object store: "
                                  "--vllm_sync_backend nccl | gloo | ipc"),
-    "entropy_loss_coef": Refuse("the policy loss has no entropy term (entropy regularisation is not built)"),
-    "actor.entropy_coef": Refuse("the policy loss has no entropy term (entropy regularisation is not built)"),
     "ptx_coef": Refuse(_NO_PTX),
     "pretrain_data": Refuse(_NO_PTX),
     "pretrain_data_probs": Refuse(_NO_PTX),

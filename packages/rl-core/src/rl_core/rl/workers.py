@@ -173,6 +173,9 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         keys = ([] if on_policy else ["old_logprobs"]) + ["advantages"] + (["ref_logprobs"] if c.use_kl_loss else []) \
             + (["rollout_logprobs"] if use_rollout else [])
         sums = {"policy_loss": 0.0, "clip_fraction": 0.0, "kl_loss": 0.0}
+        entropy = c.entropy_loss_coef is not None  # OpenRLHF: any coefficient, 0 too, computes and logs it
+        if entropy:
+            sums["entropy"] = 0.0
         gap_sum = gap_tokens = 0.0
         steps = 0
         self.engine.train()
@@ -185,7 +188,12 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                 b = {key: v.to(dev) for key, v in collate(sub, self.pad_id, keys).items()}
                 m = b["loss_mask"]
                 self.s.accumulation_boundary(self.engine, k == len(groups) - 1)
-                lp = self._model(lambda **x: self.engine(**x, temperature=c.temperature).logprobs, sub)
+                if entropy:  # log-probs and entropy from one pass over the logits
+                    x = ModelInputs.of(sub, self.pad_id, self.packing, dev)
+                    fwd = self.engine(**x.kwargs, temperature=c.temperature, return_entropy=True)
+                    lp, ent = x.rows(fwd.logprobs), x.rows(fwd.entropy)
+                else:
+                    lp = self._model(lambda **x: self.engine(**x, temperature=c.temperature).logprobs, sub)
                 rollout = b["rollout_logprobs"] if use_rollout else None
                 old = lp.detach() if on_policy else b["old_logprobs"]
                 if on_policy and rollout is not None:
@@ -200,6 +208,11 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                     kl_term = aggregate_loss(kl, m, "token-mean", global_tokens=total, dp_size=world)
                     loss = loss + kl_coef * kl_term
                     sums["kl_loss"] += kl_term.item() / world
+                if entropy:
+                    ent_term = aggregate_loss(ent, m, "token-mean", global_tokens=total, dp_size=world)
+                    if c.entropy_loss_coef:
+                        loss = loss - c.entropy_loss_coef * ent_term
+                    sums["entropy"] += ent_term.item() / world
                 self.s.backward(loss, self.engine)
                 self.s.optimizer_step(self.engine)
                 share = m.sum().item() / total.item()

@@ -9,6 +9,8 @@ names, ``openrlhf``: OpenRLHF's), which rl-cli reads to build its parser.
 
 from __future__ import annotations
 
+import math
+
 from dataclasses import dataclass, field
 
 from rl_algos import ESTIMATORS, ISCorrectionConfig, get_estimator, policy_loss_config
@@ -57,6 +59,9 @@ class PPOConfig:
     use_kl_loss: bool = field(default=False, metadata=meta(
         "KL as a loss term (GRPO) instead of a reward penalty", openrlhf=("algo.kl.use_loss",)))
     kl_estimator: str = field(default="k1", metadata=meta("k1 | k2 | k3", openrlhf=("algo.kl.estimator",)))
+    entropy_loss_coef: float | None = field(default=None, metadata=meta(
+        "entropy bonus: the policy loss minus COEF x the token-mean entropy of the policy; any value, 0 included, "
+        "also logs rl/entropy (OpenRLHF's semantics)", openrlhf=("actor.entropy_coef",)))
     is_correction: str | None = field(default=None, metadata=meta(
         "importance correction for the engine's sampling: tis | icepop | seq-mask-tis (uses rollout log-probs)",
         openrlhf=("algo.advantage.is_correction_type",)))
@@ -179,6 +184,9 @@ class PPOConfig:
             raise ValueError(f"temperature (--temperature) must be > 0, got {self.temperature}")
         if self.init_kl_coef < 0:
             raise ValueError(f"init_kl_coef (--init_kl_coef) must be >= 0, got {self.init_kl_coef}")
+        if self.entropy_loss_coef is not None and not math.isfinite(self.entropy_loss_coef):
+            raise ValueError(f"entropy_loss_coef (--entropy_loss_coef) must be a finite number, got "
+                             f"{self.entropy_loss_coef}")
         if self.kl_estimator not in ("k1", "k2", "k3"):
             raise ValueError(f"kl_estimator (--kl_estimator) must be k1, k2 or k3, got {self.kl_estimator!r}")
         if self.load_checkpoint and not self.ckpt_path:
