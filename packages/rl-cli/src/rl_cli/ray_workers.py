@@ -9,7 +9,8 @@ strategy read LOCAL_RANK to pick the device).
 from __future__ import annotations
 
 from rl_cli.ray_engines import RolloutEngineActor, _one_visible_gpu
-from rl_core.rl.workers import CriticWorker, PolicyWorker, ReferenceWorker, RewardModelWorker
+from rl_core.rl.frozen_workers import ReferenceWorker, RewardModelWorker
+from rl_core.rl.workers import CriticWorker, PolicyWorker
 
 __all__ = ["RayCriticWorker", "RayPolicyWorker", "RayReferenceWorker", "RayRewardModelWorker", "RolloutEngineActor"]
 

@@ -13,8 +13,8 @@ together, so under ZeRO-3 each shard must hold the same number of items.
   checkpoints and HF export.
 - :class:`CriticWorker`: values and the (clipped) value loss.
 - Both: ``ds_offload`` / ``ds_reload``, DeepSpeed sleep (:mod:`rl_core.rl.ds_sleep`).
-- :class:`ReferenceWorker`: frozen logprobs.
-- :class:`RewardModelWorker`: one score per sample.
+- The frozen roles, :class:`ReferenceWorker` (log-probs) and :class:`RewardModelWorker` (one score per
+  sample), are in :mod:`rl_core.rl.frozen_workers`, on the same base class.
 
 Every forward goes through :mod:`rl_core.rl.batching`: micro-batches of ``micro_train_batch_size`` items (the
 no-grad ones ``forward_micro_batch_size``), or token-budget bins (``max_tokens_per_gpu``), padded rows or one
@@ -387,39 +387,9 @@ class CriticWorker(DeepSpeedSleep, _Worker):
         return str(export_hf(self.s, self.engine, save_path))
 
 
-class ReferenceWorker(_Worker):
-    """One rank of the frozen reference policy: ``logprobs``."""
+def __getattr__(name: str):  # the frozen roles live in rl_core.rl.frozen_workers; old imports keep working
+    if name in ("ReferenceWorker", "RewardModelWorker"):
+        from rl_core.rl import frozen_workers
 
-    def __init__(self, strategy_cfg, pretrain: str, *, load_kw: dict | None = None, pad_id: int = 0,
-                 temperature: float = 1.0, batching: MicroBatchConfig | None = None, packing: bool = False):
-        super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
-        from rl_core.models import Actor, frozen
-
-        self.temperature = temperature
-        kw = {k: v for k, v in (load_kw or {}).items() if k not in ("lora", "gradient_checkpointing")}
-        self.engine = self.s.prepare(frozen(Actor.from_pretrained(pretrain, **kw)), train=False)
-
-    def logprobs(self, items: list[dict]) -> list[torch.Tensor]:
-        """Log-probs at the sampling temperature, like the policy's (the KL compares the same distributions)."""
-        t = self.temperature
-        return self._forward_items(lambda **x: self.engine(**x, temperature=t).logprobs, items)
-
-
-class RewardModelWorker(_Worker):
-    """One rank of a reward model: ``score`` (normalised by the stored mean/std unless told otherwise).
-    Its rows stay padded (one score per row, read at the last real token); the token budget applies."""
-
-    def __init__(self, strategy_cfg, pretrain: str, *, load_kw: dict | None = None, pad_id: int = 0,
-                 normalize: bool = True, batching: MicroBatchConfig | None = None):
-        super().__init__(strategy_cfg, pad_id=pad_id, batching=batching)
-        from rl_core.models import RewardModel
-
-        kw = {k: v for k, v in (load_kw or {}).items() if k not in ("lora", "gradient_checkpointing")}
-        model = RewardModel.from_pretrained(pretrain, **kw)
-        for p in model.parameters():
-            p.requires_grad_(False)
-        self.engine = self.s.prepare(model, train=False)
-        self.normalize = normalize
-
-    def score(self, items: list[dict]) -> list[float]:
-        return self._forward_items(lambda **x: self.engine(**x, normalize=self.normalize), items)
+        return getattr(frozen_workers, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

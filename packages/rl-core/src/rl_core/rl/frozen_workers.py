@@ -1,0 +1,55 @@
+"""The frozen RL roles' workers: one object per rank of the reference policy and of the reward model.
+
+Same base (:class:`rl_core.rl.workers._Worker`: strategy, distributed init, micro-batched no-grad forwards) and
+the same calling convention as the trained roles in :mod:`rl_core.rl.workers`; no optimizer, nothing to sync.
+
+- :class:`ReferenceWorker`: frozen log-probs at the sampling temperature (the KL compares the same distributions).
+- :class:`RewardModelWorker`: one score per sample.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from rl_core.rl.batching import MicroBatchConfig
+from rl_core.rl.workers import _Worker
+
+__all__ = ["ReferenceWorker", "RewardModelWorker"]
+
+
+class ReferenceWorker(_Worker):
+    """One rank of the frozen reference policy: ``logprobs``."""
+
+    def __init__(self, strategy_cfg, pretrain: str, *, load_kw: dict | None = None, pad_id: int = 0,
+                 temperature: float = 1.0, batching: MicroBatchConfig | None = None, packing: bool = False):
+        super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
+        from rl_core.models import Actor, frozen
+
+        self.temperature = temperature
+        kw = {k: v for k, v in (load_kw or {}).items() if k not in ("lora", "gradient_checkpointing")}
+        self.engine = self.s.prepare(frozen(Actor.from_pretrained(pretrain, **kw)), train=False)
+
+    def logprobs(self, items: list[dict]) -> list[torch.Tensor]:
+        """Log-probs at the sampling temperature, like the policy's (the KL compares the same distributions)."""
+        t = self.temperature
+        return self._forward_items(lambda **x: self.engine(**x, temperature=t).logprobs, items)
+
+
+class RewardModelWorker(_Worker):
+    """One rank of a reward model: ``score`` (normalised by the stored mean/std unless told otherwise).
+    Its rows stay padded (one score per row, read at the last real token); the token budget applies."""
+
+    def __init__(self, strategy_cfg, pretrain: str, *, load_kw: dict | None = None, pad_id: int = 0,
+                 normalize: bool = True, batching: MicroBatchConfig | None = None):
+        super().__init__(strategy_cfg, pad_id=pad_id, batching=batching)
+        from rl_core.models import RewardModel
+
+        kw = {k: v for k, v in (load_kw or {}).items() if k not in ("lora", "gradient_checkpointing")}
+        model = RewardModel.from_pretrained(pretrain, **kw)
+        for p in model.parameters():
+            p.requires_grad_(False)
+        self.engine = self.s.prepare(model, train=False)
+        self.normalize = normalize
+
+    def score(self, items: list[dict]) -> list[float]:
+        return self._forward_items(lambda **x: self.engine(**x, normalize=self.normalize), items)
