@@ -152,21 +152,25 @@ def test_two_ranks_with_unequal_micro_batch_counts_step_like_one_rank(tiny, tmp_
     """Rank 0's slice fits one 40-token bin, rank 1's needs three: rank 0 splits its bin to run three
     micro-batches too, and the two ranks' step equals one rank's step over the whole batch (atol 1e-5 at
     lr 1e-4, as in the single-rank test above: Adam amplifies rounding-level gradients to ~lr)."""
-    import torch.multiprocessing as mp
+    import subprocess
+    import sys
 
     lengths = [p + r for p, r in LENGTHS]
     counts = [len(plan_micro_batches([lengths[i] for i in shard], micro_batch=1, max_tokens=40, packing=True))
               for shard in SHARDS]
     assert counts == [1, 3]
     outs = [str(tmp_path / f"rank{r}.pt") for r in (0, 1)]
-    ctx = mp.get_context("spawn")
     port = _free_port()
-    procs = [ctx.Process(target=_rank, args=(r, port, tiny, outs[r])) for r in (0, 1)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(600)
-    assert [p.exitcode for p in procs] == [0, 0]
+    # each rank a fresh interpreter that loads this file by path (pytest may import it under a name that a spawned
+    # multiprocessing child cannot import, e.g. as part of the workspace-wide run)
+    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('packing_ranks', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+            "m._rank(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")}
+    procs = [subprocess.Popen([sys.executable, "-c", code, __file__, str(r), str(port), tiny, outs[r]], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(x[-3000:] for x in logs)
     r0, r1 = (torch.load(o) for o in outs)
     assert r0["groups"] == r1["groups"] == 3
     items = items_of()
