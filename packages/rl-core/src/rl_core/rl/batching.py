@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rl_core.data.collate import pack_greedy
+from rl_core.rl.experience import collate
 from rl_rollout.config import check_numbers, meta
 
 
@@ -123,16 +124,15 @@ class ModelInputs:
             pos = torch.cat([torch.arange(n, dtype=torch.long) for n in lengths])
             kw = {"input_ids": ids[None].to(device), "position_ids": pos[None].to(device)}
         else:
-            ids = torch.full((len(items), max(lengths)), pad_id, dtype=torch.long)
-            mask = torch.zeros_like(ids)
-            for b, it in enumerate(items):
-                ids[b, :lengths[b]] = torch.as_tensor(it["input_ids"], dtype=torch.long)
-                mask[b, :lengths[b]] = 1
-            kw = {"input_ids": ids.to(device), "attention_mask": mask.to(device)}
+            b = collate(items, pad_id)
+            kw = {"input_ids": b["input_ids"].to(device), "attention_mask": b["attention_mask"].to(device)}
         return cls(kw, lengths, packing)
 
-    def rows(self, out: torch.Tensor) -> torch.Tensor:
-        """``[B, T]`` (padded, 0 past each item's end) from the model's per-token output; differentiable."""
+    def rows(self, out):
+        """``[B, T]`` (padded, 0 past each item's end) from the model's per-token output; differentiable. A
+        tuple of outputs (log-probs and entropy of one forward) maps each."""
+        if isinstance(out, tuple):
+            return tuple(self.rows(t) for t in out)
         if not self.packed:
             return out
         real = torch.arange(max(self.lengths), device=out.device)[None] < torch.tensor(self.lengths,

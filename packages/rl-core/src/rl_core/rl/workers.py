@@ -79,8 +79,9 @@ class _Worker:
         groups = plan_micro_batches(lengths, micro_batch=micro, max_tokens=budget, packing=self.packing, flag=flag)
         return groups if budget is None else equalise(groups, lengths, self.s, self.packing)
 
-    def _model(self, fn, items: list[dict]) -> torch.Tensor:
-        """``fn(**model inputs)`` on one micro-batch; per-token results as padded ``[B, T]`` rows."""
+    def _model(self, fn, items: list[dict]):
+        """``fn(**model inputs)`` on one micro-batch; per-token results (a tensor or a tuple) as padded ``[B, T]``
+        rows."""
         x = ModelInputs.of(items, self.pad_id, self.packing, self.s.device)
         return x.rows(fn(**x.kwargs))
 
@@ -180,6 +181,11 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         steps = 0
         self.engine.train()
         G = self.s.cfg.train_batch_size
+
+        def forward(**x):  # with the entropy: log-probs and entropy from one pass over the logits
+            o = self.engine(**x, temperature=c.temperature, return_entropy=entropy)
+            return (o.logprobs, o.entropy) if entropy else o.logprobs
+
         for chunk in self._global_batches(items, c.max_epochs):
             total = self._global_tokens(chunk)
             groups = self._micro_batches(chunk, train=True)
@@ -188,12 +194,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                 b = {key: v.to(dev) for key, v in collate(sub, self.pad_id, keys).items()}
                 m = b["loss_mask"]
                 self.s.accumulation_boundary(self.engine, k == len(groups) - 1)
-                if entropy:  # log-probs and entropy from one pass over the logits
-                    x = ModelInputs.of(sub, self.pad_id, self.packing, dev)
-                    fwd = self.engine(**x.kwargs, temperature=c.temperature, return_entropy=True)
-                    lp, ent = x.rows(fwd.logprobs), x.rows(fwd.entropy)
-                else:
-                    lp = self._model(lambda **x: self.engine(**x, temperature=c.temperature).logprobs, sub)
+                lp, ent = self._model(forward, sub) if entropy else (self._model(forward, sub), None)
                 rollout = b["rollout_logprobs"] if use_rollout else None
                 old = lp.detach() if on_policy else b["old_logprobs"]
                 if on_policy and rollout is not None:
