@@ -28,9 +28,6 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 # what stops a script: the refusal line after "rl COMMAND: error: " ({flag}: the flag that asks for it)
 _UNSUPPORTED = "{flag} (OpenRLHF) is not supported: "
 FEATURES = {
-    "DeepSpeed sleep in async training": "--async_train trains the policy while the engines generate, so its "
-                                         "DeepSpeed states cannot sleep meanwhile: drop --deepspeed_enable_sleep (or "
-                                         "--async_train)",
     "ring attention": _UNSUPPORTED + "ring attention (sequence parallelism) is not built; use a shorter --max_len "
                                      "or ZeRO-3",
     "vision-language models": _UNSUPPORTED + "vision-language models are not built (text only)",
@@ -149,8 +146,7 @@ SCRIPTS: dict[str, Script] = {
     "train_reinforce_baseline_hybrid_engine.sh": Script(
         "ppo-ray", _REINFORCE_BASELINE.replace("{extra}", "").replace("{gmu}", "0.7"), _RB_BLOCKERS),
     "train_reinforce_baseline_ray_agent_async.sh": Script("ppo-ray", _REINFORCE_BASELINE.replace(
-        "{extra}", "--train.async_enable --train.partial_rollout_enable ").replace("{gmu}", "0.95"),
-        (*_RB_BLOCKERS, ("--ds.enable_sleep", "DeepSpeed sleep in async training"))),
+        "{extra}", "--train.async_enable --train.partial_rollout_enable ").replace("{gmu}", "0.95"), _RB_BLOCKERS),
     "train_rm.sh": Script("rm", "--ckpt.output_dir {out} " + _OFFLINE + _PAIRS + "--adam.lr 9e-6 --local_rank=0",
                           _PAIR_PACKING),
     "train_sft.sh": Script("sft", _SFT + (

@@ -4,12 +4,14 @@ receiving the weights, a RewardRunner; PPO with a critic (GAE), GRPO, dynamic fi
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
 
 from rl_core.data import DataConfig, PromptDataset, load_rows
 from rl_core.rl import CriticWorker, LocalGroup, PolicyWorker, collate, dp_order, make_item, rows
+from rl_core.rl.batching import MicroBatchConfig
 from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
 from rl_core.strategy import StrategyConfig
 from rl_core.trainers.ppo import PPOConfig, PPOTrainer
@@ -40,7 +42,7 @@ def setup(tmp_path_factory):
     return model, tok, prompts
 
 
-def make(setup, tmp_path, *, reward=letter_reward, lr=2e-3, zero_stage=0, **cfg):
+def make(setup, tmp_path, *, reward=letter_reward, lr=2e-3, zero_stage=0, batching=None, **cfg):
     """A run from rl-core's one builder over in-process groups: policy (+ critic for gae, + reference when
     init_kl_coef > 0), an HFEngine in this process."""
     from rl_rollout import RewardRunner
@@ -54,7 +56,8 @@ def make(setup, tmp_path, *, reward=letter_reward, lr=2e-3, zero_stage=0, **cfg)
     s = StrategyConfig(zero_stage=zero_stage, bf16=False, micro_train_batch_size=G // 2, train_batch_size=G,
                        learning_rate=lr, lr_warmup_ratio=0.0, lr_scheduler="constant")
     runner = RewardRunner(reward, workers=0, fallback=0.0)
-    run = build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, c, sync=WeightSyncConfig(verify=True)),
+    run = build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, c, sync=WeightSyncConfig(verify=True),
+                              batching=batching or MicroBatchConfig()),
                     LocalFactory(engine_kind="hf"),
                     prompts=prompts, tokenizer=tok, reward_fn=runner)
     return run.trainer, run.rollout, runner
@@ -218,7 +221,7 @@ def test_cuda_ipc_sync_refuses_what_it_cannot_pair_or_share(setup):
 def test_deepspeed_sleep_offloads_and_reloads_every_iteration_without_changing_the_run(setup, tmp_path):
     """--deepspeed_enable_sleep on DeepSpeed's CPU accelerator (ZeRO-2, policy + critic): offload_states /
     reload_states run every iteration and the run is the one without them, loss for loss and weight for weight;
-    the same for a ZeRO-3 critic's steps."""
+    the same for a ZeRO-3 critic's steps, with everything asleep or all but the weights (its forwards then run)."""
     kw = dict(advantage_estimator="gae", init_kl_coef=0, max_iterations=3, zero_stage=2)
     runs = {on: make(setup, tmp_path / str(on), deepspeed_enable_sleep=on, **kw)[0] for on in (False, True)}
     plain, slept = (runs[on].fit() for on in (False, True))
@@ -245,19 +248,39 @@ def test_deepspeed_sleep_offloads_and_reloads_every_iteration_without_changing_t
     for it in items:
         it["values"], it["returns"] = torch.zeros(len(it["loss_mask"])), torch.tensor(it["loss_mask"]).float()
     losses = {}
-    for on in (False, True):
+    for on in (False, True, "optimizer_only"):  # async training's sleep keeps the weights: forwards run meanwhile
         critic = CriticWorker(s, model, PPOConfig(advantage_estimator="gae"), 4, load_kw={"dtype": "fp32"},
                               pad_id=tok.pad_token_id)
         losses[on] = []
         for _ in range(2):
+            awake = critic.values(items[:2]) if on == "optimizer_only" else []
             if on:
-                assert critic.ds_offload()["bytes"] > 0 and critic.ds_reload()["seconds"] >= 0
+                assert critic.ds_offload(on == "optimizer_only")["bytes"] > 0
+                for a, b in zip(awake, critic.values(items[:2]) if awake else [], strict=True):
+                    torch.testing.assert_close(b, a, rtol=0, atol=0)
+                assert critic.ds_reload()["seconds"] >= 0
             losses[on].append(critic.train(items)[0]["critic_loss"])
-    assert losses[True] == losses[False] and losses[True][0] != losses[True][1]
+    assert losses[True] == losses[False] == losses["optimizer_only"] and losses[True][0] != losses[True][1]
     with pytest.raises(ValueError, match=r"^--deepspeed_enable_sleep needs --zero_stage 1, 2 or 3"):
         make(setup, tmp_path / "z0", deepspeed_enable_sleep=True, **{**kw, "zero_stage": 0})
-    with pytest.raises(ValueError, match=r"--async_train trains the policy while the engines generate"):
-        PPOConfig(deepspeed_enable_sleep=True, async_train=True)
+
+
+def test_samples_over_the_token_budget_train_alone_counted_every_iteration_and_warned_once(setup, tmp_path, caplog):
+    """A --max_tokens_per_gpu below every sample (OpenRLHF's dynamic batching gives such a sample a micro-batch of
+    its own): the run trains, budget/over_train counts them every iteration, and one warning names the count, the
+    longest and the flag; the experience forwards' budget holds them all, so nothing is said of it."""
+    kw = dict(advantage_estimator="rloo", init_kl_coef=0, max_iterations=2)
+    trainer = make(setup, tmp_path, **kw,
+                   batching=MicroBatchConfig(max_tokens_per_gpu=1, forward_max_tokens_per_gpu=999))[0]
+    with caplog.at_level("WARNING", logger="rl_core.trainers.ppo"):
+        h = trainer.fit()
+    assert [(m["budget/over_train"], m["budget/over_forward"]) for m in h] == [(16, 0), (16, 0)]
+    assert all(math.isfinite(m["policy_loss"]) and m["budget/longest"] > 1 for m in h)
+    warned = [r.getMessage() for r in caplog.records if "longer than" in r.getMessage()]
+    assert len(warned) == 1, warned
+    assert warned[0].startswith(f"iteration 1: 16 of 16 samples are longer than --max_tokens_per_gpu 1 (the longest "
+                                f"{int(h[0]['budget/longest'])} tokens")
+    assert "micro-batch of its own" in warned[0] and "budget/over_train" in warned[0]
 
 
 def test_entropy_coefficient_logs_at_zero_and_moves_the_policy_otherwise(setup, tmp_path):

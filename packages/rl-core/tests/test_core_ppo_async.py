@@ -1,6 +1,7 @@
 """``async_train``: the next batch is generated while the policy trains, no sample lags the policy it trains by
 more than ``max_staleness`` versions, and the demo task still learns (tiny model, CPU, real DeepSpeed and
-HFEngine). The pipeline's gate is also checked alone, against a producer that would run ahead without it."""
+HFEngine), with DeepSpeed sleep too (all but the weights sleep until the train step). The pipeline's gate is also
+checked alone, against a producer that would run ahead without it."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import threading
 import time
 
 import pytest
+import torch
 
 from rl_core.data import DataConfig, PromptDataset, load_rows
 from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
@@ -39,14 +41,14 @@ def setup(tmp_path_factory):
     return model, tok, prompts
 
 
-def build(setup, tmp_path, **cfg):
+def build(setup, tmp_path, zero_stage=0, **cfg):
     model, tok, prompts = setup
     kw = dict(advantage_estimator="group_norm", n_samples_per_prompt=8, rollout_batch_size=4, generate_max_len=8,
               max_iterations=3, init_kl_coef=0.0, max_epochs=2, async_train=True, run_dir=str(tmp_path / "run"))
     kw.update(cfg)
     c = PPOConfig(**kw)
-    s = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=16, train_batch_size=32, learning_rate=3e-3,
-                       lr_warmup_ratio=0.0, lr_scheduler="constant", seed=0)
+    s = StrategyConfig(zero_stage=zero_stage, bf16=False, micro_train_batch_size=16, train_batch_size=32,
+                       learning_rate=3e-3, lr_warmup_ratio=0.0, lr_scheduler="constant", seed=0)
     return build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, c, engine=EngineConfig(),
                                sync=WeightSyncConfig(verify=True)),
                      LocalFactory(engine_kind="hf"), prompts=prompts, tokenizer=tok,
@@ -58,7 +60,8 @@ def rows(tmp_path):
 
 
 def test_async_grpo_learns_the_demo_task_within_the_staleness_bound(setup, tmp_path):
-    run = build(setup, tmp_path, max_iterations=16, max_staleness=1)
+    """ZeRO-2 with DeepSpeed sleep, as OpenRLHF's async agent script runs (its states sleep between train steps)."""
+    run = build(setup, tmp_path, max_iterations=16, max_staleness=1, zero_stage=2, deepspeed_enable_sleep=True)
     assert not run.trainer.on_policy  # the old log-probs must come from the policy's forward
     assert run.trainer.cfg.policy_loss.is_correction.kind == "tis"  # off-policy samples are corrected
     try:
@@ -79,6 +82,42 @@ def test_async_grpo_learns_the_demo_task_within_the_staleness_bound(setup, tmp_p
     rewards = [x["rl/reward_mean"] for x in r]
     first, last = sum(rewards[:4]) / 4, sum(rewards[-4:]) / 4
     assert last > first + 0.04, rewards  # measured: 0.06 -> 0.17
+    assert all(x["rl/ds_sleep_gb"] > 0 and x["rl/ds_wake_s"] > 0 for x in r)
+
+
+def test_deepspeed_sleep_in_async_training_keeps_the_weights_and_changes_nothing(setup, tmp_path):
+    """--deepspeed_enable_sleep with --async_train: the policy's forwards overlap the sampling, so its weights
+    stay; the fp32 master weights, Adam moments and gradient buffers (OpenRLHF's offload_deepspeed_states list)
+    sleep from the iteration's start through the experience forwards and are back for the train step. ZeRO-2 on
+    DeepSpeed's CPU accelerator, max_staleness 0 (a fixed schedule): the run is the one without sleep, loss for
+    loss and weight for weight."""
+    from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as S
+
+    runs, hist, seen = {}, {}, []
+    for on in (False, True):
+        runs[on] = run = build(setup, tmp_path / str(on), zero_stage=2, max_staleness=0, deepspeed_enable_sleep=on)
+        w = run.trainer.policy.worker
+        for name in ("logprobs", "train") if on else ():  # what is asleep when each phase runs
+            def spy(*a, _f=getattr(w, name), _name=name, **k):
+                seen.append((_name, set(w.engine.optimizer.offloaded_states)))
+                return _f(*a, **k)
+            setattr(w, name, spy)
+        try:
+            hist[on] = run.trainer.fit()
+        finally:
+            run.close()
+    asleep = {S.optim_states, S.hp_params, S.lp_grads}  # not S.lp_params: the weights
+    assert seen == [("logprobs", asleep), ("train", set())] * 3
+    for k in ("policy_loss", "reward_mean", "clip_fraction"):
+        assert [m[k] for m in hist[True]] == pytest.approx([m[k] for m in hist[False]], abs=1e-6), k
+    a, b = (dict(runs[on].trainer.policy.worker.engine.module.named_parameters()) for on in (False, True))
+    for name, p in a.items():
+        torch.testing.assert_close(b[name], p, rtol=0, atol=1e-6)
+    assert not runs[True].trainer.policy.worker.engine.optimizer.offloaded_states
+    n = sum(p.numel() for p in a.values())
+    # the fp32 master copy; from the second iteration on also the two Adam moments (the weights stay)
+    assert [m["ds_sleep_gb"] for m in hist[True]] == pytest.approx([4 * n / 1e9] + [12 * n / 1e9] * 2, abs=1e-6)
+    assert all(m["ds_sleep_s"] > 0 and m["ds_wake_s"] > 0 for m in hist[True])
 
 
 def test_max_staleness_0_is_the_synchronous_schedule(setup, tmp_path):

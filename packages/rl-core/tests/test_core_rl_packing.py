@@ -1,5 +1,6 @@
 """Packed rows and token-budget micro-batches in the RL workers against padded rows (tiny Llama, fp32, CPU,
-real DeepSpeed): the same log-probs and values, the same loss and weights after a training step, and two
+real DeepSpeed): the same log-probs and values, the same loss and weights after a training step (an item over the
+budget alone in its micro-batch included), and two
 data-parallel ranks (gloo) with unequal micro-batch counts stepping as one rank does over the same batch."""
 
 from __future__ import annotations
@@ -11,7 +12,7 @@ import pytest
 import torch
 
 from rl_core.rl import CriticWorker, PolicyWorker, make_item
-from rl_core.rl.batching import MicroBatchConfig, ModelInputs, plan_micro_batches, split_to
+from rl_core.rl.batching import MicroBatchConfig, ModelInputs, _cost, over_budget, plan_micro_batches, split_to
 from rl_core.strategy import StrategyConfig
 from rl_core.trainers.ppo import PPOConfig
 
@@ -20,7 +21,7 @@ LENGTHS = [(5, 3), (9, 20), (4, 1), (12, 7), (6, 30), (3, 2), (8, 11), (5, 4)]  
 SHARDS = ([0, 2, 5, 7], [1, 3, 4, 6])  # two ranks' halves of one global batch: the short items, the long ones
 
 
-def test_a_budget_groups_items_under_it_and_names_the_flag_when_one_is_too_long():
+def test_a_budget_groups_items_under_it_and_puts_a_longer_item_alone():
     lengths = [30, 5, 12, 7, 25, 3]
     packed = plan_micro_batches(lengths, micro_batch=2, max_tokens=32, packing=True)
     assert sorted(i for g in packed for i in g) == list(range(6))
@@ -29,9 +30,11 @@ def test_a_budget_groups_items_under_it_and_names_the_flag_when_one_is_too_long(
     assert all(len(g) * max(lengths[i] for i in g) <= 32 for g in padded)
     assert len(padded) > len(packed)  # padding costs the rows' longest length each
     assert plan_micro_batches(lengths, micro_batch=4) == [[0, 1, 2, 3], [4, 5]]
-    with pytest.raises(ValueError, match=r"item 0 has 30 tokens .* more than --max_tokens_per_gpu 20; raise "
-                                         r"--max_tokens_per_gpu to at least 30"):
-        plan_micro_batches(lengths, micro_batch=2, max_tokens=20)
+    for packing in (True, False):  # 30 and 25 over a budget of 20: alone, longest first (OpenRLHF's first-fit)
+        over = plan_micro_batches(lengths, micro_batch=2, max_tokens=20, packing=packing)
+        assert over[:2] == [[0], [4]] and sorted(i for g in over for i in g) == list(range(6))
+        assert all(_cost([lengths[i] for i in g], packing) <= 20 for g in over[2:])
+    assert over_budget(lengths, 20) == (2, 30) and over_budget(lengths, 30) == (0, 0)
     assert len(split_to(packed, 5, lengths, packing=True)) == 5
     with pytest.raises(ValueError, match=r"6 items cannot fill 7 micro-batches"):
         split_to(packed, 7, lengths)
@@ -81,8 +84,8 @@ def test_packed_forwards_give_the_padded_logprobs_and_values(tiny):
     s = strategy(len(items))
     got = {}
     for packing in (False, True):
-        kw = {"load_kw": {"dtype": "fp32"}, "packing": packing,
-              "batching": MicroBatchConfig(forward_max_tokens_per_gpu=48 if packing else None)}
+        kw = {"load_kw": {"dtype": "fp32"}, "packing": packing,  # 32: the 36-token item goes alone, over it
+              "batching": MicroBatchConfig(forward_max_tokens_per_gpu=32 if packing else None)}
         got[packing] = (PolicyWorker(s, tiny, c, 1, **kw).logprobs(items),
                         CriticWorker(s, tiny, c, 1, **kw).values(items))
     for kind in (0, 1):
@@ -95,7 +98,8 @@ def test_packed_forwards_give_the_padded_logprobs_and_values(tiny):
 @pytest.mark.parametrize("loss_agg_mode", ["token-mean", "seq-mean-token-mean"])
 def test_a_packed_budgeted_train_step_gives_the_padded_loss_and_weights(tiny, loss_agg_mode):
     """Padded micro-batches of 2 (accumulation 4) against packed rows under a 64-token budget (3) (a varying count
-    of micro-batches, boundary set by hand): the losses normalise by global counts, so one step must agree.
+    of micro-batches, boundary set by hand), and under 32 tokens packed and padded, where the 36-token item trains
+    alone over the budget: the losses normalise by global counts, so one step must agree.
     Adam's first step is about lr x sign(gradient), so an element whose gradient is at rounding level may move
     either way: at lr 1e-3 one element in 32k differed by 1.1e-5; lr 1e-4 keeps that under the 1e-5 bound,
     while a wrong mask or normaliser moves whole tensors by ~lr."""
@@ -103,29 +107,31 @@ def test_a_packed_budgeted_train_step_gives_the_padded_loss_and_weights(tiny, lo
     c = PPOConfig(max_epochs=1, loss_agg_mode=loss_agg_mode, init_kl_coef=0.01, use_kl_loss=True)
     s = strategy(len(items), lr=1e-4)
     out, before = {}, None
-    for packing in (False, True):
-        kw = {"load_kw": {"dtype": "fp32"}, "packing": packing,
-              "batching": MicroBatchConfig(max_tokens_per_gpu=64 if packing else None)}
+    for packing, budget in ((False, None), (True, 64), (True, 32), (False, 32)):
+        kw = {"load_kw": {"dtype": "fp32"}, "packing": packing, "batching": MicroBatchConfig(max_tokens_per_gpu=budget)}
         w = PolicyWorker(s, tiny, c, 1, **kw)
         before = params(w)
         for it, lp in zip(items, w.logprobs(items), strict=True):
             it["old_logprobs"] = lp.clone()
             it["ref_logprobs"] = lp - 0.01
-        if packing:
-            assert len(w._micro_batches(items, train=True)) != 4  # the budget made another grouping
+        if budget:
+            groups = w._micro_batches(items, train=True)
+            assert len(groups) != 4  # the budget made another grouping
+            assert ([4] in groups) == (budget == 32)  # 36 tokens: alone, over the budget
         metrics = w.train(items, kl_coef=0.01)[0]
         critic = CriticWorker(s, tiny, c, 1, **kw)
-        out[packing] = metrics, params(w), critic.train(items)[0], params(critic)
-    (m0, w0, c0, v0), (m1, w1, c1, v1) = out[False], out[True]
-    assert m1["policy_loss"] == pytest.approx(m0["policy_loss"], abs=1e-6)
-    assert m1["kl_loss"] == pytest.approx(m0["kl_loss"], abs=1e-7)
-    assert c1["critic_loss"] == pytest.approx(c0["critic_loss"], abs=1e-6)
+        out[packing, budget] = metrics, params(w), critic.train(items)[0], params(critic)
+    m0, w0, c0, v0 = out.pop((False, None))
     moved = max((w0[n] - before[n]).abs().max().item() for n in w0)
     assert moved > 5e-5  # the step did something
-    for n in w0:
-        torch.testing.assert_close(w1[n], w0[n], atol=1e-5, rtol=0, msg=lambda m: f"policy {n}: {m}")
-    for n in v0:
-        torch.testing.assert_close(v1[n], v0[n], atol=1e-5, rtol=0, msg=lambda m: f"critic {n}: {m}")
+    for key, (m1, w1, c1, v1) in out.items():
+        assert m1["policy_loss"] == pytest.approx(m0["policy_loss"], abs=1e-6), key
+        assert m1["kl_loss"] == pytest.approx(m0["kl_loss"], abs=1e-7), key
+        assert c1["critic_loss"] == pytest.approx(c0["critic_loss"], abs=1e-6), key
+        for n in w0:
+            torch.testing.assert_close(w1[n], w0[n], atol=1e-5, rtol=0, msg=lambda m: f"{key} policy {n}: {m}")
+        for n in v0:
+            torch.testing.assert_close(v1[n], v0[n], atol=1e-5, rtol=0, msg=lambda m: f"{key} critic {n}: {m}")
 
 
 def _free_port() -> int:

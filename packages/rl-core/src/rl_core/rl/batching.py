@@ -4,7 +4,9 @@
   OpenRLHF's dynamic batching), the budget and the sequence count of the no-grad experience forwards.
 - :func:`plan_micro_batches`: a rank's items grouped into micro-batches: consecutive runs of ``micro_batch``
   items, or, with a token budget, first-fit decreasing bins whose cost stays within it (cost: the real
-  tokens when packed, rows x longest row when padded). :func:`equalise` then splits the largest bins until
+  tokens when packed, rows x longest row when padded); an item longer than the budget gets a micro-batch of its
+  own, over the budget, as in OpenRLHF's dynamic batching (:func:`over_budget` counts them: the loop warns and
+  logs the count, :mod:`rl_core.trainers.ppo`). :func:`equalise` then splits the largest bins until
   every data-parallel rank has the same count: DeepSpeed reduces gradients on each backward (ZeRO-2) or at
   the accumulation boundary, and gathers weights on each forward (ZeRO-3), so ranks must call it in step.
 - :class:`ModelInputs`: one micro-batch as the model takes it, padded rows (``attention_mask``) or one
@@ -59,30 +61,39 @@ def _cost(lengths: Sequence[int], packing: bool) -> int:
     return sum(lengths) if packing else len(lengths) * max(lengths, default=0)
 
 
+def over_budget(lengths: Sequence[int], max_tokens: int) -> tuple[int, int]:
+    """``(count, longest)`` of the lengths above ``max_tokens``: the items :func:`plan_micro_batches` puts in a
+    micro-batch of their own, over the budget (``(0, 0)`` when none)."""
+    over = [n for n in lengths if n > max_tokens]
+    return len(over), max(over, default=0)
+
+
 def plan_micro_batches(lengths: Sequence[int], *, micro_batch: int, max_tokens: int | None = None,
-                       packing: bool = False, flag: str = "--max_tokens_per_gpu") -> list[list[int]]:
+                       packing: bool = False) -> list[list[int]]:
     """Item indices per micro-batch, each list ascending.
 
     Without ``max_tokens``: consecutive runs of ``micro_batch``. With it: first-fit decreasing bins of cost
-    at most ``max_tokens``; an item longer than the budget on its own is a ValueError naming ``flag``."""
+    at most ``max_tokens``, and each item longer than the budget alone in a micro-batch (first, longest first):
+    OpenRLHF's first-fit opens a bin for such an item too. It trains exactly as the others (the losses
+    normalise by global counts); only that forward exceeds the budget's memory. The caller says so
+    (:func:`over_budget`)."""
     n = len(lengths)
     if max_tokens is None:
         return [list(range(k, min(k + micro_batch, n))) for k in range(0, n, micro_batch)]
-    for i, length in enumerate(lengths):
-        if length > max_tokens:
-            raise ValueError(f"item {i} has {length} tokens (prompt + response), more than {flag} {max_tokens}; "
-                             f"raise {flag} to at least {length} or lower --max_len / --max_new_tokens")
+    order = sorted(range(n), key=lambda i: (-lengths[i], i))
+    alone = [[i] for i in order if lengths[i] > max_tokens]
+    fit = [i for i in range(n) if lengths[i] <= max_tokens]
     if packing:
-        return pack_greedy(list(lengths), max_tokens)
+        return alone + [[fit[j] for j in b] for b in pack_greedy([lengths[i] for i in fit], max_tokens)]
     bins: list[list[int]] = []  # padded: longest first, so a bin's first item sets its row length
-    for i in sorted(range(n), key=lambda i: (-lengths[i], i)):
+    for i in (i for i in order if lengths[i] <= max_tokens):
         for b in bins:
             if (len(b) + 1) * lengths[b[0]] <= max_tokens:
                 b.append(i)
                 break
         else:
             bins.append([i])
-    return [sorted(b) for b in bins]
+    return alone + [sorted(b) for b in bins]
 
 
 def split_to(groups: list[list[int]], n: int, lengths: Sequence[int], packing: bool = False) -> list[list[int]]:

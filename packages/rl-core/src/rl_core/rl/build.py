@@ -181,5 +181,5 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
                          train_batch_size=s.train_batch_size, reward_fn=reward_fn, reward_model=rm, critic=critic,
                          ref=ref, sleep_engines=cfg.engine.enable_sleep, metrics=metrics, seed=s.seed,
                          gap_alarm=p.gap_alarm(bf16=s.bf16), sleep_level=cfg.engine.sleep_level,
-                         eval_prompts=eval_prompts)
+                         eval_prompts=eval_prompts, batching=cfg.batching)
     return Run(trainer, policy, rollout, sync, critic=critic, ref=ref, reward_model=rm, reward_fn=reward_fn)

@@ -9,6 +9,11 @@ empties the accelerator's cache so a colocated vLLM engine can take the memory; 
 master weights and Adam moments only for its own FusedAdam (it asserts the class), so with our torch AdamW
 DeepSpeed moves the weights and gradient buffers and :func:`_zero3_master` the master weights and moments.
 
+``optimizer_only`` (asynchronous training, where the policy's forwards and the engines' sampling overlap the
+wait): the model weights stay, everything else moves (fp32 master weights, Adam moments, gradient buffers), as
+OpenRLHF's ``offload_deepspeed_states`` does in every mode (its ``lp_params`` line is commented out) between its
+train steps. The loop then sleeps from the iteration's start to its train step (:mod:`rl_core.trainers.ppo`).
+
 Pinned host buffers (faster copies back) are used on CUDA only: pinning needs it. On the CPU accelerator the
 "device" is host memory, so the calls run (the same code path, the states are re-pointed in place) but move
 nothing and free nothing: ``ds_sleep_gb`` still counts what the offload covers, ``ds_sleep_freed_gb`` is CUDA-only.
@@ -33,17 +38,26 @@ def check_ds_sleep(enabled: bool, zero_stage: int, adam_offload: bool) -> None:
                          "--adam_offload keeps them there already: drop one of them")
 
 
-def _zero3_deepspeed_states():
+def _zero3_deepspeed_states(optimizer_only: bool):
     from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as S
 
-    return [S.lp_params, S.lp_grads, S.contiguous_grad_buffer]
+    return [S.lp_grads, S.contiguous_grad_buffer] + ([] if optimizer_only else [S.lp_params])
 
 
-def _state_bytes(engine) -> int:
-    """What one offload covers on this rank: the module's weights (this rank's partition under ZeRO-3), the
-    fp32 master partitions and the inner optimizer's states (gradient buffers, small after a step, not counted)."""
+def _zero12_optimizer_states():
+    """ZeRO-1/2 without the model weights: OpenRLHF's list (optimizer states, fp32 masters, gradient partitions)
+    less ``contiguous_grad_buffer``, which DeepSpeed's stage 1/2 optimizer does not hold."""
+    from deepspeed.runtime.zero.offload_config import OffloadStateTypeEnum as S
+
+    return [S.optim_states, S.hp_params, S.lp_grads]
+
+
+def _state_bytes(engine, optimizer_only: bool = False) -> int:
+    """What one offload covers on this rank: the module's weights (this rank's partition under ZeRO-3; not with
+    ``optimizer_only``), the fp32 master partitions and the inner optimizer's states (gradient buffers, small
+    after a step, not counted)."""
     n = 0
-    for p in engine.module.parameters():
+    for p in [] if optimizer_only else engine.module.parameters():
         t = getattr(p, "ds_tensor", p)  # ZeRO-3: the partition this rank holds
         n += t.numel() * t.element_size()
     opt = engine.optimizer
@@ -73,22 +87,25 @@ def _zero3_master(opt, device: str, pin: bool) -> None:
         reload_optimizer_states(opt.optimizer, device)
 
 
-def offload(strategy, engine) -> dict[str, float]:
-    """Move this rank's DeepSpeed states to host memory; ``{"seconds", "bytes"}``, and on CUDA
-    ``"freed_bytes"``: the device memory torch gave back (its reserved memory before minus after)."""
+def offload(strategy, engine, optimizer_only: bool = False) -> dict[str, float]:
+    """Move this rank's DeepSpeed states to host memory (with ``optimizer_only`` all but the model weights);
+    ``{"seconds", "bytes"}``, and on CUDA ``"freed_bytes"``: the device memory torch gave back (its reserved
+    memory before minus after)."""
     from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
 
     check_ds_sleep(True, strategy.cfg.zero_stage, strategy.cfg.adam_offload)
     dev = strategy.device
     t0 = time.perf_counter()
     before = torch.cuda.memory_reserved(dev) if dev.type == "cuda" else 0
-    nbytes, pin = _state_bytes(engine), dev.type == "cuda"
+    nbytes, pin = _state_bytes(engine, optimizer_only), dev.type == "cuda"
     if strategy.cfg.zero_stage == 3:  # DeepSpeed's stage 3 moves the master weights and Adam moments of its own
         # FusedAdam only (it asserts the class); ours is torch's AdamW, whose states move here the same way
-        engine.offload_states(include=_zero3_deepspeed_states(), device=OffloadDeviceEnum.cpu, pin_memory=pin)
+        engine.offload_states(include=_zero3_deepspeed_states(optimizer_only), device=OffloadDeviceEnum.cpu,
+                              pin_memory=pin)
         _zero3_master(engine.optimizer, "cpu", pin)
     else:
-        engine.offload_states(device=OffloadDeviceEnum.cpu, pin_memory=pin, non_blocking=False)
+        engine.offload_states(include=_zero12_optimizer_states() if optimizer_only else None,
+                              device=OffloadDeviceEnum.cpu, pin_memory=pin, non_blocking=False)
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
         torch.cuda.empty_cache()
@@ -109,13 +126,13 @@ def reload(strategy, engine) -> dict[str, float]:
     return {"seconds": time.perf_counter() - t0}
 
 
-def call_roles(groups, method: str, parallel: bool) -> dict[str, float]:
-    """``method`` (``ds_offload`` / ``ds_reload``) on every rank of the trained roles' groups (at once when
-    they live apart) -> the loop's metrics: the slowest rank's seconds (``ds_sleep_s`` / ``ds_wake_s``), and
-    for an offload every rank's bytes (``ds_sleep_gb``; on CUDA ``ds_sleep_freed_gb``)."""
+def call_roles(groups, method: str, parallel: bool, *args) -> dict[str, float]:
+    """``method`` (``ds_offload`` / ``ds_reload``, with ``args``) on every rank of the trained roles' groups (at
+    once when they live apart) -> the loop's metrics: the slowest rank's seconds (``ds_sleep_s`` / ``ds_wake_s``),
+    and for an offload every rank's bytes (``ds_sleep_gb``; on CUDA ``ds_sleep_freed_gb``)."""
     from rl_core.rl.groups import concurrently
 
-    calls = [lambda g=g: g.call(method) for g in groups]
+    calls = [lambda g=g: g.call(method, *args) for g in groups]
     ranks = [r for rs in (concurrently(*calls) if parallel else [f() for f in calls]) for r in rs]
     seconds = max(r["seconds"] for r in ranks)
     if method == "ds_reload":
@@ -130,8 +147,8 @@ class DeepSpeedSleep:
     """The worker methods (a mixin of the trained roles' workers, whose ``s`` is the strategy and ``engine`` the
     DeepSpeed engine): called through the groups, so they run in-process and over Ray alike."""
 
-    def ds_offload(self) -> dict[str, float]:
-        return offload(self.s, self.engine)
+    def ds_offload(self, optimizer_only: bool = False) -> dict[str, float]:
+        return offload(self.s, self.engine, optimizer_only)
 
     def ds_reload(self) -> dict[str, float]:
         return reload(self.s, self.engine)

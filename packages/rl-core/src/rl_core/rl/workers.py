@@ -17,10 +17,11 @@ together, so under ZeRO-3 each shard must hold the same number of items.
   sample), are in :mod:`rl_core.rl.frozen_workers`, on the same base class.
 
 Every forward goes through :mod:`rl_core.rl.batching`: micro-batches of ``micro_train_batch_size`` items (the
-no-grad ones ``forward_micro_batch_size``), or token-budget bins (``max_tokens_per_gpu``), padded rows or one
-packed row per micro-batch (``packing``); the per-token results come back as padded rows, so the losses are
-the same either way. The accumulation boundary is set by hand at each global batch's last micro-batch, since
-a token budget makes the count vary (the same on every rank: :func:`~rl_core.rl.batching.equalise`).
+no-grad ones ``forward_micro_batch_size``), or token-budget bins (``max_tokens_per_gpu``; a longer item alone),
+padded rows or one packed row per micro-batch (``packing``); the per-token results come back as padded rows, so
+the losses are the same either way. The accumulation boundary is set by hand at each global batch's last
+micro-batch, since a token budget makes the count vary (the same on every rank:
+:func:`~rl_core.rl.batching.equalise`).
 """
 
 from __future__ import annotations
@@ -72,11 +73,10 @@ class _Worker:
         """Indices of ``items`` per micro-batch; with a token budget, as many on every rank (collective)."""
         lengths = [len(it["input_ids"]) for it in items]
         if train:
-            budget, flag, micro = self.batching.max_tokens_per_gpu, "--max_tokens_per_gpu", \
-                self.s.cfg.micro_train_batch_size
+            budget, micro = self.batching.max_tokens_per_gpu, self.s.cfg.micro_train_batch_size
         else:
-            (budget, flag), micro = self.batching.forward_budget(), self.micro_batch
-        groups = plan_micro_batches(lengths, micro_batch=micro, max_tokens=budget, packing=self.packing, flag=flag)
+            (budget, _), micro = self.batching.forward_budget(), self.micro_batch
+        groups = plan_micro_batches(lengths, micro_batch=micro, max_tokens=budget, packing=self.packing)
         return groups if budget is None else equalise(groups, lengths, self.s, self.packing)
 
     def _model(self, fn, items: list[dict]):

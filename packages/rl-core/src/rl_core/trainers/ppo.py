@@ -33,8 +33,9 @@ in-process (:class:`~rl_core.rl.groups.LocalGroup`, ``rl ppo``) or Ray actors
    ``train_batch_size`` split over each group's data-parallel ranks the same way
    whatever their number).
    With ``deepspeed_enable_sleep`` the policy's and critic's DeepSpeed states sleep in host memory from the
-   start of the iteration (before step 1's generation) and are reloaded here (:mod:`rl_core.rl.ds_sleep`;
-   ``ds_sleep_s``, ``ds_wake_s``, ``ds_sleep_gb``, on CUDA ``ds_sleep_freed_gb``).
+   start of the iteration (before step 1's generation) and are reloaded before step 3 (:mod:`rl_core.rl.ds_sleep`;
+   ``ds_sleep_s``, ``ds_wake_s``, ``ds_sleep_gb``, on CUDA ``ds_sleep_freed_gb``); with ``async_train`` all but
+   the model weights sleep, through step 4, and are reloaded here (OpenRLHF's split).
 6. Weight sync policy -> engines (version = iteration), then metrics and a
    checkpoint every ``save_steps`` iterations: the policy's, the critic's and the
    loop's state committed together by one marker (:mod:`rl_core.rl.checkpoint`),
@@ -50,12 +51,14 @@ construction), ``policy_version_generated``, ``policy_version_trained``, ``rollo
 Its samples are off-policy: old log-probs always come from the policy's forward (no on-policy
 shortcut) and the engine's sampling is corrected with ``is_correction`` (``tis`` unless set);
 the log-prob gap alarm watches only the samples the training policy generated
-(``stale_logprob_gap``: the others). The engines cannot sleep in this mode.
+(``stale_logprob_gap``: the others). The engines cannot sleep in this mode; DeepSpeed sleep keeps the model
+weights on the accelerator (step 5).
 
 Metrics per iteration (``metrics.jsonl``, TensorBoard, ``curves.png``, the console
 bar): rewards, reward-call failures (``reward/failures``, ``errors``, ``timeouts``,
 ``nonfinite``), lengths, truncation, KL, losses, clip fractions, dynamic-filtering
-counts, the policy-vs-engine logprob gap (a stale or wrong sync shows there),
+counts, with a token budget the samples over it (``budget/over_train``, ``budget/over_forward``, each alone in
+a micro-batch; warned once per phase), the policy-vs-engine logprob gap (a stale or wrong sync shows there),
 sync GB/s and seconds per phase.
 """
 
@@ -71,6 +74,7 @@ from tqdm import tqdm
 
 from rl_core.metrics import MetricsLogger
 from rl_core.rl import ds_sleep
+from rl_core.rl.batching import MicroBatchConfig, over_budget
 from rl_core.rl.checkpoint import RLCheckpoints
 from rl_core.rl.experience import collate, dp_order, rows
 from rl_core.rl.groups import LocalGroup, concurrently
@@ -90,13 +94,13 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
     ``weight_sync``: ``sync(version) -> stats dict``; ``prompts``: a PromptDataset; ``seed`` fixes the
     prompt order (one permutation per pass) and the sampling (seed + 1000 x iteration + round);
     ``eval_prompts``: a PromptDataset evaluated every ``eval_steps`` iterations and after the last one
-    (:mod:`rl_core.trainers.ppo_eval`).
+    (:mod:`rl_core.trainers.ppo_eval`); ``batching``: the workers' token budgets, for :meth:`_over_budget`.
     """
 
     def __init__(self, cfg: PPOConfig, *, policy, rollout, weight_sync, prompts, tokenizer, train_batch_size: int,
                  reward_fn=None, reward_model=None, critic=None, ref=None, sleep_engines: bool = False,
                  metrics: MetricsLogger | None = None, seed: int = 42, gap_alarm: float | None = None,
-                 sleep_level: int = 1, eval_prompts=None):
+                 sleep_level: int = 1, eval_prompts=None, batching: MicroBatchConfig | None = None):
         self.cfg, self.policy, self.rollout, self.weight_sync, self.seed = cfg, policy, rollout, weight_sync, seed
         if reward_fn is not None and not callable(getattr(reward_fn, "score", None)):
             reward_fn = _bounded(reward_fn)
@@ -108,6 +112,7 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
             raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
         self.sleep_level = sleep_level
         self._gap_warned = False
+        self.batching, self._budget_warned = batching, set()  # the workers' token budgets; phases warned of
         self.eval_prompts = eval_prompts
         if eval_prompts is not None and len(eval_prompts) == 0:
             raise ValueError("the eval set has no rows; pass --eval_dataset a file with usable rows, or leave it unset")
@@ -288,6 +293,33 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         out["policy_train_s"] = time.perf_counter() - t1
         return out
 
+    def _over_budget(self, it: int, items: list[dict]) -> dict[str, float]:
+        """Samples longer than a token budget go alone into a micro-batch over it (:mod:`rl_core.rl.batching`,
+        as in OpenRLHF): counted each iteration (``budget/over_train``, ``budget/over_forward``, beside
+        ``budget/longest``), and one warning per phase, the first time."""
+        b = self.batching
+        if b is None:
+            return {}
+        lengths = [len(x["input_ids"]) for x in items]
+        out = {}
+        for phase, (budget, flag), what in (
+                ("train", (b.max_tokens_per_gpu, "--max_tokens_per_gpu"), "trains"),
+                ("forward", b.forward_budget(), "goes through the experience forwards")):
+            if budget is None:
+                continue
+            n, longest = over_budget(lengths, budget)
+            out[f"budget/over_{phase}"] = float(n)
+            if n and phase not in self._budget_warned:
+                self._budget_warned.add(phase)
+                logger.warning("iteration %d: %d of %d samples are longer than %s %d (the longest %d tokens, prompt "
+                               "+ response); each %s in a micro-batch of its own, over the budget, as in OpenRLHF. "
+                               "Raise %s to at least %d or lower --generate_max_len to stay within it; counted every "
+                               "iteration in budget/over_%s (this warning is not repeated)", it, n, len(lengths),
+                               flag, budget, longest, what, flag, longest, phase)
+        if out:
+            out["budget/longest"] = float(max(lengths))
+        return out
+
     def _sync(self, version: int) -> dict[str, float]:
         """Wake the engines (timed apart: ``wake_s``), then push this version's weights (``sync_s``)."""
         t0 = time.perf_counter()
@@ -312,7 +344,9 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         t0 = time.perf_counter()
         fresh = None
         trained = [g for g in (self.policy, self.critic) if g is not None]
-        asleep = ds_sleep.call_roles(trained, "ds_offload", self.parallel) if c.deepspeed_enable_sleep else {}
+        # async: the policy's forwards and sampling overlap, so only the optimizer side sleeps, until the train step
+        asleep = ds_sleep.call_roles(trained, "ds_offload", self.parallel, pipeline is not None) \
+            if c.deepspeed_enable_sleep else {}
         if pipeline is None:
             prompts, samples, items, scores, m = self._collect(it)
         else:
@@ -321,12 +355,15 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
             m.update(stale, rollout_wait_s=wait_s)
         if self.sleep_engines:
             self.rollout.sleep(self.sleep_level)
-        if c.deepspeed_enable_sleep:
+        if c.deepspeed_enable_sleep and pipeline is None:
             m.update(asleep, **ds_sleep.call_roles(trained, "ds_reload", self.parallel))
+        m.update(self._over_budget(it, items))
         t1 = time.perf_counter()
         self._experience(items)
         m.update(self._advantages(items, scores, fresh))
         t2 = time.perf_counter()
+        if c.deepspeed_enable_sleep and pipeline is not None:
+            m.update(asleep, **ds_sleep.call_roles(trained, "ds_reload", self.parallel))
         m.update(self._train(items, it))
         m.update(self._sync(it))
         if pipeline is not None:

@@ -86,8 +86,10 @@ class PPOConfig:
     deepspeed_enable_sleep: bool = field(default=False, metadata=meta(
         "DeepSpeed sleep: the policy's and critic's DeepSpeed states (weights, fp32 master weights, Adam moments, "
         "gradient buffers) go to host memory while the engines generate and come back before the experience "
-        "forwards, so a colocated engine gets the accelerator's memory (ZeRO 1, 2 or 3; not with --adam_offload "
-        "or --async_train); metrics ds_sleep_s, ds_wake_s, ds_sleep_gb, on CUDA ds_sleep_freed_gb",
+        "forwards, so a colocated engine gets the accelerator's memory (ZeRO 1, 2 or 3; not with --adam_offload). "
+        "With --async_train the weights stay (the policy's forwards overlap the sampling) and the rest sleeps "
+        "from the iteration's start to its train step, as in OpenRLHF; metrics ds_sleep_s, ds_wake_s, "
+        "ds_sleep_gb, on CUDA ds_sleep_freed_gb",
         openrlhf=("ds.enable_sleep",)))
     agent_func_path: str | None = field(default=None, metadata=meta(
         "multi-turn episodes against an environment: file.py with OpenRLHF's AgentInstance (async reset/step "
@@ -220,9 +222,6 @@ class PPOConfig:
         if self.partial_rollout and not self.async_train:
             raise ValueError("--partial_rollout lets weight updates land mid-generation, which only happens when "
                              "generation runs beside training: add --async_train")
-        if self.deepspeed_enable_sleep and self.async_train:
-            raise ValueError("--async_train trains the policy while the engines generate, so its DeepSpeed states "
-                             "cannot sleep meanwhile: drop --deepspeed_enable_sleep (or --async_train)")
         if self.max_staleness != 1 and not self.async_train:
             raise ValueError(f"--max_staleness {self.max_staleness} bounds --async_train's pipelining; add "
                              "--async_train or drop --max_staleness")
