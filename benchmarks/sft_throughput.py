@@ -11,6 +11,11 @@ GPU (bf16; issue 18 item 4, the actor's training step at the Qwen2.5-0.5B shape)
         python3 benchmarks/sft_throughput.py --device cuda --preset 0.5b --seq 2048 --micro 8 --accum 2 \\
         [--grad_ckpt] [--big_micro 16] [--out sft_h200.json]
 
+    Gradient checkpointing by layer (issue 18 item 3), one device call of about 3 minutes:
+
+    source .vcarry5/install.sh; python3 benchmarks/sft_throughput.py --device cuda --preset 0.5b --zero 0 \
+        --liger on --ckpt none all 12 auto --auto_free_gib 32 --repeats 2 --out ckpt_h200.json
+
     The 0.5B preset is a random Llama (``rl_rollout.testing.make_tiny_model``) with hidden 896, 24
     layers, 14 heads, 2 KV heads, intermediate 4864, vocabulary 151,936, tied embeddings (494M
     parameters), every token a target. About 1.5 minutes on an H200 with the default sides; needs
@@ -35,9 +40,16 @@ Sides, all built once in this process and timed in interleaved windows (plain, z
   module's functions to what the side was built with.
 - ``--profile SIDE`` runs one more window of that side under torch.profiler and prints its top
   kernels and how busy the device was (where the step's time goes, for the next change).
-- ``--grad_ckpt`` adds ``zero-0 +liger +ckpt`` (gradient checkpointing on); ``--big_micro M`` adds
-  ``zero-0 +liger micro M`` (the same global batch in fewer, larger micro-batches); both without
-  ``+liger`` under ``--liger off``.
+- ``--ckpt none all N auto`` adds, per value, ``zero-Z +liger ckpt VALUE`` at the first ``--zero`` stage Z
+  (``rl sft --gradient_checkpointing --gradient_checkpointing_layers VALUE``: ``all`` every decoder layer
+  recomputes, ``N`` the first N, ``auto`` the fewest whose estimated activations fit the free device memory,
+  chosen per micro-batch; ``none`` is the side without checkpointing, ``zero-Z +liger`` itself when that side
+  runs). Each ckpt side also prints the estimate of its activation peak (rl_core.activation_checkpointing) and,
+  for ``auto``, how many layers it chose. ``--auto_free_gib F``: while the ``auto`` side trains (warm-up and
+  windows), a spare tensor holds all but F GiB of the free device memory, so ``auto`` sees a smaller card and
+  has to choose (its peak is printed without that tensor). ``--grad_ckpt`` is ``--ckpt all``.
+- ``--big_micro M`` adds ``zero-0 +liger micro M`` (the same global batch in fewer, larger micro-batches).
+- All of these without ``+liger`` under ``--liger off``.
 
 Printed per side: tokens/s (median over ``--repeats`` windows), ratio to ``plain``, MFU and the peak
 memory. MFU convention: 6 x N x tokens/s / peak, N the unique parameters (tied embedding counted once,
@@ -124,7 +136,7 @@ class RlCore:
     """SFTTrainer on DeepSpeedStrategy; ``run(n)`` is one ``fit()`` of n optimizer steps."""
 
     def __init__(self, path, data, micro: int, accum: int, device: torch.device, zero: int, *,
-                 liger: bool = False, grad_ckpt: bool = False):
+                 liger: bool = False, grad_ckpt: str | None = None):
         import dataclasses
 
         from transformers import AutoTokenizer
@@ -136,13 +148,27 @@ class RlCore:
         bf16 = device.type == "cuda"
         strategy = DeepSpeedStrategy(StrategyConfig(
             zero_stage=zero, bf16=bf16, micro_train_batch_size=micro, train_batch_size=micro * accum,
-            learning_rate=LR, lr_warmup_ratio=0.0, lr_scheduler="constant", gradient_checkpointing=grad_ckpt))
+            learning_rate=LR, lr_warmup_ratio=0.0, lr_scheduler="constant", gradient_checkpointing=bool(grad_ckpt),
+            gradient_checkpointing_layers=grad_ckpt or "all"))
         torch.manual_seed(0)
         with ModulePatches.record(liger) as self.patches:
             actor = Actor.from_pretrained(path, dtype="bf16" if bf16 else "fp32", attn_implementation="sdpa",
-                                          use_liger_kernel=liger, gradient_checkpointing=grad_ckpt)
+                                          use_liger_kernel=liger, gradient_checkpointing=bool(grad_ckpt))
         self.trainer = SFTTrainer(strategy, actor, AutoTokenizer.from_pretrained(path), data, SFTConfig(max_epochs=1))
         self.device, self._replace = device, dataclasses.replace
+        self.tokens = micro * len(data[0]["input_ids"])  # per micro-batch
+
+    def checkpointing(self) -> str:
+        """The estimated activation peak of one micro-batch and, under auto, the layers it chose (ckpt sides)."""
+        from rl_core.activation_checkpointing import ActivationEstimate, AutoCheckpointing, decoder_layers
+
+        module = self.trainer.engine.module
+        layers = decoder_layers(module)
+        est = ActivationEstimate.of(module, len(layers))
+        hook = next((h for h in module._forward_pre_hooks.values() if isinstance(h, AutoCheckpointing)), None)
+        n = sum(bool(layer.gradient_checkpointing) for layer in layers)  # under auto: as the last forward chose
+        chose = f", auto chose {sorted({c[2] for c in hook.choices})} of {len(layers)}" if hook else ""
+        return f"activation estimate {est.bytes(n, self.tokens) / 2**30:.2f} GiB at {n} layers{chose}"
 
     def run(self, steps: int) -> float:
         self.patches.apply()
@@ -204,7 +230,11 @@ def main() -> None:
     ap.add_argument("--zero", type=int, nargs="+", default=[0, 1], choices=(0, 1, 2, 3))
     ap.add_argument("--liger", choices=("off", "on", "both"), help="rl-core sides with --use_liger_kernel "
                     "(default: both on cuda, off on cpu; needs CUDA and liger-kernel)")
-    ap.add_argument("--grad_ckpt", action="store_true", help="add a zero-0 +liger side with gradient checkpointing")
+    ap.add_argument("--grad_ckpt", action="store_true", help="same as --ckpt all")
+    ap.add_argument("--ckpt", nargs="+", default=[], metavar="none|all|N|auto", help="add a side per value with "
+                    "--gradient_checkpointing_layers VALUE (none: without checkpointing) at the first --zero stage")
+    ap.add_argument("--auto_free_gib", type=float, help="while the --ckpt auto side trains, leave only this much "
+                    "device memory free (a spare tensor holds the rest), so it sees a smaller card")
     ap.add_argument("--big_micro", type=int, help="add a zero-0 +liger side with this micro-batch (same global batch)")
     ap.add_argument("--peak_tflops", type=float, default=989.0, help="MFU denominator (H200 SXM dense bf16: 989)")
     ap.add_argument("--profile", metavar="SIDE", help="after the windows, one more window of this side (e.g. "
@@ -227,6 +257,13 @@ def main() -> None:
     G = micro * args.accum
     if args.big_micro is not None and (args.big_micro < 1 or G % args.big_micro):
         sys.exit(f"--big_micro {args.big_micro} must divide the global batch {micro} x {args.accum} = {G}")
+    ckpts = list(dict.fromkeys(([*args.ckpt, "all"] if args.grad_ckpt else args.ckpt)))
+    for value in ckpts:
+        if value != "none" and not (value in ("all", "auto") or value.isdigit()):
+            sys.exit(f"--ckpt {value}: each value is none, all, auto or a number of decoder layers (0..layers)")
+        if value.isdigit() and int(value) > shape["num_layers"]:
+            sys.exit(f"--ckpt {value}: the {preset} preset has {shape['num_layers']} decoder layers; pass 0.."
+                     f"{shape['num_layers']}, all, auto or none")
     if min(steps, args.repeats, micro, args.accum) < 1 or args.warmup < 0:
         sys.exit("--steps, --repeats, --micro, --accum must be >= 1 and --warmup >= 0")
     os.environ.setdefault("OMP_NUM_THREADS", str(os.cpu_count() or 1))
@@ -235,6 +272,8 @@ def main() -> None:
     from rl_rollout.testing import make_tiny_model
 
     device = torch.device(args.device)
+    if args.auto_free_gib is not None and (device.type != "cuda" or "auto" not in ckpts):
+        sys.exit("--auto_free_gib limits the memory the --ckpt auto side sees: it needs --device cuda and --ckpt auto")
     with tempfile.TemporaryDirectory() as tmp:
         path = make_tiny_model(os.path.join(tmp, "m"), **shape, max_position_embeddings=T,
                                dtype="bfloat16" if device.type == "cuda" else "float32")  # half the bytes to load
@@ -245,9 +284,13 @@ def main() -> None:
                 builders[f"zero-{z}" + " +liger" * lg] = lambda z=z, lg=lg: RlCore(path, data, micro, args.accum,
                                                                                  device, z, liger=lg)
         lg = liger != "off"  # the extra sides take liger when any side does
-        if args.grad_ckpt:
-            builders["zero-0" + " +liger" * lg + " +ckpt"] = lambda: RlCore(path, data, micro, args.accum, device, 0,
-                                                                          liger=lg, grad_ckpt=True)
+        z0, ckpt_sides = args.zero[0], []
+        for value in ckpts:
+            base = f"zero-{z0}" + " +liger" * lg
+            name = base if value == "none" and base in builders else f"{base} ckpt {value}"
+            ckpt_sides.append(name)
+            builders[name] = lambda v=value: RlCore(path, data, micro, args.accum, device, z0, liger=lg,
+                                                    grad_ckpt=None if v == "none" else v)
         if args.big_micro:
             builders["zero-0" + " +liger" * lg + f" micro {args.big_micro}"] = lambda: RlCore(
                 path, data, args.big_micro, G // args.big_micro, device, 0, liger=lg)
@@ -258,7 +301,9 @@ def main() -> None:
             before = mem(device)
             sides[name] = build()
             if args.warmup:
+                spare = hold_free(device, args.auto_free_gib) if name.endswith(" ckpt auto") else None
                 sides[name].run(args.warmup)
+                del spare
             own[name] = mem(device) - before
         n_params = sum(p.numel() for p in sides["plain"].model.parameters())
         flops_per_token = 6 * n_params
@@ -275,9 +320,12 @@ def main() -> None:
         for _ in range(args.repeats):  # interleaved, so a drifting machine hits every side alike
             for name, side in sides.items():
                 held_by_others = mem(device) - own[name]
+                spare = hold_free(device, args.auto_free_gib) if name.endswith(" ckpt auto") else None
                 reset_peak(device)
                 times[name].append(side.run(steps))
-                peaks[name] = max(peaks.get(name, 0.0), peak(device) - held_by_others)
+                spare_bytes = 0 if spare is None else spare.numel()
+                peaks[name] = max(peaks.get(name, 0.0), peak(device) - held_by_others - spare_bytes)
+                del spare
     tokens = G * T * steps
     base = statistics.median(times["plain"])
     results = []
@@ -298,9 +346,13 @@ def main() -> None:
         print(f"target (issue 18 item 4: an rl-core side >= 1.5x plain tokens/s): {verdict}, best {best['side']} "
               f"{best['speedup_vs_plain']:.3f}x")
     else:
-        worst = min(r["speedup_vs_plain"] for r in core if "+" not in r["side"])
+        worst = min(r["speedup_vs_plain"] for r in core if "+" not in r["side"] and " ckpt " not in r["side"])
         verdict = "met" if 1 / worst <= 1.10 else "NOT met"
         print(f"target (rl_core wall time <= 1.10 x plain at ZeRO-0/1): {verdict}, worst {1 / worst:.3f}x")
+    for r in results:
+        if r["side"] in ckpt_sides:
+            r["checkpointing"] = sides[r["side"]].checkpointing()
+            print(f"{r['side']:<24} {r['checkpointing']}")
     if args.profile:
         profile_window(sides[args.profile], steps, device)
     if args.out:
@@ -308,7 +360,8 @@ def main() -> None:
             json.dump({"preset": preset, "shape": shape, "seq": T, "micro": micro, "accum": args.accum,
                        "steps": steps, "repeats": args.repeats, "params": n_params, "peak_tflops": args.peak_tflops,
                        "mfu_convention": "6 x params x tokens/s / peak; attention not counted",
-                       "device": str(device), "torch": torch.__version__, "results": results}, f, indent=1)
+                       "device": str(device), "torch": torch.__version__, "auto_free_gib": args.auto_free_gib,
+                       "results": results}, f, indent=1)
 
 
 def profile_window(side, steps: int, device: torch.device) -> None:
@@ -326,6 +379,16 @@ def profile_window(side, steps: int, device: torch.device) -> None:
     if cuda:
         busy = sum(e.time_range.elapsed_us() for e in prof.events() if e.device_type == DeviceType.CUDA) / 1e6
         print(f"profiled window: {wall:.3f} s wall, device kernels {busy:.3f} s ({busy / wall:.0%} busy)")
+
+
+def hold_free(device: torch.device, free_gib: float | None):
+    """A spare tensor that leaves about ``free_gib`` GiB of the device free (None without a limit, or when less is
+    free already); the allocator's cache is emptied first, so what it held unused counts as free."""
+    if free_gib is None:
+        return None
+    torch.cuda.empty_cache()
+    extra = torch.cuda.mem_get_info(device)[0] - int(free_gib * 2**30)
+    return torch.empty(extra, dtype=torch.uint8, device=device) if extra > 0 else None
 
 
 def mem(device: torch.device) -> int:

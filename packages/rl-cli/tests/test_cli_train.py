@@ -170,3 +170,22 @@ def test_two_ranks_under_torchrun_match_one_process(files, tmp_path, name, zero,
     a, b = losses_of(tmp_path / "one"), losses_of(tmp_path / "two")
     assert len(a) == len(b) == 4
     assert max(abs(x - y) for x, y in zip(a, b)) < 1e-5, (a, b)
+
+
+def test_sft_checkpoints_only_the_layers_asked_for_and_names_a_bad_count(files, capsys, monkeypatch, caplog):
+    monkeypatch.chdir(files)
+    base = ["--pretrain", "tiny", "--dataset", "sft.jsonl", "--input_key", "q", "--output_key", "a",
+            "--apply_chat_template", *COMMON, "--gradient_checkpointing"]
+    with caplog.at_level("INFO", logger="rl_core.strategy"):
+        assert run("sft", [*base, "--gradient_checkpointing_layers", "1", "--run_dir", "run-ckpt"]) == 0
+    assert "gradient checkpointing: the first 1 of 2 decoder layers recompute" in caplog.text
+    losses = losses_of(files / "run-ckpt")
+    assert len(losses) == 2 and all(0 < x < 100 for x in losses), losses
+    with pytest.raises(SystemExit) as exit_:
+        run("sft", [*base, "--gradient_checkpointing_layers", "3"])
+    assert exit_.value.code == 2
+    assert ("rl sft: gradient_checkpointing_layers (--gradient_checkpointing_layers)=3 is more than the model's 2 "
+            "decoder layers; pass 0..2, all or auto") in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        run("sft", [*base[:-1], "--gradient_checkpointing_layers", "1"])
+    assert "add --gradient_checkpointing" in capsys.readouterr().err

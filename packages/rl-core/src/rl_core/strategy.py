@@ -57,6 +57,10 @@ class StrategyConfig:
     weight_decay: float = field(default=0.0, metadata=meta("--l2"))
     adam_betas: tuple[float, float] = field(default=(0.9, 0.95), metadata=meta("AdamW betas B1 B2"))
     gradient_checkpointing: bool = field(default=False, metadata=meta("recompute activations in the backward pass (less memory)"))
+    gradient_checkpointing_layers: str = field(default="all", metadata=meta(
+        "with --gradient_checkpointing, which decoder layers recompute: all; N, the first N (0..layers); or auto, "
+        "per training forward the fewest whose estimated activations fit the free device memory (CUDA; all on "
+        "CPU). Formula: rl_core.activation_checkpointing"))
     seed: int = field(default=42, metadata=meta("seed of the model init, data order and sampling"))
     zero_bucket_bytes: int = field(default=500_000_000, metadata=meta("ZeRO reduce / prefetch bucket size"))
     local_rank: int = field(default=-1, metadata=meta(
@@ -79,6 +83,13 @@ class StrategyConfig:
         # a learning rate of 0 is legitimate (a run that must not move the weights: evaluation, loss checks)
         check_numbers(self, positive=("zero_bucket_bytes",),
                       non_negative=("learning_rate", "max_norm", "weight_decay", "seed"))
+        from rl_core.activation_checkpointing import parse_layers
+
+        layers = parse_layers(self.gradient_checkpointing_layers)
+        object.__setattr__(self, "gradient_checkpointing_layers", layers)  # canonical text: all, auto, "4"
+        if layers != "all" and not self.gradient_checkpointing:
+            raise ValueError(f"gradient_checkpointing_layers={layers} (--gradient_checkpointing_layers) picks which "
+                             f"layers recompute once --gradient_checkpointing is on; add --gradient_checkpointing")
         if not all(0 <= b < 1 for b in self.adam_betas):
             raise ValueError(f"adam_betas (--adam_betas) must be two numbers in [0, 1), got {self.adam_betas}")
 
@@ -282,6 +293,12 @@ class DeepSpeedStrategy:
             inner = getattr(engine.module, "model", None) or getattr(engine.module, "body", None)
             if inner is not None and hasattr(inner, "gradient_checkpointing_enable"):
                 inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            from rl_core.activation_checkpointing import select_checkpointed_layers
+
+            what = select_checkpointed_layers(engine.module, self.cfg.gradient_checkpointing_layers,
+                                              device=self.device, optimizer=engine.optimizer)
+            if self.is_rank_0():
+                logger.info("gradient checkpointing: %s", what)
         return engine
 
     @staticmethod
