@@ -178,3 +178,28 @@ def test_strategy_prepare_selects_the_layers_of_every_trained_model(tiny, kind):
     out = engine(ids, attention_mask=torch.ones_like(ids))
     s.backward((out.logprobs if kind == "lora-actor" else out).float().sum(), engine)
     assert counts == [2, 1, 1, 1]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="auto reads the free CUDA memory; torch sees no CUDA device")
+def test_auto_on_cuda_recomputes_more_layers_when_less_memory_is_free(tiny):
+    cuda = torch.device("cuda", torch.cuda.current_device())
+    model = actor(tiny, ckpt=True).to(cuda)
+    assert select_checkpointed_layers(model, "auto", device=cuda).startswith("auto: ")
+    hook = next(h for h in model._forward_pre_hooks.values() if isinstance(h, AutoCheckpointing))
+    ids = torch.randint(3, 128, (8, 1024), device=cuda)
+
+    def step():
+        model.zero_grad(set_to_none=True)
+        model(ids, attention_mask=torch.ones_like(ids)).logprobs.sum().backward()
+        return hook.choices[-1]
+
+    tokens, budget, n = step()
+    assert (tokens, n) == (8192, 0) and budget > hook.estimate.bytes(0, tokens)
+    # leave only what fits with 2 of the 4 layers recomputing: half-way between the estimates at 1 and 2 layers
+    target = (hook.estimate.bytes(1, tokens) + hook.estimate.bytes(2, tokens)) // 2
+    model.zero_grad(set_to_none=True)
+    torch.cuda.empty_cache()
+    spare = torch.empty(hook.budget() - target, dtype=torch.uint8, device=cuda)
+    tokens, budget, n = step()
+    del spare
+    assert n == 2, (budget, target, hook.estimate.bytes(1, tokens), hook.estimate.bytes(2, tokens))
