@@ -84,6 +84,9 @@ def main() -> None:
     ap.add_argument("--enable_sleep", action="store_true",
                     help="the engine sleeps while the models train (rl ppo's --vllm_enable_sleep)")
     ap.add_argument("--sleep_level", type=int, default=1, choices=(1, 2), help="rl ppo's --vllm_sleep_level")
+    ap.add_argument("--gpu_memory_utilization", type=float, default=None,
+                    help="vLLM's share of the GPU (rl ppo's --vllm_gpu_memory_utilization; default: EngineConfig's)")
+    ap.add_argument("--no_baselines", action="store_true", help="only the loop (benchmarks/sleep_headroom.py)")
     ap.add_argument("--use_liger_kernel", action="store_true", help="rl ppo's --use_liger_kernel (CUDA, liger-kernel); "
                     "the plain policy baseline, loaded after, gets liger's RMSNorm/SwiGLU/RoPE too (liger patches "
                     "transformers' modeling module for the process)")
@@ -125,13 +128,22 @@ def main() -> None:
 
     run = build_run(RunConfig(RLModelConfig(pretrain=str(model), use_liger_kernel=args.use_liger_kernel), s, cfg,
                               EngineConfig(kind=args.rollout_engine, max_batch_sequences=G,
-                                           enable_sleep=args.enable_sleep, sleep_level=args.sleep_level)),
+                                           enable_sleep=args.enable_sleep, sleep_level=args.sleep_level,
+                                           **({} if args.gpu_memory_utilization is None else
+                                              {"gpu_memory_utilization": args.gpu_memory_utilization}))),
                     LocalFactory(), prompts=prompts, tokenizer=tok, reward_fn=reward)
     trainer = run.trainer
     peak = DeviceMemoryPeak(dev)
     t0 = time.perf_counter()
-    with peak:
-        hist = trainer.fit()
+    try:
+        with peak:
+            hist = trainer.fit()
+    except torch.OutOfMemoryError as e:  # benchmarks/sleep_headroom.py reads this line and the exit status
+        print(f"rl_phases: out of device memory at --micro_train_batch_size {args.micro_train_batch_size} "
+              f"(engine sleep {'level ' + str(args.sleep_level) if args.enable_sleep else 'off'}): {str(e)[:200]}")
+        if args.out:
+            Path(args.out).write_text(json.dumps({"oom": True, "peak_device_gib": peak.gib}))
+        raise SystemExit(3) from None
     total = time.perf_counter() - t0
     freed_gib = None
     if args.enable_sleep and dev.type == "cuda":  # what one sleep gives back to the trainer, measured on the device
@@ -147,6 +159,16 @@ def main() -> None:
     later = hist[1:] or hist
     mean = {k: statistics.mean(m[k] for m in later) for k in phases}
     tokens = statistics.mean(m["response_length"] for m in later) * G
+    if args.no_baselines:
+        print(f"rl_phases (no baselines): {args.iterations} iterations in {total:.1f} s; " +
+              ", ".join(f"{k[:-2]} {mean[k]:.3f} s" for k in phases))
+        if peak.gib is not None:
+            print(f"device memory in use at peak during the loop: {peak.gib:.2f} GiB")
+        if args.out:
+            Path(args.out).write_text(json.dumps({"oom": False, "phases": mean, "tokens": tokens,
+                                                  "peak_device_gib": peak.gib, "freed_gib": freed_gib,
+                                                  "history": hist}, indent=1))
+        return
 
     # baseline 1: plain transformers generate of the same prompts x n
     hf = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16 if bf16 else torch.float32).to(dev).eval()

@@ -11,7 +11,12 @@ out of the mean (it records the copy plan), then checks the engine holds the las
 
 - ``layerwise``: vLLM's layerwise reload session (the default);
 - ``direct``: ``RL_VLLM_DIRECT_LOAD=1 RL_VLLM_COPY_PLAN=0``, ``model.load_weights`` into the live parameters;
-- ``plan``: ``RL_VLLM_DIRECT_LOAD=1``, the recorded copy plan replayed as one ``torch._foreach_copy_``.
+- ``plan``: ``RL_VLLM_DIRECT_LOAD=1``, the recorded copy plan replayed as one ``torch._foreach_copy_``;
+- ``live``: as ``plan``, with ``update_weights(..., live=True)`` (what ``rl ppo`` sends under ZeRO-0/1/2: the
+  trainer's own parameters, one group, the plan's source views kept between syncs).
+
+Then, apart: one prefix-cache reset after a generation (vLLM walks every KV block; the engine skips it
+when nothing was generated since the last), and with ``--profile`` a cProfile of one steady ``live`` sync.
 
 Baseline in the same run: ``torch._foreach_copy_`` of the same tensors into same-shaped buffers (the
 fastest a sync of these bytes can be on this device). Prints seconds, GB/s and the ratio of each mode's
@@ -33,7 +38,8 @@ import torch
 
 MODES = {"layerwise": {"RL_VLLM_DIRECT_LOAD": "0"},
          "direct": {"RL_VLLM_DIRECT_LOAD": "1", "RL_VLLM_COPY_PLAN": "0"},
-         "plan": {"RL_VLLM_DIRECT_LOAD": "1", "RL_VLLM_COPY_PLAN": "1"}}
+         "plan": {"RL_VLLM_DIRECT_LOAD": "1", "RL_VLLM_COPY_PLAN": "1"},
+         "live": {"RL_VLLM_DIRECT_LOAD": "1", "RL_VLLM_COPY_PLAN": "1"}}
 
 
 def sync_device():
@@ -45,12 +51,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", action="store_true", help="tiny model (the vLLM CPU build)")
     ap.add_argument("--syncs", type=int, default=6, help="syncs per mode (the first is left out of the mean)")
-    ap.add_argument("--modes", default=None, help="comma-separated subset of layerwise,direct,plan")
+    ap.add_argument("--modes", default=None, help="comma-separated subset of layerwise,direct,plan,live")
+    ap.add_argument("--gpu_memory_utilization", type=float, default=0.3,
+                    help="the engine's share of the GPU (its KV blocks: what a prefix-cache reset walks)")
+    ap.add_argument("--profile", action="store_true", help="cProfile one steady live sync (top 25 by cumulative time)")
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
     dev = torch.device("cuda" if cuda else "cpu")
-    modes = (args.modes or ("layerwise,direct,plan" if cuda else "layerwise")).split(",")
+    modes = (args.modes or ("layerwise,direct,plan,live" if cuda else "layerwise")).split(",")
 
     from transformers import AutoModelForCausalLM
 
@@ -76,7 +85,7 @@ def main() -> None:
     del dst
     copy = min(copy_s)
 
-    engine = EngineConfig(kind="vllm", enforce_eager=True, gpu_memory_utilization=0.3).make(
+    engine = EngineConfig(kind="vllm", enforce_eager=True, gpu_memory_utilization=args.gpu_memory_utilization).make(
         str(path), dtype="bf16" if cuda else "fp32", seed=0, device=str(dev), in_process=True,
         extra={"max_model_len": 512, **({} if cuda else {"engine_kwargs": {"kv_cache_memory_bytes": 1 << 30}})})
     prompt = RolloutRequest([5, 60, 70, 80], SamplingParams(temperature=0.0, n=1, max_new_tokens=12))
@@ -92,7 +101,7 @@ def main() -> None:
                 version += 1
                 sync_device()
                 t0 = time.perf_counter()
-                engine.update_weights(params, version)
+                engine.update_weights(params, version, **({"live": True} if mode == "live" else {}))
                 sync_device()
                 times.append(time.perf_counter() - t0)
                 reports.append(getattr(engine, "last_sync_reports", [{}])[0].get("copy_plan"))
@@ -106,6 +115,9 @@ def main() -> None:
             results[mode] = {"first_s": times[0], "mean_s": mean, "min_s": min(later), "gb_per_s": nbytes / mean / 1e9,
                              "ratio_to_device_copy": copy / mean, "greedy_equal": got == want[:len(got)],
                              "copy_plan": reports[-1]}
+        reset_s = time_prefix_reset(engine, prompt)
+        if args.profile:
+            profile_sync(engine, params, version + 1)
     finally:
         engine.shutdown()
 
@@ -117,9 +129,39 @@ def main() -> None:
     for mode, r in results.items():
         print(f"{mode:<11}{r['first_s']:>9.4f}{r['mean_s']:>9.4f}{r['gb_per_s']:>9.1f}{r['ratio_to_device_copy']:>8.3f}"
               f"  {str(r['greedy_equal']):<15}  {r['copy_plan']}")
+    print(f"prefix-cache reset after a generation ({reset_s['blocks']} KV blocks): {reset_s['seconds'] * 1e3:.2f} ms "
+          "(skipped by the engine when nothing was generated since the last reset)")
     if args.out:
         Path(args.out).write_text(json.dumps({"device": name, "shape": shape, "bytes": nbytes, "device_copy_s": copy,
-                                              "modes": results}, indent=1))
+                                              "modes": results, "prefix_reset": reset_s}, indent=1))
+
+
+def time_prefix_reset(engine, prompt) -> dict:
+    """Seconds of vLLM's own prefix-cache reset right after a generation, and the KV blocks it walks."""
+    engine.generate([prompt])
+    llm = engine._llm
+    try:
+        blocks = llm.llm_engine.engine_core.engine_core.scheduler.kv_cache_manager.block_pool.num_gpu_blocks
+    except AttributeError:  # another vLLM layout: the count is only informative
+        blocks = None
+    with engine._lock:
+        t0 = time.perf_counter()
+        llm.reset_prefix_cache()
+        return {"seconds": time.perf_counter() - t0, "blocks": blocks}
+
+
+def profile_sync(engine, params, version: int) -> None:
+    import cProfile
+    import pstats
+
+    engine.update_weights(params, version, live=True)  # steady state first
+    sync_device()
+    prof = cProfile.Profile()
+    prof.enable()
+    engine.update_weights(params, version + 1, live=True)
+    sync_device()
+    prof.disable()
+    pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
 
 
 if __name__ == "__main__":

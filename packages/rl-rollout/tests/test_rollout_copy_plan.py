@@ -123,3 +123,45 @@ def test_a_sync_in_groups_is_recorded_group_by_group():
     m.load_weights(plan.replay(new[:3]) + plan.replay(new[3:]))
     ref.load_weights(new)
     assert all(torch.equal(a, state(ref)[n]) for n, a in state(m).items())
+
+
+def test_live_inputs_replay_through_kept_views_until_one_moves():
+    m, ref = FusedModel(), FusedModel()
+    live = weights(0)  # a trainer's parameters: the same tensors (storage) at every sync
+    plan = CopyPlan.record(m.load_weights, live, params_of(m))
+    for step in range(3):
+        for _, t in live:
+            t.mul_(1.5).add_(step)  # the optimizer updates them in place
+        rest = plan.replay(live, live=True)
+        assert plan._live_views is not None and plan.last_copies == 6
+        m.load_weights(rest)
+        ref.load_weights(live)
+        assert all(torch.equal(a, state(ref)[n]) for n, a in state(m).items()), step
+    kept = plan._live_views
+    moved = [(n, t.clone()) if n == "q" else (n, t) for n, t in live]  # one parameter got new storage
+    m.load_weights(plan.replay(moved, live=True))
+    ref.load_weights(moved)
+    assert plan._live_views is not kept  # rebuilt, not written from the old storage
+    assert all(torch.equal(a, state(ref)[n]) for n, a in state(m).items())
+    plan.replay(moved)  # not live: nothing kept (a ZeRO-3 gather's copies must be freed)
+    assert plan._live_views is None
+
+
+def test_an_empty_write_is_not_a_write():
+    """vLLM's embedding loader zero-fills the padding rows after the copy; with no padding the fill hits an
+    empty view of the parameter and must not keep the tensor out of the plan."""
+    class Padded(FusedModel):
+        def load_weights(self, weights):
+            for name, t in weights:
+                if name == "embed":
+                    self.embed.data[: t.shape[0]].copy_(t)
+                    self.embed.data[t.shape[0]:].fill_(0)
+                else:
+                    super().load_weights([(name, t)])
+
+    m = Padded()
+    plan = CopyPlan.record(m.load_weights, weights(0), params_of(m))
+    assert "embed" in plan.entries
+    m2 = Padded()
+    plan2 = CopyPlan.record(m2.load_weights, [("embed", torch.randn(12, H))], params_of(m2))
+    assert "fill_" in plan2.skipped["embed"]  # real padding rows: a write the plan cannot replay

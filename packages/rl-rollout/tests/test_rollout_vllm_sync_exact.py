@@ -359,5 +359,21 @@ def test_an_in_process_engine_takes_the_tensors_without_packing(tmp_path, monkey
         engine.update_weights(hf.named_parameters(), version=1, verify=True)
         assert engine.policy_version == 1
         assert logprob_gap(engine, hf) < LOGPROB_ATOL
+
+        # live=True: a trainer's own parameters, updated in place between syncs, sent in one group; the
+        # prefix cache is reset only when something was generated (and cached) since the last reset
+        resets = []
+        real_reset = engine._llm.reset_prefix_cache
+        monkeypatch.setattr(engine._llm, "reset_prefix_cache", lambda *a, **k: resets.append(1) or real_reset(*a, **k))
+        live = [(n, p.detach()) for n, p in hf.named_parameters()]
+        for version in (2, 3):
+            perturb_(hf, torch.Generator().manual_seed(version))
+            engine.update_weights(live, version=version, verify=True, live=True)
+            assert logprob_gap(engine, hf) < LOGPROB_ATOL, version  # generates: fills the prefix cache
+        assert len(resets) == 2  # each sync followed a generation
+        engine.update_weights(live, version=4, live=True)
+        assert len(resets) == 3
+        engine.update_weights(live, version=5, live=True)  # nothing generated since: nothing to reset
+        assert len(resets) == 3 and engine.policy_version == 5
     finally:
         engine.shutdown()

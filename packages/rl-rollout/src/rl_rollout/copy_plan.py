@@ -62,8 +62,8 @@ class _Recorder(TorchDispatchMode):
                     continue
                 value = kwargs[a.name] if a.name in kwargs else (args[i] if i < len(args) else None)
                 for t in tree_flatten(value)[0]:
-                    if isinstance(t, torch.Tensor):
-                        self.other_writes.append((str(func), t))
+                    if isinstance(t, torch.Tensor) and t.numel():  # an empty view writes nothing (vLLM's
+                        self.other_writes.append((str(func), t))    # zero-fill of no padding rows)
         return func(*args, **kwargs)
 
 
@@ -84,6 +84,9 @@ class CopyPlan:
     param_ptrs: dict[str, int] = field(default_factory=dict)  # parameter -> storage pointer at record time
     record_s: float = 0.0
     last_copies: int = 0  # copies the last replay made
+    # live=True replays: the inputs' (name, data pointer, shape, stride) and the views built for them
+    _live_key: tuple | None = field(default=None, repr=False)
+    _live_views: tuple[list, list] | None = field(default=None, repr=False)
 
     @classmethod
     def record(cls, load: Callable[[list[tuple[str, torch.Tensor]]], None],
@@ -99,6 +102,7 @@ class CopyPlan:
         recording sync is a normal one), and plan the inputs whose load was pure copies into ``params``
         (the model's parameters and buffers by name). A sync that arrives in several groups adds each."""
         t0 = time.perf_counter()
+        self._live_key = self._live_views = None  # kept views would miss the inputs planned now
         owners = {_storage_ptr(p): n for n, p in params.items() if p.numel()}
         self.param_ptrs.update({n: _storage_ptr(p) for n, p in params.items() if p.numel()})
         for name, tensor in weights:
@@ -145,12 +149,23 @@ class CopyPlan:
                 if now is None or _storage_ptr(now) != self.param_ptrs[p]:
                     raise CopyPlanStale(f"parameter {p} is no longer the storage the plan writes to")
 
-    def replay(self, weights: Iterable[tuple[str, torch.Tensor]]) -> list[tuple[str, torch.Tensor]]:
+    def replay(self, weights: Iterable[tuple[str, torch.Tensor]], *, live: bool = False) -> list[tuple[str, torch.Tensor]]:
         """Copy every planned input in one fused copy; returns the others (left out, or not recorded yet).
 
         Raises :class:`CopyPlanStale` when a planned input's layout (shape, strides, dtype, device)
-        differs from the recorded one. Source views are rebuilt every time (a cache would keep a trainer's
-        gathered copies alive); a whole-tensor source is the input itself."""
+        differs from the recorded one. Source views are rebuilt every time, unless ``live``: the inputs
+        are a trainer's live parameters, the same storage at every sync (ZeRO-0/1/2, no cast), and then
+        the views of the last replay are kept and reused while every input has the same name, data
+        pointer, shape and strides (a sync is then one ``torch._foreach_copy_``). Never pass ``live`` for
+        copies made for the sync (a ZeRO-3 gather): the kept views would keep them alive."""
+        weights = list(weights)
+        if live:
+            key = tuple((n, t.data_ptr(), t.shape, t.stride(), t.dtype) for n, t in weights)
+            if key == self._live_key and self._live_views is not None:
+                dsts, srcs = self._live_views
+                self._copy(dsts, srcs)
+                return [(n, t) for n, t in weights if n not in self.entries]
+        self._live_key = self._live_views = None
         rest, planned = [], []
         for name, tensor in weights:
             e = self.entries.get(name)
@@ -169,8 +184,13 @@ class CopyPlan:
             whole = (tuple(tensor.shape), tuple(tensor.stride()), 0)
             base = tensor.storage_offset()
             srcs.extend(tensor if v == whole else tensor.as_strided(v[0], v[1], base + v[2]) for v in e.srcs)
+        self._copy(dsts, srcs)
+        if live:
+            self._live_key, self._live_views = key, (dsts, srcs)
+        return rest
+
+    def _copy(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:
         if dsts:
             with torch.no_grad():
                 torch._foreach_copy_(dsts, srcs)
         self.last_copies = len(dsts)
-        return rest

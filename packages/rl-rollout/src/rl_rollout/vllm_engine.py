@@ -135,6 +135,10 @@ class VLLMEngine(VLLMWeightsMixin):
         self.tensor_parallel_size = tensor_parallel_size
         self.pause_mode = pause_mode
         self.policy_version = 0
+        # sync mode: whether vLLM may hold prefix-cache entries of the current weights (then a weight update
+        # resets the cache); generation with caching on sets it, a reset or a sleep (it clears KV) clears it
+        self._prefix_caching = bool(enable_prefix_caching)
+        self._prefix_cached = False
         # partial rollouts (sync mode): responses sampled this many tokens at a time, updates landing in between
         self._partial_chunk_tokens: int | None = None
         self._updates_waiting = 0  # update sessions waiting for the lock (the chunk loop lets them in)
@@ -208,6 +212,7 @@ class VLLMEngine(VLLMWeightsMixin):
             self._check_usable()
             version = self.policy_version
             prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
+            self._prefix_cached = self._prefix_cached or self._prefix_caching
             outputs = self._llm.generate(prompts, [_to_vllm_params(r.params) for r in requests], use_tqdm=False)
         return [_to_samples(r, o, version, version) for r, o in zip(requests, outputs, strict=True)], version
 
@@ -288,6 +293,7 @@ class VLLMEngine(VLLMWeightsMixin):
         else:
             with self._lock:
                 self._llm.sleep(level)
+                self._prefix_cached = False  # vLLM clears the prefix cache when it drops the KV cache
         self._asleep = {"weights", "kv_cache"}
 
     def wake_up(self, tags: list[str] | None = None) -> None:

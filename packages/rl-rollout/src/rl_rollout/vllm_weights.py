@@ -41,12 +41,17 @@ class VLLMWeightsMixin:
     """Weight loading and checks for :class:`~rl_rollout.vllm_engine.VLLMEngine`."""
 
     def update_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *, verify: bool = False
+        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *, verify: bool = False,
+        live: bool = False,
     ) -> dict[str, TensorStats] | None:
         """Stream ``(hf_name, tensor)`` pairs to every worker in buckets of ``bucket_bytes``: one reload
         session for the whole iterable, so pass every tensor of a sync in one call (a generator is fine).
         An in-process engine (``in_process=True``, sync mode) takes the tensors themselves, on their device
         (:attr:`hands_over_tensors`); otherwise they are packed into byte buckets.
+
+        ``live=True`` (an in-process engine): the tensors are the trainer's live parameters, the same storage
+        at every sync (ZeRO-0/1/2, no cast); they go to the worker in one group and its copy plan keeps its
+        views of them, so a steady sync is one fused copy. Never for copies made for the sync (a ZeRO-3 gather).
 
         ``verify=True``: computes :func:`~rl_rollout.weights.weight_stats` of the tensors as they are sent
         (in the engine's dtype), checks them with :meth:`verify_weights` after the load, and returns them.
@@ -65,7 +70,9 @@ class VLLMWeightsMixin:
 
         self.begin_weight_update()
         try:
-            if self.hands_over_tensors:  # the worker is in this process: tensors as they are (GPU stays GPU)
+            if self.hands_over_tensors and live:  # live parameters: nothing to bound, one group
+                self._rpc("rl_load_tensors", list(tap(named_tensors)), True)
+            elif self.hands_over_tensors:  # the worker is in this process: tensors as they are (GPU stays GPU)
                 for group in iter_groups(tap(named_tensors), self.bucket_bytes):
                     self._rpc("rl_load_tensors", group)
             else:  # packed buckets (bytes) over vLLM's message channel
@@ -117,8 +124,10 @@ class VLLMWeightsMixin:
             self.last_sync_reports = reports  # one per worker: tensors, kept_old, partial (and copy_plan)
             if self.mode == "async":
                 self._run(self._llm.reset_prefix_cache())
-            else:
-                self._llm.reset_prefix_cache()
+            elif self._prefix_cached:  # vLLM's reset walks every KV block in Python (ms per 100k blocks):
+                # skipped when nothing was cached since the last one (caching off, or a sleep cleared it)
+                if self._llm.reset_prefix_cache() is not False:
+                    self._prefix_cached = False
             if version is not None:
                 _check_session(reports)
                 if expected is not None:

@@ -83,6 +83,7 @@ class WorkerExtension:
         # parameters stay one tensor. On CPU the linear weights are packed after loading, so never there.
         self._rl_direct = _direct_load(self.vllm_config.model_config)
         self._rl_seen: set[str] = set()  # HF names received in this session
+        self._rl_session_params = None  # the model's parameters by name, looked up once per session
         if self._rl_direct:
             self._rl_ties = {}
             self._rl_plan_stats = {"recorded": 0, "copies": 0, "loader": 0, "load_s": 0.0}
@@ -100,17 +101,19 @@ class WorkerExtension:
         self._rl_load(weights)
         return len(weights)
 
-    def rl_load_tensors(self, weights: list) -> int:
+    def rl_load_tensors(self, weights: list, live: bool = False) -> int:
         """Load ``(hf_name, tensor)`` pairs handed over inside one process (an in-process engine: vLLM's
         in-process client and uni executor call this with the caller's objects, nothing serialised), so a
-        GPU trainer's tensors go GPU to GPU and never through the host. Returns the number loaded."""
+        GPU trainer's tensors go GPU to GPU and never through the host. ``live``: they are the trainer's
+        live parameters, the same storage every sync (the copy plan keeps its views of them). Returns the
+        number loaded."""
         if not hasattr(self, "_rl_loaded"):
             raise RuntimeError("rl_load_tensors called outside a weight update: call rl_begin_weight_update first")
         weights = list(weights)
-        self._rl_load(weights)
+        self._rl_load(weights, live=live)
         return len(weights)
 
-    def _rl_load(self, weights: list) -> None:
+    def _rl_load(self, weights: list, live: bool = False) -> None:
         """``model.load_weights`` in the open session, plus the tied aliases of what arrived (module docstring)."""
         from vllm.config import set_current_vllm_config
         from vllm.model_executor.model_loader.weight_utils import default_weight_loader
@@ -119,7 +122,7 @@ class WorkerExtension:
         self._rl_seen.update(name for name, _ in weights)
         if self._rl_direct and os.environ.get("RL_VLLM_COPY_PLAN", "1") != "0":
             t0 = time.perf_counter()
-            self._rl_load_planned(model, weights)
+            self._rl_load_planned(model, weights, live)
             self._rl_plan_stats["load_s"] += time.perf_counter() - t0
             return
         ties = self._rl_ties
@@ -146,9 +149,10 @@ class WorkerExtension:
                 getattr(param, "weight_loader", default_weight_loader)(param, tensor)
         self._rl_loaded += len(weights)
 
-    def _rl_load_planned(self, model, weights: list) -> None:
+    def _rl_load_planned(self, model, weights: list, live: bool = False) -> None:
         """Direct mode: the first sync records how ``load_weights`` copies each tensor (:mod:`rl_rollout.copy_plan`),
-        later ones replay it as one fused copy; what the plan leaves out goes through ``load_weights``."""
+        later ones replay it as one fused copy; what the plan leaves out goes through ``load_weights``. The
+        model's parameters are looked up (and checked against the plan) once per session, not per group."""
         from vllm.config import set_current_vllm_config
 
         from rl_rollout.copy_plan import CopyPlan, CopyPlanStale
@@ -157,13 +161,18 @@ class WorkerExtension:
             with set_current_vllm_config(self.vllm_config):
                 model.load_weights(weights=ws)
 
-        params = dict(model.named_parameters(remove_duplicate=False))
-        params.update(model.named_buffers(remove_duplicate=False))
+        params = getattr(self, "_rl_session_params", None)
+        fresh = params is None
+        if fresh:
+            params = dict(model.named_parameters(remove_duplicate=False))
+            params.update(model.named_buffers(remove_duplicate=False))
+            self._rl_session_params = params
         plan = getattr(self, "_rl_plan", None)
         if plan is not None:
             try:
-                plan.check_params(params)
-                rest = plan.replay(weights)
+                if fresh:
+                    plan.check_params(params)
+                rest = plan.replay(weights, live=live)
                 self._rl_plan_stats["copies"] += plan.last_copies
             except CopyPlanStale as e:
                 logger.warning("weight copy plan is stale (%s): recording it again", e)
@@ -231,6 +240,7 @@ class WorkerExtension:
                 finalize_layerwise_reload(model, self.vllm_config.model_config)
         report["tensors"] = self._rl_loaded
         del self._rl_loaded
+        self._rl_session_params = None
         return report
 
     def rl_init_weight_group(

@@ -146,6 +146,8 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         self.engine = self.s.prepare(actor, total_steps=total_steps)
         self._sender = None
         self._ipc = None  # an rl_rollout.ipc.IpcSender after the first share_weights_ipc
+        self._live_params = self._live = None  # push_weights' live parameter list (ZeRO-0/1/2: _live_named)
+        self._live_bytes = 0
 
     def logprobs(self, items: list[dict]) -> list[torch.Tensor]:
         """Log-probs at the sampling temperature (what the engine sampled from)."""
@@ -262,12 +264,17 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
 
     def push_weights(self, engine, version: int, verify: bool = False) -> dict:
         """In-process sync: every bucket into ``engine.update_weights`` in one call (one vLLM reload session),
-        tensors handed over where they are (a GPU policy's stay on the GPU). ``verify``: the engine then
-        checks it holds what was sent (count, sum and sum of squares per tensor; raises WeightSyncError)."""
+        tensors handed over where they are (a GPU policy's stay on the GPU). An engine that
+        ``hands_over_tensors`` (in-process vLLM) gets the live parameters under ZeRO-0/1/2, no copy
+        (``live=True``); ZeRO-3 gathers bucket by bucket. ``verify``: the engine then checks it holds what
+        was sent (count, sum and sum of squares per tensor; raises WeightSyncError)."""
         import time
 
         from rl_rollout.weights import tensor_stats
 
+        cuda = torch.device(self.s.device).type == "cuda"
+        if cuda:  # the train step's kernels are done before the clock starts, the copies before it stops
+            torch.cuda.synchronize(self.s.device)
         t0, nbytes, stats = time.perf_counter(), 0, {}
         dtype = getattr(engine, "dtype", None) if verify else None
 
@@ -280,12 +287,33 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                         stats[name] = tensor_stats(t, dtype)
                     yield name, t
 
-        engine.update_weights(named(), version=version)
+        if self.s.cfg.zero_stage != 3 and getattr(engine, "hands_over_tensors", False):
+            # an in-process engine takes the live weights, no copy (its copy plan keeps its views of them)
+            live = self._live_named()
+            if verify:
+                stats = {name: tensor_stats(t, dtype) for name, t in live}
+            engine.update_weights(live, version=version, live=True)
+            nbytes = self._live_bytes
+        else:
+            engine.update_weights(named(), version=version)
+        if cuda:
+            torch.cuda.synchronize(self.s.device)
         sec = time.perf_counter() - t0
         out = {"version": version, "bytes": nbytes, "seconds": sec, "gb_per_s": nbytes / max(sec, 1e-9) / 1e9}
         if verify:
             out["verify_s"] = engine.verify_weights(stats)["seconds"]
         return out
+
+    def _live_named(self) -> list[tuple[str, torch.Tensor]]:
+        """``(hf name, detached parameter)`` of the whole (not partitioned: ZeRO-0/1/2) policy, built once and
+        rebuilt when a parameter's storage changed (DeepSpeed re-pointing ``p.data``, a reload)."""
+        params = self._live_params if self._live_params is not None else list(self.engine.module.named_parameters())
+        cached = self._live
+        if cached is None or any(p.data_ptr() != t.data_ptr() for (_, p), (_, t) in zip(params, cached, strict=True)):
+            self._live_params = params
+            self._live = cached = list(hf_names((n, p.detach()) for n, p in params))
+            self._live_bytes = sum(t.numel() * t.element_size() for _, t in cached)
+        return cached
 
     def weight_stats(self) -> dict | None:
         """Per-tensor count, sum and sum of squares (HF names) of the policy's weights, on rank 0 (None
