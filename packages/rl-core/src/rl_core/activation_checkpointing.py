@@ -60,8 +60,10 @@ MARGIN = 0.05  # of the device's memory, kept free for fragmentation, cuBLAS / N
 def parse_layers(value) -> str:
     """The flag's value as its canonical text: ``all``, ``auto`` or a whole number >= 0; else one clear error."""
     text = str(value).strip().lower()
-    if text in ("all", "auto") or (text.isdigit() and not isinstance(value, bool)):
-        return text if not text.isdigit() else str(int(text))
+    if text in ("all", "auto"):
+        return text
+    if text.isascii() and text.isdigit() and not isinstance(value, bool):
+        return str(int(text))
     raise InputError(f"{FLAG} must be all, auto or a number of decoder layers >= 0 (the first N recompute), "
                      f"got {value!r}")
 
@@ -139,6 +141,9 @@ def select_checkpointed_layers(module: nn.Module, spec: str, *, device: torch.de
     if not layers:
         raise InputError(f"{FLAG}={spec} needs transformers decoder layers (GradientCheckpointingLayer) to choose "
                          f"from; {type(module).__name__} has none: pass all")
+    if not all(hasattr(layer, "_gradient_checkpointing_func") for layer in layers):
+        raise ValueError(f"{FLAG}={spec}: the layers of {type(module).__name__} have no checkpoint function yet; "
+                         f"call the transformers model's gradient_checkpointing_enable() first")
     if spec != "auto":
         n = int(spec)
         if n > len(layers):
