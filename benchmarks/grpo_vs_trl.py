@@ -2,32 +2,48 @@
 
     uv run --group bench python benchmarks/grpo_vs_trl.py                  # CPU: both generate with transformers
     uv run --group bench python benchmarks/grpo_vs_trl.py --steps 1        # a quick check (one measured step)
-    uv run --group bench python benchmarks/grpo_vs_trl.py --device cuda    # GPU: TRL's colocated vLLM vs ours on vLLM
+    python3 benchmarks/grpo_vs_trl.py --device cuda --shape 0.5b           # GPU: TRL's colocated vLLM vs ours on vLLM
 
 TRL comes from the root pyproject's ``bench`` dependency group (``uv sync --group bench``),
-which ``uv sync`` and CI leave out. On a GPU both sides need vLLM as well (rl-rollout's
-``vllm`` extra; TRL 1.16 says it supports vLLM 0.22-0.31 and warns on others).
+which ``uv sync`` and CI leave out. With vLLM (``--rollout_engine vllm``, the default on a GPU)
+both sides need vLLM as well (rl-rollout's ``vllm`` extra; TRL 1.16 supports vLLM 0.22-0.31 and
+warns on others). On the lent GPU machine TRL and its pure-Python dependencies travel as wheels
+(``.vcarry6/install.sh``, beside the vLLM carry: docs/performance.md says how).
 
-The run (defaults): a random Llama of hidden 512, 4 layers, 8 heads, 2 KV heads,
+The run (defaults, CPU): a random Llama of hidden 512, 4 layers, 8 heads, 2 KV heads,
 intermediate 1408, a character vocabulary of 128 (11.3M parameters, built by
-``rl_rollout.testing.make_tiny_model``), fp32; 8 prompts x 8 samples x 64 new tokens =
-64 completions per step; GRPO (group-normalised advantages, clipped ratio, token-mean
+``rl_rollout.testing.make_tiny_model``; ``--shape 11m``), fp32; 8 prompts x 8 samples x 64 new tokens =
+64 completions per step; both sides generate with transformers (``--rollout_engine hf``).
+On ``--device cuda`` the defaults are ``--shape 0.5b`` (Qwen2.5-0.5B's layer sizes, the random
+Llama benchmarks/rl_phases.py uses, vocabulary 128), bf16, 16 prompts x 8 samples x 128 new
+tokens and ``--rollout_engine vllm``. Both devices: GRPO (group-normalised advantages, clipped ratio, token-mean
 loss = TRL's default ``dapo``), no KL term (TRL's default ``beta`` is 0.0); micro-batches of 16,
-gradient accumulation 4: one optimizer step per batch on both sides; AdamW, lr 1e-6
+gradient accumulation up to the batch: one optimizer step per batch on both sides; AdamW, lr 1e-6
 constant, betas (0.9, 0.95), gradient clipping 1.0, no gradient checkpointing.
 
 - ours: the run is built as ``rl ppo`` builds it (``rl_core.rl.build.build_run`` with
   ``LocalFactory``: a DeepSpeed policy, ``--zero_stage`` as given, default rl ppo's 2;
-  rl-rollout's HFEngine, or VLLMEngine on a GPU, receiving the weights in memory after
-  every step; the reward function through ``RewardRunner`` in-process).
-  Seconds per step: the trainer's ``iteration_s``; breakdown from its history.
-- TRL: ``GRPOTrainer`` with ``num_generations=8``, ``per_device_train_batch_size=16``,
-  ``gradient_accumulation_steps=4`` (generation batch 64), ``use_vllm=False`` on CPU
-  (``use_vllm=True, vllm_mode="colocate"`` on a GPU), ``report_to="none"``. Seconds per
-  step: a ``TrainerCallback`` from ``on_step_begin`` to ``on_step_end``; generation
-  timed by wrapping the trainer's ``_generate_single_turn``, and the whole
-  generate-and-score phase (rewards, advantages, old log-probs where TRL computes them)
-  by wrapping ``_generate_and_score_completions``.
+  rl-rollout's HFEngine, or with ``--rollout_engine vllm`` VLLMEngine in this process (``rl ppo
+  --rollout_engine vllm``'s path), receiving the weights in memory after every step; the reward
+  function through ``RewardRunner`` in-process). Seconds per step: the trainer's ``iteration_s``;
+  breakdown from its history.
+- TRL: ``GRPOTrainer`` with ``num_generations``, ``per_device_train_batch_size`` = ``--micro_batch``,
+  ``gradient_accumulation_steps`` = batch / micro-batch (generation batch = the batch),
+  ``use_vllm=False`` with ``--rollout_engine hf``, ``use_vllm=True, vllm_mode="colocate"`` with
+  ``vllm``, ``report_to="none"``. Seconds per step: a ``TrainerCallback`` from ``on_step_begin``
+  to ``on_step_end``; generation timed by wrapping the trainer's ``_generate_single_turn`` (less
+  the weight sync into vLLM, which TRL runs inside it and which is timed apart by wrapping
+  ``vllm_generation.sync_weights``), and the whole generate-and-score phase (rewards, advantages,
+  old log-probs where TRL computes them) by wrapping ``_generate_and_score_completions``.
+- vLLM on both sides: the same ``--vllm_gpu_memory_utilization`` (both engines live on the GPU at
+  once, each in its process), sleep mode off on both unless ``--vllm_sleep`` (then TRL's
+  ``vllm_enable_sleep_mode``, which sleeps at level 2, and ours ``--vllm_enable_sleep
+  --vllm_sleep_level 2``), torch.compile and CUDA graphs on both (neither sets enforce_eager),
+  TRL's importance-sampling correction off unless ``--trl_is_correction``. What each engine
+  really runs with is read back from its vLLM config and printed for both (``engines``).
+  TRL's colocated vLLM uses ``distributed_executor_backend="external_launcher"``: TRL sets
+  RANK / LOCAL_RANK / WORLD_SIZE for one process itself, the benchmark gives its process
+  MASTER_ADDR and a free MASTER_PORT.
 
 Full-length generations on both sides, so both train on the same number of tokens:
 ours samples with ``ignore_eos`` and no stop tokens (the benchmark wraps the engine's
@@ -42,7 +58,8 @@ seconds (``time.process_time`` of the side's process, all its threads, from the 
 step's end) are recorded too; a step whose process kept its threads busy (CPU seconds
 >= ``--quiet_util`` 0.9 x threads x wall seconds) counts as quiet, one that others' jobs
 slowed down does not, and the quiet steps' means are printed apart: on a shared machine
-whose load comes in bursts, they are the comparable numbers.
+whose load comes in bursts, they are the comparable numbers (CPU only: on a GPU the
+processes wait on the device, and every step is reported).
 Prints per-step seconds for both, the ratio ours / TRL, the breakdown and the tokens
 per step; ``--out`` writes all of it as JSON.
 """
@@ -51,6 +68,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import enum
 import importlib.util
 import json
 import multiprocessing as mp
@@ -64,6 +82,20 @@ from pathlib import Path
 
 LETTERS = "abcdefghijklmnopqrstuvwxyz"
 SIDES = ("ours", "trl")
+# Model shapes (random Llamas, character vocabulary of 128): 11m is the CPU run's; 0.5b has Qwen2.5-0.5B's layer
+# sizes, as benchmarks/rl_phases.py, rl_ray_gpus.py and async_rl.py build it.
+SHAPES = {
+    "11m": {"hidden_size": 512, "num_layers": 4, "num_heads": 8, "num_kv_heads": 2, "intermediate_size": 1408,
+            "max_position_embeddings": 1024},
+    "0.5b": {"hidden_size": 896, "num_layers": 24, "num_heads": 14, "num_kv_heads": 2, "intermediate_size": 4864,
+             "max_position_embeddings": 2048},
+}
+# What a flag left unset means on each device (the CPU run of docs/performance.md; the GPU run of issue 16's table).
+DEVICE_DEFAULTS = {
+    "cpu": {"shape": "11m", "bf16": False, "prompts": 8, "samples": 8, "max_new_tokens": 64, "rollout_engine": "hf"},
+    "cuda": {"shape": "0.5b", "bf16": True, "prompts": 16, "samples": 8, "max_new_tokens": 128,
+             "rollout_engine": "vllm"},
+}
 
 
 def letter_reward(prompt: str, response: str, label: str | None) -> float:
@@ -82,36 +114,74 @@ def reward_trl(prompts, completions, label, **kwargs) -> list[float]:
 def arg_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
-                    help="cpu: transformers generate on both sides; cuda: TRL colocated vLLM vs ours on vLLM")
+                    help="where both sides run; it picks the defaults of the flags below that say 'default: cpu X, "
+                         "cuda Y'")
+    ap.add_argument("--rollout_engine", default=None, choices=("hf", "vllm"),
+                    help="hf: transformers generate on both sides (TRL use_vllm=False); vllm: TRL's colocated vLLM "
+                         "vs ours on VLLMEngine in-process (GPU only). Default: cpu hf, cuda vllm")
+    ap.add_argument("--shape", default=None, choices=sorted(SHAPES),
+                    help="the random Llama's layer sizes (11m: hidden 512, 4 layers; 0.5b: Qwen2.5-0.5B's). "
+                         "Default: cpu 11m, cuda 0.5b; the --hidden_size ... flags override single sizes")
     ap.add_argument("--steps", type=int, default=5, help="measured steps per side (after the warm-up)")
     ap.add_argument("--warmup", type=int, default=1, help="first steps of each side left out of the means")
-    ap.add_argument("--prompts", type=int, default=8, help="prompts per step (rollout_batch_size)")
-    ap.add_argument("--samples", type=int, default=8, help="samples per prompt (num_generations)")
-    ap.add_argument("--max_new_tokens", type=int, default=64, help="generated tokens per sample (forced full length)")
+    ap.add_argument("--prompts", type=int, default=None,
+                    help="prompts per step (rollout_batch_size). Default: cpu 8, cuda 16")
+    ap.add_argument("--samples", type=int, default=None, help="samples per prompt (num_generations). Default: 8")
+    ap.add_argument("--max_new_tokens", type=int, default=None,
+                    help="generated tokens per sample (forced full length). Default: cpu 64, cuda 128")
     ap.add_argument("--micro_batch", type=int, default=16,
                     help="sequences per forward (ours: micro_train_batch_size; TRL: per_device_train_batch_size)")
     ap.add_argument("--zero_stage", type=int, default=2, help="ours: DeepSpeed ZeRO stage (rl ppo's default 2)")
-    ap.add_argument("--bf16", action="store_true", help="bf16 on both sides (default fp32)")
+    ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
+                    help="bf16 on both sides (--no-bf16: fp32). Default: cpu fp32, cuda bf16")
     ap.add_argument("--learning_rate", type=float, default=1e-6, help="both sides (TRL's default)")
-    ap.add_argument("--model", default=None, help="a local HF model folder (default: build the random Llama below)")
-    ap.add_argument("--hidden_size", type=int, default=512)
-    ap.add_argument("--num_layers", type=int, default=4)
-    ap.add_argument("--num_heads", type=int, default=8)
-    ap.add_argument("--num_kv_heads", type=int, default=2)
-    ap.add_argument("--intermediate_size", type=int, default=1408)
+    ap.add_argument("--model", default=None, help="a local HF model folder (default: build the random Llama of "
+                                                  "--shape)")
+    for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+        ap.add_argument(f"--{name}", type=int, default=None, help="overrides --shape's")
     ap.add_argument("--vllm_gpu_memory_utilization", type=float, default=0.3,
-                    help="cuda: each side's vLLM share of the GPU (both engines live at once)")
+                    help="vllm: each side's vLLM share of the GPU (both engines live at once; TRL's "
+                         "vllm_gpu_memory_utilization, ours --vllm_gpu_memory_utilization)")
+    ap.add_argument("--vllm_sleep", action="store_true",
+                    help="vllm: both engines sleep while the policy trains (TRL's vllm_enable_sleep_mode, level 2; "
+                         "ours --vllm_enable_sleep --vllm_sleep_level 2)")
     ap.add_argument("--trl_is_correction", action="store_true",
-                    help="cuda: TRL's vLLM importance-sampling correction (its default; costs TRL a no-grad forward "
+                    help="vllm: TRL's vLLM importance-sampling correction (its default; costs TRL a no-grad forward "
                          "for old log-probs). Off by default to match ours, whose --is_correction is off by default")
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--workdir", default=None, help="model, prompts and TRL's output_dir (default: a temp folder)")
     ap.add_argument("--quiet_util", type=float, default=0.9,
-                    help="a step counts as quiet (not slowed by others' jobs) when its process's CPU seconds are at "
-                         "least this share of threads x wall seconds")
+                    help="cpu: a step counts as quiet (not slowed by others' jobs) when its process's CPU seconds are "
+                         "at least this share of threads x wall seconds")
     ap.add_argument("--step_timeout", type=float, default=1800.0, help="seconds one step may take before giving up")
     ap.add_argument("--out", default=None, help="write the results as JSON here")
     return ap
+
+
+def resolve_args(a: argparse.Namespace) -> argparse.Namespace:
+    """Fill the flags left unset from --device's defaults and --shape's sizes; one clear error for bad values."""
+    for k, v in DEVICE_DEFAULTS[a.device].items():
+        if getattr(a, k) is None:
+            setattr(a, k, v)
+    for k, v in SHAPES[a.shape].items():
+        if getattr(a, k, None) is None:
+            setattr(a, k, v)
+    n_seq = a.prompts * a.samples
+    if a.samples < 2:
+        sys.exit(f"--samples {a.samples}: must be >= 2 (GRPO's group baseline)")
+    if n_seq % a.micro_batch:
+        sys.exit(f"--micro_batch {a.micro_batch} must divide prompts x samples = {n_seq}")
+    if not 1 <= a.prompts <= len(LETTERS):
+        sys.exit(f"--prompts {a.prompts}: must be 1 to {len(LETTERS)} (one prompt per letter)")
+    if a.device == "cpu" and a.rollout_engine == "vllm":
+        # seen 2026-12-04 with vLLM 0.32's CPU build: both engines start and ours runs its steps, TRL's first sync
+        # fails with "AttributeError: 'Parameter' object has no attribute 'weight_loader'"
+        sys.exit("--rollout_engine vllm on --device cpu: TRL's colocated weight sync loads each parameter through "
+                 "vLLM's model.load_weights, which vLLM's CPU build refuses once it has repacked the linear layers "
+                 "for its CPU GEMM; use --device cuda, or --rollout_engine hf on CPU")
+    if not 0 < a.vllm_gpu_memory_utilization <= 1:
+        sys.exit(f"--vllm_gpu_memory_utilization {a.vllm_gpu_memory_utilization}: must be in (0, 1]")
+    return a
 
 
 # ----- the two sides (each runs in its own spawned process) -----------------------------------------------
@@ -179,8 +249,9 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
     ppo = PPOConfig(advantage_estimator="group_norm", init_kl_coef=0.0, n_samples_per_prompt=cfg["samples"],
                     rollout_batch_size=cfg["prompts"], generate_max_len=cfg["max_new_tokens"], temperature=1.0,
                     max_epochs=1, max_iterations=cfg["warmup"] + cfg["steps"])
-    engine = (EngineConfig(kind="vllm", gpu_memory_utilization=cfg["vllm_gpu_memory_utilization"])
-              if cfg["device"] == "cuda" else EngineConfig(kind="hf"))
+    engine = (EngineConfig(kind="vllm", gpu_memory_utilization=cfg["vllm_gpu_memory_utilization"],
+                           enable_sleep=cfg["vllm_sleep"], sleep_level=2)
+              if cfg["rollout_engine"] == "vllm" else EngineConfig(kind="hf"))
 
     class StepLogger(MetricsLogger):
         """The trainer logs each finished iteration here: hand the step to the conductor and wait."""
@@ -210,9 +281,12 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
         return groups
 
     rollout.generate = full_length_generate
+    llm = getattr(rollout, "_llm", None)  # VLLMEngine's vllm.LLM (in this process)
     c.ready({"engine": type(rollout).__name__, "torch_threads": torch.get_num_threads(),
              "prompt_tokens": [len(p["prompt_ids"]) for p in prompts],
-             "on_policy": bool(getattr(run.trainer, "on_policy", False)), "roles": run.roles()})
+             "on_policy": bool(getattr(run.trainer, "on_policy", False)), "roles": run.roles(),
+             "engine_config": engine_config(engine, llm),
+             **device_memory()})
     try:
         run.trainer.fit()
     finally:
@@ -234,9 +308,19 @@ def _run_trl(c: _Conductor, cfg: dict) -> None:
         tok.pad_token = tok.eos_token
     rows = [json.loads(line) for line in Path(cfg["prompt_file"]).read_text().splitlines()]
     dataset = Dataset.from_list(rows)
-    full_length = {"ignore_eos": True} if cuda else {"min_new_tokens": cfg["max_new_tokens"]}
-    extra = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=cfg["vllm_gpu_memory_utilization"],
-                 vllm_importance_sampling_correction=cfg["trl_is_correction"]) if cuda else dict(use_vllm=False)
+    use_vllm = cfg["rollout_engine"] == "vllm"
+    full_length = {"ignore_eos": True} if use_vllm else {"min_new_tokens": cfg["max_new_tokens"]}
+    extra = {"use_vllm": False}
+    if use_vllm:
+        extra = {"use_vllm": True, "vllm_mode": "colocate",
+                 "vllm_gpu_memory_utilization": cfg["vllm_gpu_memory_utilization"],
+                 "vllm_enable_sleep_mode": cfg["vllm_sleep"],
+                 "vllm_importance_sampling_correction": cfg["trl_is_correction"]}
+        # colocate = vLLM's external_launcher executor, which joins a torch.distributed world of this one process
+        # (env://). TRL sets RANK / LOCAL_RANK / WORLD_SIZE itself when it builds the engine (setting them here
+        # would make accelerate start a process group of its own); the rendezvous address is ours to give.
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
     args = GRPOConfig(
         output_dir=str(Path(cfg["workdir"]) / "trl"), report_to="none", save_strategy="no", eval_strategy="no",
         logging_steps=1, disable_tqdm=True, max_steps=cfg["warmup"] + cfg["steps"], seed=cfg["seed"],
@@ -251,7 +335,7 @@ def _run_trl(c: _Conductor, cfg: dict) -> None:
         raise RuntimeError(f"TRL's generation batch {args.generation_batch_size} / steps_per_generation "
                            f"{args.steps_per_generation}: expected {n_seq} completions per optimizer step")
 
-    timing = {"generate_s": 0.0, "generate_and_score_s": 0.0, "tokens": 0, "sequences": 0}
+    timing = {"generate_s": 0.0, "generate_and_score_s": 0.0, "sync_s": 0.0, "tokens": 0, "sequences": 0}
 
     class StepTimer(TrainerCallback):
         def __init__(self):
@@ -259,12 +343,13 @@ def _run_trl(c: _Conductor, cfg: dict) -> None:
             self.record: dict | None = None
 
         def on_step_begin(self, args, state, control, **kwargs):
-            timing.update(generate_s=0.0, generate_and_score_s=0.0, tokens=0, sequences=0)
+            timing.update(generate_s=0.0, generate_and_score_s=0.0, sync_s=0.0, tokens=0, sequences=0)
             self.t0 = time.perf_counter()
 
         def on_step_end(self, args, state, control, **kwargs):
             step_s = time.perf_counter() - self.t0
-            self.record = {"step_s": step_s, "generate_s": timing["generate_s"],
+            self.record = {"step_s": step_s, "generate_s": timing["generate_s"] - timing["sync_s"],
+                           "sync_s": timing["sync_s"],
                            "score_and_prepare_s": timing["generate_and_score_s"] - timing["generate_s"],
                            "train_s": step_s - timing["generate_and_score_s"],
                            "generated_tokens": timing["tokens"], "sequences": timing["sequences"]}
@@ -278,33 +363,95 @@ def _run_trl(c: _Conductor, cfg: dict) -> None:
 
     trainer = GRPOTrainer(model=cfg["model"], reward_funcs=reward_trl, args=args, train_dataset=dataset,
                           processing_class=tok, callbacks=[StepTimer()])
-    gen_single, gen_score = trainer._generate_single_turn, trainer._generate_and_score_completions
 
-    def timed_generate(*a, **kw):
-        t0 = time.perf_counter()
+    def timed(fn, key: str):
+        """fn, with the seconds of every call (device work included) added to timing[key]."""
+
+        def wrapper(*a, **kw):
+            t0 = time.perf_counter()
+            out = fn(*a, **kw)
+            if cuda:
+                torch.cuda.synchronize()
+            timing[key] += time.perf_counter() - t0
+            return out
+
+        return wrapper
+
+    gen_single = trainer._generate_single_turn
+
+    def counted_generate(*a, **kw):
         completion_ids, logprobs = gen_single(*a, **kw)
-        if cuda:
-            torch.cuda.synchronize()
-        timing["generate_s"] += time.perf_counter() - t0
         timing["tokens"] += sum(len(ids) for ids in completion_ids)
         timing["sequences"] += len(completion_ids)
         return completion_ids, logprobs
 
-    def timed_generate_and_score(*a, **kw):
-        t0 = time.perf_counter()
-        out = gen_score(*a, **kw)
-        if cuda:
-            torch.cuda.synchronize()
-        timing["generate_and_score_s"] += time.perf_counter() - t0
-        return out
-
-    trainer._generate_single_turn = timed_generate
+    trainer._generate_single_turn = timed(counted_generate, "generate_s")
+    trainer._generate_and_score_completions = timed(trainer._generate_and_score_completions, "generate_and_score_s")
     trainer.remove_callback(PrinterCallback)  # with disable_tqdm the Trainer prints every log dict; we print steps
-    trainer._generate_and_score_completions = timed_generate_and_score
+    engine_config = {"use_vllm": args.use_vllm}
+    if use_vllm:
+        vgen = trainer.vllm_generation
+        # TRL syncs inside _generate_single_turn (and inside generate after a level-2 sleep): timed apart
+        vgen.sync_weights = timed(vgen.sync_weights, "sync_s")
+        engine_config.update(vllm_mode=args.vllm_mode, enable_sleep=args.vllm_enable_sleep_mode,
+                             **({"sleep_level": 2} if args.vllm_enable_sleep_mode else {}),  # TRL's only level
+                             importance_sampling_correction=args.vllm_importance_sampling_correction,
+                             **vllm_settings(vgen.llm))
     prompt_tokens = [len(ids) for ids in tok([r["prompt"] for r in rows])["input_ids"]]
     c.ready({"trl": trl.__version__, "torch_threads": torch.get_num_threads(), "prompt_tokens": prompt_tokens,
-             "use_vllm": args.use_vllm, "generation_kwargs": full_length})
+             "use_vllm": args.use_vllm, "generation_kwargs": full_length, "engine_config": engine_config,
+             **device_memory()})
     trainer.train()
+
+
+def engine_config(engine, llm) -> dict:
+    """Ours: the EngineConfig fields the engine kind reads that vLLM's config does not show, and what its vllm.LLM
+    runs with (vllm_settings)."""
+    fields = ("max_batch_sequences",) if engine.kind != "vllm" else (
+        ("enable_sleep", "sleep_level") if engine.enable_sleep else ("enable_sleep",))
+    return {"kind": engine.kind, **{k: getattr(engine, k) for k in fields},
+            **(vllm_settings(llm) if llm is not None else {})}
+
+
+def vllm_settings(llm) -> dict:
+    """What a vllm.LLM really runs with, read back from its config: the same keys for both sides."""
+
+    def read(path: str):
+        obj = llm.llm_engine.vllm_config
+        for name in path.split("."):
+            obj = getattr(obj, name, None)
+        if isinstance(obj, enum.Enum):
+            return obj.name
+        return obj if obj is None or isinstance(obj, (bool, int, float, str)) else str(obj)
+
+    keys = {"gpu_memory_utilization": "cache_config.gpu_memory_utilization",
+            "kv_cache_blocks": "cache_config.num_gpu_blocks", "block_size": "cache_config.block_size",
+            "prefix_caching": "cache_config.enable_prefix_caching", "sleep_mode": "model_config.enable_sleep_mode",
+            "enforce_eager": "model_config.enforce_eager", "dtype": "model_config.dtype",
+            "max_model_len": "model_config.max_model_len", "logprobs_mode": "model_config.logprobs_mode",
+            "max_num_seqs": "scheduler_config.max_num_seqs",
+            "max_num_batched_tokens": "scheduler_config.max_num_batched_tokens",
+            "executor": "parallel_config.distributed_executor_backend", "compile_mode": "compilation_config.mode",
+            "cudagraph_mode": "compilation_config.cudagraph_mode"}
+    return {"vllm_" + k: read(v) for k, v in keys.items()}
+
+
+def device_memory() -> dict:
+    """The GPU's memory in use by every process (total - free) once this side is built; {} on CPU."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return {}
+    free, total = torch.cuda.mem_get_info()
+    return {"gpu_in_use_gib": round((total - free) / 2**30, 2), "gpu_total_gib": round(total / 2**30, 2)}
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 # ----- the conductor --------------------------------------------------------------------------------------
@@ -323,35 +470,38 @@ def _recv(name: str, proc, conn, timeout: float):
     return kind, payload
 
 
-def _check_environment(device: str) -> None:
+def _check_environment(device: str, engine: str) -> None:
     if importlib.util.find_spec("trl") is None:
         sys.exit("TRL is not installed: it is in the root pyproject's `bench` dependency group; run\n"
-                 "    uv run --group bench python benchmarks/grpo_vs_trl.py")
+                 "    uv run --group bench python benchmarks/grpo_vs_trl.py\n"
+                 "(on the lent GPU machine: `bash .vcarry6/install.sh` after the vLLM carry's install)")
     if device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
             sys.exit("--device cuda: torch sees no CUDA device here; run on a GPU machine or use --device cpu")
-        if importlib.util.find_spec("vllm") is None:
-            sys.exit("--device cuda compares TRL's colocated vLLM (use_vllm=True, vllm_mode='colocate') with ours "
-                     "on --rollout_engine vllm, and vLLM is not installed: install it (rl-rollout's `vllm` extra, "
-                     "e.g. `uv sync --group bench --extra vllm` or `pip install vllm`), or use --device cpu")
+    if engine == "vllm" and importlib.util.find_spec("vllm") is None:
+        sys.exit("--rollout_engine vllm (the default on --device cuda) compares TRL's colocated vLLM "
+                 "(use_vllm=True, vllm_mode='colocate') with ours on VLLMEngine, and vLLM is not installed: install "
+                 "it (rl-rollout's `vllm` extra, or `pip install vllm`), or pass --rollout_engine hf")
 
 
 def _mean(xs: list[float]) -> float | None:
     return statistics.fmean(xs) if xs else None
 
 
-def summarize(records: dict[str, list[dict]], warmup: int, threads: dict[str, int], quiet_util: float) -> dict:
+def summarize(records: dict[str, list[dict]], warmup: int, threads: dict[str, int], quiet_util: float | None) -> dict:
     """Means over the steps after the warm-up; "quiet" steps are those whose process kept its threads busy
-    (CPU seconds / wall seconds >= quiet_util x threads), i.e. that others' jobs did not slow down."""
+    (CPU seconds / wall seconds >= quiet_util x threads), i.e. that others' jobs did not slow down (none counted
+    when quiet_util is None: on a GPU)."""
     out: dict = {}
     breakdown = {"ours": ("generate_s", "reward_s", "experience_s", "critic_train_s", "policy_train_s", "sync_s"),
-                 "trl": ("generate_s", "score_and_prepare_s", "train_s")}
+                 "trl": ("generate_s", "sync_s", "score_and_prepare_s", "train_s")}
     for side in SIDES:
         kept = records[side][warmup:]
         steps = [r["step_s"] for r in kept]
-        quiet_recs = [r for r in kept if r["cpu_s"] >= quiet_util * threads[side] * r["go_to_done_s"]]
+        quiet_recs = ([] if quiet_util is None else
+                      [r for r in kept if r["cpu_s"] >= quiet_util * threads[side] * r["go_to_done_s"]])
         quiet = [r["step_s"] for r in quiet_recs]
         out[side] = {
             "step_s": steps,
@@ -393,8 +543,13 @@ def summarize(records: dict[str, list[dict]], warmup: int, threads: dict[str, in
 def report(summary: dict, info: dict) -> None:
     o, t = summary["ours"], summary["trl"]
     print(f"\n== GRPO, {info['shape']}, {info['batch']}, {info['dtype']}, device {info['device']} ==")
-    print(f"TRL {info['trl_version']} ({'vLLM colocate' if info['device'] == 'cuda' else 'transformers generate'}) "
+    print(f"TRL {info['trl_version']} "
+          f"({'vLLM colocate' if info['rollout_engine'] == 'vllm' else 'transformers generate'}) "
           f"vs ours ({info['ours_engine']}); torch threads per side: {info['threads']}")
+    for side in SIDES:
+        print(f"engine, {side}: " + ", ".join(f"{k} {v}" for k, v in info["engine_config"][side].items()))
+    if info.get("gpu_in_use_gib"):
+        print(f"GPU memory in use (all processes) once each side was built: {info['gpu_in_use_gib']} GiB")
     print(f"{'':28s}{'ours':>10s}{'TRL':>10s}")
     print(f"{'seconds per step, mean':28s}{o['step_s_mean']:10.3f}{t['step_s_mean']:10.3f}")
     print(f"{'seconds per step, median':28s}{o['step_s_median']:10.3f}{t['step_s_median']:10.3f}")
@@ -414,7 +569,8 @@ def report(summary: dict, info: dict) -> None:
           f"{r.get('min', nan):.3f} (conductor's go-to-done, mean: {r.get('go_to_done_mean', nan):.3f}); "
           f"CPU seconds: mean {r.get('cpu_s_mean', nan):.3f}, median {r.get('cpu_s_median', nan):.3f}; "
           + (f"quiet steps: mean {r['quiet_mean']:.3f}, median {r['quiet_median']:.3f}" if "quiet_mean" in r else
-             "quiet steps: none on both sides (the machine was loaded throughout: read the CPU-seconds ratio)"))
+             "quiet steps: not counted on a GPU (the processes wait on the device)" if info["quiet_util"] is None
+             else "quiet steps: none on both sides (the machine was loaded throughout: read the CPU-seconds ratio)"))
     for label, key in (("all", "breakdown_mean"), ("quiet", "breakdown_quiet_mean")):
         for name, x in (("ours", o), ("TRL", t)):
             if None not in x[key].values():
@@ -429,15 +585,8 @@ def report(summary: dict, info: dict) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    a = arg_parser().parse_args(argv)
-    n_seq = a.prompts * a.samples
-    if a.samples < 2:
-        sys.exit("--samples must be >= 2 (GRPO's group baseline)")
-    if n_seq % a.micro_batch:
-        sys.exit(f"--micro_batch {a.micro_batch} must divide prompts x samples = {n_seq}")
-    if a.prompts > len(LETTERS):
-        sys.exit(f"--prompts must be <= {len(LETTERS)}")
-    _check_environment(a.device)
+    a = resolve_args(arg_parser().parse_args(argv))
+    _check_environment(a.device, a.rollout_engine)
 
     tmp = None
     if a.workdir is None:
@@ -448,10 +597,12 @@ def main(argv: list[str] | None = None) -> int:
     if a.model is None:
         from rl_rollout.testing import make_tiny_model
 
-        name = f"llama_h{a.hidden_size}_l{a.num_layers}_a{a.num_heads}_kv{a.num_kv_heads}_i{a.intermediate_size}"
+        name = (f"llama_h{a.hidden_size}_l{a.num_layers}_a{a.num_heads}_kv{a.num_kv_heads}_i{a.intermediate_size}"
+                f"_p{a.max_position_embeddings}_{'bf16' if a.bf16 else 'fp32'}")
         a.model = str(make_tiny_model(work / name, hidden_size=a.hidden_size, num_layers=a.num_layers,
                                       num_heads=a.num_heads, num_kv_heads=a.num_kv_heads,
                                       intermediate_size=a.intermediate_size, seed=a.seed,
+                                      max_position_embeddings=a.max_position_embeddings,
                                       dtype="bfloat16" if a.bf16 else "float32"))
     prompt_file = work / "prompts.jsonl"
     prompt_file.write_text("".join(json.dumps({"prompt": f"Repeat the letter {x}: ", "label": x}) + "\n"
@@ -466,7 +617,7 @@ def main(argv: list[str] | None = None) -> int:
 
     with torch.device("meta"):
         params = sum(p.numel() for p in AutoModelForCausalLM.from_config(mcfg).parameters())
-    info = {"device": a.device, "dtype": "bf16" if a.bf16 else "fp32",
+    info = {"device": a.device, "rollout_engine": a.rollout_engine, "dtype": "bf16" if a.bf16 else "fp32",
             "shape": (f"{mcfg.model_type} hidden {mcfg.hidden_size}, {mcfg.num_hidden_layers} layers, "
                       f"{mcfg.num_attention_heads} heads, {mcfg.num_key_value_heads} KV heads, intermediate "
                       f"{mcfg.intermediate_size}, vocab {mcfg.vocab_size}, {params / 1e6:.2f}M params"),
@@ -518,8 +669,10 @@ def main(argv: list[str] | None = None) -> int:
                 ours_skips_old_logprob_forward=ready["ours"]["on_policy"])
     if info["prompt_tokens"]["ours"] != info["prompt_tokens"]["trl"]:
         print(f"[grpo_vs_trl] WARNING: the prompts tokenize differently: {info['prompt_tokens']}", flush=True)
-    info["quiet_util"] = a.quiet_util
-    summary = summarize(records, a.warmup, info["threads"], a.quiet_util)
+    info["quiet_util"] = a.quiet_util if a.device == "cpu" else None
+    info["engine_config"] = {s: ready[s]["engine_config"] for s in SIDES}
+    info["gpu_in_use_gib"] = {s: ready[s].get("gpu_in_use_gib") for s in SIDES if "gpu_in_use_gib" in ready[s]}
+    summary = summarize(records, a.warmup, info["threads"], info["quiet_util"])
     report(summary, info)
     if a.out:
         Path(a.out).parent.mkdir(parents=True, exist_ok=True)
