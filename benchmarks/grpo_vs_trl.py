@@ -548,6 +548,9 @@ def report(summary: dict, info: dict) -> None:
           f"vs ours ({info['ours_engine']}); torch threads per side: {info['threads']}")
     for side in SIDES:
         print(f"engine, {side}: " + ", ".join(f"{k} {v}" for k, v in info["engine_config"][side].items()))
+    dtypes = {side: info["engine_config"][side].get("vllm_dtype") for side in SIDES}
+    if None not in dtypes.values() and len(set(dtypes.values())) > 1:  # TRL gives vLLM no dtype: "auto" makes fp32 bf16
+        print(f"WARNING: the two vLLM engines sample in different dtypes: {dtypes}")
     if info.get("gpu_in_use_gib"):
         print(f"GPU memory in use (all processes) once each side was built: {info['gpu_in_use_gib']} GiB")
     print(f"{'':28s}{'ours':>10s}{'TRL':>10s}")
