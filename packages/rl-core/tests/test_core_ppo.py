@@ -161,6 +161,19 @@ def test_dynamic_filtering_drops_groups_without_signal_and_says_when_it_fills(se
     assert "kept 0 of 4 groups in 2 rounds" in caplog.text
 
 
+def test_dynamic_filtering_judges_the_raw_rewards_before_length_penalties(setup, tmp_path):
+    """As OpenRLHF: a group whose every sample scored 1.0 carries no signal even when the overlong penalty
+    makes the rewards differ by length; the penalties reach the rewards that train, not the filter."""
+    from rl_rollout import RolloutSample
+
+    trainer, _, _ = make(setup, tmp_path, reward=lambda p, r, label, **i: 1.0, advantage_estimator="group_norm",
+                         dynamic_filtering=True, overlong_buffer_len=4, overlong_penalty_factor=1.0, init_kl_coef=0)
+    samples = [RolloutSample([1, 2], [5] * k, [0.0] * k, [1] * k, "length", 0) for k in (3, 5, 7, 8)]
+    scores, info = trainer._rewards([{"prompt": "Repeat the letter a: ", "label": "a"}], samples, [{}] * 4)
+    assert len(set(scores.tolist())) == 4 and info["overlong_penalty_mean"] < 0  # penalised by length
+    assert trainer._filter_scores.tolist() == [1.0] * 4  # what the filter judges
+
+
 def test_resume_continues_onto_the_uninterrupted_run(setup, tmp_path):
     kw = dict(advantage_estimator="gae", init_kl_coef=0.01, max_iterations=4)
     full = make(setup, tmp_path / "full", **kw)[0].fit()

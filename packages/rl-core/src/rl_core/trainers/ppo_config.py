@@ -126,7 +126,8 @@ class PPOConfig:
         "batch normalisation of the advantages subtracts the mean only, without dividing by the std (OpenRLHF: "
         "gae, reinforce, reinforce_baseline, the estimators it whitens)", openrlhf=("algo.advantage.no_std_norm",)))
     dynamic_filtering: bool = field(default=False, metadata=meta(
-        "drop groups without signal and sample new prompts (DAPO)", openrlhf=("algo.dynamic_filtering_enable",)))
+        "drop groups without signal and sample new prompts (DAPO); judged on the raw rewards (or a reward "
+        "file's scores), before length penalties and clipping, as OpenRLHF", openrlhf=("algo.dynamic_filtering_enable",)))
     dynamic_filtering_reward_range: tuple[float, float] = field(default=(0.0, 1.0), metadata=meta(
         "keep groups whose mean reward lies strictly inside LOW HIGH", openrlhf=("algo.dynamic_filtering_range",)))
     dynamic_filtering_max_rounds: int = field(default=4, metadata=meta(
@@ -152,7 +153,9 @@ class PPOConfig:
         "--critic_pretrain", openrlhf=("ckpt.load_enable",)))
     save_hf_ckpt: bool = field(default=False, metadata=meta(
         "every checkpoint also holds the Hugging Face export of the policy (iter_N/hf/) and of the critic, if any "
-        "(iter_N/hf/critic/), written before the checkpoint's COMPLETE marker", openrlhf=("ckpt.save_hf",)))
+        "(iter_N/hf/critic/), written before the checkpoint's COMPLETE marker; without --save_steps no checkpoint is "
+        "written, so neither is this (as in OpenRLHF; the final model goes to --save_path)",
+        openrlhf=("ckpt.save_hf",)))
     save_path: str | None = field(default=None, metadata=meta(
         "final HF export of the policy", openrlhf=("ckpt.output_dir",)))
     save_value_network: bool = field(default=False, metadata=meta(
@@ -246,9 +249,6 @@ class PPOConfig:
         if self.stop_properly_penalty_coef is not None and self.stop_properly_penalty_coef > 1:
             raise ValueError(f"stop_properly_penalty_coef (--stop_properly_penalty_coef) must be in [0, 1] (a "
                              f"scale) or negative (a fixed reward), got {self.stop_properly_penalty_coef}")
-        if self.save_hf_ckpt and self.save_steps <= 0:
-            raise ValueError("--save_hf_ckpt writes the HF export into each checkpoint: set --save_steps N and "
-                             "--ckpt_path DIR (for one export at the end: --save_path DIR)")
         if self.no_advantage_std_norm and not self.whiten:
             raise ValueError(f"--no_advantage_std_norm changes the batch normalisation of the advantages, which "
                              f"--advantage_estimator {self.advantage_estimator} does not do (as in OpenRLHF, where "

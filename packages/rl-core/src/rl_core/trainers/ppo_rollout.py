@@ -115,8 +115,12 @@ class RolloutPhase:
         return rewards, scores, info
 
     def _rewards(self, prompts: list[dict], samples, items: list[dict]) -> tuple[torch.Tensor, dict]:
-        """The run's rewards (:meth:`_score`), then the length penalties and the clipping."""
+        """The run's rewards (:meth:`_score`), then the length penalties and the clipping. Dynamic filtering
+        judges the raw rewards (or the scorer's own scores), before penalties and clipping, as OpenRLHF does
+        (its filter reads each sample's ``scores``; the overlong penalty lands on the rewards only)."""
         scores, info = self._score(prompts, samples, items, self.cfg.n_samples_per_prompt)
+        if self._filter_scores is None:
+            self._filter_scores = scores
         c = self.cfg
         if c.agent_turn_rewards:  # earlier turns' rewards go on their own last tokens; the last turn's stays here
             scores = scores - place_turn_rewards(samples, items)
@@ -197,7 +201,7 @@ class RolloutPhase:
             if not c.dynamic_filtering:
                 kept = groups
                 break
-            by = scores if self._filter_scores is None else self._filter_scores
+            by = self._filter_scores  # raw rewards or the scorer's scores (_rewards)
             keep = filter_groups(by, n, mean_range=tuple(c.dynamic_filtering_reward_range)).keep_groups.tolist()
             kept += [g for g, k in zip(groups, keep, strict=True) if k]
             dropped += [g for g, k in zip(groups, keep, strict=True) if not k]
