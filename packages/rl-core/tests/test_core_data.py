@@ -20,10 +20,12 @@ from rl_core.data import (
     Row,
     SFTDataset,
     load_rows,
+    model_inputs,
     pack_collate,
     pack_greedy,
     pad_collate,
     preference_collate,
+    sequence_sums,
 )
 
 EOS = "<|im_end|>"
@@ -384,6 +386,27 @@ def test_pack_collate_restarts_positions_and_masks_boundaries(tok):
     assert packed["input_ids"][0].tolist() == torch.cat([it["input_ids"] for it in ds]).tolist()
     # the empty-prompt row's first token ('h') has no predecessor in its own sequence: never a target
     assert packed["loss_mask"][0].tolist() == [0, 0, 1, 1, 0, 1, 1, 1, 1, 0, 1, 1]
+
+
+def test_packed_preference_batch_keeps_the_pair_order_and_sums_per_sequence(tok):
+    rows = [{"p": "Q1", "c": "good", "r": "bad"}, {"p": "Q2", "c": "yes, a longer one!", "r": "no"}]
+    ds = PreferenceDataset(rows, tok, DataConfig(prompt_key="p", chosen_key="c", rejected_key="r"))
+    padded = preference_collate(list(ds), pad_id=tok.pad_token_id)
+    packed = preference_collate(list(ds), pad_id=tok.pad_token_id, packing=True)
+    seqs = [it["chosen_ids"] for it in ds] + [it["rejected_ids"] for it in ds]  # chosen first, as padded
+    assert packed["seq_lens"] == [len(s) for s in seqs] and "attention_mask" not in packed
+    assert packed["input_ids"][0].tolist() == torch.cat(seqs).tolist()
+    assert packed["margin"].tolist() == padded["margin"].tolist() == [0.0, 0.0]
+    assert set(model_inputs(packed)) == {"input_ids", "position_ids"}
+    assert set(model_inputs(padded)) == {"input_ids", "attention_mask"}
+    # a per-token value summed under the loss mask: the same per sequence from either layout
+    x_pad = torch.arange(padded["input_ids"].numel(), dtype=torch.float32).reshape(padded["input_ids"].shape)
+    x_pack = torch.cat([x_pad[r, :n] for r, n in enumerate(packed["seq_lens"])])[None].requires_grad_()
+    want = (x_pad * padded["loss_mask"]).sum(1)
+    got = sequence_sums(x_pack, packed)
+    assert got.dtype == torch.float64 and got.tolist() == want.tolist() == sequence_sums(x_pad, padded).tolist()
+    got.sum().backward()  # differentiable: the gradient is the loss mask
+    assert x_pack.grad.tolist() == packed["loss_mask"].float().tolist()
 
 
 def test_pack_greedy_first_fit_decreasing():

@@ -113,6 +113,22 @@ def test_reward_model_scores_at_last_token_and_round_trips(tiny, tmp_path):
         rm(right, torch.stack([rmask[0], torch.zeros(T, dtype=torch.long), rmask[2]]))
 
 
+def test_reward_model_scores_each_packed_sequence_at_its_last_token(tiny):
+    rm = RewardModel.from_pretrained(tiny, dtype="fp32").eval()
+    ids = torch.tensor([sum(SEQS, [])])
+    pos = torch.tensor([sum([list(range(len(s))) for s in SEQS], [])])
+    with torch.no_grad():
+        packed = rm(ids, position_ids=pos)
+        alone = torch.cat([rm(torch.tensor([s]), torch.ones(1, len(s), dtype=torch.long)) for s in SEQS])
+        rm.mean, rm.std = 0.5, 2.0
+        normalized = rm(ids, position_ids=pos, normalize=True)
+    assert packed.shape == (len(SEQS),)
+    torch.testing.assert_close(packed, alone, atol=1e-5, rtol=0)
+    torch.testing.assert_close(normalized, (alone - 0.5) / 2.0, atol=1e-5, rtol=0)
+    with pytest.raises(ValueError, match=r"needs an attention_mask \(padded rows\) or position_ids \(packed rows\)"):
+        rm(ids)
+
+
 def test_critic_values_are_shifted_like_logprobs(tiny):
     critic = Critic.from_pretrained(tiny, dtype="fp32").eval()
     ids = torch.tensor([SEQS[2]])

@@ -41,6 +41,13 @@ def setup(tmp_path_factory):
     (root / "eval_kto.jsonl").write_text("".join(
         json.dumps({"input": p["prompt"], "output": p[side], "label": side == "chosen"}) + "\n"
         for p in held_out for side in ("chosen", "rejected")))
+    # responses of 2 to 50 characters: packed rows that padding would fill mostly with pad tokens
+    varied = [{"prompt": f"reverse {w}", "chosen": " ".join([w[::-1]] * (1 + 4 * (i % 3))) + ".", "rejected": w + "?",
+               "margin": 1.0} for i, w in enumerate(WORDS[:8])]
+    (root / "varied_pairs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in varied))
+    (root / "varied_kto.jsonl").write_text("".join(
+        json.dumps({"input": p["prompt"], "output": p[side], "label": side == "chosen"}) + "\n"
+        for p in varied for side in ("chosen", "rejected")))
     return root, model, AutoTokenizer.from_pretrained(model)
 
 
@@ -190,6 +197,108 @@ def test_kto_eval_starts_at_half_and_separates_held_out_rows(setup, tmp_path):
     print("KTO eval: start", start, "end", end)
     assert end["step"] == 6 and end["reward_margin"] > 0.1 and end["loss"] < 0.5, end
     assert trainer.metrics.history["eval/reward_margin"] == [(6, end["reward_margin"])]
+
+
+# ---------------------------------------------------------------- packed pairs (OpenRLHF's --packing_samples)
+
+
+def _packed_and_padded(make, fn) -> dict[bool, tuple]:
+    """``fn(trainer, first micro-batch's items)`` of a padded and of a packed trainer (same start: the seed is
+    reset before ``make(packing)`` builds each, so a fresh reward head starts the same too)."""
+    out = {}
+    for packing in (False, True):
+        torch.manual_seed(0)
+        trainer = make(packing)
+        assert trainer.packing is packing
+        items = trainer.micro_batches(trainer.global_batch(0, 0))[0]
+        out[packing] = fn(trainer, items)
+    return out
+
+
+def _flat(x) -> list[float]:
+    if isinstance(x, dict):
+        return [v for k in sorted(x) for v in [len(k), *_flat(x[k])]]  # the key's length: keys must match too
+    if isinstance(x, (list, tuple)):
+        return [v for e in x for v in _flat(e)]
+    return [float(x)]
+
+
+def _assert_same(got: dict[bool, tuple]) -> None:
+    """Everything ``fn`` returned, packed against padded, within 1e-5."""
+    for padded, packed in zip(got[False], got[True], strict=True):
+        torch.testing.assert_close(torch.tensor(_flat(packed), dtype=torch.float64),
+                                   torch.tensor(_flat(padded), dtype=torch.float64), atol=1e-5, rtol=0)
+
+
+def _history(trainer) -> dict[str, list[float]]:
+    return {k: [v for _, v in h] for k, h in trainer.metrics.history.items()}
+
+
+def test_packed_pairs_give_the_padded_reward_scores_losses_and_eval(setup):
+    _, model, tok = setup
+
+    def make(packing):
+        ds = pref_data(setup, "varied_pairs.jsonl", packing=packing)
+        return RewardModelTrainer(strategy(), RewardModel.from_pretrained(model, dtype="fp32"), tok, ds,
+                                  RMConfig(max_epochs=1), eval_dataset=ds)
+
+    def run(trainer, items):
+        with torch.no_grad():
+            chosen, rejected, _ = trainer._scores(items)
+        assert chosen.shape == rejected.shape == (len(items),)  # one score per sequence, read at its last token
+        losses = trainer.fit()
+        return (torch.cat([chosen, rejected]).tolist(), losses, _history(trainer), trainer.eval_history[-1],
+                [trainer.engine.module.mean, trainer.engine.module.std])
+
+    _assert_same(_packed_and_padded(make, run))
+
+
+def test_packed_pairs_give_the_padded_dpo_logps_losses_and_eval(setup):
+    from rl_core.trainers.dpo import sequence_logps
+
+    _, model, tok = setup
+
+    def make(packing):
+        ds = pref_data(setup, "varied_pairs.jsonl", packing=packing)
+        return DPOTrainer(strategy(), Actor.from_pretrained(model, dtype="fp32"),
+                          frozen(Actor.from_pretrained(model, dtype="fp32")), tok, ds,
+                          DPOConfig(max_epochs=1, beta=0.1, nll_loss_coef=1.0), eval_dataset=ds)
+
+    def run(trainer, items):
+        b = trainer.to_device(trainer.collate(items))
+        assert ("position_ids" in b) is trainer.packing and b["input_ids"].shape[0] == (1 if trainer.packing else 4)
+        with torch.no_grad():
+            logps = sequence_logps(trainer.engine, b)
+        losses = trainer.fit()
+        return logps.tolist(), losses, _history(trainer), trainer.eval_history[-1]
+
+    got = _packed_and_padded(make, run)
+    _assert_same(got)
+    assert got[True][2]["train/reward_margin"][-1] != 0  # a trained step, not two copies of the reference
+
+
+def test_packed_rows_give_the_padded_kto_logps_kl_losses_and_eval(setup):
+    root, model, tok = setup
+
+    def make(packing):
+        ds = KTODataset(load_rows(str(root / "varied_kto.jsonl")), tok,
+                        DataConfig(input_key="input", output_key="output", desirable_key="label", max_len=64,
+                                   packing=packing))
+        return KTOTrainer(strategy(train_batch_size=8, micro_train_batch_size=4),
+                          Actor.from_pretrained(model, dtype="fp32"), frozen(Actor.from_pretrained(model, dtype="fp32")),
+                          tok, ds, KTOConfig(max_epochs=1, beta=0.1), eval_dataset=ds)
+
+    def run(trainer, items):
+        from rl_core.trainers.dpo import sequence_logps
+
+        with torch.no_grad():
+            logps = sequence_logps(trainer.engine, trainer.to_device(trainer.collate(items)))
+        losses = trainer.fit()
+        return logps.tolist(), losses, _history(trainer), trainer.eval_history[-1]
+
+    got = _packed_and_padded(make, run)
+    _assert_same(got)
+    assert got[True][2]["train/kl"][-1] > 0  # the mismatched pairs' KL after a step: it was measured
 
 
 def test_configs_reject_bad_values():

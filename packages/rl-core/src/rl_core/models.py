@@ -244,7 +244,8 @@ class Critic(_ScalarHeadModel):
 
 
 class RewardModel(_ScalarHeadModel):
-    """Score model: one reward per sequence, read at its last real token.
+    """Score model: one reward per sequence, read at its last real token (of each packed sequence in a
+    packed row, as OpenRLHF's ``--packing_samples`` reads it).
 
     ``normalize=True`` applies the stored ``(score - mean) / std`` (written by the RM
     trainer over its training set), as OpenRLHF does at inference.
@@ -252,14 +253,25 @@ class RewardModel(_ScalarHeadModel):
 
     head_kind = "score"
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor, *, normalize: bool = False) -> Tensor:
-        """Shapes ``[B, T]`` -> ``[B]`` float32. Padding may be left or right."""
-        scores_BT = self.head(self.hidden(input_ids, attention_mask)).squeeze(-1).float()
-        T = attention_mask.shape[1]
-        idx = torch.arange(T, device=attention_mask.device).expand_as(attention_mask)
-        last = torch.where(attention_mask.bool(), idx, -1).max(dim=1).values
-        if (last < 0).any():
-            raise ValueError(f"RewardModel got rows with no real token (all-zero attention_mask): rows "
-                             f"{torch.nonzero(last < 0).flatten().tolist()}")
-        scores_B = scores_BT.gather(1, last.unsqueeze(1)).squeeze(1)
+    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
+                *, normalize: bool = False) -> Tensor:
+        """Padded rows ``[B, T]`` (``attention_mask``; padding left or right) -> ``[B]`` float32. Packed rows
+        (``position_ids`` restarting at 0 per sequence, no mask) -> ``[N]``: one score per sequence, in order."""
+        if attention_mask is None:
+            if position_ids is None:
+                raise ValueError("RewardModel needs an attention_mask (padded rows) or position_ids (packed rows) "
+                                 "to find each sequence's last token")
+            from rl_core.varlen_attention import cu_seqlens  # transformers' own rule for where a sequence starts
+
+            scores_BT = self.head(self.hidden(input_ids, position_ids=position_ids)).squeeze(-1).float()
+            edges, _ = cu_seqlens(position_ids, input_ids.shape[0])
+            scores_B = scores_BT.reshape(-1)[edges[1:].long() - 1]
+        else:
+            scores_BT = self.head(self.hidden(input_ids, attention_mask)).squeeze(-1).float()
+            idx = torch.arange(attention_mask.shape[1], device=attention_mask.device).expand_as(attention_mask)
+            last = torch.where(attention_mask.bool(), idx, -1).max(dim=1).values
+            if (last < 0).any():
+                raise ValueError(f"RewardModel got rows with no real token (all-zero attention_mask): rows "
+                                 f"{torch.nonzero(last < 0).flatten().tolist()}")
+            scores_B = scores_BT.gather(1, last.unsqueeze(1)).squeeze(1)
         return (scores_B - self.mean) / self.std if normalize else scores_B

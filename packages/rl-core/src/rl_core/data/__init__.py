@@ -7,7 +7,8 @@ aligned with ``input_ids`` (``loss_mask[t] == 1``: token ``t`` is a target, pred
 from position ``t - 1``). Leaves out hub downloads, streaming and samplers.
 """
 
-from rl_core.data.collate import pack_collate, pack_greedy, pad_collate, preference_collate
+from rl_core.data.collate import (model_inputs, pack_collate, pack_greedy, pad_collate, preference_collate,
+                                  sequence_sums)
 from rl_core.data.config import DataConfig
 from rl_core.data.datasets import DataReport, KTODataset, PreferenceDataset, PromptDataset, SFTDataset
 from rl_core.data.encoding import Encoded
@@ -25,8 +26,10 @@ __all__ = [
     "Row",
     "SFTDataset",
     "load_rows",
+    "model_inputs",
     "pack_collate",
     "pack_greedy",
     "pad_collate",
     "preference_collate",
+    "sequence_sums",
 ]

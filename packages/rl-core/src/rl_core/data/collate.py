@@ -50,21 +50,46 @@ def pad_collate(items: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     return batch
 
 
-def preference_collate(items: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
-    """Preference items -> one ``[2B, T]`` batch: rows ``0..B-1`` chosen, ``B..2B-1`` the
-    matching rejected (``input_ids``, ``attention_mask``, ``loss_mask``), and ``margin [B]``
-    (float32). One forward pass scores both sides."""
+def preference_collate(items: list[dict], pad_id: int, *, packing: bool = False) -> dict:
+    """Preference items -> one batch of ``2B`` sequences: ``0..B-1`` chosen, ``B..2B-1`` the matching
+    rejected, and ``margin [B]`` (float32). One forward pass scores both sides.
+
+    Padded (default): ``input_ids``, ``attention_mask``, ``loss_mask`` each ``[2B, T]``. With ``packing``:
+    the :func:`pack_collate` row of the ``2B`` sequences in that order (``position_ids``, ``seq_lens``)."""
     if not items:
         raise ValueError("preference_collate got an empty list of items")
-    ids = [it["chosen_ids"] for it in items] + [it["rejected_ids"] for it in items]
-    masks = [it["chosen_mask"] for it in items] + [it["rejected_mask"] for it in items]
-    batch = _padded_batch(ids, masks, pad_id)
+    seqs = [{"input_ids": it[f"{side}_ids"], "loss_mask": it[f"{side}_mask"]}
+            for side in ("chosen", "rejected") for it in items]
+    batch = pack_collate(seqs) if packing else pad_collate(seqs, pad_id)
     batch["margin"] = torch.tensor([float(it["margin"]) for it in items], dtype=torch.float32)
     return batch
 
 
+def sequence_sums(x: torch.Tensor, batch: dict) -> torch.Tensor:
+    """Per-sequence sum of a per-token ``x`` under the batch's ``loss_mask``: ``[R]`` float64.
+
+    ``x`` has the shape of ``batch["input_ids"]``: ``[R, T]`` padded rows, or ``[1, S]`` for a
+    :func:`pack_collate` row, summed per sequence of ``seq_lens``. Differentiable in ``x``. float64: a
+    float32 sum of a long response's log-probs (-2000) is off by ~1e-4 depending on summation order, the
+    size of the DPO / KTO log-ratios it enters; padded and packed rows sum in different orders."""
+    w = x.double() * batch["loss_mask"].to(x.device)
+    if "seq_lens" not in batch:
+        return w.sum(1)
+    lens = torch.tensor(batch["seq_lens"], device=x.device)
+    seq = torch.repeat_interleave(torch.arange(len(lens), device=x.device), lens)
+    return w.new_zeros(len(lens)).index_add(0, seq, w[0])
+
+
+def model_inputs(batch: dict) -> dict[str, torch.Tensor]:
+    """The model's keyword arguments for a batch: ``position_ids`` for a packed row (no mask: the sequences are
+    told apart by positions restarting at 0), ``attention_mask`` for padded rows."""
+    if "position_ids" in batch:
+        return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+
+
 def pack_collate(items: list[dict]) -> dict:
-    """SFT or KTO items -> one packed row: ``input_ids``, ``position_ids``, ``loss_mask``
+    """SFT or KTO items (or any ``input_ids`` / ``loss_mask`` pairs) -> one packed row: ``input_ids``, ``position_ids``, ``loss_mask``
     each ``[1, sum T]`` (long), ``seq_lens`` (list[int], in item order), and
     ``desirable [N]`` (bool) for KTO items."""
     if not items:

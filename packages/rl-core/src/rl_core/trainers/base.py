@@ -30,6 +30,7 @@ import torch
 from tqdm import tqdm
 
 from rl_core.checkpoint import CheckpointManager, export_hf
+from rl_core.data import pack_collate, pad_collate
 from rl_core.metrics import LoggerConfig, MetricsLogger
 from rl_rollout.config import check_numbers, meta
 
@@ -78,7 +79,7 @@ class Trainer:
     override :meth:`before_fit` and :meth:`before_export`."""
 
     name = "train"
-    supports_packing = False
+    supports_packing = False  # True where train_step and eval_metrics take packed batches (collate, model_inputs)
 
     def __init__(self, strategy, model, tokenizer, dataset, cfg: TrainerConfig, *, eval_dataset=None,
                  logger: LoggerConfig | None = None):
@@ -91,7 +92,7 @@ class Trainer:
         self.eval_history: list[dict[str, float]] = []  # {"step": N, NAME: value, ...} per evaluation of fit()
         self.packing = bool(getattr(getattr(dataset, "cfg", None), "packing", False))
         if self.packing and not self.supports_packing:
-            raise ValueError(f"{type(self).__name__} does not pack sequences (packing is implemented for SFT); "
+            raise ValueError(f"{type(self).__name__} does not pack sequences (SFT, RM, DPO and KTO do); "
                              "drop --packing")
         self.s.setup_distributed()
         self.plan = strategy.batch_plan(len(dataset), cfg.max_epochs)
@@ -150,6 +151,11 @@ class Trainer:
 
     def to_device(self, batch: dict) -> dict:
         return {k: v.to(self.s.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+
+    def collate(self, items: list[dict]) -> dict:
+        """One micro-batch of SFT / KTO items: one packed row with the dataset's ``packing``, else padded rows
+        (:func:`rl_core.data.model_inputs` gives the model's arguments for either)."""
+        return pack_collate(items) if self.packing else pad_collate(items, self.pad_id)
 
     # ----- what a subclass provides -------------------------------------------------------------
 

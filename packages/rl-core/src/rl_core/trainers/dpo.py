@@ -1,8 +1,10 @@
 """DPO trainer: sigmoid DPO, IPO, cDPO label smoothing and an NLL term, against a frozen reference.
 
 Each micro-batch of ``m`` pairs is one ``[2m, T]`` forward of the policy
-(:func:`rl_core.data.preference_collate`); a response's log-probability is the sum
-of its token logprobs under the loss mask (``rl_core.models`` alignment). The
+(:func:`rl_core.data.preference_collate`), or with the dataset's ``packing`` one packed row of
+the ``2m`` sequences for the policy and the reference alike (OpenRLHF's ``--packing_samples``);
+a response's log-probability is the sum of its token logprobs under the loss mask
+(``rl_core.models`` alignment), per sequence either way. The
 reference runs beside the policy (a frozen :class:`rl_core.models.Actor` wrapped by
 ``strategy.prepare(train=False)``, partitioned under ZeRO-3), or with
 ``precompute_ref`` once over the whole dataset before training, after which it is
@@ -28,8 +30,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from rl_algos import dpo_loss, masked_sum
-from rl_core.data import preference_collate
+from rl_algos import dpo_loss
+from rl_core.data import model_inputs, preference_collate, sequence_sums
 from rl_core.trainers.base import Trainer, TrainerConfig
 from rl_rollout.config import check_numbers, meta
 
@@ -56,15 +58,15 @@ class DPOConfig(TrainerConfig):
             raise ValueError("--ipo and --label_smoothing (cDPO) are alternatives; set one of them")
 
 
-def sequence_logps(engine, batch: dict) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-row sum of response-token logprobs ``[R]`` and per-token logprobs ``[R, T]``."""
-    lp = engine(batch["input_ids"], attention_mask=batch["attention_mask"]).logprobs
-    return masked_sum(lp, batch["loss_mask"].to(lp.dtype), dim=1), lp
+def sequence_logps(engine, batch: dict) -> torch.Tensor:
+    """Per-sequence sum of response-token logprobs ``[R]`` of padded rows or a packed row."""
+    return sequence_sums(engine(**model_inputs(batch)).logprobs, batch)
 
 
 class DPOTrainer(Trainer):
     name = "dpo"
     progress_keys = ("loss", "acc", "reward_margin")
+    supports_packing = True
 
     def __init__(self, strategy, actor, ref_actor, tokenizer, dataset, cfg: DPOConfig, *, eval_dataset=None,
                  logger=None):
@@ -73,10 +75,13 @@ class DPOTrainer(Trainer):
         self.ref_logps: torch.Tensor | None = None  # [N, 2] chosen, rejected when precomputed
         self.eval_ref_logps: torch.Tensor | None = None  # [N_eval, 2], the same for the eval set
 
+    def collate(self, items: list[dict]) -> dict:
+        return preference_collate(items, self.pad_id, packing=self.packing)
+
     def _ref_pair(self, items: list[dict]) -> torch.Tensor:
-        b = self.to_device(preference_collate(items, self.pad_id))
+        b = self.to_device(self.collate(items))
         with torch.no_grad():
-            s, _ = sequence_logps(self.ref, b)
+            s = sequence_logps(self.ref, b)
         m = len(items)
         return torch.stack([s[:m], s[m:]], dim=1)
 
@@ -95,10 +100,10 @@ class DPOTrainer(Trainer):
         cfg, acc = self.cfg, self.plan.accumulation_steps
         mb = self.plan.micro_batch
         groups = self.micro_batches(indices)
-        micro = [self.to_device(preference_collate(items, self.pad_id)) for items in groups]
+        micro = [self.to_device(self.collate(items)) for items in groups]
         chosen_tokens = None
-        if cfg.nll_loss_coef:
-            chosen_tokens = self.s.all_reduce(sum(b["loss_mask"][:mb].sum() for b in micro).float(), "sum")
+        if cfg.nll_loss_coef:  # the chosen sequences come first in every micro-batch of mb pairs
+            chosen_tokens = self.s.all_reduce(sum(sequence_sums(b["loss_mask"], b)[:mb].sum() for b in micro), "sum")
         totals = dict.fromkeys(("loss", "chosen_reward", "rejected_reward", "reward_margin", "acc", "nll"), 0.0)
         for k, (items, b) in enumerate(zip(groups, micro, strict=True)):
             m = len(items)
@@ -106,11 +111,11 @@ class DPOTrainer(Trainer):
                 ref = self.ref_logps[indices[k * mb:k * mb + m]].to(self.s.device)
             else:
                 ref = self._ref_pair(items)
-            logps, lp = sequence_logps(self.engine, b)
+            logps = sequence_logps(self.engine, b)
             nll = None
             if cfg.nll_loss_coef:
                 # token-mean over the global batch's chosen tokens, times dp (DeepSpeed averages ranks)
-                nll = -masked_sum(lp[:m], b["loss_mask"][:m].to(lp.dtype)) / chosen_tokens * self.plan.dp_size * acc
+                nll = -logps[:m].sum() / chosen_tokens * self.plan.dp_size * acc
             out = dpo_loss(logps[:m], logps[m:], ref[:, 0], ref[:, 1], beta=cfg.beta,
                            label_smoothing=cfg.label_smoothing, ipo=cfg.ipo, chosen_nll=nll,
                            nll_coef=cfg.nll_loss_coef)
@@ -141,11 +146,10 @@ class DPOTrainer(Trainer):
         cfg = self.cfg
 
         def policy(items: list[dict]) -> torch.Tensor:  # [m, 4]: logp chosen, rejected; chosen NLL sum, tokens
-            b = self.to_device(preference_collate(items, self.pad_id))
-            s, lp = sequence_logps(self.engine, b)
+            b = self.to_device(self.collate(items))
+            s, tokens = sequence_logps(self.engine, b), sequence_sums(b["loss_mask"], b)
             m = len(items)
-            mask = b["loss_mask"][:m].to(lp.dtype)
-            return torch.stack([s[:m], s[m:], -masked_sum(lp[:m], mask, dim=1), mask.sum(1)], dim=1)
+            return torch.stack([s[:m], s[m:], -s[:m], tokens[:m]], dim=1)
 
         pol, ref = self.per_row(policy, 4, dataset), self._eval_ref(dataset)
         nll = pol[:, 2].sum() / pol[:, 3].sum()

@@ -6,7 +6,9 @@ response, ``desirable`` flag). The reference point ``kl`` of each step is
 next row's response, within this rank's share of the step), averaged over
 data-parallel ranks, without gradient (Ethayarajh et al. 2024; OpenRLHF builds the same
 pairs). The loss is ``rl_algos.kto_loss`` on sequence log-probabilities (sum over the
-loss mask), averaged over the global batch.
+loss mask), averaged over the global batch. With the dataset's ``packing`` each micro-batch, and each
+micro-batch of the mismatched pairs, is one packed row (:func:`rl_core.data.pack_collate`) for the
+policy and the reference: the same log-probabilities without padding.
 
 Logged per step: loss, kl, the mean implicit reward ``beta * (logp - ref_logp)`` of
 desirable and of undesirable rows, and their margin.
@@ -22,7 +24,6 @@ from dataclasses import dataclass, field
 import torch
 
 from rl_algos import kto_loss
-from rl_core.data import pad_collate
 from rl_core.trainers.base import Trainer, TrainerConfig
 from rl_core.trainers.dpo import sequence_logps
 from rl_rollout.config import meta
@@ -64,6 +65,7 @@ def mismatched_pairs(items: list[dict]) -> list[dict]:
 class KTOTrainer(Trainer):
     name = "kto"
     progress_keys = ("loss", "kl", "reward_margin")
+    supports_packing = True
 
     def __init__(self, strategy, actor, ref_actor, tokenizer, dataset, cfg: KTOConfig, *, eval_dataset=None,
                  logger=None):
@@ -74,8 +76,8 @@ class KTOTrainer(Trainer):
     def reference_kl(self, groups: list[list[dict]]) -> torch.Tensor:
         pairs, mb, diffs = mismatched_pairs([it for g in groups for it in g]), self.plan.micro_batch, []
         for k in range(0, len(pairs), mb):
-            b = self.to_device(pad_collate(pairs[k:k + mb], self.pad_id))
-            diffs.append(sequence_logps(self.engine, b)[0] - sequence_logps(self.ref, b)[0])
+            b = self.to_device(self.collate(pairs[k:k + mb]))
+            diffs.append(sequence_logps(self.engine, b) - sequence_logps(self.ref, b))
         local = torch.cat(diffs).float().mean()
         return self.s.all_reduce(local, "mean").clamp(min=0)
 
@@ -86,10 +88,10 @@ class KTOTrainer(Trainer):
         loss_sum = 0.0
         rewards, flags = [], []
         for items in groups:
-            b = self.to_device(pad_collate(items, self.pad_id))
+            b = self.to_device(self.collate(items))
             with torch.no_grad():
-                ref, _ = sequence_logps(self.ref, b)
-            logps, _ = sequence_logps(self.engine, b)
+                ref = sequence_logps(self.ref, b)
+            logps = sequence_logps(self.engine, b)
             out = kto_loss(logps, ref, b["desirable"], kl, beta=cfg.beta,
                            desirable_weight=cfg.desirable_loss_weight, undesirable_weight=cfg.undesirable_loss_weight)
             loss = out.loss / acc
@@ -109,8 +111,8 @@ class KTOTrainer(Trainer):
         cfg = self.cfg
 
         def policy_and_ref(items: list[dict]) -> torch.Tensor:  # [m, 2]
-            b = self.to_device(pad_collate(items, self.pad_id))
-            return torch.stack([sequence_logps(self.engine, b)[0], sequence_logps(self.ref, b)[0]], dim=1)
+            b = self.to_device(self.collate(items))
+            return torch.stack([sequence_logps(self.engine, b), sequence_logps(self.ref, b)], dim=1)
 
         rows = [dataset[i] for i in range(len(dataset))]
         lp = self.per_row(policy_and_ref, 2, rows)

@@ -2,9 +2,10 @@
 
 Each micro-batch of ``m`` pairs is one ``[2m, T]`` forward (:func:`rl_core.data.preference_collate`:
 chosen rows first, then the matching rejected rows) through a
-:class:`rl_core.models.RewardModel`; the loss is ``rl_algos.pairwise_loss``
-(``sigmoid`` = -log sigmoid(c - r - margin), or ``logexp``), averaged over the
-global batch. The dataset's ``margin`` column is used when ``margin_loss`` is on.
+:class:`rl_core.models.RewardModel`, or with the dataset's ``packing`` one packed row of the ``2m``
+sequences, each scored at its last token (OpenRLHF's ``--packing_samples``: the same scores, no
+padding); the loss is ``rl_algos.pairwise_loss`` (``sigmoid`` = -log sigmoid(c - r - margin), or
+``logexp``), averaged over the global batch. The dataset's ``margin`` column is used when ``margin_loss`` is on.
 After training the scores of every chosen and rejected response of the training
 set give the mean/std stored with the model (``rl_head.json``), which
 ``RewardModel(normalize=True)`` applies at inference, as OpenRLHF does.
@@ -21,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rl_algos import pairwise_loss
-from rl_core.data import preference_collate
+from rl_core.data import model_inputs, preference_collate
 from rl_core.trainers.base import Trainer, TrainerConfig
 from rl_rollout.config import meta
 
@@ -41,10 +42,14 @@ class RMConfig(TrainerConfig):
 class RewardModelTrainer(Trainer):
     name = "rm"
     progress_keys = ("loss", "acc")
+    supports_packing = True
+
+    def collate(self, items: list[dict]) -> dict:
+        return preference_collate(items, self.pad_id, packing=self.packing)
 
     def _scores(self, items: list[dict]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        b = self.to_device(preference_collate(items, self.pad_id))
-        scores = self.engine(b["input_ids"], attention_mask=b["attention_mask"])
+        b = self.to_device(self.collate(items))
+        scores = self.engine(**model_inputs(b))
         m = len(items)
         return scores[:m], scores[m:], b["margin"]
 

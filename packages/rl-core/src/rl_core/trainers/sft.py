@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from rl_algos import masked_sum, sft_loss
-from rl_core.data import pack_collate, pad_collate
+from rl_core.data import model_inputs, pad_collate
 from rl_core.trainers.base import Trainer, TrainerConfig
 
 
@@ -30,20 +30,12 @@ class SFTTrainer(Trainer):
     name = "sft"
     supports_packing = True
 
-    def collate(self, items: list[dict]) -> dict:
-        if self.packing:
-            return pack_collate(items)
-        return pad_collate(items, self.pad_id)
-
     def train_step(self, indices: list[int]) -> dict[str, float]:
         micro = [self.to_device(self.collate(items)) for items in self.micro_batches(indices)]
         total = self.s.all_reduce(sum(b["loss_mask"].sum() for b in micro).float(), "sum")
         loss_sum = torch.zeros((), dtype=torch.float64, device=total.device)
         for b in micro:
-            if self.packing:
-                out = self.engine(b["input_ids"], position_ids=b["position_ids"])
-            else:
-                out = self.engine(b["input_ids"], attention_mask=b["attention_mask"])
+            out = self.engine(**model_inputs(b))
             loss = sft_loss(out.logprobs, b["loss_mask"], global_tokens=total, dp_size=self.plan.dp_size)
             self.s.backward(loss, self.engine)
             self.s.optimizer_step(self.engine)
