@@ -119,6 +119,24 @@ def test_preference_commands_train_and_export(files, name, extra, capsys, monkey
     assert (out / "config.json").is_file() and ((out / "rl_head.json").is_file() == (name == "rm"))
 
 
+@pytest.mark.parametrize("name,flag,extra", [  # each of the packing flag's names: ours and OpenRLHF's two
+    ("rm", "--packing_samples", ["--dataset", "pairs.jsonl", "--prompt_key", "prompt"]),
+    ("dpo", "--ds.packing_samples", ["--dataset", "pairs.jsonl", "--prompt_key", "prompt", "--beta", "0.1"]),
+    ("kto", "--packing", ["--dataset", "kto.jsonl", "--output_key", "output", "--max_steps", "2"]),
+])
+def test_preference_commands_train_on_packed_pairs(files, name, flag, extra, capsys, monkeypatch):
+    """The flag reaches the trainer (packed equals padded: rl-core's test_core_preference_trainers.py)."""
+    monkeypatch.chdir(files)
+    argv = ["--pretrain", "tiny", *extra, *COMMON, flag]
+    assert run(name, [*argv, "--print_config"]) == 0
+    assert '"packing": true' in capsys.readouterr().out
+    out = files / f"out-packed-{name}"
+    assert run(name, [*argv, "--save_path", str(out), "--run_dir", f"run-packed-{name}"]) == 0
+    losses = losses_of(files / f"run-packed-{name}")
+    assert len(losses) == 2 and all(0 < x < 100 for x in losses), losses
+    assert (out / "config.json").is_file()
+
+
 def test_sft_with_an_eval_set_logs_eval_metrics_and_names_a_bad_eval_file(files, capsys, monkeypatch):
     from rl_core.data import DataError
 

@@ -117,6 +117,9 @@ def test_docs_table_is_generated_from_the_parsers():
     ("sft", ["--ds.lora.target_modules", "q_proj", "--ds.lora.rank", "8"],
      {"model.target_modules": "q_proj", "model.lora_rank": 8}),
     ("sft", ["--multiturn", "--packing_samples"], {"data.apply_chat_template": True, "data.packing": True}),
+    ("rm", ["--packing_samples"], {"data.packing": True}),
+    ("dpo", ["--ds.packing_samples"], {"data.packing": True}),
+    ("kto", ["--packing"], {"data.packing": True}),  # OpenRLHF's train_kto (v0.9.5) had no packing flag
     ("sft", ["--adam.lr", "1e-5", "--train.seed", "7", "--model.model_name_or_path", "m"],
      {"strategy.learning_rate": 1e-5, "strategy.seed": 7, "model.pretrain": "m"}),
     ("sft", ["--optim", "adam"], {}),
@@ -147,7 +150,6 @@ def test_openrlhf_flags_land_in_the_right_field(command, argv, want):
     ("ppo", ["--vllm_num_engines", "2"], "rl ppo-ray"),
     ("ppo", ["--actor.num_gpus_per_node", "2"], "rl ppo-ray"),
     ("rm", ["--value_head_prefix", "value_head2"], "rl_head"),
-    ("rm", ["--packing_samples"], "not for preference pairs"),
     ("sft", ["--pretrain_mode"], "response tokens"),
     ("sft", ["--save_hf_ckpt"], "--save_path"),
     ("kto", ["--ref_offload"], "offloading"),

@@ -31,8 +31,6 @@ FEATURES = {
     "ring attention": _UNSUPPORTED + "ring attention (sequence parallelism) is not built; use a shorter --max_len "
                                      "or ZeRO-3",
     "vision-language models": _UNSUPPORTED + "vision-language models are not built (text only)",
-    "packing of preference pairs": _UNSUPPORTED + "packing is built for rl sft, ppo and ppo-ray, not for preference "
-                                                 "pairs; drop the flag",
     "MoE load-balancing loss": _UNSUPPORTED + "the MoE load-balancing loss is not built",
     "HF export with no checkpoints": "--save_hf_ckpt writes the HF export into each checkpoint: set --save_steps N "
                                      "and --ckpt_path DIR (for one export at the end: --save_path DIR)",
@@ -83,7 +81,6 @@ _PAIRS = ("--train.batch_size 256 --train.micro_batch_size 1 --data.max_len 8192
 _DPO = "--ckpt.output_dir {out} " + _OFFLINE + _PAIRS + "--adam.lr 5e-7 --model.beta 0.1"
 _SFT = ("--data.max_len 2048 --data.input_key question --data.output_key response --data.max_samples 500000 "
         "--ckpt.output_dir {out} " + _OFFLINE)
-_PAIR_PACKING = (("--ds.packing_samples", "packing of preference pairs"),)
 
 SCRIPTS: dict[str, Script] = {
     "serve_remote_rm.sh": Script("serve-rm", (
@@ -102,8 +99,8 @@ SCRIPTS: dict[str, Script] = {
         "--data.input_key context_messages --data.apply_chat_template --actor.gradient_checkpointing_enable "
         "--ds.packing_samples --vllm.sync_backend nccl --vllm.enforce_eager --vllm.enable_sleep --ds.enable_sleep "
         "--algo.advantage.is_correction_enable")),
-    "train_dpo_llama.sh": Script("dpo", _DPO + " --local_rank=0", _PAIR_PACKING),
-    "train_nonrl_slurm.sh": Script("dpo", _DPO, _PAIR_PACKING),  # train_dpo_llama.sh's command under torchrun
+    "train_dpo_llama.sh": Script("dpo", _DPO + " --local_rank=0"),
+    "train_nonrl_slurm.sh": Script("dpo", _DPO),  # train_dpo_llama.sh's command under torchrun
     "train_ppo_ray_hybrid_engine.sh": Script("ppo-ray", _RAY_GPUS.format(n=8) + (
         "--reward.num_nodes 1 --reward.num_gpus_per_node 8 --critic.num_nodes 1 --critic.num_gpus_per_node 8 "
         "--vllm.num_engines 4 --vllm.tensor_parallel_size 2 --train.colocate_all --vllm.gpu_memory_utilization 0.5 "
@@ -147,8 +144,7 @@ SCRIPTS: dict[str, Script] = {
         "ppo-ray", _REINFORCE_BASELINE.replace("{extra}", "").replace("{gmu}", "0.7"), _RB_BLOCKERS),
     "train_reinforce_baseline_ray_agent_async.sh": Script("ppo-ray", _REINFORCE_BASELINE.replace(
         "{extra}", "--train.async_enable --train.partial_rollout_enable ").replace("{gmu}", "0.95"), _RB_BLOCKERS),
-    "train_rm.sh": Script("rm", "--ckpt.output_dir {out} " + _OFFLINE + _PAIRS + "--adam.lr 9e-6 --local_rank=0",
-                          _PAIR_PACKING),
+    "train_rm.sh": Script("rm", "--ckpt.output_dir {out} " + _OFFLINE + _PAIRS + "--adam.lr 9e-6 --local_rank=0"),
     "train_sft.sh": Script("sft", _SFT + (
         "--train.batch_size 256 --train.micro_batch_size 2 --ds.zero_stage 2 --adam.lr 5e-6 --ckpt.load_enable "
         "--ds.packing_samples --model.gradient_checkpointing_enable --local_rank=0")),

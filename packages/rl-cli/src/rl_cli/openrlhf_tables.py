@@ -391,7 +391,6 @@ REFUSED: dict[str, Refuse] = {
 }
 
 _PLACEMENT = "placement is rl ppo-ray's: rl ppo runs every role in this process"
-_PACKING_SFT = "packing is built for rl sft, ppo and ppo-ray, not for preference pairs; drop the flag"
 _RL_ONLY: dict[str, Refuse] = {
     "target_modules": REFUSED["lora_rank"], "ds.lora.target_modules": REFUSED["lora_rank"],
     "logger.logging_steps": Refuse("the RL loop logs every iteration", off=(1,)),
@@ -407,8 +406,6 @@ COMMAND_REFUSED: dict[str, dict[str, Refuse]] = {
         "critic.num_gpus_per_node", "ref.num_nodes", "ref.num_gpus_per_node", "reward.num_nodes",
         "reward.num_gpus_per_node", "vllm.num_engines", "vllm.tensor_parallel_size", "train.colocate_actor_ref",
         "train.colocate_critic_reward", "train.colocate_all")}},
-    **{c: {"packing_samples": Refuse(_PACKING_SFT), "ds.packing_samples": Refuse(_PACKING_SFT)}
-       for c in ("rm", "dpo", "kto")},
 }
 
 

@@ -73,13 +73,15 @@ class Command:
     build: Callable  # (strategy, configs, tokenizer, dataset, train_cfg, eval_dataset or None) -> Trainer
 
 
-def _load_kw(model: ModelArgs, strategy_cfg) -> dict:
+def _load_kw(cfgs: dict, strategy_cfg) -> dict:
     from rl_core.attention import requested_attention
 
+    model = cfgs["model"]
     return {"dtype": "bf16" if strategy_cfg.bf16 else "fp32",
             "attn_implementation": requested_attention(model.attn_implementation, model.flash_attn),
             "gradient_checkpointing": strategy_cfg.gradient_checkpointing, "lora": model.lora(),
-            "use_liger_kernel": model.use_liger_kernel}
+            "use_liger_kernel": model.use_liger_kernel,
+            "packed": bool(getattr(cfgs.get("data"), "packing", False))}  # the default attention for packed rows
 
 
 def _build_sft(strategy, cfgs, tok, ds, train, eval_ds):
@@ -87,8 +89,7 @@ def _build_sft(strategy, cfgs, tok, ds, train, eval_ds):
     from rl_core.trainers import SFTTrainer
 
     m = cfgs["model"]
-    packed = bool(getattr(cfgs.get("data"), "packing", False))  # the default attention for packed rows differs
-    return SFTTrainer(strategy, Actor.from_pretrained(m.pretrain, **_load_kw(m, strategy.cfg), packed=packed), tok,
+    return SFTTrainer(strategy, Actor.from_pretrained(m.pretrain, **_load_kw(cfgs, strategy.cfg)), tok,
                       ds, train, eval_dataset=eval_ds, logger=cfgs["logger"])
 
 
@@ -97,7 +98,7 @@ def _build_rm(strategy, cfgs, tok, ds, train, eval_ds):
     from rl_core.trainers import RewardModelTrainer
 
     m = cfgs["model"]
-    return RewardModelTrainer(strategy, RewardModel.from_pretrained(m.pretrain, **_load_kw(m, strategy.cfg)),
+    return RewardModelTrainer(strategy, RewardModel.from_pretrained(m.pretrain, **_load_kw(cfgs, strategy.cfg)),
                               tok, ds, train, eval_dataset=eval_ds, logger=cfgs["logger"])
 
 
@@ -107,7 +108,7 @@ def _with_reference(trainer_name: str):
         from rl_core.models import Actor, frozen
 
         m = cfgs["model"]
-        kw = _load_kw(m, strategy.cfg)
+        kw = _load_kw(cfgs, strategy.cfg)
         ref = frozen(Actor.from_pretrained(m.ref_pretrain or m.pretrain, **{**kw, "lora": None,
                                                                              "gradient_checkpointing": False}))
         return getattr(trainers, trainer_name)(strategy, Actor.from_pretrained(m.pretrain, **kw), ref, tok, ds, train,
