@@ -122,6 +122,8 @@ def test_docs_table_is_generated_from_the_parsers():
     ("kto", ["--packing"], {"data.packing": True}),  # OpenRLHF's train_kto (v0.9.5) had no packing flag
     ("sft", ["--adam.lr", "1e-5", "--train.seed", "7", "--model.model_name_or_path", "m"],
      {"strategy.learning_rate": 1e-5, "strategy.seed": 7, "model.pretrain": "m"}),
+    ("sft", ["--disable_fast_tokenizer"], {"data.disable_fast_tokenizer": True}),
+    ("ppo-ray", ["--data.disable_fast_tokenizer"], {"data.disable_fast_tokenizer": True}),
     ("sft", ["--optim", "adam"], {}),
     ("sft", ["--use_liger_kernel"], {"model.use_liger_kernel": True}),
     ("dpo", ["--ds.use_liger_kernel"], {"model.use_liger_kernel": True}),

@@ -242,6 +242,8 @@ NOTES: dict[tuple[str, str], str] = {
     **{(c, n): "gae, reinforce, reinforce_baseline (the batch-normalised estimators); refused with the others, "
                "where OpenRLHF ignores it" for c in ("ppo", "ppo-ray")
        for n in ("no_advantage_std_norm", "algo.advantage.no_std_norm")},
+    **{(c, n): "AutoTokenizer(use_fast=False), as OpenRLHF; transformers 5 (both pin it) ignores use_fast"
+       for c in COMMANDS for n in ("disable_fast_tokenizer", "data.disable_fast_tokenizer")},
 }
 
 
@@ -330,10 +332,6 @@ REFUSED: dict[str, Refuse] = {
     "data.prompt_probs": Refuse(_NO_MIX, off=("1.0", "1")),
     "dataloader_num_workers": Refuse("the data loads in the main process (tokenized once, up front)", off=(0,)),
     "data.dataloader_num_workers": Refuse("the data loads in the main process (tokenized once, up front)", off=(0,)),
-    "disable_fast_tokenizer": Refuse("tokenizers load with AutoTokenizer's default (the fast one when the model "
-                                     "has it)"),
-    "data.disable_fast_tokenizer": Refuse("tokenizers load with AutoTokenizer's default (the fast one when the "
-                                          "model has it)"),
     "use_ms": Refuse("ModelScope downloads are not built; pass a local folder or a Hugging Face id"),
     "image_key": Refuse(_NO_VLM),
     "data.image_key": Refuse(_NO_VLM),

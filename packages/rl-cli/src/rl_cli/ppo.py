@@ -178,7 +178,7 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     from rl_core.data import DataError, PromptDataset, load_rows
     from rl_core.preflight import check_rl_batches, load_tokenizer
 
-    tok = load_tokenizer(m.pretrain)
+    tok = load_tokenizer(m.pretrain, use_fast=not d.disable_fast_tokenizer)
     prompts = PromptDataset(load_rows(d.dataset, d.split, d.max_samples), tok, d)
     eval_prompts = None
     if d.eval_dataset:

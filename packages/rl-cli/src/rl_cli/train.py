@@ -225,8 +225,8 @@ def run(name: str, argv: list[str] | None = None) -> int:
     from rl_core.strategy import DeepSpeedStrategy
 
     strategy = DeepSpeedStrategy(cfgs["strategy"])
-    tok = load_tokenizer(cfgs["model"].pretrain)
     data = cfgs["data"]
+    tok = load_tokenizer(cfgs["model"].pretrain, use_fast=not data.disable_fast_tokenizer)
     ds = cmd.dataset_cls()(load_rows(data.dataset, data.split, data.max_samples), tok, data)
     eval_ds = None
     if data.eval_dataset:

@@ -68,8 +68,9 @@ def check_models(cfg):
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
-def load_tokenizer(folder: str, *, flag: str = "--pretrain"):
-    """``AutoTokenizer.from_pretrained(folder)`` with a pad token (eos when it has none), or one-line InputError."""
+def load_tokenizer(folder: str, *, flag: str = "--pretrain", use_fast: bool = True):
+    """``AutoTokenizer.from_pretrained(folder, use_fast=use_fast)`` with a pad token (eos when it has none), or
+    one-line InputError. ``use_fast=False`` is OpenRLHF's ``--disable_fast_tokenizer``; transformers 5 ignores it."""
     from transformers import AutoTokenizer
 
     path = Path(folder)
@@ -77,7 +78,7 @@ def load_tokenizer(folder: str, *, flag: str = "--pretrain"):
         raise InputError(f"{flag} {folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); copy the "
                          f"tokenizer files of the model it was trained from into it (tokenizer.save_pretrained)")
     try:
-        tok = AutoTokenizer.from_pretrained(folder)
+        tok = AutoTokenizer.from_pretrained(folder, use_fast=use_fast)
     except (OSError, ValueError, ImportError, KeyError, TypeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise InputError(f"{flag} {folder}: its tokenizer does not load ({type(e).__name__}: {first}); save the "

@@ -54,6 +54,9 @@ class DataConfig:
     eval_dataset: str | None = field(default=None, metadata=meta("an evaluation set in the same formats and keys"))
     eval_split: str = field(default="train", metadata=meta("split of --eval_dataset"))
     max_eval_samples: int | None = field(default=None, metadata=meta("read at most this many eval rows"))
+    disable_fast_tokenizer: bool = field(default=False, metadata=meta(
+        "load the tokenizer with AutoTokenizer(use_fast=False), as OpenRLHF does; transformers 5 (which both pin) "
+        "ignores use_fast and always loads the tokenizers backend"))
 
     def __post_init__(self) -> None:
         if self.dataset is not None and (not isinstance(self.dataset, str) or not self.dataset.strip()):
@@ -75,7 +78,7 @@ class DataConfig:
                 f"chosen_key and rejected_key are both {self.chosen_key!r}; "
                 "set --chosen_key and --rejected_key to two different columns"
             )
-        for name in ("apply_chat_template", "skip_bad_rows", "packing"):
+        for name in ("apply_chat_template", "skip_bad_rows", "packing", "disable_fast_tokenizer"):
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} (--{name}) must be true or false, got {getattr(self, name)!r}")
         self._check_template()
