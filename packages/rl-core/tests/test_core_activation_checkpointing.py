@@ -180,6 +180,30 @@ def test_strategy_prepare_selects_the_layers_of_every_trained_model(tiny, kind):
     assert counts == [2, 1, 1, 1]
 
 
+def test_reentrant_checkpointing_of_the_first_n_layers_keeps_the_gradients(tiny):
+    """OpenRLHF's --gradient_checkpointing_use_reentrant with --gradient_checkpointing_layers 2: prepare installs
+    torch's reentrant checkpoint, the first two layers recompute, and the gradients equal a plain backward's."""
+    from rl_core.strategy import DeepSpeedStrategy
+
+    ids = torch.randint(3, 128, (2, 24), generator=torch.Generator().manual_seed(4))
+    _, ref = calls_in_backward(actor(tiny, ckpt=False), ids)
+    s = DeepSpeedStrategy(StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=2, train_batch_size=2,
+                                         gradient_checkpointing=True, gradient_checkpointing_layers="2",
+                                         gradient_checkpointing_use_reentrant=True))
+    engine = s.prepare(actor(tiny, ckpt=True), total_steps=1)
+    layers = decoder_layers(engine.module)
+    assert all(layer._gradient_checkpointing_func.keywords == {"use_reentrant": True} for layer in layers)
+    recomputed, grads = calls_in_backward(engine.module.train(), ids)
+    assert recomputed == [1, 1, 0, 0]
+    worst = max((grads[k] - ref[k]).abs().max().item() for k in ref)
+    assert worst <= 1e-6, worst
+
+
+def test_reentrant_without_gradient_checkpointing_says_to_add_it():
+    with pytest.raises(ValueError, match="add --gradient_checkpointing"):
+        StrategyConfig(gradient_checkpointing_use_reentrant=True)
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="auto reads the free CUDA memory; torch sees no CUDA device")
 def test_auto_on_cuda_recomputes_more_layers_when_less_memory_is_free(tiny):
     cuda = torch.device("cuda", torch.cuda.current_device())

@@ -304,12 +304,6 @@ REFUSED: dict[str, Refuse] = {
                                     "on the same world size"),
     "ds.use_universal_ckpt": Refuse("DeepSpeed universal checkpoints are not wired; resume with --load_checkpoint "
                                     "on the same world size"),
-    "gradient_checkpointing_use_reentrant": Refuse("gradient checkpointing is always non-reentrant (torch's "
-                                                   "recommended mode); --gradient_checkpointing turns it on"),
-    "actor.gradient_checkpointing_reentrant": Refuse("gradient checkpointing is always non-reentrant (torch's "
-                                                     "recommended mode); --gradient_checkpointing turns it on"),
-    "model.gradient_checkpointing_reentrant": Refuse("gradient checkpointing is always non-reentrant (torch's "
-                                                     "recommended mode); --gradient_checkpointing turns it on"),
     "full_determinism": Refuse("full determinism mode is not built; --seed fixes init, data order and sampling"),
     "train.full_determinism_enable": Refuse("full determinism mode is not built; --seed fixes init, data order and "
                                             "sampling"),

@@ -61,6 +61,10 @@ class StrategyConfig:
         "with --gradient_checkpointing, which decoder layers recompute: all; N, the first N (0..layers); or auto, "
         "per training forward the fewest whose estimated activations fit the free device memory (CUDA; all on "
         "CPU). Formula: rl_core.activation_checkpointing"))
+    gradient_checkpointing_use_reentrant: bool = field(default=False, metadata=meta(
+        "with --gradient_checkpointing, torch's reentrant checkpoint (use_reentrant=True) instead of the "
+        "non-reentrant one; either works with --gradient_checkpointing_layers",
+        openrlhf=("model.gradient_checkpointing_reentrant", "actor.gradient_checkpointing_reentrant")))
     seed: int = field(default=42, metadata=meta("seed of the model init, data order and sampling"))
     zero_bucket_bytes: int = field(default=500_000_000, metadata=meta("ZeRO reduce / prefetch bucket size"))
     local_rank: int = field(default=-1, metadata=meta(
@@ -90,6 +94,9 @@ class StrategyConfig:
         if layers != "all" and not self.gradient_checkpointing:
             raise ValueError(f"gradient_checkpointing_layers={layers} (--gradient_checkpointing_layers) picks which "
                              f"layers recompute once --gradient_checkpointing is on; add --gradient_checkpointing")
+        if self.gradient_checkpointing_use_reentrant and not self.gradient_checkpointing:
+            raise ValueError("gradient_checkpointing_use_reentrant (--gradient_checkpointing_use_reentrant) picks the "
+                             "checkpoint mode once --gradient_checkpointing is on; add --gradient_checkpointing")
         if not all(0 <= b < 1 for b in self.adam_betas):
             raise ValueError(f"adam_betas (--adam_betas) must be two numbers in [0, 1), got {self.adam_betas}")
 
@@ -292,7 +299,10 @@ class DeepSpeedStrategy:
         if self.cfg.gradient_checkpointing:
             inner = getattr(engine.module, "model", None) or getattr(engine.module, "body", None)
             if inner is not None and hasattr(inner, "gradient_checkpointing_enable"):
-                inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+                # a layer's recompute reads its checkpoint function at call time, so the per-layer choice below
+                # holds for either mode (tests/test_core_activation_checkpointing.py, reentrant case)
+                inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
+                    "use_reentrant": self.cfg.gradient_checkpointing_use_reentrant})
             from rl_core.activation_checkpointing import select_checkpointed_layers
 
             what = select_checkpointed_layers(engine.module, self.cfg.gradient_checkpointing_layers,
