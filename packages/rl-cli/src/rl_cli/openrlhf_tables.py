@@ -287,16 +287,8 @@ REFUSED: dict[str, Refuse] = {
     "ds.ring_attn_head_stride": Refuse(_NO_RING, off=(1,)),
     "ds_tensor_parallel_size": Refuse(_NO_DS_TP, off=(1,)),
     "ds.tensor_parallel_size": Refuse(_NO_DS_TP, off=(1,)),
-    "zpg": Refuse("ZeRO++ hierarchical partitioning is not wired; plain ZeRO (--zero_stage)", off=(1,)),
-    "ds.zpg": Refuse("ZeRO++ hierarchical partitioning is not wired; plain ZeRO (--zero_stage)", off=(1,)),
-    "overlap_comm": Refuse("DeepSpeed overlap_comm is not exposed; --zero_bucket_bytes tunes the ZeRO buckets"),
-    "ds.overlap_comm": Refuse("DeepSpeed overlap_comm is not exposed; --zero_bucket_bytes tunes the ZeRO buckets"),
     "deepcompile": Refuse("DeepSpeed deepcompile is not wired"),
     "ds.deepcompile": Refuse("DeepSpeed deepcompile is not wired"),
-    "grad_accum_dtype": Refuse("the gradient accumulation dtype is DeepSpeed's default (fp32 master weights); "
-                               "not a flag here"),
-    "ds.grad_accum_dtype": Refuse("the gradient accumulation dtype is DeepSpeed's default (fp32 master weights); "
-                                  "not a flag here"),
     "ds.experts_implementation": Refuse("MoE expert kernels are transformers' default; not selectable here"),
     "load_in_4bit": Refuse("4-bit (QLoRA) loading is not built; use --lora_rank with bf16 weights"),
     "ds.load_in_4bit": Refuse("4-bit (QLoRA) loading is not built; use --lora_rank with bf16 weights"),
@@ -373,8 +365,6 @@ REFUSED: dict[str, Refuse] = {
     **{f"critic.{k}": Refuse(_CRITIC_OPT) for k in (
         "adam.betas", "adam.eps", "adam.weight_decay", "lr_scheduler", "lr_warmup_ratio", "max_norm",
         "min_lr_ratio")},
-    "adam.eps": Refuse("AdamW's eps is fixed at 1e-8 (OpenRLHF's default)", off=(1e-8,)),
-    "actor.adam.eps": Refuse("AdamW's eps is fixed at 1e-8 (OpenRLHF's default)", off=(1e-8,)),
     **{f"{p}muon.{k}": Refuse(_NO_MUON) for p in ("", "actor.", "critic.")
        for k in ("lr", "momentum", "nesterov", "no_nesterov", "ns_steps")},
     **{k: Refuse("LoRA is not wired into the RL roles (the weight sync sends full weights); train full weights, or "

@@ -56,6 +56,7 @@ class StrategyConfig:
         "cosine_with_min_lr | constant_with_warmup | constant"))
     weight_decay: float = field(default=0.0, metadata=meta("--l2"))
     adam_betas: tuple[float, float] = field(default=(0.9, 0.95), metadata=meta("AdamW betas B1 B2"))
+    adam_eps: float = field(default=1e-8, metadata=meta("AdamW epsilon", openrlhf=("adam.eps", "actor.adam.eps")))
     gradient_checkpointing: bool = field(default=False, metadata=meta("recompute activations in the backward pass (less memory)"))
     gradient_checkpointing_layers: str = field(default="all", metadata=meta(
         "with --gradient_checkpointing, which decoder layers recompute: all; N, the first N (0..layers); or auto, "
@@ -67,6 +68,17 @@ class StrategyConfig:
         openrlhf=("model.gradient_checkpointing_reentrant", "actor.gradient_checkpointing_reentrant")))
     seed: int = field(default=42, metadata=meta("seed of the model init, data order and sampling"))
     zero_bucket_bytes: int = field(default=500_000_000, metadata=meta("ZeRO reduce / prefetch bucket size"))
+    # DeepSpeed passthroughs, set in the training config as OpenRLHF's get_train_ds_config sets them
+    overlap_comm: bool = field(default=False, metadata=meta(
+        "DeepSpeed zero_optimization.overlap_comm and contiguous_gradients: overlap the gradient reduce with the "
+        "backward (more memory for the buckets)", openrlhf=("ds.overlap_comm",)))
+    zpg: int = field(default=1, metadata=meta(
+        "ZeRO++ hierarchical partitioning (zero_hpz_partition_size): ZeRO-3 keeps a secondary copy of the "
+        "weights partitioned over groups of this many ranks (a node's GPUs), so the forward's all-gathers stay "
+        "inside the group; 1: off", openrlhf=("ds.zpg",)))
+    grad_accum_dtype: str | None = field(default=None, metadata=meta(
+        "DeepSpeed data_types.grad_accum_dtype: fp32 | bf16; default: the params' dtype, or fp32 inside the "
+        "ZeRO optimizers", openrlhf=("ds.grad_accum_dtype",)))
     local_rank: int = field(default=-1, metadata=meta(
         "this process's rank on its node, as the deepspeed launcher passes it (--local_rank=N); launchers also "
         "export LOCAL_RANK, which wins; -1: from the environment (torchrun, Ray) or 0 alone"))
@@ -94,6 +106,7 @@ class StrategyConfig:
         if layers != "all" and not self.gradient_checkpointing:
             raise ValueError(f"gradient_checkpointing_layers={layers} (--gradient_checkpointing_layers) picks which "
                              f"layers recompute once --gradient_checkpointing is on; add --gradient_checkpointing")
+        self._check_deepspeed_passthroughs()
         if self.gradient_checkpointing_use_reentrant and not self.gradient_checkpointing:
             raise ValueError("gradient_checkpointing_use_reentrant (--gradient_checkpointing_use_reentrant) picks the "
                              "checkpoint mode once --gradient_checkpointing is on; add --gradient_checkpointing")
@@ -101,6 +114,24 @@ class StrategyConfig:
             raise ValueError(f"adam_betas (--adam_betas) must be two numbers in [0, 1), got {self.adam_betas}")
 
 
+    def _check_deepspeed_passthroughs(self) -> None:
+        check_numbers(self, positive=("adam_eps",), at_least_1=("zpg",))
+        if isinstance(self.zpg, bool) or not isinstance(self.zpg, int):
+            raise ValueError(f"zpg (--zpg) must be a whole number of ranks, got {self.zpg!r}")
+        if self.zpg > 1 and self.zero_stage != 3:
+            raise ValueError(f"zpg={self.zpg} (--zpg): ZeRO++ hierarchical partitioning partitions ZeRO-3's weights "
+                             f"(DeepSpeed ignores it at stage {self.zero_stage}); add --zero_stage 3 or drop --zpg")
+        if self.grad_accum_dtype not in (None, *GRAD_ACCUM_DTYPES):
+            raise ValueError(f"grad_accum_dtype={self.grad_accum_dtype!r} (--grad_accum_dtype): valid: "
+                             f"{', '.join(GRAD_ACCUM_DTYPES)} (fp16 training is not built), or leave it unset")
+        params = "bf16" if self.bf16 else "fp32"
+        if self.zero_stage == 0 and self.grad_accum_dtype not in (None, params):
+            raise ValueError(f"grad_accum_dtype={self.grad_accum_dtype} (--grad_accum_dtype) with {params} params needs "
+                             f"a ZeRO optimizer (DeepSpeed: 'unsupported mix' at stage 0); use --zero_stage 1, 2 or 3, "
+                             f"or --grad_accum_dtype {params}")
+
+
+GRAD_ACCUM_DTYPES = ("fp32", "bf16")
 SCHEDULES = ("cosine_with_min_lr", "constant_with_warmup", "constant")
 
 
@@ -239,7 +270,15 @@ class DeepSpeedStrategy:
                         stage3_gather_16bit_weights_on_model_save=True)
         if train and c.adam_offload:
             zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
-        return {
+        extra = {}
+        if train:  # OpenRLHF's get_train_ds_config (its eval config has none of these)
+            if c.overlap_comm:
+                zero.update(overlap_comm=True, contiguous_gradients=True)
+            if c.zpg > 1:
+                zero["zero_hpz_partition_size"] = c.zpg
+            if c.grad_accum_dtype is not None:
+                extra["data_types"] = {"grad_accum_dtype": c.grad_accum_dtype}
+        return {**extra,
             "train_micro_batch_size_per_gpu": plan.micro_batch,
             "gradient_accumulation_steps": plan.accumulation_steps,
             "train_batch_size": plan.global_batch,
@@ -264,11 +303,12 @@ class DeepSpeedStrategy:
         if c.adam_offload:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
-            return DeepSpeedCPUAdam(groups, lr=c.learning_rate, betas=c.adam_betas)
+            return DeepSpeedCPUAdam(groups, lr=c.learning_rate, betas=c.adam_betas, eps=c.adam_eps)
         # fused on CUDA: one kernel over the fp32 weights and moments instead of foreach's dozen passes (estimated
         # 10 ms of a 0.5B SFT step on an H200); it checks the parameters' device at the first step, after DeepSpeed
         # moved them
-        return torch.optim.AdamW(groups, lr=c.learning_rate, betas=c.adam_betas, fused=self.device.type == "cuda")
+        return torch.optim.AdamW(groups, lr=c.learning_rate, betas=c.adam_betas, eps=c.adam_eps,
+                                 fused=self.device.type == "cuda")
 
     def prepare(self, model: nn.Module, *, total_steps: int | None = None, train: bool = True):
         """Wrap ``model`` in a DeepSpeed engine; with ``train`` also AdamW and the LR schedule.
