@@ -135,6 +135,8 @@ def test_docs_table_is_generated_from_the_parsers():
      {"strategy.overlap_comm": True, "strategy.zpg": 2, "strategy.grad_accum_dtype": "bf16",
       "strategy.adam_eps": 1e-6}),
     ("sft", ["--adam.eps", "1e-7"], {"strategy.adam_eps": 1e-7}),
+    ("rm", ["--full_determinism"], {"strategy.full_determinism": True}),
+    ("ppo-ray", ["--train.full_determinism_enable"], {"strategy.full_determinism": True}),
     ("sft", ["--optim", "adam"], {}),
     ("sft", ["--use_liger_kernel"], {"model.use_liger_kernel": True}),
     ("dpo", ["--ds.use_liger_kernel"], {"model.use_liger_kernel": True}),

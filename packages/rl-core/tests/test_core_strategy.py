@@ -185,6 +185,23 @@ def test_deepspeed_passthroughs_reach_the_engine_and_train(tiny, kw, engine_says
     assert all(math.isfinite(v) for v in losses) and losses[1] < losses[0], losses
 
 
+def test_full_determinism_trains_the_same_twice_under_deterministic_algorithms(tiny, monkeypatch):
+    """OpenRLHF's --full_determinism: prepare turns torch's deterministic algorithms on (an op without one would
+    raise) and two runs from the same seed give the same losses, bit for bit."""
+    monkeypatch.delenv("CUBLAS_WORKSPACE_CONFIG", raising=False)
+    runs = []
+    try:
+        for _ in range(2):  # each strategy seeds in its setup_distributed
+            s = DeepSpeedStrategy(StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=2,
+                                                 train_batch_size=4, learning_rate=2e-3, full_determinism=True))
+            engine = s.prepare(Actor.from_pretrained(tiny, dtype="fp32"), total_steps=2)
+            assert torch.are_deterministic_algorithms_enabled()
+            runs.append(train(s, engine, batches(2)))
+    finally:
+        torch.use_deterministic_algorithms(False)
+    assert runs[0] == runs[1], runs
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="the fused AdamW is the CUDA path; torch sees no GPU here")
 @pytest.mark.parametrize("zero_stage", [0, 1])
 def test_cuda_adamw_is_fused_and_steps_as_plain_adamw(tiny, zero_stage):

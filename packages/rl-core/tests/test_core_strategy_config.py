@@ -48,3 +48,28 @@ def test_adam_eps_reaches_adamw():
 def test_bad_passthrough_values_name_the_value_and_the_fix(kw, message):
     with pytest.raises(ValueError, match=message):
         StrategyConfig(**kw)
+
+
+@pytest.fixture
+def restore_determinism(monkeypatch):
+    for var in ("CUDA_LAUNCH_BLOCKING", "CUBLAS_WORKSPACE_CONFIG", "FLASH_ATTENTION_DETERMINISTIC",
+                "ASCEND_LAUNCH_BLOCKING", "HCCL_DETERMINISTIC"):
+        monkeypatch.delenv(var, raising=False)  # restored after the test, as were they
+    before = torch.are_deterministic_algorithms_enabled(), torch.backends.cudnn.deterministic
+    yield
+    torch.use_deterministic_algorithms(before[0])
+    torch.backends.cudnn.deterministic = before[1]
+
+
+def test_full_determinism_turns_on_what_openrlhfs_does_and_seeds(restore_determinism):
+    import os
+
+    from rl_core.strategy import seed_everything
+
+    seed_everything(7)
+    assert not torch.are_deterministic_algorithms_enabled() and "CUBLAS_WORKSPACE_CONFIG" not in os.environ
+    plain = torch.rand(3)
+    seed_everything(7, full_determinism=True)
+    assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
+    assert (os.environ["CUBLAS_WORKSPACE_CONFIG"], os.environ["FLASH_ATTENTION_DETERMINISTIC"]) == (":16:8", "1")
+    assert torch.equal(torch.rand(3), plain)  # the same seed either way

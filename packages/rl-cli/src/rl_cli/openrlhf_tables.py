@@ -296,9 +296,6 @@ REFUSED: dict[str, Refuse] = {
                                     "on the same world size"),
     "ds.use_universal_ckpt": Refuse("DeepSpeed universal checkpoints are not wired; resume with --load_checkpoint "
                                     "on the same world size"),
-    "full_determinism": Refuse("full determinism mode is not built; --seed fixes init, data order and sampling"),
-    "train.full_determinism_enable": Refuse("full determinism mode is not built; --seed fixes init, data order and "
-                                            "sampling"),
     "aux_loss_coef": Refuse("the MoE load-balancing loss is not built", off=(0,)),
     "actor.aux_loss_coef": Refuse("the MoE load-balancing loss is not built", off=(0,)),
     "model.aux_loss_coef": Refuse("the MoE load-balancing loss is not built", off=(0,)),

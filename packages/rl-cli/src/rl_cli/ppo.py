@@ -92,6 +92,9 @@ def _groups(ray: bool) -> dict[str, type]:
 
 
 # Flags of the shared groups that an RL run would not use: refused, with the reason, instead of ignored.
+# OpenRLHF's --full_determinism for its vLLM engines (vllm_engine.py, after vLLM's reproducibility example): the
+# engine core runs in the engine's process, so its scheduling does not race a second process
+DETERMINISTIC_VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 UNUSED_BY_RL = {
     "output_key": "the RL loop generates the responses: only --input_key (and --label_key) are read",
     "chosen_key": "preference keys are for rl dpo / rl rm / rl kto, not the RL loop",
@@ -364,7 +367,8 @@ def run_ray(argv: list[str] | None = None) -> int:
             placed = create_placement_groups(plan, strategy=a.placement_strategy)
         except PlacementError as e:
             raise SystemExit(f"rl ppo-ray: the placement does not fit this cluster: {e}") from None
-        factory = RayFactory(placed, colocated=a.colocate_all_models, call_timeout_s=a.call_timeout_s)
+        factory = RayFactory(placed, colocated=a.colocate_all_models, call_timeout_s=a.call_timeout_s,
+                             engine_env=DETERMINISTIC_VLLM_ENV if cfgs["strategy"].full_determinism else None)
         try:
             run = build_run(run_config(cfgs), factory, prompts=prompts, tokenizer=tok,
                             reward_fn=cfgs["reward"].build(), metrics=metrics_logger(cfgs), eval_prompts=eval_prompts)

@@ -27,8 +27,10 @@ RAY_ROLES = {PolicyWorker: (rw.RayPolicyWorker, "actor"), CriticWorker: (rw.RayC
 class RayFactory:
     """Roles, engines and weight sync over a placed plan (``rl_placement.create_placement_groups``)."""
 
-    def __init__(self, placed, *, colocated: bool, call_timeout_s: float = 3600.0):
+    def __init__(self, placed, *, colocated: bool, call_timeout_s: float = 3600.0,
+                 engine_env: dict[str, str] | None = None):
         self.placed, self.colocated, self.call_timeout_s = placed, colocated, call_timeout_s
+        self.engine_env = engine_env  # set in each engine actor before its engine starts
         self.gpus = engine_gpus(placed)  # TP > 1 engines' GPU ids, read before any actor fills the bundles
         self.groups: list[Any] = []
         self.engines: list[Any] = []
@@ -45,7 +47,7 @@ class RayFactory:
     def rollout(self, engine_cfg: EngineConfig, model: str, *, dtype: str, seed: int, device: str) -> GroupRollout:
         # each engine actor builds its own options (its device is the GPU Ray gives it; seed + its index)
         self.engines = start_engines(self.placed, engine_cfg, model, gpus=self.gpus, dtype=dtype, seed=seed,
-                                     call_timeout_s=self.call_timeout_s)
+                                     env=self.engine_env, call_timeout_s=self.call_timeout_s)
         self.groups.extend(self.engines)
         return GroupRollout(self.engines)
 

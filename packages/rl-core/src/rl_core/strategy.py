@@ -4,7 +4,9 @@ One object owns how a model trains across processes: it initialises
 torch.distributed (NCCL on GPU, gloo on CPU; a single process needs no
 launcher), derives the batch arithmetic (global batch = micro batch x
 accumulation x data-parallel size) and fails on numbers that do not divide,
-builds the DeepSpeed config (ZeRO 0-3, optimizer offload, bf16/fp32, clipping),
+builds the DeepSpeed config (ZeRO 0-3, optimizer offload, bf16/fp32, clipping, and
+the keys OpenRLHF passes through: overlap_comm, ZeRO++ hpZ, the gradient accumulation
+dtype), seeds each process (optionally in transformers' full determinism mode),
 wraps model + AdamW + LR schedule into a DeepSpeed engine, and yields full named
 parameters in size-bounded buckets even under ZeRO-3 (what HF export and weight
 sync to rollout engines consume). Works the same in one process and under
@@ -67,6 +69,11 @@ class StrategyConfig:
         "non-reentrant one; either works with --gradient_checkpointing_layers",
         openrlhf=("model.gradient_checkpointing_reentrant", "actor.gradient_checkpointing_reentrant")))
     seed: int = field(default=42, metadata=meta("seed of the model init, data order and sampling"))
+    full_determinism: bool = field(default=False, metadata=meta(
+        "OpenRLHF's full determinism: transformers.enable_full_determinism(seed) in every training process "
+        "(torch deterministic algorithms, cuDNN deterministic, CUBLAS_WORKSPACE_CONFIG, deterministic flash "
+        "attention); rl ppo-ray's vLLM engines keep their engine core in process. Slower",
+        openrlhf=("train.full_determinism_enable",)))
     zero_bucket_bytes: int = field(default=500_000_000, metadata=meta("ZeRO reduce / prefetch bucket size"))
     # DeepSpeed passthroughs, set in the training config as OpenRLHF's get_train_ds_config sets them
     overlap_comm: bool = field(default=False, metadata=meta(
@@ -149,6 +156,18 @@ def lr_lambda(schedule: str, total_steps: int, warmup_steps: int, min_lr_ratio: 
     return f
 
 
+def seed_everything(seed: int, *, full_determinism: bool = False) -> None:
+    """Seed python, numpy and torch; with ``full_determinism`` as OpenRLHF's ``--full_determinism`` does
+    (``DeepspeedStrategy.setup_distributed``): ``transformers.enable_full_determinism(seed)``, which also turns on
+    torch's deterministic algorithms (an op without one raises), cuDNN's deterministic mode and the environment
+    that cuBLAS and flash attention read."""
+    if full_determinism:
+        import transformers
+
+        transformers.enable_full_determinism(seed)
+    DeepSpeedStrategy.set_seed(seed)
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -199,6 +218,7 @@ class DeepSpeedStrategy:
             os.environ.update(RANK="0", LOCAL_RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1")
             os.environ.setdefault("MASTER_PORT", str(_free_port()))
         backend = "nccl" if torch.cuda.is_available() else "gloo"
+        seed_everything(self.cfg.seed, full_determinism=self.cfg.full_determinism)  # before CUDA starts (cuBLAS env)
         if torch.cuda.is_available():
             torch.cuda.set_device(self.device)
         if not dist.is_initialized():
@@ -210,7 +230,6 @@ class DeepSpeedStrategy:
             if getattr(ds_groups, "_WORLD_GROUP", None) is not None:
                 ds_groups._WORLD_GROUP = None
             deepspeed.init_distributed(dist_backend=backend)
-        self.set_seed(self.cfg.seed)
         self._initialized = True
         logger.info("distributed: backend %s, rank %d of %d", backend, self.rank, self.world_size)
 
