@@ -137,6 +137,13 @@ def test_docs_table_is_generated_from_the_parsers():
     ("sft", ["--adam.eps", "1e-7"], {"strategy.adam_eps": 1e-7}),
     ("rm", ["--full_determinism"], {"strategy.full_determinism": True}),
     ("ppo-ray", ["--train.full_determinism_enable"], {"strategy.full_determinism": True}),
+    ("sft", ["--dataset", "a.jsonl,b.jsonl", "--dataset_probs", "0.7,0.3"],
+     {"data.dataset": "a.jsonl,b.jsonl", "data.dataset_probs": "0.7,0.3"}),
+    ("dpo", ["--data.dataset", "a.jsonl,b.jsonl", "--data.dataset_probs", "0.5,0.5"], {"data.dataset_probs": "0.5,0.5"}),
+    ("ppo-ray", ["--prompt_data", "a.jsonl,b.jsonl", "--prompt_data_probs", "0.2,0.8"],
+     {"data.dataset": "a.jsonl,b.jsonl", "data.dataset_probs": "0.2,0.8"}),
+    ("ppo", ["--data.prompt_dataset", "a.jsonl,b.jsonl", "--data.prompt_probs", "0.2,0.8"],
+     {"data.dataset": "a.jsonl,b.jsonl", "data.dataset_probs": "0.2,0.8"}),
     ("sft", ["--optim", "adam"], {}),
     ("sft", ["--use_liger_kernel"], {"model.use_liger_kernel": True}),
     ("dpo", ["--ds.use_liger_kernel"], {"model.use_liger_kernel": True}),
@@ -183,6 +190,12 @@ def test_refused_flags_stop_with_one_line_naming_the_flag(command, argv, says, c
 def test_a_bad_attention_choice_fails_naming_it(command, argv, says):
     with pytest.raises(ValueError, match=says):
         parse(command, argv)
+
+
+def test_prompt_data_probs_that_do_not_fit_the_files_fail_naming_them():
+    with pytest.raises(ValueError, match=r"dataset_probs '1.0' \(--dataset_probs\) gives 1 probabilities for 2 "
+                                         r"--dataset files \('a.jsonl,b.jsonl'\); give one per file"):
+        parse("ppo-ray", ["--prompt_data", "a.jsonl,b.jsonl", "--prompt_data_probs", "1.0"])
 
 
 def test_accepted_flags_take_openrlhf_values_in_openrlhf_shape():

@@ -264,7 +264,6 @@ _NO_RING = "ring attention (sequence parallelism) is not built; use a shorter --
 _NO_DS_TP = "DeepSpeed tensor-parallel training (AutoTP) is not built; use ZeRO-3 (--zero_stage 3)"
 _NO_EMA = "EMA weights are not built; the policy's own weights are saved"
 _NO_PTX = "PPO-ptx (a pretraining loss mixed into the RL loss) is not built; run rl sft separately"
-_NO_MIX = "mixing several datasets by probability is not built; give one dataset (merge the files first)"
 _NO_HEAD = ("our reward/critic heads are saved as rl_head.safetensors beside the model, under a fixed name "
             "(rl rm writes them, rl ppo reads them)")
 
@@ -309,10 +308,6 @@ REFUSED: dict[str, Refuse] = {
                                       "tokenizer_config.json"),
     "data.tokenizer_chat_template": Refuse("the tokenizer's own chat template is used; put a custom one in the "
                                            "model's tokenizer_config.json"),
-    "dataset_probs": Refuse(_NO_MIX, off=("1.0", "1")),
-    "data.dataset_probs": Refuse(_NO_MIX, off=("1.0", "1")),
-    "prompt_data_probs": Refuse(_NO_MIX, off=("1.0", "1")),
-    "data.prompt_probs": Refuse(_NO_MIX, off=("1.0", "1")),
     "dataloader_num_workers": Refuse("the data loads in the main process (tokenized once, up front)", off=(0,)),
     "data.dataloader_num_workers": Refuse("the data loads in the main process (tokenized once, up front)", off=(0,)),
     "use_ms": Refuse("ModelScope downloads are not built; pass a local folder or a Hugging Face id"),

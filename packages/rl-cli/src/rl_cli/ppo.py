@@ -178,11 +178,11 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     if not getattr(args, "print_config", False):
         cfgs["reward"].check_sources()  # the reward file imports, the reward server answers
 
-    from rl_core.data import DataError, PromptDataset, load_rows
+    from rl_core.data import DataError, PromptDataset, load_rows, training_rows
     from rl_core.preflight import check_rl_batches, load_tokenizer
 
     tok = load_tokenizer(m.pretrain, use_fast=not d.disable_fast_tokenizer)
-    prompts = PromptDataset(load_rows(d.dataset, d.split, d.max_samples), tok, d)
+    prompts = PromptDataset(training_rows(d, cfgs["strategy"].seed), tok, d)
     eval_prompts = None
     if d.eval_dataset:
         try:

@@ -221,13 +221,13 @@ def run(name: str, argv: list[str] | None = None) -> int:
         parser.error(f"--eval_steps {cfgs['train'].eval_steps} needs --eval_dataset PATH (the rows to evaluate on)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from rl_core.data import DataError, load_rows
+    from rl_core.data import DataError, load_rows, training_rows
     from rl_core.strategy import DeepSpeedStrategy
 
     strategy = DeepSpeedStrategy(cfgs["strategy"])
     data = cfgs["data"]
     tok = load_tokenizer(cfgs["model"].pretrain, use_fast=not data.disable_fast_tokenizer)
-    ds = cmd.dataset_cls()(load_rows(data.dataset, data.split, data.max_samples), tok, data)
+    ds = cmd.dataset_cls()(training_rows(data, cfgs["strategy"].seed), tok, data)
     eval_ds = None
     if data.eval_dataset:
         try:

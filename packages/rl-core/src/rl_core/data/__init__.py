@@ -1,12 +1,14 @@
 """rl_core.data: local data files -> tokenized prompt, SFT, preference and KTO datasets -> batches.
 
 ``load_rows`` reads .jsonl / .json / .parquet / save_to_disk folders keeping each row's
-source for error messages; the datasets tokenize eagerly under a :class:`DataConfig`
+source for error messages (``training_rows`` mixes several by probability, as OpenRLHF's
+``--dataset_probs``); the datasets tokenize eagerly under a :class:`DataConfig`
 and report what they kept; the collate functions pad, pair or pack. Loss masks are
 aligned with ``input_ids`` (``loss_mask[t] == 1``: token ``t`` is a target, predicted
 from position ``t - 1``). Leaves out hub downloads, streaming and samplers.
 """
 
+from rl_core.data.blending import blend_rows, training_rows
 from rl_core.data.collate import (model_inputs, pack_collate, pack_greedy, pad_collate, preference_collate,
                                   sequence_sums)
 from rl_core.data.config import DataConfig
@@ -25,6 +27,7 @@ __all__ = [
     "PromptDataset",
     "Row",
     "SFTDataset",
+    "blend_rows",
     "load_rows",
     "model_inputs",
     "pack_collate",
@@ -32,4 +35,5 @@ __all__ = [
     "pad_collate",
     "preference_collate",
     "sequence_sums",
+    "training_rows",
 ]

@@ -10,6 +10,7 @@ bad flag fails at start-up with the fix rather than mid-epoch. What a column mus
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from rl_rollout.config import meta
@@ -54,6 +55,10 @@ class DataConfig:
     eval_dataset: str | None = field(default=None, metadata=meta("an evaluation set in the same formats and keys"))
     eval_split: str = field(default="train", metadata=meta("split of --eval_dataset"))
     max_eval_samples: int | None = field(default=None, metadata=meta("read at most this many eval rows"))
+    dataset_probs: str | None = field(default=None, metadata=meta(
+        "mix the comma-separated --dataset files by these probabilities, one per file, summing to 1 (e.g. "
+        "0.7,0.3): OpenRLHF's blending_datasets, seeded by --seed (rl_core.data.blending)",
+        openrlhf=("prompt_data_probs", "data.prompt_probs")))
     disable_fast_tokenizer: bool = field(default=False, metadata=meta(
         "load the tokenizer with AutoTokenizer(use_fast=False), as OpenRLHF does; transformers 5 (which both pin) "
         "ignores use_fast and always loads the tokenizers backend"))
@@ -82,6 +87,7 @@ class DataConfig:
             if not isinstance(getattr(self, name), bool):
                 raise ValueError(f"{name} (--{name}) must be true or false, got {getattr(self, name)!r}")
         self._check_template()
+        self._check_probs()
         if isinstance(self.max_len, bool) or not isinstance(self.max_len, int) or self.max_len <= 0:
             raise ValueError(f"max_len (--max_len) must be a positive number of tokens, got {self.max_len!r}")
         for name in ("max_samples", "max_eval_samples"):
@@ -111,6 +117,36 @@ class DataConfig:
                 f"input_template {tpl!r} and apply_chat_template are both set, but the chat template replaces "
                 "the input template; drop --input_template or --apply_chat_template"
             )
+
+
+    @property
+    def probabilities(self) -> tuple[float, ...] | None:
+        """``dataset_probs`` as numbers (checked in ``__post_init__``); None: concatenate the files."""
+        if self.dataset_probs is None:
+            return None
+        return tuple(float(p) for p in str(self.dataset_probs).split(","))
+
+    def _check_probs(self) -> None:
+        text = self.dataset_probs
+        if text is None:
+            return
+        flag = f"dataset_probs {text!r} (--dataset_probs)"
+        try:
+            probs = self.probabilities
+        except ValueError:
+            raise ValueError(f"{flag} must be numbers separated by commas, one per --dataset file, e.g. 0.7,0.3"
+                             ) from None
+        if self.dataset is not None:
+            files = [p for p in self.dataset.split(",") if p.strip()]
+            if len(files) != len(probs):
+                raise ValueError(f"{flag} gives {len(probs)} probabilities for {len(files)} --dataset files "
+                                 f"({self.dataset!r}); give one per file, in the same order")
+        if not all(math.isfinite(p) and p > 0 for p in probs):
+            raise ValueError(f"{flag}: every probability must be > 0 (a source never drawn is never exhausted, and "
+                             f"OpenRLHF's mixture only ends when all are); drop that file from --dataset instead")
+        if abs(sum(probs) - 1) > 1e-6:
+            raise ValueError(f"{flag} sums to {sum(probs):g}; the probabilities must sum to 1 (numpy's draw in "
+                             f"OpenRLHF refuses others), e.g. {','.join(f'{p / sum(probs):.4g}' for p in probs)}")
 
 
 def _check_key(name: str, value: object, *, optional: bool) -> None:

@@ -7,8 +7,8 @@ a ``dict`` that also carries its file and 1-based line (JSONL) or row number, so
 problem found later, while tokenizing, can point at the exact record.
 
 Leaves out: hub downloads (a name that is not a local path is an error), streaming,
-mixing datasets by probability, and anything about columns' meaning
-(:mod:`rl_core.data.datasets`).
+mixing datasets by probability (:mod:`rl_core.data.blending`), and anything about columns'
+meaning (:mod:`rl_core.data.datasets`).
 """
 
 from __future__ import annotations
