@@ -13,6 +13,9 @@ Packed sequences: pass ``position_ids`` restarting at 0 per sequence and no
 packed sequence gets logprob 0, never a prediction from the previous sequence.
 
 The reference model is a frozen Actor (:func:`frozen`). LoRA goes through peft.
+Mixture-of-experts models: :meth:`Actor.enable_moe_aux_loss` makes every forward also return the
+router's load-balancing loss (transformers' own, ``output_router_logits``), as OpenRLHF's ``--aux_loss_coef``
+turns it on; the saved config is left as it was.
 Critic and RewardModel save as the base model's folder plus ``rl_head.safetensors``
 and ``rl_head.json`` (head kind, reward mean/std), so transformers loads the body
 and :meth:`RewardModel.from_pretrained` restores the head.
@@ -95,6 +98,15 @@ def _load(auto_cls, path, dtype, attn, gradient_checkpointing, lora: LoraSpec | 
     return model
 
 
+def check_moe_aux_loss(config) -> None:
+    """Raises ValueError (one line) unless the transformers ``config`` is a mixture of experts whose forward
+    returns the router's load-balancing loss (``output_router_logits``, as OpenRLHF checks)."""
+    if "output_router_logits" not in config.to_dict():
+        raise ValueError(f"--aux_loss_coef is the MoE load-balancing loss, but the model ({config.model_type}) is "
+                         f"not a mixture of experts (its config has no output_router_logits); drop --aux_loss_coef "
+                         f"or give 0")
+
+
 def _positions(attention_mask: Tensor) -> Tensor:
     """Position ids that count real tokens only (left padding), as the engine saw them."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -113,6 +125,7 @@ def _shift_right(x_BT: Tensor, position_ids: Tensor | None) -> Tensor:
 class ActorOutput:
     logprobs: Tensor  # [B, T] float32, logprobs[:, t] = log p(x_t | x_<t), 0 at t = 0
     entropy: Tensor | None = None  # [B, T] entropy of the distribution that produced x_t
+    aux_loss: Tensor | None = None  # [] the MoE router's load-balancing loss (Actor.enable_moe_aux_loss)
 
 
 class Actor(nn.Module):
@@ -121,6 +134,14 @@ class Actor(nn.Module):
     def __init__(self, model: nn.Module):
         super().__init__()
         self.model = model
+        self.moe_aux_loss = False  # enable_moe_aux_loss(): forwards return the router's load-balancing loss
+
+    def enable_moe_aux_loss(self) -> None:
+        """Every forward returns ``aux_loss``: the router's load-balancing loss of a mixture-of-experts model
+        (transformers computes it from the router logits, over the real tokens of the batch). A model without a
+        router (no ``output_router_logits`` in its config) raises: a coefficient on it would do nothing."""
+        check_moe_aux_loss(self.config)
+        self.moe_aux_loss = True
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: str = "bf16", attn_implementation: str | None = None,
@@ -144,8 +165,9 @@ class Actor(nn.Module):
             pos_for_shift = None
         else:
             pos_for_shift = position_ids
+        moe = {"output_router_logits": True} if self.moe_aux_loss else {}
         out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=False)
+                         use_cache=False, **moe)
         # Every position, the last one's label wrapped around (its log-prob is computed and dropped): the
         # kernels' logits gradient then comes back whole, where one of logits[:, :-1] would be copied into a
         # zero-filled [B, T, V] by the slice's backward (a write and a copy of all the logits per micro-batch).
@@ -157,7 +179,7 @@ class Actor(nn.Module):
         else:
             lp = logprobs_from_logits(out.logits, labels, temperature=temperature)
         lp_BT = _shift_right(lp, pos_for_shift)
-        return ActorOutput(lp_BT, ent_BT)
+        return ActorOutput(lp_BT, ent_BT, out.aux_loss if self.moe_aux_loss else None)
 
     def save_pretrained(self, path: str | Path, state_dict: dict[str, Tensor] | None = None, **kw) -> None:
         self.model.save_pretrained(path, state_dict=state_dict, **kw)

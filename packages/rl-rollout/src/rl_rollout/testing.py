@@ -2,7 +2,8 @@
 
 :func:`make_tiny_model` writes a character-level tokenizer (WordLevel over printable
 ASCII plus special tokens, with a chat template) and a random-init Llama causal LM
-to a folder that transformers, vLLM (CPU build) and DeepSpeed all load. head_dim
+to a folder that transformers, vLLM (CPU build) and DeepSpeed all load (``num_experts``: a
+Mixtral mixture-of-experts instead, for the MoE load-balancing loss). head_dim
 is 64 because vLLM's CPU attention rejects 16 (ENVIRONMENT.md). The architecture
 is Llama, not Qwen2: transformers 5 replaces the tokenizer of a ``qwen2`` config
 with its own byte-level pre-tokenizer (its list of hub configs with a wrong
@@ -62,22 +63,29 @@ def make_tiny_model(
     dtype: str = "float32",
     tie_word_embeddings: bool = True,
     peaked: bool = False,
+    num_experts: int = 0,
 ) -> Path:
     """Save a random tiny Llama and its tokenizer to ``path``; returns the path.
+
+    ``num_experts > 0``: a Mixtral (sparse MoE, 2 experts per token) with that many experts per layer
+    instead, each expert of ``intermediate_size``.
 
     ``peaked=True`` stores :func:`peaked_weights` (seeded by ``seed``) instead of
     the default init: use it where greedy outputs of two engines are compared.
     Idempotent: if ``path/config.json`` exists the folder is reused as is.
     """
     import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, MixtralConfig, MixtralForCausalLM
 
     path = Path(path)
     if (path / "config.json").exists() and (path / "tokenizer.json").exists():
         return path
     path.mkdir(parents=True, exist_ok=True)
     tok = make_tokenizer(vocab_size)
-    cfg = LlamaConfig(
+    config_cls, model_cls = (MixtralConfig, MixtralForCausalLM) if num_experts else (LlamaConfig, LlamaForCausalLM)
+    moe = {"num_local_experts": num_experts, "num_experts_per_tok": min(2, num_experts)} if num_experts else {}
+    cfg = config_cls(
+        **moe,
         vocab_size=vocab_size,
         hidden_size=hidden_size,
         intermediate_size=intermediate_size,
@@ -92,7 +100,7 @@ def make_tiny_model(
         tie_word_embeddings=tie_word_embeddings,
     )
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg).to(getattr(torch, dtype))
+    model = model_cls(cfg).to(getattr(torch, dtype))
     if peaked:
         model.load_state_dict(peaked_weights(model, seed=seed))
     model.generation_config.eos_token_id = tok.eos_token_id

@@ -16,6 +16,11 @@ last step; a subclass says what it measures (:meth:`Trainer.eval_metrics`) over 
 that :meth:`Trainer.per_row` spreads over the data-parallel ranks. Results are logged
 as ``eval/NAME`` and kept in :attr:`Trainer.eval_history`.
 
+MoE models (SFT, DPO, KTO: :class:`LMTrainerConfig`): ``aux_loss_coef > 0`` adds ``coef x`` the router's
+load-balancing loss of each policy forward to its micro-batch's loss, averaged over the step's micro-batches
+(OpenRLHF's ``loss + aux_loss * aux_loss_coef`` per micro-batch, under its 1/accumulation scaling). The
+step's ``loss`` includes the term; ``aux_loss`` is logged beside it. Evaluation measures the task loss only.
+
 Leaves out: early stopping and best-checkpoint selection on eval metrics.
 """
 
@@ -74,6 +79,19 @@ class TrainerConfig:
                              f"got {self.eval_steps}")
 
 
+@dataclass(frozen=True)
+class LMTrainerConfig(TrainerConfig):
+    """The loop's settings plus what a trainer of a causal LM (SFT, DPO, KTO) adds."""
+
+    aux_loss_coef: float = field(default=0.0, metadata=meta(
+        "mixture-of-experts models: + coef x the router's load-balancing loss (0: off); a model without experts "
+        "is refused", openrlhf=("model.aux_loss_coef",)))
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        check_numbers(self, non_negative=("aux_loss_coef",))
+
+
 class Trainer:
     """Subclasses set ``name`` and implement :meth:`train_step` and :meth:`eval_metrics`; may
     override :meth:`before_fit` and :meth:`before_export`."""
@@ -94,6 +112,12 @@ class Trainer:
         if self.packing and not self.supports_packing:
             raise ValueError(f"{type(self).__name__} does not pack sequences (SFT, RM, DPO and KTO do); "
                              "drop --packing")
+        self.aux_loss_coef = getattr(cfg, "aux_loss_coef", 0.0)  # LMTrainerConfig's
+        self._aux_losses: list[torch.Tensor] = []  # this step's, for the aux_loss metric
+        if self.aux_loss_coef:
+            model.enable_moe_aux_loss()  # raises for a model without experts
+            logging.getLogger(__name__).info("%s: MoE load-balancing loss on, coefficient %g", self.name,
+                                             self.aux_loss_coef)  # (``logger`` is the argument here)
         self.s.setup_distributed()
         self.plan = strategy.batch_plan(len(dataset), cfg.max_epochs)
         self.steps_per_epoch = len(dataset) // self.plan.global_batch
@@ -156,6 +180,22 @@ class Trainer:
         """One micro-batch of SFT / KTO items: one packed row with the dataset's ``packing``, else padded rows
         (:func:`rl_core.data.model_inputs` gives the model's arguments for either)."""
         return pack_collate(items) if self.packing else pad_collate(items, self.pad_id)
+
+    def moe_aux_loss(self, out) -> torch.Tensor | float:
+        """The term to add to a micro-batch's loss for its policy forward ``out`` (an ActorOutput):
+        ``aux_loss_coef x`` the router's load-balancing loss / the step's micro-batch count; 0 when off."""
+        if not self.aux_loss_coef:
+            return 0.0
+        self._aux_losses.append(out.aux_loss.detach())
+        return self.aux_loss_coef * out.aux_loss / self.plan.accumulation_steps
+
+    def aux_loss_metrics(self) -> dict[str, float]:
+        """``{"aux_loss": mean over this step's micro-batches and ranks}`` (empty when off); starts the next step."""
+        if not self._aux_losses:
+            return {}
+        value = torch.stack(self._aux_losses).float().mean().item()
+        self._aux_losses.clear()
+        return {"aux_loss": self.s.all_reduce(value, "mean")}
 
     # ----- what a subclass provides -------------------------------------------------------------
 

@@ -32,14 +32,14 @@ import torch
 
 from rl_algos import dpo_loss
 from rl_core.data import model_inputs, preference_collate, sequence_sums
-from rl_core.trainers.base import Trainer, TrainerConfig
+from rl_core.trainers.base import LMTrainerConfig, Trainer
 from rl_rollout.config import check_numbers, meta
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class DPOConfig(TrainerConfig):
+class DPOConfig(LMTrainerConfig):
     beta: float = field(default=0.1, metadata=meta("DPO temperature on the log-ratio margin"))
     label_smoothing: float = field(default=0.0, metadata=meta("cDPO"))
     ipo: bool = field(default=False, metadata=meta("IPO loss (squared margin) instead of DPO's log-sigmoid"))
@@ -111,7 +111,8 @@ class DPOTrainer(Trainer):
                 ref = self.ref_logps[indices[k * mb:k * mb + m]].to(self.s.device)
             else:
                 ref = self._ref_pair(items)
-            logps = sequence_logps(self.engine, b)
+            pol = self.engine(**model_inputs(b))
+            logps = sequence_sums(pol.logprobs, b)
             nll = None
             if cfg.nll_loss_coef:
                 # token-mean over the global batch's chosen tokens, times dp (DeepSpeed averages ranks)
@@ -119,7 +120,7 @@ class DPOTrainer(Trainer):
             out = dpo_loss(logps[:m], logps[m:], ref[:, 0], ref[:, 1], beta=cfg.beta,
                            label_smoothing=cfg.label_smoothing, ipo=cfg.ipo, chosen_nll=nll,
                            nll_coef=cfg.nll_loss_coef)
-            loss = out.loss / acc
+            loss = out.loss / acc + self.moe_aux_loss(pol)
             self.s.backward(loss, self.engine)
             self.s.optimizer_step(self.engine)
             totals["loss"] += loss.item()
@@ -131,7 +132,7 @@ class DPOTrainer(Trainer):
                 totals["nll"] += nll.item() / acc  # this rank's share x dp: the mean over ranks is the global NLL
         if not cfg.nll_loss_coef:
             del totals["nll"]
-        return self.s.all_reduce(totals, "mean")
+        return {**self.s.all_reduce(totals, "mean"), **self.aux_loss_metrics()}
 
     def _eval_ref(self, dataset) -> torch.Tensor:
         if dataset is self.eval_dataset and self.eval_ref_logps is not None:

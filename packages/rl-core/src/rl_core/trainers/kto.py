@@ -24,13 +24,14 @@ from dataclasses import dataclass, field
 import torch
 
 from rl_algos import kto_loss
-from rl_core.trainers.base import Trainer, TrainerConfig
+from rl_core.data import model_inputs, sequence_sums
+from rl_core.trainers.base import LMTrainerConfig, Trainer
 from rl_core.trainers.dpo import sequence_logps
 from rl_rollout.config import meta
 
 
 @dataclass(frozen=True)
-class KTOConfig(TrainerConfig):
+class KTOConfig(LMTrainerConfig):
     beta: float = field(default=0.1, metadata=meta("KTO temperature on the implied reward"))
     desirable_loss_weight: float = field(default=1.0, metadata=meta("weight of the desirable samples' loss"))
     undesirable_loss_weight: float = field(default=1.0, metadata=meta("weight of the undesirable samples' loss"))
@@ -91,10 +92,11 @@ class KTOTrainer(Trainer):
             b = self.to_device(self.collate(items))
             with torch.no_grad():
                 ref = sequence_logps(self.ref, b)
-            logps = sequence_logps(self.engine, b)
+            pol = self.engine(**model_inputs(b))
+            logps = sequence_sums(pol.logprobs, b)
             out = kto_loss(logps, ref, b["desirable"], kl, beta=cfg.beta,
                            desirable_weight=cfg.desirable_loss_weight, undesirable_weight=cfg.undesirable_loss_weight)
-            loss = out.loss / acc
+            loss = out.loss / acc + self.moe_aux_loss(pol)
             self.s.backward(loss, self.engine)
             self.s.optimizer_step(self.engine)
             loss_sum += loss.item()
@@ -105,7 +107,7 @@ class KTOTrainer(Trainer):
         good = (sums[0] / sums[1]).item() if sums[1] > 0 else float("nan")
         bad = (sums[2] / sums[3]).item() if sums[3] > 0 else float("nan")
         return {"loss": self.s.all_reduce(loss_sum, "mean"), "kl": kl.item(), "desirable_reward": good,
-                "undesirable_reward": bad, "reward_margin": good - bad}
+                "undesirable_reward": bad, "reward_margin": good - bad, **self.aux_loss_metrics()}
 
     def eval_metrics(self, dataset) -> dict[str, float]:
         cfg = self.cfg

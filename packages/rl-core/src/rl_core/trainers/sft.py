@@ -18,12 +18,12 @@ import torch
 
 from rl_algos import masked_sum, sft_loss
 from rl_core.data import model_inputs, pad_collate
-from rl_core.trainers.base import Trainer, TrainerConfig
+from rl_core.trainers.base import LMTrainerConfig, Trainer
 
 
 @dataclass(frozen=True)
-class SFTConfig(TrainerConfig):
-    """SFT has no settings beyond the loop's (the loss is the token-mean NLL)."""
+class SFTConfig(LMTrainerConfig):
+    """SFT has no settings beyond the loop's and the MoE coefficient (the loss is the token-mean NLL)."""
 
 
 class SFTTrainer(Trainer):
@@ -37,11 +37,12 @@ class SFTTrainer(Trainer):
         for b in micro:
             out = self.engine(**model_inputs(b))
             loss = sft_loss(out.logprobs, b["loss_mask"], global_tokens=total, dp_size=self.plan.dp_size)
+            loss = loss + self.moe_aux_loss(out)
             self.s.backward(loss, self.engine)
             self.s.optimizer_step(self.engine)
             loss_sum += loss.detach()  # on the device: no host sync per micro-batch, one .item() per step
         loss_sum, total = torch.stack([loss_sum, total.double()]).tolist()
-        return {"loss": self.s.all_reduce(loss_sum, "mean"), "tokens": total}
+        return {"loss": self.s.all_reduce(loss_sum, "mean"), "tokens": total, **self.aux_loss_metrics()}
 
     def eval_metrics(self, dataset) -> dict[str, float]:
         """``loss``: sum of response-token NLL / number of response tokens over the whole set; ``tokens``."""
