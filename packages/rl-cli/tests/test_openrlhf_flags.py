@@ -117,6 +117,9 @@ def test_docs_table_is_generated_from_the_parsers():
     ("sft", ["--ds.lora.target_modules", "q_proj", "--ds.lora.rank", "8"],
      {"model.target_modules": "q_proj", "model.lora_rank": 8}),
     ("sft", ["--multiturn", "--packing_samples"], {"data.apply_chat_template": True, "data.packing": True}),
+    ("ppo-ray", ["--ds.lora.rank", "8", "--ds.lora.alpha", "32", "--ds.lora.target_modules", "q_proj", "v_proj"],
+     {"model.lora_rank": 8, "model.lora_alpha": 32, "model.target_modules": "q_proj,v_proj"}),
+    ("ppo", ["--lora_rank", "4", "--lora_dropout", "0.05"], {"model.lora_rank": 4, "model.lora_dropout": 0.05}),
     ("rm", ["--packing_samples"], {"data.packing": True}),
     ("dpo", ["--ds.packing_samples"], {"data.packing": True}),
     ("kto", ["--packing"], {"data.packing": True}),  # OpenRLHF's train_kto (v0.9.5) had no packing flag
@@ -168,7 +171,6 @@ def test_openrlhf_flags_land_in_the_right_field(command, argv, want):
     ("ppo-ray", ["--actor.muon.lr", "0.02"], "Muon"),
     ("ppo-ray", ["--actor.optim", "muon"], "AdamW"),
     ("ppo-ray", ["--ds.param_dtype", "fp16"], "bf16"),
-    ("ppo-ray", ["--lora_rank", "8"], "LoRA"),
     ("ppo", ["--vllm_num_engines", "2"], "rl ppo-ray"),
     ("ppo", ["--actor.num_gpus_per_node", "2"], "rl ppo-ray"),
     ("rm", ["--value_head_prefix", "value_head2"], "rl_head"),

@@ -359,14 +359,10 @@ REFUSED: dict[str, Refuse] = {
         "min_lr_ratio")},
     **{f"{p}muon.{k}": Refuse(_NO_MUON) for p in ("", "actor.", "critic.")
        for k in ("lr", "momentum", "nesterov", "no_nesterov", "ns_steps")},
-    **{k: Refuse("LoRA is not wired into the RL roles (the weight sync sends full weights); train full weights, or "
-                 "rl sft / rl dpo --lora_rank") for k in (
-        "lora_rank", "lora_alpha", "lora_dropout", "ds.lora.rank", "ds.lora.alpha", "ds.lora.dropout")},
 }
 
 _PLACEMENT = "placement is rl ppo-ray's: rl ppo runs every role in this process"
 _RL_ONLY: dict[str, Refuse] = {
-    "target_modules": REFUSED["lora_rank"], "ds.lora.target_modules": REFUSED["lora_rank"],
     "logger.logging_steps": Refuse("the RL loop logs every iteration", off=(1,)),
 }
 # Refusals of one command only (the same name works elsewhere); they come before ALIAS and CONVERT.

@@ -57,11 +57,7 @@ class ModelArgs:
     def lora(self):
         from rl_core.models import LoraSpec
 
-        if self.lora_rank == 0:
-            return None
-        mods = self.target_modules if self.target_modules == "all-linear" else tuple(
-            m.strip() for m in self.target_modules.split(",") if m.strip())
-        return LoraSpec(self.lora_rank, self.lora_alpha, self.lora_dropout, mods)
+        return LoraSpec.of(self.lora_rank, self.lora_alpha, self.lora_dropout, self.target_modules)
 
 
 @dataclass(frozen=True)

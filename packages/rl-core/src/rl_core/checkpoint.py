@@ -38,6 +38,7 @@ import logging
 import os
 import random
 import shutil
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -257,31 +258,58 @@ def _uncommit_and_remove(path: Path) -> None:
     shutil.rmtree(path, ignore_errors=True)
 
 
-def merge_lora_state(state: dict[str, torch.Tensor], peft_config: dict) -> dict[str, torch.Tensor]:
-    """A peft LoRA model's full state -> the base model's state with ``W + scale * B @ A`` merged in.
-
-    Keys ``base_model.model.X.base_layer.weight`` / ``X.lora_A.NAME.weight`` /
-    ``X.lora_B.NAME.weight`` become ``X.weight``; ``scale = alpha / r`` (``alpha / sqrt(r)``
-    with rsLoRA). The merge runs in float32 and is cast back to the base weight's dtype.
-    """
+def lora_scale(peft_config: dict) -> tuple[str, float]:
+    """The one adapter's name and its scale: ``alpha / r`` (``alpha / sqrt(r)`` with rsLoRA)."""
     if len(peft_config) != 1:
-        raise NotImplementedError(f"export of a model with {len(peft_config)} LoRA adapters; merge one first")
+        raise NotImplementedError(f"merging a model with {len(peft_config)} LoRA adapters; merge one first")
     (name, cfg), = peft_config.items()
-    scale = cfg.lora_alpha / (cfg.r ** 0.5 if getattr(cfg, "use_rslora", False) else cfg.r)
+    return name, cfg.lora_alpha / (cfg.r ** 0.5 if getattr(cfg, "use_rslora", False) else cfg.r)
+
+
+def merge_lora_stream(named: Iterable[tuple[str, torch.Tensor]], peft_config: dict
+                      ) -> Iterator[tuple[str, torch.Tensor]]:
+    """A peft LoRA model's ``(name, tensor)`` stream -> the base model's, with ``W + scale * B @ A`` merged in.
+
+    Names ``base_model.model.X.base_layer.weight`` / ``X.lora_A.NAME.weight`` / ``X.lora_B.NAME.weight``
+    become one ``X.weight`` (a fresh tensor: merged in float32, cast back to the base weight's dtype), other
+    ``.base_layer.`` names lose that part, the ``base_model.model.`` prefix goes: the names transformers and
+    the engines load. A layer's three tensors may come in any order (bucket by bucket, as the weight sync
+    streams them); only the layers not yet complete are held. Everything else passes through as it is.
+    """
+    adapter, scale = lora_scale(peft_config)
     prefix = "base_model.model."
-    out: dict[str, torch.Tensor] = {}
-    for key, value in state.items():
-        if ".lora_" in key:
-            continue
+    parts = {"base_layer.weight": "w", f"lora_A.{adapter}.weight": "a", f"lora_B.{adapter}.weight": "b"}
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    for key, value in named:
         k = key[len(prefix):] if key.startswith(prefix) else key
-        if ".base_layer." in k:
-            layer = key.replace(".base_layer." + key.rsplit(".", 1)[1], "")
-            a, b = state.get(f"{layer}.lora_A.{name}.weight"), state.get(f"{layer}.lora_B.{name}.weight")
-            if a is not None and b is not None and k.endswith(".weight"):
-                value = (value.float() + scale * (b.float() @ a.float())).to(value.dtype)
-            k = k.replace(".base_layer.", ".")
-        out[k] = value
-    return out
+        layer, part = _lora_part(k, parts)
+        if part is None:
+            if ".lora_" in k:  # another adapter's (or an embedding adapter's) tensors: not part of the base
+                continue
+            yield k.replace(".base_layer.", "."), value
+            continue
+        held = pending.setdefault(layer, {})
+        held[part] = value
+        if len(held) == 3:
+            del pending[layer]
+            w = held["w"]
+            yield f"{layer}.weight", (w.float() + scale * (held["b"].float() @ held["a"].float())).to(w.dtype)
+    for layer, held in pending.items():  # an adapted layer missing A or B (not expected): its base weight as is
+        if "w" in held:
+            yield f"{layer}.weight", held["w"]
+
+
+def _lora_part(name: str, parts: dict[str, str]) -> tuple[str, str | None]:
+    for suffix, part in parts.items():
+        if name.endswith("." + suffix):
+            return name[:-len(suffix) - 1], part
+    return name, None
+
+
+def merge_lora_state(state: dict[str, torch.Tensor], peft_config: dict) -> dict[str, torch.Tensor]:
+    """A peft LoRA model's full state -> the base model's state with ``W + scale * B @ A`` merged in
+    (:func:`merge_lora_stream` over the dict)."""
+    return dict(merge_lora_stream(state.items(), peft_config))
 
 
 def export_hf(strategy, model, save_path: str | Path, tokenizer=None) -> Path:

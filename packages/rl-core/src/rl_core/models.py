@@ -49,6 +49,20 @@ class LoraSpec:
     dropout: float = 0.0
     target_modules: tuple[str, ...] | str = "all-linear"
 
+    @classmethod
+    def of(cls, rank: int, alpha: int, dropout: float, target_modules: str) -> LoraSpec | None:
+        """From the flags (``--target_modules`` names joined by commas, or ``all-linear``); None for rank 0."""
+        if rank < 0:
+            raise ValueError(f"lora_rank (--lora_rank) must be >= 0, got {rank}")
+        if rank == 0:
+            return None
+        mods = target_modules if target_modules == "all-linear" else tuple(
+            m.strip() for m in target_modules.split(",") if m.strip())
+        if not mods:
+            raise ValueError(f"--target_modules {target_modules!r} names no module; give module names joined by "
+                             f"commas (q_proj,v_proj) or all-linear")
+        return cls(rank, alpha, dropout, mods)
+
 
 def _dtype(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
@@ -249,7 +263,14 @@ class _ScalarHeadModel(nn.Module):
         path = Path(path)
         state = state_dict if state_dict is not None else self.state_dict()
         body_state = {k[len("body."):]: v for k, v in state.items() if k.startswith("body.")}
-        self.body.save_pretrained(path, state_dict=body_state, **kw)
+        if hasattr(self.body, "peft_config"):  # LoRA: the merged body (transformers/vLLM load it), the adapter apart
+            from rl_core.checkpoint import merge_lora_state
+
+            self.body.save_pretrained(path / "adapter", state_dict=body_state, **kw)
+            self.body.get_base_model().save_pretrained(path, state_dict=merge_lora_state(body_state,
+                                                                                         self.body.peft_config), **kw)
+        else:
+            self.body.save_pretrained(path, state_dict=body_state, **kw)
         save_file({"weight": state["head.weight"].detach().contiguous().cpu()}, path / HEAD_FILE)
         (path / HEAD_META).write_text(json.dumps({"kind": self.head_kind, "mean": self.mean, "std": self.std}))
 

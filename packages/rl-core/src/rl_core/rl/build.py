@@ -37,7 +37,7 @@ from rl_core.rl.workers import CriticWorker, PolicyWorker
 from rl_core.strategy import StrategyConfig
 from rl_core.trainers.ppo import PPOTrainer
 from rl_core.trainers.ppo_config import PPOConfig
-from rl_rollout.config import EngineConfig, WeightSyncConfig, meta
+from rl_rollout.config import EngineConfig, WeightSyncConfig, check_numbers, meta
 
 logger = logging.getLogger(__name__)
 
@@ -63,9 +63,23 @@ class RLModelConfig:
         "liger-kernel's fused RMSNorm / SwiGLU / RoPE on every trained and frozen model (CUDA; rl-core[liger])"))
     normalize_reward: bool = field(default=True, metadata=meta(
         "apply the reward model's stored mean/std", openrlhf=("reward.normalize_enable",)))
+    lora_rank: int = field(default=0, metadata=meta(
+        ">0 trains LoRA adapters (peft) on the policy and the critic instead of all weights; the engines get "
+        "the merged weights, the reference is the frozen base"))
+    lora_alpha: int = field(default=16, metadata=meta("LoRA scaling alpha (scale alpha / rank)"))
+    lora_dropout: float = field(default=0.0, metadata=meta("LoRA dropout"))
+    target_modules: str = field(default="all-linear", metadata=meta("comma-separated module names or all-linear"))
 
     def __post_init__(self) -> None:
         requested_attention(self.attn_implementation, self.flash_attn)
+        check_numbers(self, at_least_1=("lora_alpha",), unit=("lora_dropout",))
+        self.lora()  # a bad rank or an empty --target_modules fails here, before any model loads
+
+    def lora(self):
+        """The LoRA settings of the trained roles (policy, critic), or None."""
+        from rl_core.models import LoraSpec
+
+        return LoraSpec.of(self.lora_rank, self.lora_alpha, self.lora_dropout, self.target_modules)
 
     @property
     def critic_path(self) -> str | None:
@@ -99,7 +113,8 @@ class RunConfig:
         attn = requested_attention(self.model.attn_implementation, self.model.flash_attn)
         return {"dtype": self.dtype, "attn_implementation": attn,
                 "gradient_checkpointing": self.strategy.gradient_checkpointing,
-                "use_liger_kernel": self.model.use_liger_kernel, "packed": self.packing}
+                "use_liger_kernel": self.model.use_liger_kernel, "packed": self.packing,
+                "lora": self.model.lora()}  # the frozen roles (reference, reward model) drop it
 
 
 class GroupFactory(Protocol):

@@ -10,8 +10,10 @@ together, so under ZeRO-3 each shard must hold the same number of items.
 
 - :class:`PolicyWorker`: old logprobs, the clipped policy loss (+ KL loss), weight
   broadcast to the rollout engines (rank 0 sends, every rank gathers under ZeRO-3),
-  checkpoints and HF export.
-- :class:`CriticWorker`: values and the (clipped) value loss.
+  checkpoints and HF export. With LoRA (``load_kw["lora"]``, peft) only the adapter trains and every
+  sync path sends the merged weights ``W + scale * B @ A`` under the base model's HF names
+  (:func:`rl_core.checkpoint.merge_lora_stream`): the engines never see peft names.
+- :class:`CriticWorker`: values and the (clipped) value loss (a LoRA body too, as OpenRLHF's critic).
 - Both: ``ds_offload`` / ``ds_reload``, DeepSpeed sleep (:mod:`rl_core.rl.ds_sleep`).
 - The frozen roles, :class:`ReferenceWorker` (log-probs) and :class:`RewardModelWorker` (one score per
   sample), are in :mod:`rl_core.rl.frozen_workers`, on the same base class.
@@ -137,12 +139,10 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
         from rl_core.models import Actor
 
-        kw = dict(load_kw or {})
-        if kw.get("lora") is not None:
-            raise NotImplementedError("LoRA in the RL loop is not wired yet (weight sync would need merged weights); "
-                                      "train all weights (drop --lora_rank) for ppo")
         self.cfg = ppo_cfg
-        actor = Actor.from_pretrained(pretrain, **kw)
+        actor = Actor.from_pretrained(pretrain, **(load_kw or {}))
+        # LoRA: the adapter's peft config; every sync sends merged weights (fresh tensors, never live ones)
+        self._lora = getattr(actor.model, "peft_config", None)
         self.engine = self.s.prepare(actor, total_steps=total_steps)
         self._sender = None
         self._ipc = None  # an rl_rollout.ipc.IpcSender after the first share_weights_ipc
@@ -250,24 +250,35 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
             self._sender = CollectiveSender(master_addr, master_port, world_size, backend=backend, device=device,
                                             timeout_s=timeout_s)
 
+    def _sync_named(self, merge: bool = True):
+        """``(HF name, full tensor)`` of what the engines hold, bucket by bucket (a collective gather per bucket
+        under ZeRO-3: every rank iterates it to the end). LoRA: the merged weights when ``merge`` (ranks that
+        only take part in the gathers pass False)."""
+        named = (nt for bucket in self.s.named_parameter_buckets(self.engine.module) for nt in hf_names(bucket))
+        if self._lora is None or not merge:
+            return named
+        from rl_core.checkpoint import merge_lora_stream
+
+        return merge_lora_stream(named, self._lora)
+
     def broadcast_weights(self, version: int, verify: bool = False) -> dict | None:
         """Every rank gathers (ZeRO-3); rank 0 broadcasts each bucket to the engines. Rank 0 returns the stats."""
-        buckets = self.s.named_parameter_buckets(self.engine.module)
         if self.rank != 0:
-            for _ in buckets:  # take part in each bucket's gather
+            for _ in self._sync_named(merge=False):  # take part in each bucket's gather
                 pass
             return None
         if self._sender is None:
             raise RuntimeError("broadcast_weights before init_weight_sender: the weight group is not set up")
-        stats = self._sender.send((nt for b in buckets for nt in hf_names(b)), version, checksum=verify)
+        stats = self._sender.send(self._sync_named(), version, checksum=verify)
         return stats.as_dict()
 
     def push_weights(self, engine, version: int, verify: bool = False) -> dict:
         """In-process sync: every bucket into ``engine.update_weights`` in one call (one vLLM reload session),
         tensors handed over where they are (a GPU policy's stay on the GPU). An engine that
         ``hands_over_tensors`` (in-process vLLM) gets the live parameters under ZeRO-0/1/2, no copy
-        (``live=True``); ZeRO-3 gathers bucket by bucket. ``verify``: the engine then checks it holds what
-        was sent (count, sum and sum of squares per tensor; raises WeightSyncError)."""
+        (``live=True``); ZeRO-3 gathers bucket by bucket. LoRA: the merged weights, fresh copies (never
+        ``live``). ``verify``: the engine then checks it holds what was sent (count, sum and sum of squares
+        per tensor; raises WeightSyncError)."""
         import time
 
         from rl_rollout.weights import tensor_stats
@@ -280,14 +291,13 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
 
         def named():
             nonlocal nbytes
-            for bucket in self.s.named_parameter_buckets(self.engine.module):
-                for name, t in hf_names(bucket):
-                    nbytes += t.numel() * t.element_size()
-                    if verify:  # while the bucket is alive (gathered under ZeRO-3)
-                        stats[name] = tensor_stats(t, dtype)
-                    yield name, t
+            for name, t in self._sync_named():
+                nbytes += t.numel() * t.element_size()
+                if verify:  # while the bucket is alive (gathered under ZeRO-3)
+                    stats[name] = tensor_stats(t, dtype)
+                yield name, t
 
-        if self.s.cfg.zero_stage != 3 and getattr(engine, "hands_over_tensors", False):
+        if self.s.cfg.zero_stage != 3 and self._lora is None and getattr(engine, "hands_over_tensors", False):
             # an in-process engine takes the live weights, no copy (its copy plan keeps its views of them)
             live = self._live_named()
             if verify:
@@ -320,10 +330,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         elsewhere): what an engine's ``verify_weights`` checks. Collective under ZeRO-3."""
         from rl_rollout.weights import tensor_stats
 
-        out = {}
-        for bucket in self.s.named_parameter_buckets(self.engine.module):
-            if self.rank == 0:
-                out.update({n: tensor_stats(t) for n, t in hf_names(bucket)})
+        out = {n: tensor_stats(t) for n, t in self._sync_named(merge=self.rank == 0)}
         return out if self.rank == 0 else None
 
     def share_weights_ipc(self, version: int, verify: bool = False) -> dict:
@@ -337,19 +344,15 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
 
         if self._ipc is None:
             self._ipc = IpcSender(device=self.s.device, pack=True, checksum=verify)
-        module = self.engine.module
-        if self.s.cfg.zero_stage == 3:  # gathered copies, one bucket of partitions at a time
-            named = [nt for bucket in self.s.named_parameter_buckets(module) for nt in hf_names(bucket)]
+        if self.s.cfg.zero_stage == 3 or self._lora is not None:  # gathered (or merged) copies, bucket by bucket
+            named = list(self._sync_named())
         else:  # the live weights: the sender's one copy into its buckets is the only one
-            named = list(hf_names((n, p.detach()) for n, p in module.named_parameters()))
+            named = list(hf_names((n, p.detach()) for n, p in self.engine.module.named_parameters()))
         return {"sync": self._ipc.share(named), "bytes": sum(t.numel() * t.element_size() for _, t in named)}
 
     def weights_digest(self) -> dict[str, float]:
         """Per-parameter sums (HF names), to check an engine holds these weights. Collective under ZeRO-3."""
-        out = {}
-        for bucket in self.s.named_parameter_buckets(self.engine.module):
-            out.update({n: t.double().sum().item() for n, t in hf_names(bucket)})
-        return out
+        return {n: t.double().sum().item() for n, t in self._sync_named()}
 
     # ----- export ------------------------------------------------------------------------------
 
@@ -375,8 +378,7 @@ class CriticWorker(DeepSpeedSleep, _Worker):
         from rl_core.models import Critic
 
         self.cfg = ppo_cfg
-        kw = {k: v for k, v in (load_kw or {}).items() if k != "lora"}
-        self.engine = self.s.prepare(Critic.from_pretrained(pretrain, **kw), total_steps=total_steps)
+        self.engine = self.s.prepare(Critic.from_pretrained(pretrain, **(load_kw or {})), total_steps=total_steps)
 
     def values(self, items: list[dict]) -> list[torch.Tensor]:
         self.engine.eval()
