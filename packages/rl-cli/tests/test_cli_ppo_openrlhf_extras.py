@@ -1,7 +1,8 @@
 """``rl ppo`` / ``rl ppo-ray`` with the OpenRLHF RL features of issue 17's leftovers, each through the real
 command on the tiny model: the eval pass (``--eval_dataset``, ``--eval_steps``, ``--eval.n_samples_per_prompt``,
 ``--eval_temperature``) logged beside the training metrics and leaving the training trajectory alone, the HF
-export inside every checkpoint (``--save_hf_ckpt`` / ``--ckpt.save_hf``), the stop-properly penalty on
+export inside every checkpoint (``--save_hf_ckpt`` / ``--ckpt.save_hf``; without ``--save_steps``: none, as in
+OpenRLHF, test_openrlhf_scripts.py), the stop-properly penalty on
 truncated samples and centre-only advantage normalisation (``--no_advantage_std_norm``)."""
 
 from __future__ import annotations
@@ -67,7 +68,6 @@ def test_bad_combinations_fail_before_any_model_loads_naming_the_fix(task, capsy
         (["--eval_steps", "0", "--eval_dataset", "x.jsonl"], r"eval_steps \(--eval_steps\) must be >= 1, or -1"),
         (["--eval_dataset", "x.jsonl", "--async_train"], r"--eval_dataset with --async_train is not built"),
         (["--eval_temperature", "-1"], r"eval_temperature \(--eval_temperature\) must be >= 0 \(0: greedy\)"),
-        (["--ckpt.save_hf"], r"--save_hf_ckpt writes the HF export into each checkpoint: set --save_steps N"),
         (["--stop_properly_penalty_coef", "2"], r"must be in \[0, 1\] \(a scale\) or negative \(a fixed reward\)"),
         (["--algo.advantage.no_std_norm"], r"--advantage_estimator group_norm does not do .*dr_grpo"),
     ]

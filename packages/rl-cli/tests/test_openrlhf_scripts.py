@@ -31,9 +31,6 @@ FEATURES = {
     "ring attention": _UNSUPPORTED + "ring attention (sequence parallelism) is not built; use a shorter --max_len "
                                      "or ZeRO-3",
     "vision-language models": _UNSUPPORTED + "vision-language models are not built (text only)",
-    "MoE load-balancing loss": _UNSUPPORTED + "the MoE load-balancing loss is not built",
-    "HF export with no checkpoints": "--save_hf_ckpt writes the HF export into each checkpoint: set --save_steps N "
-                                     "and --ckpt_path DIR (for one export at the end: --save_path DIR)",
     "reward server token": "the reward server needs a token: export RL_REWARD_TOKEN=<secret> (or --token; a flag "
                            "shows in ps) and give clients the same (RL_REWARD_TOKEN or --remote_rm_token), or pass "
                            "--allow_no_token to serve OpenRLHF's client, which sends none, on a network nobody else "
@@ -111,8 +108,7 @@ SCRIPTS: dict[str, Script] = {
         "--data.prompt_dataset {data} --data.input_key context_messages --data.apply_chat_template "
         "--reward.normalize_enable --actor.gradient_checkpointing_enable --ds.packing_samples --vllm.sync_backend "
         "nccl --vllm.enforce_eager --vllm.enable_sleep --ds.enable_sleep --train.dynamic_batch_enable "
-        "--train.max_tokens_per_gpu 16384 --algo.advantage.is_correction_enable"),
-        (("--ckpt.save_hf", "HF export with no checkpoints"),)),
+        "--train.max_tokens_per_gpu 16384 --algo.advantage.is_correction_enable")),
     "train_ppo_ray_slurm.sh": Script("ppo-ray", _RAY_GPUS.format(n=4) + (
         "--reward.num_nodes 1 --reward.num_gpus_per_node 4 --critic.num_nodes 1 --critic.num_gpus_per_node 4 "
         "--vllm.num_engines 4 --vllm.tensor_parallel_size 2 --train.colocate_critic_reward --train.colocate_actor_ref "
@@ -151,7 +147,7 @@ SCRIPTS: dict[str, Script] = {
     "train_sft_mixtral_lora.sh": Script("sft", _SFT + (
         "--train.batch_size 128 --train.micro_batch_size 4 --ds.zero_stage 3 --model.gradient_checkpointing_enable "
         "--adam.lr 5e-6 --ds.lora.rank 64 --ds.lora.alpha 64 --ds.packing_samples --model.aux_loss_coef 0.001 "
-        "--local_rank=0"), (("--model.aux_loss_coef", "MoE load-balancing loss"),)),
+        "--local_rank=0")),
     "train_vlm_math_hybrid_engine.sh": Script("ppo-ray", _RAY_GPUS.format(n=4) + (
         "--vllm.num_engines 4 --vllm.tensor_parallel_size 1 --train.colocate_all --vllm.gpu_memory_utilization 0.7 "
         "--algo.kl.init_coef 0 --algo.advantage.gamma 1.0 --algo.kl.use_loss --algo.kl.estimator k2 "
@@ -246,6 +242,17 @@ def test_openrlhf_checkpoint_flags_bring_its_default_folder(fixtures, capsys):
     code, out, _ = _dry_run("ppo-ray", [*SCRIPTS["train_ppo_ray_slurm.sh"].args(fixtures), "--ckpt.save_steps", "-1"],
                             capsys)
     assert code == 0 and '"ckpt_path": null' in out  # no checkpoints: no folder
+
+
+def test_save_hf_without_save_steps_saves_the_final_model_only_as_openrlhf_does(fixtures, capsys):
+    """train_ppo_ray_hybrid_engine.sh gives --ckpt.save_hf and no --ckpt.save_steps: OpenRLHF then writes no
+    checkpoint (so no HF export into one) and saves the final model to --ckpt.output_dir. Ours too, saying so."""
+    code, out, _ = _dry_run("ppo-ray", SCRIPTS["train_ppo_ray_hybrid_engine.sh"].args(fixtures), capsys)
+    assert code == 0 and '"save_hf_ckpt": true' in out and '"save_steps": -1' in out
+    assert ("[rl ppo-ray] --ckpt.save_hf: no checkpoints are written without --ckpt.save_steps; the final model goes "
+            f"to --save_path ({fixtures['out']})") in out
+    code, out, _ = _dry_run("ppo-ray", SCRIPTS["train_dapo_ray_hybrid_engine.sh"].args(fixtures), capsys)
+    assert code == 0 and '"save_hf_ckpt": true' in out and "no checkpoints are written" not in out  # save_steps 20
 
 
 def test_deepspeed_sleep_is_taken_under_zero_and_refused_without_a_zero_optimizer(fixtures, capsys):

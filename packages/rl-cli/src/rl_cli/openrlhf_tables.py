@@ -264,6 +264,8 @@ _NO_RING = "ring attention (sequence parallelism) is not built; use a shorter --
 _NO_DS_TP = "DeepSpeed tensor-parallel training (AutoTP) is not built; use ZeRO-3 (--zero_stage 3)"
 _NO_EMA = "EMA weights are not built; the policy's own weights are saved"
 _NO_PTX = "PPO-ptx (a pretraining loss mixed into the RL loss) is not built; run rl sft separately"
+_MOE_AUX = ("the MoE load-balancing loss is built for the causal-LM trainers (rl sft, dpo, kto), not for a reward or "
+            "value head (OpenRLHF's fails there: its body returns no aux_loss) or the RL loop's actor")
 _NO_HEAD = ("our reward/critic heads are saved as rl_head.safetensors beside the model, under a fixed name "
             "(rl rm writes them, rl ppo reads them)")
 
@@ -295,9 +297,10 @@ REFUSED: dict[str, Refuse] = {
                                     "on the same world size"),
     "ds.use_universal_ckpt": Refuse("DeepSpeed universal checkpoints are not wired; resume with --load_checkpoint "
                                     "on the same world size"),
-    "aux_loss_coef": Refuse("the MoE load-balancing loss is not built", off=(0,)),
-    "actor.aux_loss_coef": Refuse("the MoE load-balancing loss is not built", off=(0,)),
-    "model.aux_loss_coef": Refuse("the MoE load-balancing loss is not built", off=(0,)),
+    # rl sft / dpo / kto have it (a field of theirs wins over these lines)
+    "aux_loss_coef": Refuse(_MOE_AUX, off=(0,)),
+    "actor.aux_loss_coef": Refuse(_MOE_AUX, off=(0,)),
+    "model.aux_loss_coef": Refuse(_MOE_AUX, off=(0,)),
     "compute_fp32_loss": Refuse("not a switch here: the losses are computed from fp32 log-probs"),
     "model.compute_fp32_loss_enable": Refuse("not a switch here: the losses are computed from fp32 log-probs"),
     "pretrain_mode": Refuse("SFT trains on the response tokens only; for plain text put it in the --output_key "

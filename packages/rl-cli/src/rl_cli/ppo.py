@@ -139,6 +139,10 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         check_ds_sleep(cfgs["ppo"].deepspeed_enable_sleep, cfgs["strategy"].zero_stage, cfgs["strategy"].adam_offload)
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))
+    p = cfgs["ppo"]
+    if p.save_hf_ckpt and p.save_steps <= 0:  # OpenRLHF's run then writes no checkpoint to put an export in either
+        print(f"[rl {name}] --ckpt.save_hf: no checkpoints are written without --ckpt.save_steps; the final model "
+              f"goes to --save_path ({p.save_path or 'not set: the run saves nothing'})", flush=True)
     if getattr(args, "print_config", False):  # a dry run: before any path is read, model loaded or Ray started
         from rl_cli.dry_run import print_config
 

@@ -213,6 +213,15 @@ def run(name: str, argv: list[str] | None = None) -> int:
 
     cfgs["model"] = check_models(cfgs["model"])  # config.json and weights, before anything loads
     _wandb_installed(f"rl {name}", cfgs["logger"])
+    if getattr(cfgs["train"], "aux_loss_coef", 0):  # a model without experts: one line, before it loads
+        from transformers import AutoConfig
+
+        from rl_core.models import check_moe_aux_loss
+
+        try:
+            check_moe_aux_loss(AutoConfig.from_pretrained(cfgs["model"].pretrain))
+        except ValueError as e:
+            raise UserError(str(e)) from e
     if cfgs["train"].eval_steps > 0 and not cfgs["data"].eval_dataset:
         parser.error(f"--eval_steps {cfgs['train'].eval_steps} needs --eval_dataset PATH (the rows to evaluate on)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
