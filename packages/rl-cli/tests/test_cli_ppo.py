@@ -235,3 +235,30 @@ def test_rl_ppo_ray_hybrid_engine_sleeps_and_wakes_with_the_new_weights(task):
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["rl/rollout_logprob_gap"] < 1e-4 for r in rows), rows
     assert all(r["rl/ds_sleep_gb"] > 0 and r["rl/ds_wake_s"] > 0 for r in rows), rows
+
+
+LORA = ["--lora_rank", "4", "--lora_alpha", "8", "--target_modules", "all-linear", "--verify_weights",
+        "--learning_rate", "1e-2"]
+
+
+@pytest.mark.multiprocess
+def test_rl_ppo_ray_with_lora_syncs_merged_weights_and_matches_the_one_process_lora_run(task):
+    """OpenRLHF's LoRA flags on the policy and the critic: `rl ppo` (ZeRO-2, weights handed over in memory) and
+    `rl ppo-ray` (actor ZeRO-3 on two logical GPUs gathering the frozen base and the adapters, a gloo broadcast
+    of the merged weights to an HF engine actor, checked there every iteration by --verify_weights) give the
+    same run; the export is the merged model with the adapter beside it."""
+    root, model = task
+    assert main(["ppo", *common(root, model, "lora"), *LORA, "--zero_stage", "2", "--micro_train_batch_size", "8",
+                 "--save_path", str(root / "lora-final")]) == 0
+    local = metrics(root / "lora")
+    assert all(r["rl/rollout_logprob_gap"] < 1e-4 for r in local), local
+    assert (root / "lora-final" / "config.json").is_file()
+    assert (root / "lora-final" / "adapter" / "adapter_config.json").is_file()
+    argv = common(root, model, "lora-ray") + LORA + [
+        "--zero_stage", "3", "--micro_train_batch_size", "4", "--num_gpus", "4", "--actor_num_gpus_per_node", "2",
+        "--critic_num_gpus_per_node", "1", "--colocate_actor_ref", "--vllm_num_engines", "1"]
+    out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *argv], capture_output=True, text=True,
+                         timeout=800, env={**os.environ, "RAY_DEDUP_LOGS": "0"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    assert "weight sync gloo" in out.stdout, out.stdout[-2000:]
+    assert_same_run(local, metrics(root / "lora-ray"))

@@ -88,6 +88,18 @@ def test_rl_ppo_with_vllm_in_process_keeps_the_engine_on_the_policy_and_learns(t
     assert all(r["rl/sync_verify_s"] > 0 for r in rows)  # the engine checked what it holds after every sync
 
 
+def test_rl_ppo_lora_with_vllm_in_process_loads_the_merged_weights(task):
+    """--lora_rank: vLLM gets the merged weights (HF names, no peft tensors) in memory every iteration, checked
+    there by --verify_weights, and samples from the distribution the adapted policy scores."""
+    root, model = task
+    out = run_cli("rl_cli.train_ppo", grpo(root, model, "lora", 3) + ["--lora_rank", "4", "--lora_alpha", "8",
+                                                                      "--learning_rate", "1e-2"])
+    assert "rollout VLLMEngine" in out.stdout, out.stdout[-2000:]
+    rows = metrics(root / "lora")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["rl/rollout_logprob_gap"] < GAP and r["rl/sync_verify_s"] > 0 for r in rows), rows
+
+
 def test_rl_ppo_ray_with_a_vllm_engine_actor_over_gloo(task):
     """Also the sleep-level-2 sequence: sleep(2) while training, wake the weights, sync, wake the KV cache
     (on CPU vLLM's sleep only pauses, so the check is that every tensor arrives through that sequence)."""
