@@ -3,7 +3,8 @@
 The policy (DeepSpeed on cuda:0) runs in this process; the HFEngine runs in a child process on the same
 GPU, reached through a one-rank pipe group with the worker-group calls, as a Ray actor would be. PPO
 iterations then sync the weights with :class:`rl_core.rl.IpcWeightSync`: the engine reads them in place
-from the policy's IPC buckets, and its sampling logprobs must equal the policy's recomputation."""
+from the policy's IPC buckets, and its sampling logprobs must equal the policy's recomputation. With LoRA
+(``lora_rank`` 4) the buckets carry the merged weights under HF names."""
 
 from __future__ import annotations
 
@@ -87,7 +88,8 @@ class ChildEngineFactory:
         return IpcWeightSync(policy, rollout, verify=sync_cfg.verify)
 
 
-def test_ppo_over_cuda_ipc_keeps_the_engine_on_the_policy_weights(tmp_path):
+@pytest.mark.parametrize("lora_rank", [0, 4])
+def test_ppo_over_cuda_ipc_keeps_the_engine_on_the_policy_weights(tmp_path, lora_rank):
     from transformers import AutoTokenizer
 
     from rl_core.data import DataConfig, PromptDataset, load_rows
@@ -109,7 +111,8 @@ def test_ppo_over_cuda_ipc_keeps_the_engine_on_the_policy_weights(tmp_path):
     from rl_rollout import WeightSyncConfig
 
     factory = ChildEngineFactory()
-    run = build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, c, sync=WeightSyncConfig(verify=True)), factory,
+    m = RLModelConfig(pretrain=str(model), lora_rank=lora_rank, lora_alpha=8)
+    run = build_run(RunConfig(m, s, c, sync=WeightSyncConfig(verify=True)), factory,
                     prompts=prompts, tokenizer=tok, reward_fn=lambda p, r, y: min(r.count(y), 8) / 8)
     policy, engine, trainer = run.policy, factory.engine, run.trainer
     assert policy.worker.s.device.type == "cuda" and run.critic is not None
@@ -120,7 +123,7 @@ def test_ppo_over_cuda_ipc_keeps_the_engine_on_the_policy_weights(tmp_path):
             assert m["rollout_logprob_gap"] < 1e-4, m
             assert m["sync_gb_per_s"] > 0, m
         served = engine.call_rank(0, "weights_digest")
-        trained = policy.worker.weights_digest()
+        trained = policy.worker.weights_digest()  # LoRA: of the merged weights, under HF names
         assert set(trained) <= set(served)
         for name, v in trained.items():
             assert served[name] == pytest.approx(v, rel=1e-9, abs=1e-9), name
