@@ -139,11 +139,7 @@ def test_with_max_ckpt_num_1_a_kill_between_roles_keeps_the_last_committed_itera
     child(task, "keep1", **run, kill="after:policy@2")
     assert on_disk(ck) == ([1], [2])  # iteration 1 stays until 2 is committed
 
-    out = child(task, "keep1", **run, load=True, kill="after:commit@4")
+    out = child(task, "keep1", **run, load=True)  # (a kill after a commit: the keep-2 chain above)
     assert "resumed from " + str(ck / "iter_00000001") in out.stderr
-    assert on_disk(ck) == ([3, 4], [])
-
-    out = child(task, "keep1", **run, load=True)
-    assert "resumed from " + str(ck / "iter_00000004") in out.stderr
     assert on_disk(ck) == ([6], [])
     same_run(task, "keep1", reference)

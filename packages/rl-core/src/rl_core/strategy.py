@@ -229,6 +229,8 @@ class DeepSpeedStrategy:
 
             if getattr(ds_groups, "_WORLD_GROUP", None) is not None:
                 ds_groups._WORLD_GROUP = None
+            if backend == "gloo" and os.environ.get("RL_DS_SHM_COMM") != "1":
+                _skip_deepspeed_shm_comm()
             deepspeed.init_distributed(dist_backend=backend)
         self._initialized = True
         logger.info("distributed: backend %s, rank %d of %d", backend, self.rank, self.world_size)
@@ -455,6 +457,17 @@ def _gather_bucket(bucket: list[tuple[str, nn.Parameter]], dtype: torch.dtype | 
         gathered = deepspeed.zero.GatheredParameters(zero3, modifier_rank=None)
     with gathered:
         return [(n, p.detach().clone().to(dtype or p.dtype)) for n, p in bucket]
+
+
+def _skip_deepspeed_shm_comm() -> None:
+    """On CPU DeepSpeed's comm backend JIT-builds a shared-memory all-reduce op (C++, torch's extension cache) in
+    every new process and venv: tens of seconds the first time in each venv (a test run's subprocesses, Ray
+    actors, ``rl demo`` on a fresh machine), and rebuilt whenever another venv built it last (the cache is keyed
+    by Python and torch, not venv). gloo does the all-reduce without it; ``RL_DS_SHM_COMM=1`` keeps DeepSpeed's."""
+    import importlib
+
+    # (not `import deepspeed.comm.torch as m`: that reads the attribute `torch` of deepspeed.comm, the torch module)
+    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
 
 
 def _full_numel(p: nn.Parameter) -> int:
