@@ -347,7 +347,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         if self.s.cfg.zero_stage == 3 or self._lora is not None:  # gathered (or merged) copies, bucket by bucket
             named = list(self._sync_named())
         else:  # the live weights: the sender's one copy into its buckets is the only one
-            named = list(hf_names((n, p.detach()) for n, p in self.engine.module.named_parameters()))
+            named = self._live_named()
         return {"sync": self._ipc.share(named), "bytes": sum(t.numel() * t.element_size() for _, t in named)}
 
     def weights_digest(self) -> dict[str, float]:
