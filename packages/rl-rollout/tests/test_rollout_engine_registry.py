@@ -66,7 +66,7 @@ def test_a_plugin_package_is_one_module_and_its_entry_point(tmp_path):
         from rl_rollout.config import EngineConfig
         assert "hf-probe" in engine_names(), engine_names()
         engine = EngineConfig(kind="hf-probe").make({str(model)!r}, dtype="fp32", seed=0)
-        out = engine.generate([RolloutRequest([5, 60, 70], SamplingParams(n=2, max_new_tokens=4))])
+        out = engine.generate([RolloutRequest([5, 60, 70], SamplingParams(n=2, max_new_tokens=4, ignore_eos=True))])
         print(type(engine).__name__, len(out[0]), len(out[0][0].response_ids))
     """)
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(plugin), os.environ.get("PYTHONPATH", "")])}
