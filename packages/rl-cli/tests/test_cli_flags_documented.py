@@ -104,13 +104,13 @@ def test_the_scan_reports_a_flag_that_does_not_exist():
     probe = ROOT / "docs" / "_flag_scan_probe.md"
     probe.write_text("run `rl ppo --vllm_is_correction tis`, `rl ppo --is_correction tis`, `--model.*`\n"
                      "uv sync --locked is a uv flag\nbut --locked alone is not ours\n"
-                     "pass --ring_attn_size 2 for long prompts\n--ring_attn_size is refused (not built)\n")
+                     "pass --ds_tensor_parallel_size 2 for big models\n--ds_tensor_parallel_size is refused (not built)\n")
     try:
         bad = unknown_flags([probe])
     finally:
         probe.unlink()
     assert bad == ["docs/_flag_scan_probe.md:1: --vllm_is_correction", "docs/_flag_scan_probe.md:3: --locked",
-                   "docs/_flag_scan_probe.md:4: --ring_attn_size"]
+                   "docs/_flag_scan_probe.md:4: --ds_tensor_parallel_size"]
 
 
 @pytest.mark.parametrize("cmd", ["ppo", "ppo-ray", *train.COMMANDS])

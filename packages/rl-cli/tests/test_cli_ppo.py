@@ -262,3 +262,25 @@ def test_rl_ppo_ray_with_lora_syncs_merged_weights_and_matches_the_one_process_l
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     assert "weight sync gloo" in out.stdout, out.stdout[-2000:]
     assert_same_run(local, metrics(root / "lora-ray"))
+
+
+@pytest.mark.multiprocess
+def test_rl_ppo_ray_with_ring_attention_matches_the_one_process_run(task):
+    """Ring attention in every role (OpenRLHF's --ds.ring_attn_size 2): policy, its colocated reference and the
+    critic on two ranks each, one ring group per role, so each packed row is computed in two slices whose keys
+    and values meet in attention; ZeRO-3. The run equals the padded one-process run."""
+    root, model = task
+    local = local_run(root, model)
+    argv = common(root, model, "ray-ring") + [
+        "--zero_stage", "3", "--micro_train_batch_size", "4", "--num_gpus", "5", "--actor_num_gpus_per_node", "2",
+        "--critic_num_gpus_per_node", "2", "--colocate_actor_ref", "--vllm_num_engines", "1", "--packing_samples",
+        "--ds.ring_attn_size", "2", "--ds.ring_attn_head_stride", "1"]
+    out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *argv], capture_output=True, text=True,
+                         timeout=800, env={**os.environ, "RAY_DEDUP_LOGS": "0"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    assert "policy on cpu x 2 in ring attention groups (0 of 2 in ranks 0-1, 1 of 2 in ranks 0-1)" in out.stdout, \
+        out.stdout[-2000:]
+    assert_same_run(local, metrics(root / "ray-ring"))
+    refused = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo", *common(root, model, "ring-local"),
+                              "--packing", "--ring_attn_size", "2"], capture_output=True, text=True, timeout=300)
+    assert refused.returncode == 2 and "use rl ppo-ray" in refused.stderr, refused.stderr[-2000:]

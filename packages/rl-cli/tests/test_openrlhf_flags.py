@@ -166,7 +166,7 @@ def test_openrlhf_flags_land_in_the_right_field(command, argv, want):
 
 
 @pytest.mark.parametrize(("command", "argv", "says"), [
-    ("ppo-ray", ["--ring_attn_size", "2"], "ring attention"),
+    ("ppo-ray", ["--ds.tensor_parallel_size", "2"], "tensor-parallel"),
     ("ppo-ray", ["--perf"], "metrics"),
     ("ppo-ray", ["--actor.muon.lr", "0.02"], "Muon"),
     ("ppo-ray", ["--actor.optim", "muon"], "AdamW"),
@@ -303,3 +303,17 @@ def test_the_committed_list_is_what_the_extractor_reads_from_openrlhf():
     r = _run(str(ROOT / "packages/rl-cli/scripts/extract_openrlhf_flags.py"), os.environ["OPENRLHF_GIT"])
     assert r.returncode == 0, r.stderr
     assert json.loads(r.stdout) == openrlhf.openrlhf_flags(), "re-run the extractor into rl_cli/openrlhf_flags.json"
+
+
+@pytest.mark.parametrize("command", ["sft", "dpo", "ppo"])
+def test_ring_attention_outside_rl_ppo_ray_stops_the_run_in_one_line(command, capsys):
+    """--ring_attn_size parses everywhere (a StrategyConfig field), but only rl ppo-ray runs it: the other commands
+    stop before anything loads, naming the flag (--print_config too: it would print a config that cannot run)."""
+    from rl_cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main([command, "--pretrain", "/m", "--dataset", "d.jsonl", "--ds.ring_attn_size", "2", "--packing_samples",
+              "--print_config"])
+    assert e.value.code == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--ring_attn_size 2" in line and "rl ppo-ray" in line, line

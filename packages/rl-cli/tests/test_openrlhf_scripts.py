@@ -28,8 +28,6 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 # what stops a script: the refusal line after "rl COMMAND: error: " ({flag}: the flag that asks for it)
 _UNSUPPORTED = "{flag} (OpenRLHF) is not supported: "
 FEATURES = {
-    "ring attention": _UNSUPPORTED + "ring attention (sequence parallelism) is not built; use a shorter --max_len "
-                                     "or ZeRO-3",
     "vision-language models": _UNSUPPORTED + "vision-language models are not built (text only)",
     "reward server token": "the reward server needs a token: export RL_REWARD_TOKEN=<secret> (or --token; a flag "
                            "shows in ps) and give clients the same (RL_REWARD_TOKEN or --remote_rm_token), or pass "
@@ -69,7 +67,6 @@ _REINFORCE_BASELINE = (
     "--actor.adam.lr 5e-7 --actor.entropy_coef 0.0 --algo.kl.init_coef 1e-5 --algo.kl.use_loss --algo.kl.estimator "
     "k2 --algo.advantage.is_correction_enable --algo.advantage.is_correction_type icepop --logger.tensorboard_dir "
     "{out}/runs --logger.logging_steps 1 --eval.steps -1")
-_RB_BLOCKERS = (("--ds.ring_attn_size", "ring attention"), ("--ds.ring_attn_head_stride", "ring attention"))
 _OFFLINE = ("--ckpt.save_steps -1 --logger.logging_steps 1 --eval.steps -1 --train.max_epochs 1 --ds.param_dtype bf16 "
             "--model.model_name_or_path {model} --data.dataset {data} --ds.attn_implementation flash_attention_2 ")
 _PAIRS = ("--train.batch_size 256 --train.micro_batch_size 1 --data.max_len 8192 --ds.zero_stage 3 "
@@ -137,9 +134,9 @@ SCRIPTS: dict[str, Script] = {
         "--algo.advantage.is_correction_type icepop --train.max_tokens_per_gpu 32768 "
         "--reward.stop_properly_penalty_coef 0.0")),
     "train_reinforce_baseline_hybrid_engine.sh": Script(
-        "ppo-ray", _REINFORCE_BASELINE.replace("{extra}", "").replace("{gmu}", "0.7"), _RB_BLOCKERS),
+        "ppo-ray", _REINFORCE_BASELINE.replace("{extra}", "").replace("{gmu}", "0.7")),
     "train_reinforce_baseline_ray_agent_async.sh": Script("ppo-ray", _REINFORCE_BASELINE.replace(
-        "{extra}", "--train.async_enable --train.partial_rollout_enable ").replace("{gmu}", "0.95"), _RB_BLOCKERS),
+        "{extra}", "--train.async_enable --train.partial_rollout_enable ").replace("{gmu}", "0.95")),
     "train_rm.sh": Script("rm", "--ckpt.output_dir {out} " + _OFFLINE + _PAIRS + "--adam.lr 9e-6 --local_rank=0"),
     "train_sft.sh": Script("sft", _SFT + (
         "--train.batch_size 256 --train.micro_batch_size 2 --ds.zero_stage 2 --adam.lr 5e-6 --ckpt.load_enable "

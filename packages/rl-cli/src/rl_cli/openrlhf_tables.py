@@ -244,6 +244,13 @@ NOTES: dict[tuple[str, str], str] = {
        for n in ("no_advantage_std_norm", "algo.advantage.no_std_norm")},
     **{(c, n): "AutoTokenizer(use_fast=False), as OpenRLHF; transformers 5 (both pin it) ignores use_fast"
        for c in COMMANDS for n in ("disable_fast_tokenizer", "data.disable_fast_tokenizer")},
+    **{(c, n): "ring attention is built for rl ppo-ray: a value above 1 stops the run at start, in one line"
+       for c in ("sft", "rm", "dpo", "kto") for n in ("ring_attn_size", "ds.ring_attn_size")},
+    **{("ppo", n): "rl ppo runs each role as one process: a value above 1 stops the run at start (use rl ppo-ray)"
+       for n in ("ring_attn_size", "ds.ring_attn_size")},
+    **{("ppo-ray", n): "every role (policy, critic, reference, reward model) in groups of this many ranks; needs "
+                       "--packing_samples; local attention by torch sdpa with a document mask (OpenRLHF: "
+                       "ring-flash-attn)" for n in ("ring_attn_size", "ds.ring_attn_size")},
 }
 
 
@@ -260,7 +267,6 @@ _CRITIC_OPT = ("the critic shares the actor's optimizer settings (--adam_betas, 
                "only its learning rate is its own: --critic_learning_rate")
 _NO_OFFLOAD = ("offloading frozen models to CPU is not built; colocate them (--colocate_actor_ref, "
                "--colocate_critic_reward) or give them their own GPUs")
-_NO_RING = "ring attention (sequence parallelism) is not built; use a shorter --max_len or ZeRO-3"
 _NO_DS_TP = "DeepSpeed tensor-parallel training (AutoTP) is not built; use ZeRO-3 (--zero_stage 3)"
 _NO_EMA = "EMA weights are not built; the policy's own weights are saved"
 _NO_PTX = "PPO-ptx (a pretraining loss mixed into the RL loss) is not built; run rl sft separately"
@@ -282,10 +288,6 @@ REFUSED: dict[str, Refuse] = {
     "train.async_queue_size": Refuse("async training (issue 19) counts its queue in policy versions: the "
                                      "max_staleness setting", off=(1,)),
     # not built
-    "ring_attn_size": Refuse(_NO_RING, off=(1,)),
-    "ds.ring_attn_size": Refuse(_NO_RING, off=(1,)),
-    "ring_head_stride": Refuse(_NO_RING, off=(1,)),
-    "ds.ring_attn_head_stride": Refuse(_NO_RING, off=(1,)),
     "ds_tensor_parallel_size": Refuse(_NO_DS_TP, off=(1,)),
     "ds.tensor_parallel_size": Refuse(_NO_DS_TP, off=(1,)),
     "deepcompile": Refuse("DeepSpeed deepcompile is not wired"),

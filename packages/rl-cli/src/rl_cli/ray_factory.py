@@ -52,7 +52,10 @@ class RayFactory:
         return GroupRollout(self.engines)
 
     def weight_sync(self, policy, rollout: GroupRollout, sync_cfg: WeightSyncConfig):
-        self.device = f'{policy.call_rank(0, "world")["device"]} x {policy.world_size}'
+        ranks = policy.call("world")
+        self.device = f'{ranks[0]["device"]} x {policy.world_size}'
+        if ranks[0].get("ring_attn"):  # what the ranks themselves report: their place in their ring group
+            self.device += " in ring attention groups (" + ", ".join(r["ring_attn"] for r in ranks) + ")"
         tps = [g.call_rank(0, "describe")["tensor_parallel_size"] for g in self.engines]
         self.backend = sync_cfg.resolve(in_process=False, on_gpu=self.device.startswith("cuda"),
                                         colocated=self.colocated, tensor_parallel_size=max(tps))

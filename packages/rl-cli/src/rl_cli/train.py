@@ -197,6 +197,10 @@ def run(name: str, argv: list[str] | None = None) -> int:
         cfgs = resolve(groups, args, flags)
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))
+    if cfgs["strategy"].ring_attn_size > 1:
+        parser.error(f"--ring_attn_size {cfgs['strategy'].ring_attn_size}: ring attention is built for rl ppo-ray "
+                     f"(policy, critic, reference and reward model), not yet for rl {name}; use --ring_attn_size 1 "
+                     f"and ZeRO-3 or a shorter --max_len")
     if getattr(args, "print_config", False):  # a dry run: before any path is read or model loaded
         from rl_cli.dry_run import print_config
 

@@ -11,6 +11,8 @@ Packed sequences: pass ``position_ids`` restarting at 0 per sequence and no
 ``attention_mask``; transformers then keeps attention within each sequence
 (flash-attn varlen, or a block-diagonal mask for sdpa). The first token of each
 packed sequence gets logprob 0, never a prediction from the previous sequence.
+With ring attention on (:mod:`rl_core.ring_attention`), a packed row is computed in slices over the ring
+group and every forward returns the whole row's outputs on every rank of the group.
 
 The reference model is a frozen Actor (:func:`frozen`). LoRA goes through peft.
 Mixture-of-experts models: :meth:`Actor.enable_moe_aux_loss` makes every forward also return the
@@ -23,6 +25,7 @@ and :meth:`RewardModel.from_pretrained` restores the head.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 from dataclasses import dataclass
@@ -94,7 +97,12 @@ def _load(auto_cls, path, dtype, attn, gradient_checkpointing, lora: LoraSpec | 
         from transformers import AutoConfig
 
         model_config = AutoConfig.from_pretrained(_check_folder(path))
-    impl = attention_implementation(attn, packed=packed, dtype=dtype, model_config=model_config)
+    if attn == "rl_ring":  # ring attention (rl_core.ring_attention): every role of a run with --ring_attn_size > 1
+        from rl_core.ring_attention import register
+
+        impl = register()
+    else:
+        impl = attention_implementation(attn, packed=packed, dtype=dtype, model_config=model_config)
     model = auto_cls.from_pretrained(_check_folder(path), dtype=_dtype(dtype), attn_implementation=impl)
     if use_liger_kernel:
         from rl_core.liger import apply_liger_kernel
@@ -119,6 +127,17 @@ def check_moe_aux_loss(config) -> None:
         raise ValueError(f"--aux_loss_coef is the MoE load-balancing loss, but the model ({config.model_type}) is "
                          f"not a mixture of experts (its config has no output_router_logits); drop --aux_loss_coef "
                          f"or give 0")
+
+
+def _ring_slice(input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor | None):
+    """:func:`rl_core.ring_attention.sharded` for a packed row; ring attention takes packed rows only."""
+    from rl_core import ring_attention
+
+    if ring_attention.current() is not None and (attention_mask is not None or position_ids is None
+                                                 or input_ids.shape[0] != 1):
+        raise ValueError(f"ring attention splits one packed row per forward; got {input_ids.shape[0]} padded "
+                         f"rows: run with --packing (OpenRLHF: --packing_samples)")
+    return ring_attention.sharded(position_ids) if position_ids is not None else contextlib.nullcontext()
 
 
 def _positions(attention_mask: Tensor) -> Tensor:
@@ -180,18 +199,28 @@ class Actor(nn.Module):
         else:
             pos_for_shift = position_ids
         moe = {"output_router_logits": True} if self.moe_aux_loss else {}
-        out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=False, **moe)
         # Every position, the last one's label wrapped around (its log-prob is computed and dropped): the
         # kernels' logits gradient then comes back whole, where one of logits[:, :-1] would be copied into a
         # zero-filled [B, T, V] by the slice's backward (a write and a copy of all the logits per micro-batch).
         labels = torch.roll(input_ids, -1, dims=1)
-        ent_BT = None
-        if return_entropy:  # one pass over the logits for both on CUDA
-            lp, ent = logprobs_and_entropy_from_logits(out.logits, labels, temperature=temperature)
-            ent_BT = _shift_right(ent, pos_for_shift)
-        else:
-            lp = logprobs_from_logits(out.logits, labels, temperature=temperature)
+        with _ring_slice(input_ids, attention_mask, position_ids) as shard:
+            if shard is not None:  # ring attention: this rank's slice of the row (labels cut after the roll)
+                if self.moe_aux_loss:
+                    raise ValueError("the MoE load-balancing loss is not built with ring attention (each rank "
+                                     "sees a slice of the router's tokens): drop --aux_loss_coef or use "
+                                     "--ring_attn_size 1")
+                input_ids, position_ids, labels = (shard.local(input_ids, 0), shard.positions,
+                                                   shard.local(labels, 0))
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                             use_cache=False, **moe)
+            ent = None
+            if return_entropy:  # one pass over the logits for both on CUDA
+                lp, ent = logprobs_and_entropy_from_logits(out.logits, labels, temperature=temperature)
+            else:
+                lp = logprobs_from_logits(out.logits, labels, temperature=temperature)
+            if shard is not None:  # the whole row back on every rank of the group
+                lp, ent = shard.gather(lp), (None if ent is None else shard.gather(ent))
+        ent_BT = None if ent is None else _shift_right(ent, pos_for_shift)
         lp_BT = _shift_right(lp, pos_for_shift)
         return ActorOutput(lp_BT, ent_BT, out.aux_loss if self.moe_aux_loss else None)
 
@@ -256,6 +285,15 @@ class _ScalarHeadModel(nn.Module):
         return self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                          use_cache=False).last_hidden_state
 
+    def per_token(self, input_ids, attention_mask=None, position_ids=None) -> Tensor:
+        """The head's number at every position ``[B, T]`` float32 (with ring attention: this rank computes its
+        slice of the packed row and the group's slices are gathered)."""
+        with _ring_slice(input_ids, attention_mask, position_ids) as shard:
+            if shard is None:
+                return self.head(self.hidden(input_ids, attention_mask, position_ids)).squeeze(-1).float()
+            h = self.hidden(shard.local(input_ids, 0), position_ids=shard.positions)
+            return shard.gather(self.head(h).squeeze(-1).float())
+
     def save_pretrained(self, path: str | Path, state_dict: dict[str, Tensor] | None = None, **kw) -> None:
         """Body via transformers (loadable alone), head and its stats beside it."""
         from safetensors.torch import save_file
@@ -282,7 +320,7 @@ class Critic(_ScalarHeadModel):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
                 position_ids: Tensor | None = None) -> Tensor:
-        v = self.head(self.hidden(input_ids, attention_mask, position_ids)).squeeze(-1).float()
+        v = self.per_token(input_ids, attention_mask, position_ids)
         return _shift_right(v, position_ids if attention_mask is None else None)
 
 
@@ -306,11 +344,11 @@ class RewardModel(_ScalarHeadModel):
                                  "to find each sequence's last token")
             from rl_core.varlen_attention import cu_seqlens  # transformers' own rule for where a sequence starts
 
-            scores_BT = self.head(self.hidden(input_ids, position_ids=position_ids)).squeeze(-1).float()
+            scores_BT = self.per_token(input_ids, position_ids=position_ids)
             edges, _ = cu_seqlens(position_ids, input_ids.shape[0])
             scores_B = scores_BT.reshape(-1)[edges[1:].long() - 1]
         else:
-            scores_BT = self.head(self.hidden(input_ids, attention_mask)).squeeze(-1).float()
+            scores_BT = self.per_token(input_ids, attention_mask)
             idx = torch.arange(attention_mask.shape[1], device=attention_mask.device).expand_as(attention_mask)
             last = torch.where(attention_mask.bool(), idx, -1).max(dim=1).values
             if (last < 0).any():

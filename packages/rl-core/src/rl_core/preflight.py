@@ -103,9 +103,15 @@ def check_rl_batches(ppo, strategy, num_prompts: int, world_sizes: dict[str, int
     if num_prompts < ppo.rollout_batch_size:
         raise InputError(f"the prompt set has {num_prompts} prompts, fewer than --rollout_batch_size "
                          f"{ppo.rollout_batch_size}; lower it to at most {num_prompts} or add prompts")
-    for role, world in (world_sizes or {}).items():
-        if world < 1:
+    ring = strategy.ring_attn_size
+    for role, ranks in (world_sizes or {}).items():
+        if ranks < 1:
             continue
+        if ranks % ring:
+            raise InputError(f"{role}: --ring_attn_size {ring} must divide its {ranks} ranks (each ring group of "
+                             f"{ring} ranks holds one data-parallel slice); give {role} a multiple of {ring} ranks "
+                             f"(--*_num_gpus_per_node) or a ring size that divides {ranks}")
+        world = ranks // ring  # data-parallel ranks
         if samples % world or g % world:
             raise InputError(f"{role}: {world} ranks do not divide the {samples} samples per iteration and "
                              f"--train_batch_size {g}; use a rank count that divides both")

@@ -89,6 +89,14 @@ class StrategyConfig:
     local_rank: int = field(default=-1, metadata=meta(
         "this process's rank on its node, as the deepspeed launcher passes it (--local_rank=N); launchers also "
         "export LOCAL_RANK, which wins; -1: from the environment (torchrun, Ray) or 0 alone"))
+    ring_attn_size: int = field(default=1, metadata=meta(
+        "ring attention (sequence parallelism, rl ppo-ray): groups of this many consecutive ranks of every role "
+        "hold the same micro-batches and compute each packed row in that many slices, gathering keys and values "
+        "in attention (rl_core.ring_attention); needs --packing; data parallel size = ranks / ring_attn_size",
+        openrlhf=("ds.ring_attn_size",)))
+    ring_head_stride: int = field(default=1, metadata=meta(
+        "with --ring_attn_size > 1, how many key/value heads each attention layer gathers at a time (more: fewer "
+        "collectives, more memory); must divide the model's key/value heads", openrlhf=("ds.ring_attn_head_stride",)))
 
     def __post_init__(self) -> None:
         if self.zero_stage not in (0, 1, 2, 3):
@@ -114,6 +122,7 @@ class StrategyConfig:
             raise ValueError(f"gradient_checkpointing_layers={layers} (--gradient_checkpointing_layers) picks which "
                              f"layers recompute once --gradient_checkpointing is on; add --gradient_checkpointing")
         self._check_deepspeed_passthroughs()
+        check_numbers(self, at_least_1=("ring_attn_size", "ring_head_stride"))
         if self.gradient_checkpointing_use_reentrant and not self.gradient_checkpointing:
             raise ValueError("gradient_checkpointing_use_reentrant (--gradient_checkpointing_use_reentrant) picks the "
                              "checkpoint mode once --gradient_checkpointing is on; add --gradient_checkpointing")
@@ -187,8 +196,10 @@ class BatchPlan:
 
     def describe(self) -> str:
         steps = "" if self.total_steps is None else f", total optimizer steps {self.total_steps}"
+        ring = "" if self.world_size == self.dp_size else \
+            f" (ring attention: {self.world_size // self.dp_size} ranks per data-parallel slice)"
         return (f"global batch {self.global_batch} = micro batch {self.micro_batch} x accumulation "
-                f"{self.accumulation_steps} x data parallel {self.dp_size}{steps}")
+                f"{self.accumulation_steps} x data parallel {self.dp_size}{ring}{steps}")
 
 
 @dataclass
@@ -232,6 +243,10 @@ class DeepSpeedStrategy:
             if backend == "gloo" and os.environ.get("RL_DS_SHM_COMM") != "1":
                 _skip_deepspeed_shm_comm()
             deepspeed.init_distributed(dist_backend=backend)
+        if self.cfg.ring_attn_size > 1:
+            from rl_core import ring_attention
+
+            ring_attention.setup(self.cfg.ring_attn_size, self.cfg.ring_head_stride)
         self._initialized = True
         logger.info("distributed: backend %s, rank %d of %d", backend, self.rank, self.world_size)
 
@@ -245,6 +260,16 @@ class DeepSpeedStrategy:
 
     def is_rank_0(self) -> bool:
         return self.rank == 0
+
+    @property
+    def dp_size(self) -> int:
+        """Data-parallel ranks: the world over the ring attention groups (each group holds the same data)."""
+        return self.world_size // self.cfg.ring_attn_size
+
+    @property
+    def ring_rank(self) -> int:
+        """This rank's place in its ring attention group (0 without ring attention)."""
+        return self.rank % self.cfg.ring_attn_size
 
     def barrier(self) -> None:
         if dist.is_initialized():
@@ -262,7 +287,7 @@ class DeepSpeedStrategy:
             pass
 
     def batch_plan(self, dataset_size: int | None = None, epochs: int = 1) -> BatchPlan:
-        c, dp = self.cfg, self.world_size
+        c, dp = self.cfg, self.dp_size
         per_step = c.micro_train_batch_size * dp
         if c.train_batch_size % per_step:
             fit = max(per_step, round(c.train_batch_size / per_step) * per_step)
@@ -273,7 +298,8 @@ class DeepSpeedStrategy:
         total = None
         if dataset_size is not None:
             total = max(1, dataset_size // c.train_batch_size) * epochs
-        return BatchPlan(dp, dp, c.micro_train_batch_size, c.train_batch_size // per_step, c.train_batch_size, total)
+        return BatchPlan(self.world_size, dp, c.micro_train_batch_size, c.train_batch_size // per_step,
+                         c.train_batch_size, total)
 
     # ----- DeepSpeed engine -------------------------------------------------------------
 
@@ -302,7 +328,8 @@ class DeepSpeedStrategy:
         return {**extra,
             "train_micro_batch_size_per_gpu": plan.micro_batch,
             "gradient_accumulation_steps": plan.accumulation_steps,
-            "train_batch_size": plan.global_batch,
+            # DeepSpeed counts every rank as data parallel: a ring group's ranks are replicas of one slice
+            "train_batch_size": plan.global_batch * c.ring_attn_size,
             "gradient_clipping": c.max_norm if c.max_norm > 0 else 0.0,
             "zero_optimization": zero,
             "bf16": {"enabled": c.bf16},

@@ -144,7 +144,7 @@ class ModelInputs:
         tuple of outputs (log-probs and entropy of one forward) maps each."""
         if isinstance(out, tuple):
             return tuple(self.rows(t) for t in out)
-        if not self.packed:
+        if not self.packed or out.dim() == 1:  # padded rows, or one number per sequence (a reward model's)
             return out
         real = torch.arange(max(self.lengths), device=out.device)[None] < torch.tensor(self.lengths,
                                                                                       device=out.device)[:, None]

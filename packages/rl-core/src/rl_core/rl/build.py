@@ -104,6 +104,9 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_ds_sleep(self.ppo.deepspeed_enable_sleep, self.strategy.zero_stage, self.strategy.adam_offload)
+        if self.strategy.ring_attn_size > 1 and not self.packing:
+            raise ValueError(f"--ring_attn_size {self.strategy.ring_attn_size} splits packed rows over the ranks: "
+                             f"add --packing (OpenRLHF: --packing_samples)")
 
     @property
     def dtype(self) -> str:
@@ -111,6 +114,8 @@ class RunConfig:
 
     def load_kw(self) -> dict:
         attn = requested_attention(self.model.attn_implementation, self.model.flash_attn)
+        if self.strategy.ring_attn_size > 1:  # every role computes its slice of each row (rl_core.ring_attention)
+            attn = "rl_ring"
         return {"dtype": self.dtype, "attn_implementation": attn,
                 "gradient_checkpointing": self.strategy.gradient_checkpointing,
                 "use_liger_kernel": self.model.use_liger_kernel, "packed": self.packing,
@@ -188,7 +193,7 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
     ref = factory.role("ref", ReferenceWorker, s, m.ref_path, load_kw=kw, pad_id=pad,
                        temperature=p.temperature, **mb) if p.needs_reference else None
     rm = factory.role("reward", RewardModelWorker, s, m.reward_pretrain, load_kw=kw, pad_id=pad,
-                      normalize=m.normalize_reward, batching=cfg.batching) if m.reward_pretrain else None
+                      normalize=m.normalize_reward, **mb) if m.reward_pretrain else None
     device = policy.call_rank(0, "world")["device"]
     rollout = factory.rollout(cfg.engine, m.pretrain, dtype=cfg.dtype, seed=s.seed, device=device)
     sync = factory.weight_sync(policy, rollout, cfg.sync)
@@ -196,5 +201,5 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
                          train_batch_size=s.train_batch_size, reward_fn=reward_fn, reward_model=rm, critic=critic,
                          ref=ref, sleep_engines=cfg.engine.enable_sleep, metrics=metrics, seed=s.seed,
                          gap_alarm=p.gap_alarm(bf16=s.bf16), sleep_level=cfg.engine.sleep_level,
-                         eval_prompts=eval_prompts, batching=cfg.batching)
+                         eval_prompts=eval_prompts, batching=cfg.batching, ring_attn_size=s.ring_attn_size)
     return Run(trainer, policy, rollout, sync, critic=critic, ref=ref, reward_model=rm, reward_fn=reward_fn)

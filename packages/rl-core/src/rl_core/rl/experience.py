@@ -12,7 +12,8 @@ through Ray, so plain picklable values)::
 ``[B, T]`` result back into per-item tensors. :func:`dp_order` lays items out so
 that ``call_sharded`` (contiguous shards) gives every data-parallel rank its slice
 of *each* global batch: the optimizer steps are then the same whatever the number
-of ranks.
+of ranks. :func:`ring_shards` repeats each data-parallel shard for the ranks of a
+ring attention group (:mod:`rl_core.ring_attention`).
 """
 
 from __future__ import annotations
@@ -75,3 +76,18 @@ def dp_order(n: int, global_batch: int, world: int) -> list[int]:
     local = global_batch // world
     return [g * global_batch + r * local + i for r in range(world) for g in range(n // global_batch)
             for i in range(local)]
+
+
+def ring_shards(items: Sequence, world: int, ring: int) -> list:
+    """``items`` laid out for ``call_sharded`` over ``world`` ranks in ring attention groups of ``ring``
+    consecutive ranks: the ``world / ring`` data-parallel shards, each repeated once per rank of its group (they
+    compute it together; only the group's first rank returns results, :meth:`rl_core.rl.workers._Worker._leader`,
+    so the concatenated results line up with ``items``)."""
+    if ring == 1:
+        return list(items)
+    dp = world // ring
+    if world % ring or len(items) % dp:
+        raise ValueError(f"{len(items)} items cannot be split over {dp} data-parallel shards of {world} ranks in "
+                         f"ring attention groups of {ring}")
+    n = len(items) // dp
+    return [it for g in range(dp) for _ in range(ring) for it in items[g * n:(g + 1) * n]]

@@ -32,16 +32,17 @@ class ReferenceWorker(_Worker):
     def logprobs(self, items: list[dict]) -> list[torch.Tensor]:
         """Log-probs at the sampling temperature, like the policy's (the KL compares the same distributions)."""
         t = self.temperature
-        return self._forward_items(lambda **x: self.engine(**x, temperature=t).logprobs, items)
+        return self._leader(self._forward_items(lambda **x: self.engine(**x, temperature=t).logprobs, items))
 
 
 class RewardModelWorker(_Worker):
-    """One rank of a reward model: ``score`` (normalised by the stored mean/std unless told otherwise).
-    Its rows stay padded (one score per row, read at the last real token); the token budget applies."""
+    """One rank of a reward model: ``score`` (normalised by the stored mean/std unless told otherwise), one
+    score per sample read at its last real token, from padded rows or, with ``packing``, packed ones; the
+    token budget applies."""
 
     def __init__(self, strategy_cfg, pretrain: str, *, load_kw: dict | None = None, pad_id: int = 0,
-                 normalize: bool = True, batching: MicroBatchConfig | None = None):
-        super().__init__(strategy_cfg, pad_id=pad_id, batching=batching)
+                 normalize: bool = True, batching: MicroBatchConfig | None = None, packing: bool = False):
+        super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
         from rl_core.models import RewardModel
 
         kw = {k: v for k, v in (load_kw or {}).items() if k not in ("lora", "gradient_checkpointing")}
@@ -52,4 +53,4 @@ class RewardModelWorker(_Worker):
         self.normalize = normalize
 
     def score(self, items: list[dict]) -> list[float]:
-        return self._forward_items(lambda **x: self.engine(**x, normalize=self.normalize), items)
+        return self._leader(self._forward_items(lambda **x: self.engine(**x, normalize=self.normalize), items))

@@ -68,8 +68,12 @@ class _Worker:
 
     def world(self) -> dict:
         """This rank's place: rank, world size, device (for the controller's log and checks)."""
+        from rl_core import ring_attention
+
+        ring = ring_attention.current()
         return {"rank": self.s.rank, "world_size": self.s.world_size, "device": str(self.s.device),
-                "pid": os.getpid()}
+                "pid": os.getpid(), "ring_attn": ring and f"{ring.rank} of {ring.size} in ranks {ring.first}-"
+                                                          f"{ring.first + ring.size - 1}"}
 
     def _micro_batches(self, items: list[dict], *, train: bool) -> list[list[int]]:
         """Indices of ``items`` per micro-batch; with a token budget, as many on every rank (collective)."""
@@ -100,16 +104,29 @@ class _Worker:
 
     def _global_batches(self, items: list[dict], epochs: int):
         """Each epoch's local slices of the global batches (items come in :func:`dp_order`)."""
-        local = self.s.cfg.train_batch_size // self.s.world_size
+        local = self.s.cfg.train_batch_size // self.s.dp_size
         if len(items) % local:
             raise ValueError(f"rank {self.rank}: {len(items)} items are not whole local batches of {local} "
-                             f"(train_batch_size {self.s.cfg.train_batch_size} / {self.s.world_size} ranks)")
+                             f"(train_batch_size {self.s.cfg.train_batch_size} / {self.s.dp_size} data-parallel "
+                             f"ranks)")
         for _ in range(epochs):
             for g in range(0, len(items), local):
                 yield items[g:g + local]
 
+    def _leader(self, out: list) -> list:
+        """``out`` on the first rank of a ring attention group, ``[]`` on the others: they computed the same
+        (``call_sharded`` concatenates the ranks' lists; :func:`rl_core.rl.experience.ring_shards` sent each
+        group's ranks the same shard)."""
+        return out if self.s.ring_rank == 0 else []
+
+    def _global_seqs(self) -> int:
+        """Sequences of a global batch counted over every rank (the seq-mean losses' normaliser): a ring
+        attention group's ranks each count their shared slice, as :func:`_global_tokens` does."""
+        return self.s.cfg.train_batch_size * self.s.cfg.ring_attn_size
+
     def _global_tokens(self, items: list[dict]) -> torch.Tensor:
-        """Loss tokens of this global batch over every rank (the losses' normaliser)."""
+        """Loss tokens of this global batch over every rank (the losses' normaliser; a ring attention group's
+        ranks each count their shared slice: rl_core.ring_attention says why that is the right gradient)."""
         local = torch.tensor(float(sum(sum(it["loss_mask"]) for it in items)), device=self.s.device)
         return self.s.all_reduce(local, "sum").clamp(min=1)
 
@@ -154,7 +171,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         t = self.cfg.temperature
         self.engine.eval()
         try:
-            return self._forward_items(lambda **x: self.engine(**x, temperature=t).logprobs, items)
+            return self._leader(self._forward_items(lambda **x: self.engine(**x, temperature=t).logprobs, items))
         finally:
             self.engine.train()
 
@@ -182,7 +199,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         gap_sum = gap_tokens = 0.0
         steps = 0
         self.engine.train()
-        G = self.s.cfg.train_batch_size
+        G = self._global_seqs()
 
         def forward(**x):  # with the entropy: log-probs and entropy from one pass over the logits
             o = self.engine(**x, temperature=c.temperature, return_entropy=entropy)
@@ -229,7 +246,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         if "rollout_gap_tokens" in sums:
             sums["rollout_logprob_gap"] = sums.pop("rollout_gap_sum") / max(sums.pop("rollout_gap_tokens"), 1.0)
         sums["lr"] = self.engine.get_lr()[0]
-        return [sums]
+        return self._leader([sums])
 
     # ----- weights to the rollout engines --------------------------------------------------
 
@@ -383,7 +400,7 @@ class CriticWorker(DeepSpeedSleep, _Worker):
     def values(self, items: list[dict]) -> list[torch.Tensor]:
         self.engine.eval()
         try:
-            return self._forward_items(lambda **x: self.engine(**x), items)
+            return self._leader(self._forward_items(lambda **x: self.engine(**x), items))
         finally:
             self.engine.train()
 
@@ -410,7 +427,7 @@ class CriticWorker(DeepSpeedSleep, _Worker):
                 sums["critic_loss"] += out.loss.item() / world
                 sums["value_clip_fraction"] += out.clip_fraction.item() * m.sum().item() / total.item()
             steps += 1
-        return [self.s.all_reduce({k: v / max(steps, 1) for k, v in sums.items()}, "sum")]
+        return self._leader([self.s.all_reduce({k: v / max(steps, 1) for k, v in sums.items()}, "sum")])
 
     def export(self, save_path: str, tokenizer_path: str | None = None) -> str:
         from rl_core.checkpoint import export_hf

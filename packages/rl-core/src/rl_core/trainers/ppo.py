@@ -76,7 +76,7 @@ from rl_core.metrics import MetricsLogger
 from rl_core.rl import ds_sleep
 from rl_core.rl.batching import MicroBatchConfig, over_budget
 from rl_core.rl.checkpoint import RLCheckpoints
-from rl_core.rl.experience import collate, dp_order, rows
+from rl_core.rl.experience import collate, dp_order, ring_shards, rows
 from rl_core.rl.groups import LocalGroup, concurrently
 from rl_core.rl.pipeline import AsyncRollout
 from rl_core.trainers.ppo_checkpoint import CheckpointPhase
@@ -100,7 +100,9 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
     def __init__(self, cfg: PPOConfig, *, policy, rollout, weight_sync, prompts, tokenizer, train_batch_size: int,
                  reward_fn=None, reward_model=None, critic=None, ref=None, sleep_engines: bool = False,
                  metrics: MetricsLogger | None = None, seed: int = 42, gap_alarm: float | None = None,
-                 sleep_level: int = 1, eval_prompts=None, batching: MicroBatchConfig | None = None):
+                 sleep_level: int = 1, eval_prompts=None, batching: MicroBatchConfig | None = None,
+                 ring_attn_size: int = 1):
+        self.ring = ring_attn_size  # every role's ranks in ring attention groups of this size (rl_core.ring_attention)
         self.cfg, self.policy, self.rollout, self.weight_sync, self.seed = cfg, policy, rollout, weight_sync, seed
         if reward_fn is not None and not callable(getattr(reward_fn, "score", None)):
             reward_fn = _bounded(reward_fn)
@@ -146,8 +148,14 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
                              f"multiple of train_batch_size {train_batch_size}; make it one "
                              f"(e.g. --train_batch_size {samples})")
         for role, g in (("policy", policy), ("critic", critic), ("ref", ref), ("reward", reward_model)):
-            if g is not None and (samples % g.world_size or train_batch_size % g.world_size):
-                raise ValueError(f"{role}: {g.world_size} ranks do not divide the {samples} samples per iteration "
+            if g is None:
+                continue
+            if g.world_size % self.ring:
+                raise ValueError(f"{role}: --ring_attn_size {self.ring} must divide its {g.world_size} ranks (each "
+                                 f"ring group holds one data-parallel slice); give it a multiple of {self.ring} ranks")
+            dp = g.world_size // self.ring
+            if samples % dp or train_batch_size % dp:
+                raise ValueError(f"{role}: {dp} data-parallel ranks do not divide the {samples} samples per iteration "
                                  f"and train_batch_size {train_batch_size}; use a rank count that divides both")
         if len(prompts) < cfg.rollout_batch_size:
             raise ValueError(f"{len(prompts)} prompts, fewer than rollout_batch_size {cfg.rollout_batch_size}")
@@ -189,12 +197,17 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
 
     # ----- prompts -----------------------------------------------------------------------
 
+    def _sharded(self, group, method: str, items: list, *args):
+        """``group.call_sharded``: each data-parallel rank its contiguous shard (a ring attention group's ranks
+        the same one: :func:`ring_shards`), results in ``items``' order."""
+        return group.call_sharded(method, ring_shards(items, group.world_size, self.ring), *args)
+
     def _experience(self, items: list[dict]) -> None:
-        calls = {} if self.on_policy else {"old_logprobs": lambda: self.policy.call_sharded("logprobs", items)}
+        calls = {} if self.on_policy else {"old_logprobs": lambda: self._sharded(self.policy, "logprobs", items)}
         if self.ref is not None:
-            calls["ref_logprobs"] = lambda: self.ref.call_sharded("logprobs", items)
+            calls["ref_logprobs"] = lambda: self._sharded(self.ref, "logprobs", items)
         if self.critic is not None:
-            calls["values"] = lambda: self.critic.call_sharded("values", items)
+            calls["values"] = lambda: self._sharded(self.critic, "values", items)
         if self.parallel:
             results = dict(zip(calls, concurrently(*calls.values()), strict=True))
         else:
@@ -277,17 +290,17 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
     def _train(self, items: list[dict], it: int) -> dict[str, float]:
         """Critic, then policy (unless still frozen); each gets every global batch split over its ranks."""
         def ordered(group):
-            return [items[i] for i in dp_order(len(items), self.G, group.world_size)]
+            return [items[i] for i in dp_order(len(items), self.G, group.world_size // self.ring)]
 
         out: dict[str, float] = {}
         t0 = time.perf_counter()
         if self.critic is not None:
-            out.update(self.critic.call_sharded("train", ordered(self.critic))[0])
+            out.update(self._sharded(self.critic, "train", ordered(self.critic))[0])
         t1 = time.perf_counter()
         out["critic_train_s"] = t1 - t0
         if it > self.cfg.freezing_actor_steps:
             kl_coef = self.cfg.init_kl_coef if self.cfg.use_kl_loss else 0.0
-            out.update(self.policy.call_sharded("train", ordered(self.policy), kl_coef, self.on_policy)[0])
+            out.update(self._sharded(self.policy, "train", ordered(self.policy), kl_coef, self.on_policy)[0])
             if "rollout_logprob_gap" in out:
                 out.update(self._check_gap(out["rollout_logprob_gap"]))
         out["policy_train_s"] = time.perf_counter() - t1

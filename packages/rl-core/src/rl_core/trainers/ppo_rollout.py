@@ -162,8 +162,9 @@ class RolloutPhase:
                 if record.scores is not None and self.reward_model is None:
                     self._filter_scores = torch.tensor(record.scores, dtype=torch.float32)
         if self.reward_model is not None:
-            pad = -len(items) % self.reward_model.world_size  # eval sets need not split over the ranks: repeat one
-            scored = self.reward_model.call_sharded("score", items + items[-1:] * pad)
+            dp = self.reward_model.world_size // self.ring
+            pad = -len(items) % dp  # eval sets need not split over the ranks: repeat one
+            scored = self._sharded(self.reward_model, "score", items + items[-1:] * pad)
             parts.append(torch.tensor(scored[:len(items)], dtype=torch.float32))
             info["reward_model_mean"] = parts[-1].mean().item()
         return sum(parts[1:], parts[0]), info

@@ -1,0 +1,137 @@
+"""Ring attention (rl_core.ring_attention) against one rank computing whole rows: two gloo ranks in one ring group
+(tiny Llama with grouped KV heads, fp32, CPU, real DeepSpeed) give the one-rank log-probs, entropy-free values and
+reward scores, and after one policy and one critic step the same weights; the layout helpers and the errors."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from rl_core.rl import CriticWorker, PolicyWorker, make_item
+from rl_core.rl.batching import MicroBatchConfig
+from rl_core.rl.experience import ring_shards
+from rl_core.rl.frozen_workers import RewardModelWorker
+from rl_core.strategy import StrategyConfig
+from rl_core.trainers.ppo import PPOConfig
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
+LENGTHS = [(5, 3), (9, 20), (4, 1), (12, 7), (6, 30), (3, 2), (8, 11), (5, 4)]  # 129 tokens: odd, so the row pads
+
+
+def test_ring_shards_repeat_each_data_parallel_shard_for_its_group():
+    items = list(range(8))
+    assert ring_shards(items, 4, 1) == items
+    assert ring_shards(items, 4, 2) == [0, 1, 2, 3, 0, 1, 2, 3, 4, 5, 6, 7, 4, 5, 6, 7]
+    assert ring_shards(items, 2, 2) == items + items
+    with pytest.raises(ValueError, match="7 items cannot be split over 2 data-parallel shards"):
+        ring_shards(items[:7], 4, 2)
+
+
+def test_ring_sizes_that_cannot_be_placed_fail_in_one_line():
+    from rl_core.ring_attention import check_sizes
+
+    with pytest.raises(ValueError, match=r"--ring_attn_size 4 must divide the 6 ranks of the policy"):
+        check_sizes(6, 4, 1, "the policy")
+    with pytest.raises(ValueError, match=r"ring_attn_size.*>= 1"):
+        StrategyConfig(ring_attn_size=0)
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    from rl_rollout.testing import make_tiny_model
+
+    return str(make_tiny_model(tmp_path_factory.mktemp("ring") / "tiny", num_heads=4, num_kv_heads=2))
+
+
+def items_of():
+    g = torch.Generator().manual_seed(0)
+    out = []
+    for p, r in LENGTHS:
+        ids = torch.randint(3, 128, (p + r,), generator=g).tolist()
+        it = make_item(ids[:p], ids[p:])
+        it["advantages"] = torch.tensor(it["loss_mask"], dtype=torch.float32) * torch.randn(p + r, generator=g)
+        it["values"] = torch.randn(p + r, generator=g) * 0.1
+        it["returns"] = torch.randn(p + r, generator=g)
+        out.append(it)
+    return out
+
+
+def strategy(ring: int, **kw) -> StrategyConfig:
+    return StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=2, train_batch_size=8, learning_rate=1e-4,
+                          lr_warmup_ratio=0.0, lr_scheduler="constant", max_norm=0.0, ring_attn_size=ring, **kw)
+
+
+def params(worker):
+    return {n: p.detach().clone() for n, p in worker.engine.module.named_parameters()}
+
+
+def run_roles(s: StrategyConfig, tiny: str, attn: str | None) -> dict:
+    """Every role's forward and one policy and critic step on the same 8 items (40-token budget: a 36-token item
+    alone, several rows of several items)."""
+    kw = {"load_kw": {"dtype": "fp32", "attn_implementation": attn}, "packing": True,
+          "batching": MicroBatchConfig(max_tokens_per_gpu=40)}
+    items = items_of()
+    c = PPOConfig(max_epochs=1, loss_agg_mode="seq-mean-token-mean", init_kl_coef=0.01, use_kl_loss=True)
+    policy = PolicyWorker(s, tiny, c, 1, **kw)
+    out = {"logprobs": policy.logprobs(items)}  # [] on a ring group's second rank
+    full = policy._forward_items(lambda **x: policy.engine(**x).logprobs, items)  # every rank: the whole rows
+    for it, lp in zip(items, full, strict=True):
+        it["old_logprobs"] = lp.clone()
+        it["ref_logprobs"] = lp - 0.01
+    out["policy_metrics"] = policy.train(items, kl_coef=0.01)
+    out["policy"] = params(policy)
+    critic = CriticWorker(s, tiny, c, 1, **kw)
+    out["values"] = critic.values(items)
+    out["critic_metrics"] = critic.train(items)
+    out["critic"] = params(critic)
+    out["scores"] = RewardModelWorker(s, tiny, **kw).score(items)
+    return out
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _rank(rank: int, port: int, tiny: str, out: str) -> None:
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    torch.save(run_roles(strategy(2), tiny, "rl_ring"), out)
+
+
+def test_two_ranks_in_one_ring_group_compute_what_one_rank_does(tiny, tmp_path):
+    """Ring 2 over 2 ranks (data parallel 1, each row split in two, padded to an even length; 2 KV heads gathered
+    one at a time) against one rank: forwards within 1e-5, and one step of each trained role equal within 1e-5 (lr
+    1e-4: Adam's first step is about lr x sign, so a wrong gradient scale or slice moves whole tensors by ~lr)."""
+    outs = [str(tmp_path / f"rank{r}.pt") for r in (0, 1)]
+    port = _free_port()
+    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('ring_ranks', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+            "m._rank(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")}
+    procs = [subprocess.Popen([sys.executable, "-c", code, __file__, str(r), str(port), tiny, outs[r]], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
+    logs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(x[-3000:] for x in logs)
+    r0, r1 = (torch.load(o) for o in outs)
+    one = run_roles(strategy(1), tiny, None)
+    for key in ("logprobs", "values", "scores", "policy_metrics", "critic_metrics"):
+        assert r1[key] == [], key  # the group's second rank returns nothing: its leader answers for both
+    for key in ("logprobs", "values"):
+        for a, b in zip(r0[key], one[key], strict=True):
+            torch.testing.assert_close(a, b, atol=1e-5, rtol=0, msg=lambda m: f"{key}: {m}")
+    assert r0["scores"] == pytest.approx(one["scores"], abs=1e-5)
+    for key, loss in (("policy_metrics", "policy_loss"), ("critic_metrics", "critic_loss")):
+        assert r0[key][0][loss] == pytest.approx(one[key][0][loss], abs=1e-6), key
+    assert r0["policy_metrics"][0]["kl_loss"] == pytest.approx(one["policy_metrics"][0]["kl_loss"], abs=1e-7)
+    for role in ("policy", "critic"):
+        for n in one[role]:
+            torch.testing.assert_close(r0[role][n], r1[role][n], atol=0, rtol=0)
+            torch.testing.assert_close(r0[role][n], one[role][n], atol=1e-5, rtol=0, msg=lambda m: f"{role} {n}: {m}")
