@@ -2,7 +2,7 @@
 
 - :mod:`rl_core.models`: Actor (per-token logprobs aligned with input_ids, entropy,
   packing), Critic (value head), RewardModel (score head, stored mean/std), frozen reference.
-- :mod:`rl_core.strategy`: DeepSpeedStrategy (distributed init, ZeRO 0-3, AdamW + LR
+- :mod:`rl_core.strategy`: DeepSpeedStrategy (distributed init, ZeRO 0-3, AdamW or Muon + LR
   schedule, accumulation, reductions, full-weight buckets under ZeRO-3).
 - :mod:`rl_core.data`: datasets from local files, collate and packing.
 - :mod:`rl_core.checkpoint`: atomic DeepSpeed checkpoints for exact resume, HF export.

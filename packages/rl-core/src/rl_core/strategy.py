@@ -7,10 +7,11 @@ accumulation x data-parallel size) and fails on numbers that do not divide,
 builds the DeepSpeed config (ZeRO 0-3, optimizer offload, bf16/fp32, clipping, and
 the keys OpenRLHF passes through: overlap_comm, ZeRO++ hpZ, the gradient accumulation
 dtype), seeds each process (optionally in transformers' full determinism mode),
-wraps model + AdamW + LR schedule into a DeepSpeed engine, and yields full named
-parameters in size-bounded buckets even under ZeRO-3 (what HF export and weight
-sync to rollout engines consume). Works the same in one process and under
-``deepspeed`` / ``torchrun`` with several.
+wraps model + optimizer (AdamW, or DeepSpeed's Muon for the weight matrices) + LR
+schedule into a DeepSpeed engine, and yields full named parameters in size-bounded
+buckets even under ZeRO-3 (what HF export and weight sync to rollout engines
+consume). Works the same in one process and under ``deepspeed`` / ``torchrun`` with
+several.
 
 Gradient accumulation is managed by DeepSpeed (``gradient_accumulation_steps``);
 losses are normalised by the caller with a global count (rl_algos.aggregate_loss),
@@ -41,6 +42,25 @@ logger = logging.getLogger(__name__)
 Tensor = torch.Tensor
 
 
+OPTIMIZERS = ("adam", "muon")
+MUON_DEFAULTS = {"muon_lr": 0.02, "muon_momentum": 0.95}  # OpenRLHF's --muon.lr, --muon.momentum
+
+
+def check_optimizer(optim: str, muon_lr: float, muon_momentum: float, prefix: str = "") -> None:
+    """The one-line refusals of the optimizer settings; ``prefix`` names another model's flags (``critic_``)."""
+    if optim not in OPTIMIZERS:
+        raise ValueError(f"unknown {prefix}optim {optim!r} (--{prefix}optim); valid: {', '.join(OPTIMIZERS)}")
+    if not muon_lr >= 0:
+        raise ValueError(f"{prefix}muon_lr (--{prefix}muon_lr) must be >= 0, got {muon_lr}")
+    if not 0 <= muon_momentum < 1:
+        raise ValueError(f"{prefix}muon_momentum (--{prefix}muon_momentum) must be in [0, 1), got {muon_momentum}")
+    if optim != "muon":
+        for name, value in (("muon_lr", muon_lr), ("muon_momentum", muon_momentum)):
+            if value != MUON_DEFAULTS[name]:
+                raise ValueError(f"{prefix}{name}={value} (--{prefix}{name}) is a setting of the Muon optimizer, not "
+                                 f"of --{prefix}optim {optim}; add --{prefix}optim muon or drop --{prefix}{name}")
+
+
 @dataclass(frozen=True)
 class StrategyConfig:
     """Training-system settings (OpenRLHF flag names in comments are accepted by the CLI)."""
@@ -59,6 +79,18 @@ class StrategyConfig:
     weight_decay: float = field(default=0.0, metadata=meta("--l2"))
     adam_betas: tuple[float, float] = field(default=(0.9, 0.95), metadata=meta("AdamW betas B1 B2"))
     adam_eps: float = field(default=1e-8, metadata=meta("AdamW epsilon", openrlhf=("adam.eps", "actor.adam.eps")))
+    optim: str = field(default="adam", metadata=meta(
+        "adam: AdamW for every weight; muon: DeepSpeed's Muon (MuonWithAuxAdam, as OpenRLHF's --optim muon) for the "
+        "2-D weight matrices whose names hold neither embed nor lm_head, AdamW (--learning_rate, --adam_betas, "
+        "--adam_eps) for the rest; --l2 decays both, except norms and biases. Muon's update is clipped by "
+        "--max_norm after orthogonalisation, as in OpenRLHF: use --max_norm 0. rl ppo / ppo-ray: the actor's "
+        "(the critic's: --critic_optim)", openrlhf=("actor.optim",)))
+    muon_lr: float = field(default=MUON_DEFAULTS["muon_lr"], metadata=meta(
+        "with --optim muon: the Muon group's peak learning rate (the AdamW group's is --learning_rate; the "
+        "schedule scales both)", openrlhf=("muon.lr", "actor.muon.lr")))
+    muon_momentum: float = field(default=MUON_DEFAULTS["muon_momentum"], metadata=meta(
+        "with --optim muon: Muon's Nesterov momentum (5 Newton-Schulz steps, fixed in DeepSpeed)",
+        openrlhf=("muon.momentum", "actor.muon.momentum")))
     gradient_checkpointing: bool = field(default=False, metadata=meta("recompute activations in the backward pass (less memory)"))
     gradient_checkpointing_layers: str = field(default="all", metadata=meta(
         "with --gradient_checkpointing, which decoder layers recompute: all; N, the first N (0..layers); or auto, "
@@ -122,6 +154,7 @@ class StrategyConfig:
             raise ValueError(f"gradient_checkpointing_layers={layers} (--gradient_checkpointing_layers) picks which "
                              f"layers recompute once --gradient_checkpointing is on; add --gradient_checkpointing")
         self._check_deepspeed_passthroughs()
+        check_optimizer(self.optim, self.muon_lr, self.muon_momentum)
         check_numbers(self, at_least_1=("ring_attn_size", "ring_head_stride"))
         if self.gradient_checkpointing_use_reentrant and not self.gradient_checkpointing:
             raise ValueError("gradient_checkpointing_use_reentrant (--gradient_checkpointing_use_reentrant) picks the "
@@ -325,6 +358,10 @@ class DeepSpeedStrategy:
                 zero["zero_hpz_partition_size"] = c.zpg
             if c.grad_accum_dtype is not None:
                 extra["data_types"] = {"grad_accum_dtype": c.grad_accum_dtype}
+            if c.optim == "muon":
+                extra["optimizer"] = self.muon_config()
+                if c.zero_stage == 3:  # DeepSpeed: "Muon and reduce scatter cannot be used together"
+                    zero["reduce_scatter"] = False
         return {**extra,
             "train_micro_batch_size_per_gpu": plan.micro_batch,
             "gradient_accumulation_steps": plan.accumulation_steps,
@@ -338,16 +375,37 @@ class DeepSpeedStrategy:
             "wall_clock_breakdown": False,
         }
 
-    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
-        c = self.cfg
+    def param_groups(self, model: nn.Module) -> list[dict]:
+        """The trainable parameters in two groups: decayed by --l2, and norms and biases, not decayed."""
         decay, no_decay = [], []
         for name, p in model.named_parameters():
             if p.requires_grad:
                 (no_decay if p.ndim < 2 or "norm" in name.lower() or name.endswith(".bias") else decay).append(p)
-        groups = [{"params": decay, "weight_decay": c.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        groups = [{"params": decay, "weight_decay": self.cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         groups = [g for g in groups if g["params"]]
         if not groups:
             raise ValueError("the model has no trainable parameters (all requires_grad=False): nothing to train")
+        return groups
+
+    def muon_config(self) -> dict:
+        """DeepSpeed's ``optimizer`` section for ``optim="muon"``, as OpenRLHF's ``_ds_init_train_model`` writes it.
+
+        ``deepspeed.initialize`` then tags each parameter (``use_muon``: 2-D, name without ``embed`` /
+        ``lm_head``) and builds ``MuonWithAuxAdam``, splitting each of :meth:`param_groups` into a Muon half
+        (``muon_lr``, ``momentum``) and an AdamW half (``adam_lr``, ``betas``, ``eps``); a group's own
+        ``weight_decay`` applies to both halves. DeepSpeed runs Newton-Schulz with 5 steps and Nesterov
+        momentum (neither is configurable there). The AdamW half is torch's AdamW, as our ``adam`` path's, or
+        DeepSpeedCPUAdam with ``adam_offload``."""
+        c = self.cfg
+        params = {"lr": c.muon_lr, "muon_lr": c.muon_lr, "adam_lr": c.learning_rate, "momentum": c.muon_momentum,
+                  "betas": list(c.adam_betas), "eps": c.adam_eps, "weight_decay": c.weight_decay}
+        if not c.adam_offload:
+            params["torch_adam"] = True  # instead of DeepSpeed's FusedAdam, a CUDA op built at first use
+        return {"type": "Muon", "params": params}
+
+    def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
+        c = self.cfg
+        groups = self.param_groups(model)
         if c.adam_offload:
             from deepspeed.ops.adam import DeepSpeedCPUAdam
 
@@ -359,7 +417,7 @@ class DeepSpeedStrategy:
                                  fused=self.device.type == "cuda")
 
     def prepare(self, model: nn.Module, *, total_steps: int | None = None, train: bool = True):
-        """Wrap ``model`` in a DeepSpeed engine; with ``train`` also AdamW and the LR schedule.
+        """Wrap ``model`` in a DeepSpeed engine; with ``train`` also the optimizer (AdamW or Muon) and LR schedule.
 
         ``total_steps`` (optimizer steps) sizes the warmup and cosine schedule.
         Frozen models (reference, reward) use ``train=False``: ZeRO-3 still
@@ -375,11 +433,23 @@ class DeepSpeedStrategy:
             return engine
         if total_steps is None or total_steps < 1:
             raise ValueError(f"prepare(train=True) needs total_steps >= 1 for the LR schedule, got {total_steps!r}")
-        optim = self.make_optimizer(model)
         warmup = math.ceil(self.cfg.lr_warmup_ratio * total_steps)
-        sched = torch.optim.lr_scheduler.LambdaLR(
-            optim, lr_lambda(self.cfg.lr_scheduler, total_steps, warmup, self.cfg.min_lr_ratio))
-        engine, *_ = deepspeed.initialize(model=model, optimizer=optim, lr_scheduler=sched, config=self.ds_config())
+        factor = lr_lambda(self.cfg.lr_scheduler, total_steps, warmup, self.cfg.min_lr_ratio)
+
+        def schedule(optim):  # each group's own peak learning rate times the factor (Muon's and AdamW's)
+            return torch.optim.lr_scheduler.LambdaLR(optim, factor)
+
+        if self.cfg.optim == "muon":  # DeepSpeed builds it from the config's optimizer section (muon_config)
+            if self.cfg.max_norm > 0 and self.is_rank_0():
+                logger.warning("optim muon with max_norm %g: DeepSpeed clips after Newton-Schulz, so the norm is the "
+                               "orthogonalised update's (about sqrt(sum of min(rows, cols))), as in OpenRLHF; "
+                               "--max_norm 0 leaves Muon's step unclipped", self.cfg.max_norm)
+            engine, *_ = deepspeed.initialize(model=model, model_parameters=self.param_groups(model),
+                                              lr_scheduler=schedule, config=self.ds_config())
+        else:
+            optim = self.make_optimizer(model)
+            engine, *_ = deepspeed.initialize(model=model, optimizer=optim, lr_scheduler=schedule(optim),
+                                              config=self.ds_config())
         if self.cfg.zero_stage == 0 and self.world_size == 1:
             # one rank: DeepSpeed's all-reduce at each step's last backward would flatten every gradient into
             # buckets, reduce over nobody and copy it back (as it does when it runs without torch.distributed)
