@@ -39,7 +39,7 @@ class MicroBatchConfig:
     max_tokens_per_gpu: int | None = field(default=None, metadata=meta(
         "token budget of a training micro-batch per rank (OpenRLHF dynamic batching): items are grouped first-fit "
         "decreasing under it instead of --micro_train_batch_size at a time; counts real tokens with --packing, "
-        "rows x longest row without"))
+        "rows x longest row without; with --ring_attn_size N a packed row holds up to N x this, 1/N per rank"))
     forward_max_tokens_per_gpu: int | None = field(default=None, metadata=meta(
         "token budget of the no-grad experience forwards (old/reference log-probs, values, reward model); "
         "default: --max_tokens_per_gpu"))

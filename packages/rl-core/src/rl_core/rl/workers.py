@@ -82,6 +82,8 @@ class _Worker:
             budget, micro = self.batching.max_tokens_per_gpu, self.s.cfg.micro_train_batch_size
         else:
             (budget, _), micro = self.batching.forward_budget(), self.micro_batch
+        if budget is not None:  # per rank: with ring attention a rank holds 1/ring of each row (as OpenRLHF counts)
+            budget *= self.s.cfg.ring_attn_size
         groups = plan_micro_batches(lengths, micro_batch=micro, max_tokens=budget, packing=self.packing)
         return groups if budget is None else equalise(groups, lengths, self.s, self.packing)
 
