@@ -1,7 +1,7 @@
 """``rl sft`` with the MoE load-balancing loss, as OpenRLHF's train_sft_mixtral_lora.sh runs it: its own flags
 (``--model.aux_loss_coef``, LoRA, packing, ZeRO-3, gradient checkpointing) on a tiny random Mixtral built here,
 with the sizes and the CPU's dtype and attention in place of the script's; and a model without experts refused
-in one line before it loads (rl-core's test_core_moe_aux_loss.py checks the loss itself)."""
+in one line before it loads, by rl sft and rl ppo (rl-core's test_core_moe_aux_loss.py checks the loss itself)."""
 
 from __future__ import annotations
 
@@ -50,4 +50,15 @@ def test_a_model_without_experts_is_refused_in_one_line_before_it_loads(files, c
     assert e.value.code == 2
     assert capsys.readouterr().err.strip().splitlines()[-1] == (
         "rl sft: --aux_loss_coef is the MoE load-balancing loss, but the model (llama) is not a mixture of experts "
+        "(its config has no output_router_logits); drop --aux_loss_coef or give 0")
+
+
+def test_rl_ppo_refuses_a_policy_without_experts_in_one_line_before_it_loads(files, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["ppo", "--pretrain", str(files / "llama"), "--prompt_data", str(files / "orca.jsonl"), "--input_key",
+              "question", "--remote_rm_url", "http://127.0.0.1:9/score", "--bf16", "false", "--actor.aux_loss_coef",
+              "0.01"])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == (
+        "rl ppo: --aux_loss_coef is the MoE load-balancing loss, but the model (llama) is not a mixture of experts "
         "(its config has no output_router_logits); drop --aux_loss_coef or give 0")

@@ -158,6 +158,17 @@ def test_docs_table_is_generated_from_the_parsers():
                                                                   "train.eval_steps": 10}),
     ("ppo-ray", ["--actor.entropy_coef", "0.0"], {"ppo.entropy_loss_coef": 0.0}),
     ("ppo", ["--entropy_loss_coef", "0.01"], {"ppo.entropy_loss_coef": 0.01}),
+    ("ppo-ray", ["--critic.adam.betas", "0.8", "0.9", "--critic.adam.eps", "1e-6", "--critic.adam.weight_decay", "0.1",
+                 "--critic.lr_scheduler", "constant", "--critic.lr_warmup_ratio", "0.1", "--critic.min_lr_ratio",
+                 "0.2", "--critic.max_norm", "0.5", "--critic.adam.lr", "2e-6"],
+     {"ppo.critic_adam_betas": (0.8, 0.9), "ppo.critic_adam_eps": 1e-6, "ppo.critic_weight_decay": 0.1,
+      "ppo.critic_lr_scheduler": "constant", "ppo.critic_lr_warmup_ratio": 0.1, "ppo.critic_min_lr_ratio": 0.2,
+      "ppo.critic_max_norm": 0.5, "ppo.critic_learning_rate": 2e-6}),
+    ("ppo", ["--adam_betas", "0.8", "0.99"], {"ppo.critic_adam_betas": None}),  # unset: the actor's (flat dialect)
+    ("ppo-ray", ["--actor.aux_loss_coef", "0.01", "--train.enable_ema", "--train.ema_beta", "0.99"],
+     {"ppo.aux_loss_coef": 0.01, "ppo.enable_ema": True, "ppo.ema_beta": 0.99}),
+    ("ppo", ["--aux_loss_coef", "0.001", "--enable_ema", "--ema_beta", "0.9"],
+     {"ppo.aux_loss_coef": 0.001, "ppo.enable_ema": True, "ppo.ema_beta": 0.9}),
 ])
 def test_openrlhf_flags_land_in_the_right_field(command, argv, want):
     cfgs = parse(command, argv)
@@ -177,6 +188,7 @@ def test_openrlhf_flags_land_in_the_right_field(command, argv, want):
     ("sft", ["--pretrain_mode"], "response tokens"),
     ("sft", ["--save_hf_ckpt"], "--save_path"),
     ("kto", ["--ref_offload"], "offloading"),
+    ("rm", ["--aux_loss_coef", "0.01"], "reward or value head"),
 ])
 def test_refused_flags_stop_with_one_line_naming_the_flag(command, argv, says, capsys):
     line = refused(command, argv, capsys)

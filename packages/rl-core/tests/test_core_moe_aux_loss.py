@@ -161,3 +161,62 @@ def test_dpo_step_loss_is_the_loss_without_plus_coef_times_the_aux_loss(moe):
     m, aux, _ = _one_step(make, moe, COEF)
     assert m["aux_loss"] == pytest.approx(aux.item(), rel=1e-5)
     assert m["loss"] == pytest.approx(plain["loss"] + COEF * aux.item(), rel=1e-5)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("packing", [False, True])
+def test_a_ppo_policy_step_adds_coef_times_the_router_loss_of_each_micro_batch(moe, packing):
+    """rl ppo's PolicyWorker with ``aux_loss_coef`` (OpenRLHF's --actor.aux_loss_coef). Advantages 0, so the
+    policy loss has no gradient, and AdamW with eps 1: its first step moves every weight by lr x g / (|g| + 1),
+    g the gradient of coef x each micro-batch's router loss weighted by its share of the samples, recomputed here
+    from transformers forwards (padded micro-batches of 2; packed rows under a 14-token budget: 2 + 1 + 1 items)."""
+    from transformers import AutoModelForCausalLM
+
+    from rl_core.rl import PolicyWorker, make_item
+    from rl_core.rl.batching import MicroBatchConfig
+    from rl_core.strategy import StrategyConfig
+    from rl_core.trainers.ppo_config import PPOConfig
+
+    lr = 1e-2
+    s = StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=2, train_batch_size=4, learning_rate=lr,
+                       lr_warmup_ratio=0.0, lr_scheduler="constant", max_norm=0.0, adam_eps=1.0)
+    w = PolicyWorker(s, str(moe), PPOConfig(aux_loss_coef=COEF), 1, load_kw={"dtype": "fp32", "packed": packing},
+                     batching=MicroBatchConfig(max_tokens_per_gpu=14 if packing else None), packing=packing)
+    g = torch.Generator().manual_seed(0)
+    items = []
+    for p, r in ((3, 4), (5, 2), (2, 6), (4, 4)):
+        it = make_item(*(torch.randint(10, 100, (n,), generator=g).tolist() for n in (p, r)))
+        it["old_logprobs"] = it["advantages"] = torch.zeros(p + r)
+        items.append(it)
+    groups = w._micro_batches(items, train=True)
+    assert sorted(len(x) for x in groups) == ([1, 1, 2] if packing else [2, 2])
+
+    hf = AutoModelForCausalLM.from_pretrained(moe, dtype=torch.float32)
+    expected_aux = 0.0
+    for idx in groups:
+        ids = [items[i]["input_ids"] for i in idx]
+        if packing:  # one row, positions restarting per sequence, every token real
+            row = torch.tensor([t for x in ids for t in x])[None]
+            pos = torch.cat([torch.arange(len(x)) for x in ids])[None]
+            mask = torch.ones_like(row)
+            logits = hf(input_ids=row, position_ids=pos, output_router_logits=True, use_cache=False).router_logits
+        else:  # right padding
+            T = max(map(len, ids))
+            row = torch.tensor([x + [0] * (T - len(x)) for x in ids])
+            mask = torch.tensor([[1] * len(x) + [0] * (T - len(x)) for x in ids])
+            logits = hf(input_ids=row, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                        output_router_logits=True, use_cache=False).router_logits
+        aux = switch_loss(logits, mask) * len(idx) / len(items)
+        (COEF * aux).backward()
+        expected_aux += aux.item()
+    before = {n: p.detach().clone() for n, p in w.engine.module.named_parameters()}
+    m = w.train(items)[0]
+
+    assert m["aux_loss"] == pytest.approx(expected_aux, rel=1e-5)
+    grads = {f"model.{n}": p.grad for n, p in hf.named_parameters()}
+    moved = 0
+    for n, p in w.engine.module.named_parameters():
+        gr = grads[n] if grads[n] is not None else torch.zeros_like(p)
+        torch.testing.assert_close(p.detach() - before[n], -lr * gr / (gr.abs() + 1), rtol=1e-3, atol=1e-7)
+        moved += int((gr.abs() > 0).any())
+    assert moved > 10  # routers, attention, embeddings: the aux loss reaches every layer below the routers

@@ -127,6 +127,36 @@ def test_the_critic_fits_the_returns_it_is_trained_on(setup):
     assert error() < 0.5 * before, (before, error())  # measured: 0.56 -> 0.20
 
 
+def test_the_critics_own_optimizer_settings_reach_its_engine_and_leave_the_actors(setup):
+    """OpenRLHF's --critic.adam.* / --critic.lr_scheduler ...: read back from the DeepSpeed engines (AdamW's param
+    groups, the schedule's multipliers, the clipping); the policy keeps the strategy's."""
+    model, tok, _ = setup
+    s = StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=2, train_batch_size=4, learning_rate=1e-3,
+                       lr_warmup_ratio=0.0, lr_scheduler="constant", weight_decay=0.0, max_norm=1.0)
+    c = PPOConfig(advantage_estimator="gae", critic_learning_rate=4e-3, critic_adam_betas=(0.8, 0.9),
+                  critic_adam_eps=1e-6, critic_weight_decay=0.1, critic_lr_scheduler="cosine_with_min_lr",
+                  critic_lr_warmup_ratio=0.5, critic_min_lr_ratio=0.2, critic_max_norm=0.5)
+    kw = {"load_kw": {"dtype": "fp32"}, "pad_id": tok.pad_token_id}
+    critic, policy = CriticWorker(s, model, c, 10, **kw), PolicyWorker(s, model, c, 10, **kw)
+
+    def read(engine):
+        groups = engine.optimizer.optimizer.param_groups  # ZeRO-2's wrapper around our AdamW
+        decays = sorted({g["weight_decay"] for g in groups})
+        mult = [engine.lr_scheduler.lr_lambdas[0](k) for k in (0, 4, 5, 10)]
+        return [*groups[0]["betas"], groups[0]["eps"], *decays, engine.lr_scheduler.base_lrs[0], *mult,
+                engine.gradient_clipping()]  # flat, for pytest.approx
+
+    # 10 steps, ceil(0.5 x 10) = 5 warming up: (k + 1) / 6, then cosine down to 0.2 at the last
+    assert read(critic.engine) == pytest.approx([0.8, 0.9, 1e-6, 0.0, 0.1, 4e-3, 1 / 6, 5 / 6, 1.0, 0.2, 0.5])
+    assert read(policy.engine) == pytest.approx([0.9, 0.95, 1e-8, 0.0, 1e-3, 1.0, 1.0, 1.0, 1.0, 1.0])
+    for bad, match in (({"critic_lr_scheduler": "linear"}, r"critic_lr_scheduler .* 'linear' .* valid: cosine"),
+                       ({"critic_adam_betas": (0.9, 1.0)}, r"critic_adam_betas .* \[0, 1\)"),
+                       ({"critic_lr_warmup_ratio": 1.0}, r"critic_lr_warmup_ratio .* \[0, 1\)"),
+                       ({"critic_max_norm": -1.0}, r"critic_max_norm .* >= 0")):
+        with pytest.raises(ValueError, match=match):
+            PPOConfig(**bad)
+
+
 def test_grpo_reward_rises_with_kl_as_a_loss(setup, tmp_path):
     trainer, engine, _ = make(setup, tmp_path, advantage_estimator="group_norm", n_samples_per_prompt=8,
                               max_iterations=12, max_epochs=2, init_kl_coef=0.001, use_kl_loss=True, lr=3e-3)

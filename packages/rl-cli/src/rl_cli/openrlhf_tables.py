@@ -263,15 +263,13 @@ class Refuse:
 _PENDING_ASYNC = "being built (issue 19)"
 _NO_VLM = "vision-language models are not built (text only)"
 _NO_MUON = "the Muon optimizer is not built (AdamW only); drop the --*.muon.* flags"
-_CRITIC_OPT = ("the critic shares the actor's optimizer settings (--adam_betas, --l2, --lr_scheduler, --max_norm ...); "
-               "only its learning rate is its own: --critic_learning_rate")
 _NO_OFFLOAD = ("offloading frozen models to CPU is not built; colocate them (--colocate_actor_ref, "
                "--colocate_critic_reward) or give them their own GPUs")
 _NO_DS_TP = "DeepSpeed tensor-parallel training (AutoTP) is not built; use ZeRO-3 (--zero_stage 3)"
-_NO_EMA = "EMA weights are not built; the policy's own weights are saved"
 _NO_PTX = "PPO-ptx (a pretraining loss mixed into the RL loss) is not built; run rl sft separately"
-_MOE_AUX = ("the MoE load-balancing loss is built for the causal-LM trainers (rl sft, dpo, kto), not for a reward or "
-            "value head (OpenRLHF's fails there: its body returns no aux_loss) or the RL loop's actor")
+_MOE_AUX = ("the MoE load-balancing loss is built for the causal-LM trainers (rl sft, dpo, kto) and the RL loop's "
+            "policy (rl ppo, ppo-ray), not for a reward or value head (OpenRLHF's fails there: its body returns no "
+            "aux_loss)")
 _NO_HEAD = ("our reward/critic heads are saved as rl_head.safetensors beside the model, under a fixed name "
             "(rl rm writes them, rl ppo reads them)")
 
@@ -299,9 +297,8 @@ REFUSED: dict[str, Refuse] = {
                                     "on the same world size"),
     "ds.use_universal_ckpt": Refuse("DeepSpeed universal checkpoints are not wired; resume with --load_checkpoint "
                                     "on the same world size"),
-    # rl sft / dpo / kto have it (a field of theirs wins over these lines)
+    # rl sft / dpo / kto / ppo / ppo-ray have it (a field of theirs wins over these lines): rl rm
     "aux_loss_coef": Refuse(_MOE_AUX, off=(0,)),
-    "actor.aux_loss_coef": Refuse(_MOE_AUX, off=(0,)),
     "model.aux_loss_coef": Refuse(_MOE_AUX, off=(0,)),
     "compute_fp32_loss": Refuse("not a switch here: the losses are computed from fp32 log-probs"),
     "model.compute_fp32_loss_enable": Refuse("not a switch here: the losses are computed from fp32 log-probs"),
@@ -354,14 +351,7 @@ REFUSED: dict[str, Refuse] = {
     "pretrain_data": Refuse(_NO_PTX),
     "pretrain_data_probs": Refuse(_NO_PTX),
     "pretrain_split": Refuse(_NO_PTX),
-    "enable_ema": Refuse(_NO_EMA),
-    "train.enable_ema": Refuse(_NO_EMA),
-    "ema_beta": Refuse(_NO_EMA),
-    "train.ema_beta": Refuse(_NO_EMA),
     "logging_steps": Refuse("the RL loop logs every iteration", off=(1,)),
-    **{f"critic.{k}": Refuse(_CRITIC_OPT) for k in (
-        "adam.betas", "adam.eps", "adam.weight_decay", "lr_scheduler", "lr_warmup_ratio", "max_norm",
-        "min_lr_ratio")},
     **{f"{p}muon.{k}": Refuse(_NO_MUON) for p in ("", "actor.", "critic.")
        for k in ("lr", "momentum", "nesterov", "no_nesterov", "ns_steps")},
 }

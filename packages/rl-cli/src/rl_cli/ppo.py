@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 
 from rl_cli.config import build_parser, describe, resolve
 from rl_cli.errors import CliArgs, UserError, set_debug, user_errors
-from rl_cli.train import _local_models, _wandb_installed, _wandb_key
+from rl_cli.train import _local_models, _wandb_installed, _wandb_key, check_moe
 from rl_rollout import engine_spec
 from rl_rollout.config import check_numbers, meta
 
@@ -174,6 +174,7 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     from rl_core.preflight import check_models
 
     cfgs["model"] = m = check_models(m)  # config.json and weights in every model folder
+    check_moe(p.aux_loss_coef, m.pretrain)
     try:
         cfgs["reward"].check(label_key=d.label_key)
     except ValueError as e:

@@ -187,6 +187,20 @@ def _wandb_installed(prog: str, logger_cfg) -> None:
         raise SystemExit(f"{prog}: {e}") from None
 
 
+def check_moe(aux_loss_coef: float, pretrain: str) -> None:
+    """With ``--aux_loss_coef``, a model without experts ends the command in one line, before it loads."""
+    if not aux_loss_coef:
+        return
+    from transformers import AutoConfig
+
+    from rl_core.models import check_moe_aux_loss
+
+    try:
+        check_moe_aux_loss(AutoConfig.from_pretrained(pretrain))
+    except ValueError as e:
+        raise UserError(str(e)) from e
+
+
 @user_errors(lambda name, *_, **__: f"rl {name}")
 def run(name: str, argv: list[str] | None = None) -> int:
     cmd = COMMANDS[name]
@@ -217,15 +231,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
 
     cfgs["model"] = check_models(cfgs["model"])  # config.json and weights, before anything loads
     _wandb_installed(f"rl {name}", cfgs["logger"])
-    if getattr(cfgs["train"], "aux_loss_coef", 0):  # a model without experts: one line, before it loads
-        from transformers import AutoConfig
-
-        from rl_core.models import check_moe_aux_loss
-
-        try:
-            check_moe_aux_loss(AutoConfig.from_pretrained(cfgs["model"].pretrain))
-        except ValueError as e:
-            raise UserError(str(e)) from e
+    check_moe(getattr(cfgs["train"], "aux_loss_coef", 0), cfgs["model"].pretrain)
     if cfgs["train"].eval_steps > 0 and not cfgs["data"].eval_dataset:
         parser.error(f"--eval_steps {cfgs['train'].eval_steps} needs --eval_dataset PATH (the rows to evaluate on)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -312,8 +312,9 @@ def merge_lora_state(state: dict[str, torch.Tensor], peft_config: dict) -> dict[
     return dict(merge_lora_stream(state.items(), peft_config))
 
 
-def export_hf(strategy, model, save_path: str | Path, tokenizer=None) -> Path:
-    """Write ``model`` (an Actor, Critic or RewardModel, possibly inside a DeepSpeed engine) as an HF folder.
+def export_hf(strategy, model, save_path: str | Path, tokenizer=None, state: dict | None = None) -> Path:
+    """Write ``model`` (an Actor, Critic or RewardModel, possibly inside a DeepSpeed engine) as an HF folder;
+    ``state``: these weights (``strategy.full_state_dict``'s names) instead of the model's own (EMA weights).
 
     A LoRA actor is written merged (:func:`merge_lora_state`, loadable by transformers
     and vLLM without peft), with the adapter alone in ``adapter/``.
@@ -322,7 +323,7 @@ def export_hf(strategy, model, save_path: str | Path, tokenizer=None) -> Path:
     and renames it over ``save_path``, so readers never see a half-written model.
     """
     module = getattr(model, "module", model)
-    state = strategy.full_state_dict(module)
+    state = strategy.full_state_dict(module) if state is None else state
     save_path = Path(save_path)
     if strategy.is_rank_0():
         tmp = save_path.with_name(f".tmp-{save_path.name}")

@@ -8,11 +8,12 @@ floats, dicts), so the same class runs in-process (:class:`rl_core.rl.groups.Loc
 every rank gets the same call with its shard (``call_sharded``) and they step
 together, so under ZeRO-3 each shard must hold the same number of items.
 
-- :class:`PolicyWorker`: old logprobs, the clipped policy loss (+ KL loss), weight
-  broadcast to the rollout engines (rank 0 sends, every rank gathers under ZeRO-3),
-  checkpoints and HF export. With LoRA (``load_kw["lora"]``, peft) only the adapter trains and every
-  sync path sends the merged weights ``W + scale * B @ A`` under the base model's HF names
-  (:func:`rl_core.checkpoint.merge_lora_stream`): the engines never see peft names.
+- :class:`PolicyWorker`: old logprobs, the clipped policy loss (+ KL loss, + the MoE load-balancing loss
+  with ``aux_loss_coef``), weight broadcast to the rollout engines (rank 0 sends, every rank gathers under
+  ZeRO-3), checkpoints and HF export (of the EMA weights with ``enable_ema``: :mod:`rl_core.rl.ema`). With
+  LoRA (``load_kw["lora"]``, peft) only the adapter trains and every sync path sends the merged weights
+  ``W + scale * B @ A`` under the base model's HF names (:func:`rl_core.checkpoint.merge_lora_stream`): the
+  engines never see peft names.
 - :class:`CriticWorker`: values and the (clipped) value loss (a LoRA body too, as OpenRLHF's critic).
 - Both: ``ds_offload`` / ``ds_reload``, DeepSpeed sleep (:mod:`rl_core.rl.ds_sleep`).
 - The frozen roles, :class:`ReferenceWorker` (log-probs) and :class:`RewardModelWorker` (one score per
@@ -160,9 +161,18 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
 
         self.cfg = ppo_cfg
         actor = Actor.from_pretrained(pretrain, **(load_kw or {}))
+        if ppo_cfg.aux_loss_coef:
+            actor.enable_moe_aux_loss()  # a model without experts is refused here, in one line
         # LoRA: the adapter's peft config; every sync sends merged weights (fresh tensors, never live ones)
         self._lora = getattr(actor.model, "peft_config", None)
         self.engine = self.s.prepare(actor, total_steps=total_steps)
+        self._ema = None
+        if ppo_cfg.enable_ema:
+            from rl_core.rl.ema import EmaWeights
+
+            self._ema = EmaWeights(self.engine.module, ppo_cfg.ema_beta)
+            logger.info("policy EMA (beta %g): %.3f GB on %s, rank %d", ppo_cfg.ema_beta, self._ema.nbytes / 1e9,
+                        self.s.device, self.rank)
         self._sender = None
         self._ipc = None  # an rl_rollout.ipc.IpcSender after the first share_weights_ipc
         self._live_params = self._live = None  # push_weights' live parameter list (ZeRO-0/1/2: _live_named)
@@ -203,8 +213,14 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         self.engine.train()
         G = self._global_seqs()
 
+        aux: list[torch.Tensor] = []  # the MoE router's load-balancing loss of the last forward
+        if c.aux_loss_coef:
+            sums["aux_loss"] = 0.0
+
         def forward(**x):  # with the entropy: log-probs and entropy from one pass over the logits
             o = self.engine(**x, temperature=c.temperature, return_entropy=entropy)
+            if c.aux_loss_coef:
+                aux[:] = [o.aux_loss]
             return (o.logprobs, o.entropy) if entropy else o.logprobs
 
         for chunk in self._global_batches(items, c.max_epochs):
@@ -235,8 +251,13 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                     if c.entropy_loss_coef:
                         loss = loss - c.entropy_loss_coef * ent_term
                     sums["entropy"] += ent_term.item() / world
+                if c.aux_loss_coef:  # OpenRLHF: coef x aux per micro-batch, weighted by its share of the samples
+                    share_n = len(sub) / len(chunk)
+                    loss = loss + c.aux_loss_coef * share_n * aux[0]
+                    sums["aux_loss"] += aux[0].item() * share_n / world
                 self.s.backward(loss, self.engine)
-                self.s.optimizer_step(self.engine)
+                if self.s.optimizer_step(self.engine) and self._ema is not None:
+                    self._ema.update()
                 share = m.sum().item() / total.item()
                 sums["policy_loss"] += out.loss.item() / world
                 sums["clip_fraction"] += out.clip_fraction.item() * share
@@ -376,6 +397,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
     # ----- export ------------------------------------------------------------------------------
 
     def export(self, save_path: str, tokenizer_path: str | None = None) -> str:
+        """The HF export of the policy, or of its EMA weights with ``enable_ema`` (as OpenRLHF's save_model)."""
         from rl_core.checkpoint import export_hf
 
         tok = None
@@ -383,7 +405,34 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
             from transformers import AutoTokenizer
 
             tok = AutoTokenizer.from_pretrained(tokenizer_path)
-        return str(export_hf(self.s, self.engine, save_path, tokenizer=tok))
+        state = None
+        if self._ema is not None:  # the frozen weights are the policy's; the trained ones the EMA's
+            state = self.s.full_state_dict(self.engine.module)
+            state.update(self._ema.full_state())
+        return str(export_hf(self.s, self.engine, save_path, tokenizer=tok, state=state))
+
+    def save_checkpoint(self, path: str) -> str:
+        """The DeepSpeed state, and with ``enable_ema`` this rank's EMA weights beside it (collective)."""
+        out = super().save_checkpoint(path)
+        if self._ema is not None:
+            self._ema.save(path, self.rank)
+            self.s.barrier()
+        return out
+
+    def load_checkpoint(self, path: str) -> None:
+        super().load_checkpoint(path)
+        if self._ema is not None:
+            self._ema.load(path, self.rank)
+
+    def ds_offload(self, optimizer_only: bool = False) -> dict[str, float]:
+        if self._ema is not None:  # not needed while the engines generate
+            self._ema.to("cpu")
+        return super().ds_offload(optimizer_only)
+
+    def ds_reload(self) -> dict[str, float]:
+        if self._ema is not None:
+            self._ema.to(self.s.device)
+        return super().ds_reload()
 
 
 class CriticWorker(DeepSpeedSleep, _Worker):
@@ -391,8 +440,7 @@ class CriticWorker(DeepSpeedSleep, _Worker):
 
     def __init__(self, strategy_cfg, pretrain: str, ppo_cfg, total_steps: int, *, load_kw: dict | None = None,
                  pad_id: int = 0, batching: MicroBatchConfig | None = None, packing: bool = False):
-        if ppo_cfg.critic_learning_rate is not None:
-            strategy_cfg = replace(strategy_cfg, learning_rate=ppo_cfg.critic_learning_rate)
+        strategy_cfg = replace(strategy_cfg, **ppo_cfg.critic_optimizer())  # its own AdamW, schedule, clipping
         super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
         from rl_core.models import Critic
 

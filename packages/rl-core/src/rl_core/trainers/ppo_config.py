@@ -134,6 +134,35 @@ class PPOConfig:
         "rollout rounds per iteration before dropped groups fill the batch"))
     critic_learning_rate: float | None = field(default=None, metadata=meta(
         "critic learning rate (default: --learning_rate)", openrlhf=("critic.adam.lr",)))
+    # the critic's own optimizer settings (OpenRLHF's --critic.*); unset: the actor's (ours, and OpenRLHF's flat
+    # v0.10.1 dialect, where one --adam_betas / --l2 / --lr_scheduler ... served both)
+    critic_adam_betas: tuple[float, float] | None = field(default=None, metadata=meta(
+        "critic AdamW betas B1 B2 (default: --adam_betas)", openrlhf=("critic.adam.betas",)))
+    critic_adam_eps: float | None = field(default=None, metadata=meta(
+        "critic AdamW epsilon (default: --adam_eps)", openrlhf=("critic.adam.eps",)))
+    critic_weight_decay: float | None = field(default=None, metadata=meta(
+        "critic AdamW weight decay (default: --l2)", openrlhf=("critic.adam.weight_decay",)))
+    critic_lr_scheduler: str | None = field(default=None, metadata=meta(
+        "critic LR schedule: cosine_with_min_lr | constant_with_warmup | constant (default: --lr_scheduler)",
+        openrlhf=("critic.lr_scheduler",)))
+    critic_lr_warmup_ratio: float | None = field(default=None, metadata=meta(
+        "critic LR warmup share of the steps (default: --lr_warmup_ratio)", openrlhf=("critic.lr_warmup_ratio",)))
+    critic_min_lr_ratio: float | None = field(default=None, metadata=meta(
+        "critic cosine floor as a share of its learning rate (default: --min_lr_ratio)",
+        openrlhf=("critic.min_lr_ratio",)))
+    critic_max_norm: float | None = field(default=None, metadata=meta(
+        "critic gradient clipping, 0 disables (default: --max_norm)", openrlhf=("critic.max_norm",)))
+    aux_loss_coef: float = field(default=0.0, metadata=meta(
+        "mixture-of-experts policy: + coef x the router's load-balancing loss in its loss, per micro-batch weighted "
+        "by its share of the samples, as OpenRLHF's actor (0: off; the critic's value head is left without it); a "
+        "model without experts is refused", openrlhf=("actor.aux_loss_coef",)))
+    enable_ema: bool = field(default=False, metadata=meta(
+        "keep an exponential moving average of the policy's trained weights (updated after each optimizer step, "
+        "in the weights' dtype, on their device; ZeRO-3: each rank its partition) and export it instead of the "
+        "policy (--save_path, --save_hf_ckpt); checkpoints keep it; the engines sample from the policy itself",
+        openrlhf=("train.enable_ema",)))
+    ema_beta: float = field(default=0.992, metadata=meta(
+        "with --enable_ema: ema = beta x ema + (1 - beta) x weights", openrlhf=("train.ema_beta",)))
     freezing_actor_steps: int = field(default=0, metadata=meta(
         "first iterations train the critic only", openrlhf=("critic.freezing_steps",)))
     logprob_gap_alarm: float | None = field(default=None, metadata=meta(
@@ -229,6 +258,7 @@ class PPOConfig:
             raise ValueError(f"--max_staleness {self.max_staleness} bounds --async_train's pipelining; add "
                              "--async_train or drop --max_staleness")
         self._check_extras()
+        self._check_training_extras()
         try:
             self.policy_loss  # noqa: B018 - builds (and so validates) the variant
         except ValueError as e:
@@ -254,6 +284,34 @@ class PPOConfig:
                              f"--advantage_estimator {self.advantage_estimator} does not do (as in OpenRLHF, where "
                              f"it then has no effect): drop the flag, or use dr_grpo for the group mean without the "
                              f"std")
+
+    def _check_training_extras(self) -> None:
+        """The critic's own optimizer settings, the MoE aux loss and EMA numbers."""
+        from rl_core.strategy import SCHEDULES
+
+        check_numbers(self, positive=("critic_adam_eps",), unit=("critic_min_lr_ratio", "ema_beta"),
+                      non_negative=("critic_weight_decay", "critic_max_norm", "aux_loss_coef"))
+        if self.ema_beta != 0.992 and not self.enable_ema:
+            raise ValueError(f"ema_beta={self.ema_beta} (--ema_beta) sets the EMA weights' decay: add --enable_ema, "
+                             f"or drop --ema_beta")
+        if self.critic_adam_betas is not None and not all(0 <= b < 1 for b in self.critic_adam_betas):
+            raise ValueError(f"critic_adam_betas (--critic_adam_betas) must be two numbers in [0, 1), got "
+                             f"{self.critic_adam_betas}")
+        if self.critic_lr_scheduler is not None and self.critic_lr_scheduler not in SCHEDULES:
+            raise ValueError(f"critic_lr_scheduler (--critic_lr_scheduler) {self.critic_lr_scheduler!r} is not a "
+                             f"schedule; valid: {', '.join(SCHEDULES)}")
+        if self.critic_lr_warmup_ratio is not None and not 0 <= self.critic_lr_warmup_ratio < 1:
+            raise ValueError(f"critic_lr_warmup_ratio (--critic_lr_warmup_ratio) must be in [0, 1), got "
+                             f"{self.critic_lr_warmup_ratio}")
+
+    def critic_optimizer(self) -> dict:
+        """The critic's own optimizer settings that are set, as :class:`~rl_core.strategy.StrategyConfig` field
+        names (the critic's strategy is the actor's with these replaced)."""
+        ours = {"learning_rate": self.critic_learning_rate, "adam_betas": self.critic_adam_betas,
+                "adam_eps": self.critic_adam_eps, "weight_decay": self.critic_weight_decay,
+                "lr_scheduler": self.critic_lr_scheduler, "lr_warmup_ratio": self.critic_lr_warmup_ratio,
+                "min_lr_ratio": self.critic_min_lr_ratio, "max_norm": self.critic_max_norm}
+        return {k: v for k, v in ours.items() if v is not None}
 
     @property
     def estimator(self):
