@@ -207,3 +207,18 @@ def test_sft_checkpoints_only_the_layers_asked_for_and_names_a_bad_count(files, 
     with pytest.raises(SystemExit):
         run("sft", [*base[:-1], "--gradient_checkpointing_layers", "1"])
     assert "add --gradient_checkpointing" in capsys.readouterr().err
+
+
+def test_sft_with_openrlhfs_muon_flags_learns(files, monkeypatch):
+    """``--optim muon`` in bf16 at ZeRO-2 (the defaults): the loss falls (the step's math: rl-core's test_core_muon)."""
+    import torch
+
+    monkeypatch.chdir(files)
+    argv = ["--pretrain", "tiny", "--dataset", "sft.jsonl", "--input_key", "q", "--output_key", "a",
+            "--apply_chat_template", "--micro_train_batch_size", "2", "--train_batch_size", "4", "--lr_warmup_ratio",
+            "0", "--max_epochs", "3", "--optim", "muon", "--muon.lr", "0.05", "--muon.momentum", "0.9",
+            "--muon.ns_steps", "5", "--muon.nesterov", "--adam.lr", "3e-3", "--max_norm", "0", "--run_dir", "run-muon"]
+    with torch._dynamo.config.patch(disable=True):  # DeepSpeed compiles Newton-Schulz: ~40 s of inductor on CPU
+        assert run("sft", argv) == 0
+    losses = losses_of(files / "run-muon")
+    assert len(losses) == 6 and losses[-1] < 0.7 * losses[0], losses

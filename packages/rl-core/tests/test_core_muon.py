@@ -16,7 +16,9 @@ import pytest
 import torch
 
 from rl_core.models import Actor
+from rl_core.rl.workers import CriticWorker, PolicyWorker
 from rl_core.strategy import DeepSpeedStrategy, StrategyConfig
+from rl_core.trainers.ppo_config import PPOConfig
 from rl_rollout.testing import make_tiny_model
 
 pytestmark = [pytest.mark.timeout(600), pytest.mark.slow]
@@ -105,6 +107,31 @@ def test_one_step_matches_a_hand_written_muon_and_adamw(tiny, stage):
         assert moved > 0, n
         err = (after[n].double() - want).norm() / moved
         assert err < 1e-3, (n, err.item())
+
+
+def test_the_policy_and_the_critic_take_their_own_optimizer(tiny):
+    """OpenRLHF's --actor.optim / --critic.optim: the policy follows the strategy, the critic --critic_optim (adam
+    unless given, whatever the actor's), read back from their DeepSpeed engines (ZeRO-2 wraps the optimizer)."""
+    from deepspeed.runtime.zero.muon.muon_optimizer import MuonWithAuxAdam
+
+    def lrs(worker):
+        opt = worker.engine.optimizer.optimizer
+        return type(opt), sorted({(g.get("use_muon", False), g["initial_lr"]) for g in opt.param_groups})  # peak lrs
+
+    kw = {"load_kw": {"dtype": "fp32"}, "pad_id": 0}
+    s = StrategyConfig(zero_stage=2, bf16=False, train_batch_size=1, learning_rate=1e-3, optim="muon", muon_lr=0.01)
+    assert lrs(PolicyWorker(s, tiny, PPOConfig(), 4, **kw)) == (MuonWithAuxAdam, [(False, 1e-3), (True, 0.01)])
+    assert lrs(CriticWorker(s, tiny, PPOConfig(), 4, **kw)) == (torch.optim.AdamW, [(False, 1e-3)])
+    adam = StrategyConfig(zero_stage=2, bf16=False, train_batch_size=1, learning_rate=1e-3)
+    critic = CriticWorker(adam, tiny, PPOConfig(critic_optim="muon", critic_muon_lr=0.03, critic_learning_rate=2e-3),
+                          4, **kw)
+    assert lrs(critic) == (MuonWithAuxAdam, [(False, 2e-3), (True, 0.03)])
+    head = [p for n, p in critic.engine.module.named_parameters() if n.startswith("head.")]
+    assert len(head) == 1 and head[0].use_muon  # the value head, 1 x hidden, trains in Muon as in OpenRLHF
+    with pytest.raises(ValueError, match=r"critic_muon_lr=0.01 \(--critic_muon_lr\) is a setting of the Muon "
+                                         r"optimizer, not of --critic_optim adam; add --critic_optim muon or drop "
+                                         r"--critic_muon_lr"):
+        PPOConfig(critic_muon_lr=0.01)
 
 
 @pytest.mark.parametrize(("kw", "message"), [

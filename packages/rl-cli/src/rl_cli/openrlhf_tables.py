@@ -112,10 +112,11 @@ def _param_dtype(v, _ns):
     raise ValueError(f"{v!r}: fp16 training is not built; use bf16 (the default) or --bf16 false for fp32")
 
 
-def _optim(v, _ns):
-    if v == "adam":
+def _ns_steps(v, _ns):
+    if v == 5:
         return {}
-    raise ValueError(f"{v!r}: only AdamW is built (the Muon optimizer is not); use --optim adam or drop the flag")
+    raise ValueError(f"{v}: DeepSpeed's Muon runs 5 Newton-Schulz steps, fixed in its muon_update (OpenRLHF's run "
+                     f"ignores the flag there); drop the flag or pass 5")
 
 
 _IS_TYPE = "_openrlhf_is_correction_type"  # OpenRLHF's type takes effect only with its enable flag
@@ -175,9 +176,10 @@ CONVERT: dict[str, Convert] = {
                                       "*"),
     "param_dtype": Convert("strategy.bf16 (bf16 only)", _param_dtype),
     "ds.param_dtype": Convert("strategy.bf16 (bf16 only)", _param_dtype),
-    "optim": Convert("AdamW (adam only)", _optim),
-    "actor.optim": Convert("AdamW (adam only)", _optim),
-    "critic.optim": Convert("AdamW (adam only)", _optim),
+    **{f"{p}muon.ns_steps": Convert("nothing: 5 only, DeepSpeed's Muon runs 5 Newton-Schulz steps", _ns_steps, None,
+                                    int) for p in ("", "actor.", "critic.")},
+    **{f"{p}muon.nesterov": Convert("nothing: DeepSpeed's Muon always uses Nesterov momentum", lambda _v, _ns: {}, 0)
+       for p in ("", "actor.", "critic.")},
     "multiturn": Convert("data.apply_chat_template (multi-turn = a message list in --input_key, no --output_key)",
                          lambda _v, _ns: {"data.apply_chat_template": True}, 0),
     "data.multiturn": Convert("data.apply_chat_template (multi-turn = a message list in --input_key, no --output_key)",
@@ -262,7 +264,8 @@ class Refuse:
 
 _PENDING_ASYNC = "being built (issue 19)"
 _NO_VLM = "vision-language models are not built (text only)"
-_NO_MUON = "the Muon optimizer is not built (AdamW only); drop the --*.muon.* flags"
+_MUON_NESTEROV = ("DeepSpeed's Muon always uses Nesterov momentum, fixed in its muon_update (OpenRLHF's run ignores "
+                  "the flag there); drop the flag")
 _NO_OFFLOAD = ("offloading frozen models to CPU is not built; colocate them (--colocate_actor_ref, "
                "--colocate_critic_reward) or give them their own GPUs")
 _NO_DS_TP = "DeepSpeed tensor-parallel training (AutoTP) is not built; use ZeRO-3 (--zero_stage 3)"
@@ -352,8 +355,7 @@ REFUSED: dict[str, Refuse] = {
     "pretrain_data_probs": Refuse(_NO_PTX),
     "pretrain_split": Refuse(_NO_PTX),
     "logging_steps": Refuse("the RL loop logs every iteration", off=(1,)),
-    **{f"{p}muon.{k}": Refuse(_NO_MUON) for p in ("", "actor.", "critic.")
-       for k in ("lr", "momentum", "nesterov", "no_nesterov", "ns_steps")},
+    **{f"{p}muon.no_nesterov": Refuse(_MUON_NESTEROV) for p in ("", "actor.", "critic.")},
 }
 
 _PLACEMENT = "placement is rl ppo-ray's: rl ppo runs every role in this process"

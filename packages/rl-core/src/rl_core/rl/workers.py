@@ -440,7 +440,7 @@ class CriticWorker(DeepSpeedSleep, _Worker):
 
     def __init__(self, strategy_cfg, pretrain: str, ppo_cfg, total_steps: int, *, load_kw: dict | None = None,
                  pad_id: int = 0, batching: MicroBatchConfig | None = None, packing: bool = False):
-        strategy_cfg = replace(strategy_cfg, **ppo_cfg.critic_optimizer())  # its own AdamW, schedule, clipping
+        strategy_cfg = replace(strategy_cfg, **ppo_cfg.critic_optimizer())  # its own optimizer, schedule, clipping
         super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
         from rl_core.models import Critic
 

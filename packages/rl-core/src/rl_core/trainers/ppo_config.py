@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass, field
 
 from rl_algos import ESTIMATORS, ISCorrectionConfig, get_estimator, policy_loss_config
+from rl_core.strategy import MUON_DEFAULTS, check_optimizer
 from rl_rollout.config import check_numbers, meta
 
 
@@ -152,6 +153,14 @@ class PPOConfig:
         openrlhf=("critic.min_lr_ratio",)))
     critic_max_norm: float | None = field(default=None, metadata=meta(
         "critic gradient clipping, 0 disables (default: --max_norm)", openrlhf=("critic.max_norm",)))
+    critic_optim: str = field(default="adam", metadata=meta(
+        "the critic's optimizer: adam | muon, as --optim (which is the actor's); adam unless given, as OpenRLHF's "
+        "--critic.optim (its value head trains in the Muon group too: a 2-D weight)", openrlhf=("critic.optim",)))
+    critic_muon_lr: float = field(default=MUON_DEFAULTS["muon_lr"], metadata=meta(
+        "with --critic_optim muon: the critic's Muon learning rate (its AdamW group's: --critic_learning_rate)",
+        openrlhf=("critic.muon.lr",)))
+    critic_muon_momentum: float = field(default=MUON_DEFAULTS["muon_momentum"], metadata=meta(
+        "with --critic_optim muon: the critic's Muon momentum", openrlhf=("critic.muon.momentum",)))
     aux_loss_coef: float = field(default=0.0, metadata=meta(
         "mixture-of-experts policy: + coef x the router's load-balancing loss in its loss, per micro-batch weighted "
         "by its share of the samples, as OpenRLHF's actor (0: off; the critic's value head is left without it); a "
@@ -204,6 +213,7 @@ class PPOConfig:
         check_numbers(self, positive=("eps_clip", "critic_learning_rate", "kl_target", "top_p"),
                       non_negative=("value_clip", "overlong_penalty_factor", "freezing_actor_steps"),
                       unit=("gamma", "lambd", "top_p"), at_least_1=("kl_horizon",))
+        check_optimizer(self.critic_optim, self.critic_muon_lr, self.critic_muon_momentum, prefix="critic_")
         for name in ("n_samples_per_prompt", "rollout_batch_size", "generate_max_len", "num_episodes", "max_epochs",
                      "dynamic_filtering_max_rounds", "max_ckpt_num", "agent_max_turns",
                      "partial_rollout_tokens"):
@@ -305,13 +315,15 @@ class PPOConfig:
                              f"{self.critic_lr_warmup_ratio}")
 
     def critic_optimizer(self) -> dict:
-        """The critic's own optimizer settings that are set, as :class:`~rl_core.strategy.StrategyConfig` field
-        names (the critic's strategy is the actor's with these replaced)."""
+        """The critic's own optimizer settings that are set, and its optimizer (adam unless given: never the
+        actor's, as OpenRLHF's --critic.optim), as :class:`~rl_core.strategy.StrategyConfig` field names (the
+        critic's strategy is the actor's with these replaced)."""
         ours = {"learning_rate": self.critic_learning_rate, "adam_betas": self.critic_adam_betas,
                 "adam_eps": self.critic_adam_eps, "weight_decay": self.critic_weight_decay,
                 "lr_scheduler": self.critic_lr_scheduler, "lr_warmup_ratio": self.critic_lr_warmup_ratio,
                 "min_lr_ratio": self.critic_min_lr_ratio, "max_norm": self.critic_max_norm}
-        return {k: v for k, v in ours.items() if v is not None}
+        return {**{k: v for k, v in ours.items() if v is not None}, "optim": self.critic_optim,
+                "muon_lr": self.critic_muon_lr, "muon_momentum": self.critic_muon_momentum}
 
     @property
     def estimator(self):
