@@ -12,7 +12,8 @@ unless Ray found the cluster itself. Here, connecting to an existing cluster wit
 ``RAY_AUTH_MODE`` unset and a token at hand (``RAY_AUTH_TOKEN``, ``RAY_AUTH_TOKEN_PATH`` or
 ``~/.ray/auth_token``) turns token mode on for this process and its children; a cluster without
 authentication accepts such a driver too. A refused connection stops with one line that names
-``RAY_AUTH_MODE=token`` and where the token goes.
+``RAY_AUTH_MODE=token`` and where the token goes, at once (one GCS request) rather than after
+``ray.init``'s 20 s of retries.
 
 Leaves out: Ray Client (``ray://`` addresses go to ``ray.init`` unchanged) and copying the
 token between nodes (a second node needs the head's token in its own ``~/.ray/auth_token``).
@@ -81,6 +82,7 @@ def connect(address: str, prog: str = "rl ppo-ray") -> None:
         except ImportError:
             pass
     try:
+        _refused_at_once(address)
         ray.init(address=address, include_dashboard=False)
     except (ConnectionError, ray.exceptions.AuthenticationError, RuntimeError) as e:
         mode = os.environ.get("RAY_AUTH_MODE")
@@ -90,3 +92,25 @@ def connect(address: str, prog: str = "rl ppo-ray") -> None:
         raise SystemExit(f"{prog}: cannot join the Ray cluster at {address} ({type(e).__name__}: {first}). If it "
                          f"uses token authentication (Ray 2.52+ `ray start --head` turns it on when a token exists; "
                          f"{why}): {TOKEN_HINT}") from None
+
+
+def _refused_at_once(address: str) -> None:
+    """Raise Ray's AuthenticationError when a GCS that answers refuses this process's token (or its lack).
+
+    ``ray.init`` retries a refused connection once a second for ~20 s (RAY_NUM_REDIS_GET_RETRIES) before
+    giving up; one GCS client asks once. Anything else (a GCS that does not answer, a Ray without this
+    client) is left to ``ray.init``, as before."""
+    import ray
+
+    if "://" in address or not _answers(address):
+        return
+    try:
+        from ray._raylet import GcsClient
+    except ImportError:
+        return
+    try:
+        GcsClient(address=address)
+    except ray.exceptions.AuthenticationError:
+        raise
+    except Exception:  # noqa: BLE001 - not ours to judge: ray.init decides and says
+        return
