@@ -330,15 +330,13 @@ def test_the_committed_list_is_what_the_extractor_reads_from_openrlhf():
     assert json.loads(r.stdout) == openrlhf.openrlhf_flags(), "re-run the extractor into rl_cli/openrlhf_flags.json"
 
 
-@pytest.mark.parametrize("command", ["sft", "dpo", "ppo"])
-def test_ring_attention_outside_rl_ppo_ray_stops_the_run_in_one_line(command, capsys):
-    """--ring_attn_size parses everywhere (a StrategyConfig field), but only rl ppo-ray runs it: the other commands
-    stop before anything loads, naming the flag (--print_config too: it would print a config that cannot run)."""
+def test_ring_attention_in_rl_ppo_stops_the_run_in_one_line(capsys):
+    """--ring_attn_size parses everywhere (a StrategyConfig field); rl ppo runs each role as one process, so a ring
+    size above 1 stops it before anything loads, naming the flag (--print_config too: that config cannot run)."""
     from rl_cli.main import main
 
     with pytest.raises(SystemExit) as e:
-        main([command, "--pretrain", "/m", "--dataset", "d.jsonl", "--ds.ring_attn_size", "2", "--packing_samples",
-              "--print_config"])
+        main(["ppo", "--pretrain", "/m", "--dataset", "d.jsonl", "--ds.ring_attn_size", "2", "--print_config"])
     assert e.value.code == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--ring_attn_size 2" in line and "rl ppo-ray" in line, line

@@ -1,6 +1,8 @@
 """Ring attention (rl_core.ring_attention) against one rank computing whole rows: two gloo ranks in one ring group
-(tiny Llama with grouped KV heads, fp32, CPU, real DeepSpeed) give the one-rank log-probs, entropy-free values and
-reward scores, and after one policy and one critic step the same weights; the layout helpers and the errors."""
+(tiny Llama with grouped KV heads, fp32, CPU, real DeepSpeed) give the one-rank log-probs, values and reward
+scores, and after one policy and one critic step the same weights, from packed rows and from padded ones (packed
+inside the forward); the SFT and DPO trainers give the one-rank losses, eval metrics and weights; the layout
+helpers and the errors."""
 
 from __future__ import annotations
 
@@ -70,11 +72,11 @@ def params(worker):
     return {n: p.detach().clone() for n, p in worker.engine.module.named_parameters()}
 
 
-def run_roles(s: StrategyConfig, tiny: str, attn: str | None) -> dict:
-    """Every role's forward and one policy and critic step on the same 8 items (40-token budget: a 36-token item
-    alone, several rows of several items)."""
-    kw = {"load_kw": {"dtype": "fp32", "attn_implementation": attn}, "packing": True,
-          "batching": MicroBatchConfig(max_tokens_per_gpu=40)}
+def run_roles(s: StrategyConfig, tiny: str, attn: str | None, packing: bool = True) -> dict:
+    """Every role's forward and one policy and critic step on the same 8 items (packed: a 40-token budget, so a
+    36-token item alone and several rows of several items; padded: micro-batches of 2)."""
+    kw = {"load_kw": {"dtype": "fp32", "attn_implementation": attn}, "packing": packing,
+          "batching": MicroBatchConfig(max_tokens_per_gpu=40 if packing else None)}
     items = items_of()
     c = PPOConfig(max_epochs=1, loss_agg_mode="seq-mean-token-mean", init_kl_coef=0.01, use_kl_loss=True)
     policy = PolicyWorker(s, tiny, c, 1, **kw)
@@ -99,11 +101,45 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+SFT_ROWS = [{"q": f"reverse {w} " * (1 + i % 3), "a": w[::-1] * (1 + i % 4)}
+            for i, w in enumerate(["abc", "hello", "xyz", "rl", "ppo", "grpo", "data", "kto"])]
+PAIRS = [{"prompt": f"reverse {w}", "chosen": w[::-1] * (1 + i % 3) + ".", "rejected": w + "?"}
+         for i, w in enumerate(["abc", "hello", "xyz", "rl", "ppo", "grpo", "data", "kto"])]
+
+
+def run_offline(ring: int, tiny: str, attn: str | None) -> dict:
+    """Two SFT steps (padded rows, an eval set) and two DPO steps (packed pairs, the NLL term, an eval set)."""
+    from transformers import AutoTokenizer
+
+    from rl_core.data import DataConfig, PreferenceDataset, SFTDataset
+    from rl_core.models import Actor, frozen
+    from rl_core.strategy import DeepSpeedStrategy
+    from rl_core.trainers import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
+
+    tok = AutoTokenizer.from_pretrained(tiny)
+    s = StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=2, train_batch_size=4, learning_rate=1e-4,
+                       lr_warmup_ratio=0.0, lr_scheduler="constant", max_norm=0.0, ring_attn_size=ring)
+    out = {}
+    sft = SFTDataset(SFT_ROWS, tok, DataConfig(input_key="q", output_key="a", max_len=64))
+    t = SFTTrainer(DeepSpeedStrategy(s), Actor.from_pretrained(tiny, dtype="fp32", attn_implementation=attn), tok,
+                   sft, SFTConfig(max_epochs=1, eval_steps=1), eval_dataset=sft)
+    out["sft_losses"], out["sft_eval"], out["sft"] = t.fit(), t.eval_history, params(t)
+    pairs = PreferenceDataset(PAIRS, tok, DataConfig(prompt_key="prompt", max_len=64, packing=True))
+    t = DPOTrainer(DeepSpeedStrategy(s), Actor.from_pretrained(tiny, dtype="fp32", attn_implementation=attn),
+                   frozen(Actor.from_pretrained(tiny, dtype="fp32", attn_implementation=attn)), tok, pairs,
+                   DPOConfig(max_epochs=1, nll_loss_coef=0.5, eval_steps=1), eval_dataset=pairs)
+    out["dpo_losses"], out["dpo_eval"], out["dpo"] = t.fit(), t.eval_history, params(t)
+    return out
+
+
 def _rank(rank: int, port: int, tiny: str, out: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    torch.save(run_roles(strategy(2), tiny, "rl_ring"), out)
+    res = run_roles(strategy(2), tiny, "rl_ring")
+    res["padded"] = run_roles(strategy(2), tiny, "rl_ring", packing=False)
+    res["offline"] = run_offline(2, tiny, "rl_ring")
+    torch.save(res, out)
 
 
 def test_two_ranks_in_one_ring_group_compute_what_one_rank_does(tiny, tmp_path):
@@ -120,8 +156,24 @@ def test_two_ranks_in_one_ring_group_compute_what_one_rank_does(tiny, tmp_path):
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
     logs = [p.communicate(timeout=600)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], "\n".join(x[-3000:] for x in logs)
-    r0, r1 = (torch.load(o) for o in outs)
+    r0, r1 = (torch.load(o, weights_only=False) for o in outs)
     one = run_roles(strategy(1), tiny, None)
+    for r0_, r1_ in ((r0, r1), (r0["padded"], r1["padded"])):  # padded rows: packed inside the ring forward
+        assert_same_roles(r0_, r1_, one)
+    a, b, one = r0["offline"], r1["offline"], run_offline(1, tiny, None)
+    for key in ("sft_losses", "dpo_losses"):
+        assert a[key] == b[key] and a[key] == pytest.approx(one[key], abs=1e-6), key
+    for key in ("sft_eval", "dpo_eval"):
+        assert len(a[key]) == len(one[key]) >= 2
+        for x, y in zip(a[key], one[key], strict=True):
+            assert x == pytest.approx(y, abs=1e-6), key
+    for role in ("sft", "dpo"):
+        for n in one[role]:
+            torch.testing.assert_close(a[role][n], b[role][n], atol=0, rtol=0)
+            torch.testing.assert_close(a[role][n], one[role][n], atol=1e-5, rtol=0, msg=lambda m: f"{role} {n}: {m}")
+
+
+def assert_same_roles(r0: dict, r1: dict, one: dict) -> None:
     for key in ("logprobs", "values", "scores", "policy_metrics", "critic_metrics"):
         assert r1[key] == [], key  # the group's second rank returns nothing: its leader answers for both
     for key in ("logprobs", "values"):

@@ -246,13 +246,14 @@ NOTES: dict[tuple[str, str], str] = {
        for n in ("no_advantage_std_norm", "algo.advantage.no_std_norm")},
     **{(c, n): "AutoTokenizer(use_fast=False), as OpenRLHF; transformers 5 (both pin it) ignores use_fast"
        for c in COMMANDS for n in ("disable_fast_tokenizer", "data.disable_fast_tokenizer")},
-    **{(c, n): "ring attention is built for rl ppo-ray: a value above 1 stops the run at start, in one line"
+    **{(c, n): "groups of this many ranks compute each row in slices (padded rows packed first); local attention "
+               "by torch sdpa with a document mask (OpenRLHF: ring-flash-attn)"
        for c in ("sft", "rm", "dpo", "kto") for n in ("ring_attn_size", "ds.ring_attn_size")},
     **{("ppo", n): "rl ppo runs each role as one process: a value above 1 stops the run at start (use rl ppo-ray)"
        for n in ("ring_attn_size", "ds.ring_attn_size")},
-    **{("ppo-ray", n): "every role (policy, critic, reference, reward model) in groups of this many ranks; needs "
-                       "--packing_samples; local attention by torch sdpa with a document mask (OpenRLHF: "
-                       "ring-flash-attn)" for n in ("ring_attn_size", "ds.ring_attn_size")},
+    **{("ppo-ray", n): "every role (policy, critic, reference, reward model) in groups of this many ranks, each "
+                       "row in slices (padded rows packed first); local attention by torch sdpa with a document "
+                       "mask (OpenRLHF: ring-flash-attn)" for n in ("ring_attn_size", "ds.ring_attn_size")},
 }
 
 

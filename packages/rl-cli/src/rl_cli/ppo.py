@@ -143,9 +143,6 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     if ring > 1 and not ray:
         parser.error(f"--ring_attn_size {ring} splits each packed row over {ring} ranks of a role; rl ppo runs every "
                      f"role as one process: use rl ppo-ray with --actor_num_gpus_per_node a multiple of {ring}")
-    if ring > 1 and not cfgs["data"].packing:
-        parser.error(f"--ring_attn_size {ring} splits packed rows over the ranks: add --packing (OpenRLHF: "
-                     f"--packing_samples)")
     if p.save_hf_ckpt and p.save_steps <= 0:  # OpenRLHF's run then writes no checkpoint to put an export in either
         print(f"[rl {name}] --ckpt.save_hf: no checkpoints are written without --ckpt.save_steps; the final model "
               f"goes to --save_path ({p.save_path or 'not set: the run saves nothing'})", flush=True)

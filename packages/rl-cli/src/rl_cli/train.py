@@ -73,8 +73,10 @@ def _load_kw(cfgs: dict, strategy_cfg) -> dict:
     from rl_core.attention import requested_attention
 
     model = cfgs["model"]
+    attn = requested_attention(model.attn_implementation, model.flash_attn)
     return {"dtype": "bf16" if strategy_cfg.bf16 else "fp32",
-            "attn_implementation": requested_attention(model.attn_implementation, model.flash_attn),
+            # ring attention: every model of the run computes its slice of each row (rl_core.ring_attention)
+            "attn_implementation": "rl_ring" if strategy_cfg.ring_attn_size > 1 else attn,
             "gradient_checkpointing": strategy_cfg.gradient_checkpointing, "lora": model.lora(),
             "use_liger_kernel": model.use_liger_kernel,
             "packed": bool(getattr(cfgs.get("data"), "packing", False))}  # the default attention for packed rows
@@ -211,10 +213,6 @@ def run(name: str, argv: list[str] | None = None) -> int:
         cfgs = resolve(groups, args, flags)
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))
-    if cfgs["strategy"].ring_attn_size > 1:
-        parser.error(f"--ring_attn_size {cfgs['strategy'].ring_attn_size}: ring attention is built for rl ppo-ray "
-                     f"(policy, critic, reference and reward model), not yet for rl {name}; use --ring_attn_size 1 "
-                     f"and ZeRO-3 or a shorter --max_len")
     if getattr(args, "print_config", False):  # a dry run: before any path is read or model loaded
         from rl_cli.dry_run import print_config
 

@@ -12,7 +12,8 @@ Packed sequences: pass ``position_ids`` restarting at 0 per sequence and no
 (flash-attn varlen, or a block-diagonal mask for sdpa). The first token of each
 packed sequence gets logprob 0, never a prediction from the previous sequence.
 With ring attention on (:mod:`rl_core.ring_attention`), a packed row is computed in slices over the ring
-group and every forward returns the whole row's outputs on every rank of the group.
+group and every forward returns the whole row's outputs on every rank of the group; padded rows are packed
+first and their outputs put back (each row's first real token then holds 0, as at position 0 of a packed one).
 
 The reference model is a frozen Actor (:func:`frozen`). LoRA goes through peft.
 Mixture-of-experts models: :meth:`Actor.enable_moe_aux_loss` makes every forward also return the
@@ -130,14 +131,35 @@ def check_moe_aux_loss(config) -> None:
 
 
 def _ring_slice(input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor | None):
-    """:func:`rl_core.ring_attention.sharded` for a packed row; ring attention takes packed rows only."""
+    """:func:`rl_core.ring_attention.sharded` for a packed row (padded rows are packed first: :func:`_ring_padded`)."""
     from rl_core import ring_attention
 
     if ring_attention.current() is not None and (attention_mask is not None or position_ids is None
                                                  or input_ids.shape[0] != 1):
         raise ValueError(f"ring attention splits one packed row per forward; got {input_ids.shape[0]} padded "
-                         f"rows: run with --packing (OpenRLHF: --packing_samples)")
+                         f"rows (position_ids given: {position_ids is not None}, attention_mask given: "
+                         f"{attention_mask is not None})")
     return ring_attention.sharded(position_ids) if position_ids is not None else contextlib.nullcontext()
+
+
+def _ring_padded(attention_mask: Tensor | None) -> bool:
+    """Padded rows under ring attention: the forward packs their real tokens into one row, as OpenRLHF's
+    ``unpad_and_slice_tensor`` does, and puts the per-token outputs back (:func:`_unpad`, :func:`_repad`)."""
+    from rl_core import ring_attention
+
+    return attention_mask is not None and ring_attention.current() is not None
+
+
+def _unpad(input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Padded rows ``[B, T]`` -> ``(ids [1, N], position ids [1, N], index [N])``: the real tokens in row order, each
+    row's positions from 0, and where each came from in the flattened ``[B * T]``."""
+    idx = attention_mask.reshape(-1).nonzero().squeeze(1)
+    return input_ids.reshape(-1)[idx][None], _positions(attention_mask).reshape(-1)[idx][None], idx
+
+
+def _repad(x_1N: Tensor, idx: Tensor, shape) -> Tensor:
+    """A packed row's per-token output back in the padded ``[B, T]`` layout, 0 at the padding (differentiable)."""
+    return x_1N.new_zeros(shape[0] * shape[1]).index_put((idx,), x_1N[0]).view(shape)
 
 
 def _positions(attention_mask: Tensor) -> Tensor:
@@ -193,6 +215,11 @@ class Actor(nn.Module):
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
                 *, temperature: float = 1.0, return_entropy: bool = False) -> ActorOutput:
+        if _ring_padded(attention_mask):  # ring attention computes packed rows: pack, run, put back
+            ids, pos, idx = _unpad(input_ids, attention_mask)
+            o = self.forward(ids, position_ids=pos, temperature=temperature, return_entropy=return_entropy)
+            ent = None if o.entropy is None else _repad(o.entropy, idx, input_ids.shape)
+            return ActorOutput(_repad(o.logprobs, idx, input_ids.shape), ent, o.aux_loss)
         if position_ids is None and attention_mask is not None:
             position_ids = _positions(attention_mask)
             pos_for_shift = None
@@ -288,6 +315,9 @@ class _ScalarHeadModel(nn.Module):
     def per_token(self, input_ids, attention_mask=None, position_ids=None) -> Tensor:
         """The head's number at every position ``[B, T]`` float32 (with ring attention: this rank computes its
         slice of the packed row and the group's slices are gathered)."""
+        if _ring_padded(attention_mask):  # ring attention computes packed rows: pack, run, put back
+            ids, pos, idx = _unpad(input_ids, attention_mask)
+            return _repad(self.per_token(ids, position_ids=pos), idx, input_ids.shape)
         with _ring_slice(input_ids, attention_mask, position_ids) as shard:
             if shard is None:
                 return self.head(self.hidden(input_ids, attention_mask, position_ids)).squeeze(-1).float()

@@ -122,9 +122,10 @@ class StrategyConfig:
         "this process's rank on its node, as the deepspeed launcher passes it (--local_rank=N); launchers also "
         "export LOCAL_RANK, which wins; -1: from the environment (torchrun, Ray) or 0 alone"))
     ring_attn_size: int = field(default=1, metadata=meta(
-        "ring attention (sequence parallelism, rl ppo-ray): groups of this many consecutive ranks of every role "
-        "hold the same micro-batches and compute each packed row in that many slices, gathering keys and values "
-        "in attention (rl_core.ring_attention); needs --packing; data parallel size = ranks / ring_attn_size",
+        "ring attention (sequence parallelism; rl ppo-ray, sft, rm, dpo, kto): groups of this many consecutive "
+        "ranks (of every role) hold the same micro-batches and compute each row in that many slices, gathering "
+        "keys and values in attention (rl_core.ring_attention); padded rows are packed first; data parallel "
+        "size = ranks / ring_attn_size",
         openrlhf=("ds.ring_attn_size",)))
     ring_head_stride: int = field(default=1, metadata=meta(
         "with --ring_attn_size > 1, how many key/value heads each attention layer gathers at a time (more: fewer "
@@ -303,6 +304,17 @@ class DeepSpeedStrategy:
     def ring_rank(self) -> int:
         """This rank's place in its ring attention group (0 without ring attention)."""
         return self.rank % self.cfg.ring_attn_size
+
+    @property
+    def dp_rank(self) -> int:
+        """This rank's data-parallel slice: its ring attention group's index (the rank without ring attention)."""
+        return self.rank // self.cfg.ring_attn_size
+
+    def dp_sum(self, value):
+        """The sum over data-parallel slices of a value every rank of a ring attention group holds alike (counts,
+        per-row results): the sum over all ranks counts each slice ``ring_attn_size`` times."""
+        out = self.all_reduce(value, "sum")
+        return out if self.cfg.ring_attn_size == 1 else out / self.cfg.ring_attn_size
 
     def barrier(self) -> None:
         if dist.is_initialized():

@@ -104,9 +104,6 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_ds_sleep(self.ppo.deepspeed_enable_sleep, self.strategy.zero_stage, self.strategy.adam_offload)
-        if self.strategy.ring_attn_size > 1 and not self.packing:
-            raise ValueError(f"--ring_attn_size {self.strategy.ring_attn_size} splits packed rows over the ranks: "
-                             f"add --packing (OpenRLHF: --packing_samples)")
 
     @property
     def dtype(self) -> str:

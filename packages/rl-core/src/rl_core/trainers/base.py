@@ -145,7 +145,8 @@ class Trainer:
         G = self.plan.global_batch
         mine = perm[index * G:(index + 1) * G]
         per_rank = G // self.plan.dp_size
-        return mine[self.s.rank * per_rank:(self.s.rank + 1) * per_rank]
+        r = self.s.dp_rank  # with ring attention a group's ranks take the same share (rl_core.ring_attention)
+        return mine[r * per_rank:(r + 1) * per_rank]
 
     def micro_batches(self, indices: list[int]) -> list[list[dict]]:
         """This rank's items split into ``accumulation_steps`` micro-batches of ``micro_batch`` items."""
@@ -164,14 +165,14 @@ class Trainer:
         dataset = self.dataset if dataset is None else dataset
         n, dp, mb = len(dataset), self.plan.dp_size, self.plan.micro_batch
         share = -(-n // dp)
-        start = self.s.rank * share
+        start = self.s.dp_rank * share
         out = torch.zeros(n, width, dtype=torch.float64)
         for k in range(0, share, mb):
             idx = list(range(start + k, min(n, start + k + mb, start + share)))
             vals = fn([dataset[i] for i in (idx or [0])]).detach().double().cpu().reshape(-1, width)
             if idx:
                 out[idx] = vals[:len(idx)]
-        return self.s.all_reduce(out, "sum")
+        return self.s.dp_sum(out)
 
     def to_device(self, batch: dict) -> dict:
         return {k: v.to(self.s.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}

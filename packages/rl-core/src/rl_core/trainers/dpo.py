@@ -103,7 +103,7 @@ class DPOTrainer(Trainer):
         micro = [self.to_device(self.collate(items)) for items in groups]
         chosen_tokens = None
         if cfg.nll_loss_coef:  # the chosen sequences come first in every micro-batch of mb pairs
-            chosen_tokens = self.s.all_reduce(sum(sequence_sums(b["loss_mask"], b)[:mb].sum() for b in micro), "sum")
+            chosen_tokens = self.s.dp_sum(sum(sequence_sums(b["loss_mask"], b)[:mb].sum() for b in micro))
         totals = dict.fromkeys(("loss", "chosen_reward", "rejected_reward", "reward_margin", "acc", "nll"), 0.0)
         for k, (items, b) in enumerate(zip(groups, micro, strict=True)):
             m = len(items)

@@ -32,7 +32,7 @@ class SFTTrainer(Trainer):
 
     def train_step(self, indices: list[int]) -> dict[str, float]:
         micro = [self.to_device(self.collate(items)) for items in self.micro_batches(indices)]
-        total = self.s.all_reduce(sum(b["loss_mask"].sum() for b in micro).float(), "sum")
+        total = self.s.dp_sum(sum(b["loss_mask"].sum() for b in micro).float())
         loss_sum = torch.zeros((), dtype=torch.float64, device=total.device)
         for b in micro:
             out = self.engine(**model_inputs(b))
