@@ -9,7 +9,7 @@ GPU (bf16; issue 18 item 4, the actor's training step at the Qwen2.5-0.5B shape)
 
     PYTHONPATH=packages/rl-algos/src:packages/rl-core/src:packages/rl-rollout/src \\
         python3 benchmarks/sft_throughput.py --device cuda --preset 0.5b --seq 2048 --micro 8 --accum 2 \\
-        [--grad_ckpt] [--big_micro 16] [--out sft_h200.json]
+        [--grad_ckpt] [--big_micro 16] [--muon] [--out sft_h200.json]
 
     Gradient checkpointing by layer (issue 18 item 3), one device call of about 3 minutes:
 
@@ -49,6 +49,8 @@ Sides, all built once in this process and timed in interleaved windows (plain, z
   windows), a spare tensor holds all but F GiB of the free device memory, so ``auto`` sees a smaller card and
   has to choose (its peak is printed without that tensor). ``--grad_ckpt`` is ``--ckpt all``.
 - ``--big_micro M`` adds ``zero-0 +liger micro M`` (the same global batch in fewer, larger micro-batches).
+- ``--muon`` adds ``zero-Z +liger muon`` at the first ``--zero`` stage Z (``rl sft --optim muon``: DeepSpeed's
+  Muon, Newton-Schulz compiled by torch.compile during the warm-up steps, for the weight matrices).
 - All of these without ``+liger`` under ``--liger off``.
 
 Printed per side: tokens/s (median over ``--repeats`` windows), ratio to ``plain``, MFU and the peak
@@ -136,7 +138,7 @@ class RlCore:
     """SFTTrainer on DeepSpeedStrategy; ``run(n)`` is one ``fit()`` of n optimizer steps."""
 
     def __init__(self, path, data, micro: int, accum: int, device: torch.device, zero: int, *,
-                 liger: bool = False, grad_ckpt: str | None = None):
+                 liger: bool = False, grad_ckpt: str | None = None, optim: str = "adam"):
         import dataclasses
 
         from transformers import AutoTokenizer
@@ -149,7 +151,7 @@ class RlCore:
         strategy = DeepSpeedStrategy(StrategyConfig(
             zero_stage=zero, bf16=bf16, micro_train_batch_size=micro, train_batch_size=micro * accum,
             learning_rate=LR, lr_warmup_ratio=0.0, lr_scheduler="constant", gradient_checkpointing=bool(grad_ckpt),
-            gradient_checkpointing_layers=grad_ckpt or "all"))
+            gradient_checkpointing_layers=grad_ckpt or "all", optim=optim))
         torch.manual_seed(0)
         with ModulePatches.record(liger) as self.patches:
             actor = Actor.from_pretrained(path, dtype="bf16" if bf16 else "fp32", attn_implementation="sdpa",
@@ -239,6 +241,8 @@ def main() -> None:
     ap.add_argument("--peak_tflops", type=float, default=989.0, help="MFU denominator (H200 SXM dense bf16: 989)")
     ap.add_argument("--profile", metavar="SIDE", help="after the windows, one more window of this side (e.g. "
                     "'zero-0 +liger') under torch.profiler: its top kernels and how busy the device was")
+    ap.add_argument("--muon", action="store_true", help="add a zero-Z side (the first --zero stage) with rl sft --optim "
+                    "muon: DeepSpeed's Muon for the weight matrices, AdamW for the rest")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args()
     preset = "small" if args.small else args.preset or ("0.5b" if args.device == "cuda" else "default")
@@ -294,6 +298,9 @@ def main() -> None:
         if args.big_micro:
             builders["zero-0" + " +liger" * lg + f" micro {args.big_micro}"] = lambda: RlCore(
                 path, data, args.big_micro, G // args.big_micro, device, 0, liger=lg)
+        if args.muon:
+            builders[f"zero-{z0}" + " +liger" * lg + " muon"] = lambda: RlCore(path, data, micro, args.accum, device, z0,
+                                                                             liger=lg, optim="muon")
         if args.profile and args.profile not in builders:
             sys.exit(f"--profile {args.profile!r} is not a side of this run; pick one of: {', '.join(builders)}")
         sides, own = {}, {}
