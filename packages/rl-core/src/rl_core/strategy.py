@@ -400,7 +400,9 @@ class DeepSpeedStrategy:
         return groups
 
     def muon_config(self) -> dict:
-        """DeepSpeed's ``optimizer`` section for ``optim="muon"``, as OpenRLHF's ``_ds_init_train_model`` writes it.
+        """DeepSpeed's ``optimizer`` section for ``optim="muon"``, as OpenRLHF's ``_ds_init_train_model`` writes it
+        (Muon: Jordan et al. 2024, kellerjordan.github.io/posts/muon; at LLM scale: Liu et al. 2025,
+        arXiv:2502.16982).
 
         ``deepspeed.initialize`` then tags each parameter (``use_muon``: 2-D, name without ``embed`` /
         ``lm_head``) and builds ``MuonWithAuxAdam``, splitting each of :meth:`param_groups` into a Muon half
