@@ -170,6 +170,8 @@ def test_docs_table_is_generated_from_the_parsers():
                                                                   "train.eval_steps": 10}),
     ("ppo-ray", ["--actor.entropy_coef", "0.0"], {"ppo.entropy_loss_coef": 0.0}),
     ("ppo", ["--entropy_loss_coef", "0.01"], {"ppo.entropy_loss_coef": 0.01}),
+    ("ppo-ray", ["--ds.value_head_prefix", "value_head"], {"model.value_head_prefix": "value_head"}),
+    ("ppo", ["--value_head_prefix", "score"], {"model.value_head_prefix": "score"}),
     ("ppo-ray", ["--critic.adam.betas", "0.8", "0.9", "--critic.adam.eps", "1e-6", "--critic.adam.weight_decay", "0.1",
                  "--critic.lr_scheduler", "constant", "--critic.lr_warmup_ratio", "0.1", "--critic.min_lr_ratio",
                  "0.2", "--critic.max_norm", "0.5", "--critic.adam.lr", "2e-6"],

@@ -107,8 +107,6 @@ def test_reward_model_scores_at_last_token_and_round_trips(tiny, tmp_path):
     back = RewardModel.from_pretrained(tmp_path / "rm", dtype="fp32").eval()
     with torch.no_grad():
         torch.testing.assert_close(back(right, rmask, normalize=True), (alone - 0.5) / 2.0, atol=1e-5, rtol=0)
-    with pytest.raises(ValueError, match=r"holds a 'score' head, but Critic needs a 'value' head"):
-        Critic.from_pretrained(tmp_path / "rm", dtype="fp32")
     with pytest.raises(ValueError, match=r"rows with no real token .*rows \[1\]"):
         rm(right, torch.stack([rmask[0], torch.zeros(T, dtype=torch.long), rmask[2]]))
 
@@ -142,3 +140,44 @@ def test_critic_values_are_shifted_like_logprobs(tiny):
 def test_missing_model_folder_names_the_path(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"nothere is not a transformers model folder .*--pretrain"):
         Actor.from_pretrained(tmp_path / "nothere")
+
+
+def test_a_critic_starts_from_a_reward_models_score_head(tiny, tmp_path):
+    """The critic's default init is --reward_pretrain (OpenRLHF's too): its score head becomes the value head."""
+    rm = RewardModel.from_pretrained(tiny, dtype="fp32")
+    rm.save_pretrained(tmp_path / "rm")
+    critic = Critic.from_pretrained(tmp_path / "rm", dtype="fp32")
+    assert torch.equal(critic.head.weight, rm.head.weight)
+    with pytest.raises(ValueError, match="holds a 'value' head, but RewardModel needs a 'score' head"):
+        Critic.from_pretrained(tiny, dtype="fp32").save_pretrained(tmp_path / "critic")
+        RewardModel.from_pretrained(tmp_path / "critic", dtype="fp32")
+
+
+def test_an_openrlhf_reward_model_folder_gives_its_own_scores(tiny, tmp_path):
+    """OpenRLHF saves a reward model as the base model plus `<value_head_prefix>.weight` (default score) in one
+    state dict, its mean/std in config.json: transformers' LlamaForSequenceClassification has that layout. Its
+    head and statistics load (scores equal its own last-token logits); a folder with no head is refused when a
+    head is required, naming the folder and the flag; --value_head_prefix finds a head saved under another name."""
+    from safetensors.torch import load_file, save_file
+    from transformers import LlamaForSequenceClassification
+
+    seq = LlamaForSequenceClassification.from_pretrained(tiny, num_labels=1, dtype=torch.float32).eval()
+    torch.nn.init.normal_(seq.score.weight, std=0.3)
+    seq.config.update({"mean": 0.5, "std": 2.0, "normalize_reward": True})
+    seq.save_pretrained(tmp_path / "orlhf")
+    rm = RewardModel.from_pretrained(tmp_path / "orlhf", dtype="fp32", require_head=True).eval()
+    ids = torch.randint(3, 128, (1, 9))
+    with torch.no_grad():
+        want = seq(input_ids=ids).logits[0, 0]
+        got = rm(ids, attention_mask=torch.ones_like(ids))
+        torch.testing.assert_close(got[0], want, atol=1e-5, rtol=0)
+        torch.testing.assert_close(rm(ids, attention_mask=torch.ones_like(ids), normalize=True)[0], (want - 0.5) / 2)
+    with pytest.raises(ValueError, match=r"holds no score head.*--value_head_prefix"):
+        RewardModel.from_pretrained(tiny, dtype="fp32", require_head=True)
+    weights = load_file(tmp_path / "orlhf" / "model.safetensors")
+    weights["value_head.weight"] = weights.pop("score.weight")
+    save_file(weights, tmp_path / "orlhf" / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ValueError, match="holds no score head"):
+        RewardModel.from_pretrained(tmp_path / "orlhf", dtype="fp32", require_head=True)
+    renamed = RewardModel.from_pretrained(tmp_path / "orlhf", dtype="fp32", value_head_prefix="value_head")
+    assert torch.equal(renamed.head.weight, rm.head.weight)

@@ -274,8 +274,8 @@ _NO_PTX = "PPO-ptx (a pretraining loss mixed into the RL loss) is not built; run
 _MOE_AUX = ("the MoE load-balancing loss is built for the causal-LM trainers (rl sft, dpo, kto) and the RL loop's "
             "policy (rl ppo, ppo-ray), not for a reward or value head (OpenRLHF's fails there: its body returns no "
             "aux_loss)")
-_NO_HEAD = ("our reward/critic heads are saved as rl_head.safetensors beside the model, under a fixed name "
-            "(rl rm writes them, rl ppo reads them)")
+_NO_HEAD = ("rl rm saves its head as rl_head.safetensors beside the model, under a fixed name; rl ppo / ppo-ray "
+            "and rl serve-rm read it, and read OpenRLHF's <prefix>.weight heads (--value_head_prefix in rl ppo)")
 
 REFUSED: dict[str, Refuse] = {
     # being built by others right now: an ALIAS line when they land

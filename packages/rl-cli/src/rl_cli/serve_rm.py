@@ -76,17 +76,18 @@ class RewardModelScorer:
         import torch
         from transformers import AutoTokenizer
 
-        from rl_core.models import HEAD_META, RewardModel
+        from rl_core.models import RewardModel
 
         path = Path(a.reward_pretrain)
         if not (path / "config.json").is_file():
             raise ValueError(f"--reward_pretrain {path}: not a model folder (no config.json)")
-        if not (path / HEAD_META).is_file():
-            raise ValueError(f"--reward_pretrain {path} has no score head ({HEAD_META}): it would serve random "
-                             "rewards; train one with rl rm, or serve a reward function with --reward_fn")
         self.torch = torch
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
-        self.model = RewardModel.from_pretrained(path, dtype=a.dtype, attn_implementation=a.attn)
+        try:  # rl rm's head or OpenRLHF's (<value_head_prefix>.weight); none: a random head would serve noise
+            self.model = RewardModel.from_pretrained(path, dtype=a.dtype, attn_implementation=a.attn,
+                                                     require_head=True)
+        except ValueError as e:
+            raise ValueError(f"--reward_pretrain {e}; or serve a reward function with --reward_fn") from None
         self.model = self.model.to(self.device).eval()
         self.tok = AutoTokenizer.from_pretrained(path)
         self.tok.padding_side = "left"

@@ -162,6 +162,24 @@ def _repad(x_1N: Tensor, idx: Tensor, shape) -> Tensor:
     return x_1N.new_zeros(shape[0] * shape[1]).index_put((idx,), x_1N[0]).view(shape)
 
 
+def _openrlhf_head(path: Path, prefix: str) -> Tensor | None:
+    """``<prefix>.weight`` from a model folder's safetensors (one file or an index of shards), or None."""
+    from safetensors import safe_open
+
+    name = f"{prefix}.weight"
+    index = path / "model.safetensors.index.json"
+    if index.is_file():
+        shard = json.loads(index.read_text()).get("weight_map", {}).get(name)
+        files = [path / shard] if shard else []
+    else:
+        files = sorted(path.glob("*.safetensors"))
+    for f in files:
+        with safe_open(str(f), framework="pt") as st:
+            if name in st.keys():
+                return st.get_tensor(name).float()
+    return None
+
+
 def _positions(attention_mask: Tensor) -> Tensor:
     """Position ids that count real tokens only (left padding), as the engine saw them."""
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
@@ -284,9 +302,14 @@ class _ScalarHeadModel(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: str = "bf16", attn_implementation: str | None = None,
                         gradient_checkpointing: bool = False, lora: LoraSpec | None = None,
-                        use_liger_kernel: bool = False, packed: bool = False):
-        """Load the body from ``path``; the head too if ``path`` holds one of this kind, else a fresh head.
-        ``use_liger_kernel`` and ``packed`` as for :meth:`Actor.from_pretrained`."""
+                        use_liger_kernel: bool = False, packed: bool = False, value_head_prefix: str | None = None,
+                        require_head: bool = False):
+        """Load the body from ``path`` and its head: ours (``rl_head.safetensors``, what rl rm writes), else
+        OpenRLHF's (``<value_head_prefix>.weight`` in the model's own weights, the prefix from its config.json or
+        ``score``; mean and std from config.json, as OpenRLHF's reward models keep them), else a fresh head, which
+        ``require_head`` refuses (a reward model that scores: a random head would reward noise). A critic starts
+        from a reward model's score head, as OpenRLHF's does. ``use_liger_kernel`` and ``packed`` as for
+        :meth:`Actor.from_pretrained`."""
         from safetensors.torch import load_file
         from transformers import AutoModel
 
@@ -294,16 +317,30 @@ class _ScalarHeadModel(nn.Module):
         body = _load(AutoModel, path, dtype, attn_implementation, gradient_checkpointing, lora, use_liger_kernel,
                      packed)
         head, mean, std = None, 0.0, 1.0
+        kinds = ("value", "score") if cls.head_kind == "value" else (cls.head_kind,)
+        prefix = value_head_prefix or getattr(body.config, "value_head_prefix", None) or "score"
         if (path / HEAD_META).is_file():
             meta = json.loads((path / HEAD_META).read_text())
-            if meta.get("kind") != cls.head_kind:
+            if meta.get("kind") not in kinds:
                 raise ValueError(f"{path} holds a {meta.get('kind')!r} head, but {cls.__name__} needs a "
                                  f"{cls.head_kind!r} head; load it with the matching class")
             head = nn.Linear(body.config.hidden_size, 1, bias=False)
             head.load_state_dict(load_file(path / HEAD_FILE))
             mean, std = meta.get("mean", 0.0), meta.get("std", 1.0)
+            if meta.get("kind") != cls.head_kind:
+                logger.info("%s: head initialised from %s's %s head", cls.__name__, path, meta.get("kind"))
+        elif (weight := _openrlhf_head(path, prefix)) is not None:
+            head = nn.Linear(body.config.hidden_size, 1, bias=False)
+            head.load_state_dict({"weight": weight.reshape(1, -1)})
+            mean, std = float(getattr(body.config, "mean", 0.0)), float(getattr(body.config, "std", 1.0))
+            logger.info("%s: %s is an OpenRLHF-style model: head %s.weight, mean %g, std %g", cls.__name__, path,
+                        prefix, mean, std)
+        elif require_head:
+            raise ValueError(f"{path} holds no {cls.head_kind} head: no {HEAD_META} (rl rm's) and no "
+                             f"{prefix}.weight in its weights (OpenRLHF's); it is not a trained reward model. Train "
+                             f"one with rl rm, or give --value_head_prefix if its head has another name")
         else:
-            logger.info("%s: %s has no %s, starting a fresh %s head", cls.__name__, path, HEAD_META, cls.head_kind)
+            logger.info("%s: %s has no %s head, starting a fresh one", cls.__name__, path, cls.head_kind)
         return cls(body, head, mean, std)
 
     def hidden(self, input_ids, attention_mask=None, position_ids=None) -> Tensor:

@@ -63,6 +63,10 @@ class RLModelConfig:
         "liger-kernel's fused RMSNorm / SwiGLU / RoPE on every trained and frozen model (CUDA; rl-core[liger])"))
     normalize_reward: bool = field(default=True, metadata=meta(
         "apply the reward model's stored mean/std", openrlhf=("reward.normalize_enable",)))
+    value_head_prefix: str | None = field(default=None, metadata=meta(
+        "the head of an OpenRLHF-format reward model or critic folder: <prefix>.weight in its weights (default: "
+        "its config.json's value_head_prefix, else score); rl rm's folders keep theirs in rl_head.safetensors",
+        openrlhf=("ds.value_head_prefix",)))
     lora_rank: int = field(default=0, metadata=meta(
         ">0 trains LoRA adapters (peft) on the policy and the critic instead of all weights; the engines get "
         "the merged weights, the reference is the frozen base"))
@@ -185,11 +189,12 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
     kw = cfg.load_kw()
     mb = {"batching": cfg.batching, "packing": cfg.packing}
     policy = factory.role("policy", PolicyWorker, s, m.pretrain, p, steps, load_kw=kw, pad_id=pad, **mb)
-    critic = factory.role("critic", CriticWorker, s, m.critic_path, p, steps, load_kw=kw,
+    head = {"value_head_prefix": m.value_head_prefix}  # where an OpenRLHF-format folder keeps its head
+    critic = factory.role("critic", CriticWorker, s, m.critic_path, p, steps, load_kw={**kw, **head},
                           pad_id=pad, **mb) if p.needs_critic else None
     ref = factory.role("ref", ReferenceWorker, s, m.ref_path, load_kw=kw, pad_id=pad,
                        temperature=p.temperature, **mb) if p.needs_reference else None
-    rm = factory.role("reward", RewardModelWorker, s, m.reward_pretrain, load_kw=kw, pad_id=pad,
+    rm = factory.role("reward", RewardModelWorker, s, m.reward_pretrain, load_kw={**kw, **head}, pad_id=pad,
                       normalize=m.normalize_reward, **mb) if m.reward_pretrain else None
     device = policy.call_rank(0, "world")["device"]
     rollout = factory.rollout(cfg.engine, m.pretrain, dtype=cfg.dtype, seed=s.seed, device=device)

@@ -46,7 +46,7 @@ class RewardModelWorker(_Worker):
         from rl_core.models import RewardModel
 
         kw = {k: v for k, v in (load_kw or {}).items() if k not in ("lora", "gradient_checkpointing")}
-        model = RewardModel.from_pretrained(pretrain, **kw)
+        model = RewardModel.from_pretrained(pretrain, require_head=True, **kw)  # a random head scores noise
         for p in model.parameters():
             p.requires_grad_(False)
         self.engine = self.s.prepare(model, train=False)
