@@ -73,3 +73,20 @@ def test_full_determinism_turns_on_what_openrlhfs_does_and_seeds(restore_determi
     assert torch.are_deterministic_algorithms_enabled() and torch.backends.cudnn.deterministic
     assert (os.environ["CUBLAS_WORKSPACE_CONFIG"], os.environ["FLASH_ATTENTION_DETERMINISTIC"]) == (":16:8", "1")
     assert torch.equal(torch.rand(3), plain)  # the same seed either way
+
+
+def test_deepspeed_sleep_refuses_what_deepspeed_cannot_offload_in_one_line():
+    """ZeRO-1 with bf16 and fp32 gradient accumulation trains through DeepSpeed's BF16 optimizer, which has no state
+    offload (it failed mid-run with an AttributeError); the other stages and dtypes pass."""
+    from rl_core.rl.ds_sleep import check_ds_sleep
+
+    with pytest.raises(ValueError, match=r"--zero_stage 1, bf16 and --grad_accum_dtype fp32.*use --zero_stage 2"):
+        check_ds_sleep(True, StrategyConfig(zero_stage=1, bf16=True, grad_accum_dtype="fp32"))
+    with pytest.raises(ValueError, match=r"needs --zero_stage 1, 2 or 3"):
+        check_ds_sleep(True, StrategyConfig(zero_stage=0))
+    for cfg in (StrategyConfig(zero_stage=2, bf16=True, grad_accum_dtype="fp32"), StrategyConfig(zero_stage=1),
+                StrategyConfig(zero_stage=1, bf16=True, grad_accum_dtype="fp32", adam_offload=False)):
+        if cfg.zero_stage == 1 and cfg.grad_accum_dtype == "fp32":
+            check_ds_sleep(False, cfg)  # off: nothing to refuse
+        else:
+            check_ds_sleep(True, cfg)

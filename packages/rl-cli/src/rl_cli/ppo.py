@@ -136,7 +136,7 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
 
     try:
         cfgs = resolve(groups, args, flags)
-        check_ds_sleep(cfgs["ppo"].deepspeed_enable_sleep, cfgs["strategy"].zero_stage, cfgs["strategy"].adam_offload)
+        check_ds_sleep(cfgs["ppo"].deepspeed_enable_sleep, cfgs["strategy"])
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))
     p, ring = cfgs["ppo"], cfgs["strategy"].ring_attn_size

@@ -107,7 +107,7 @@ class RunConfig:
     packing: bool = False  # every forward's items in one row (rl_core.rl.batching); the CLI's data.packing
 
     def __post_init__(self) -> None:
-        check_ds_sleep(self.ppo.deepspeed_enable_sleep, self.strategy.zero_stage, self.strategy.adam_offload)
+        check_ds_sleep(self.ppo.deepspeed_enable_sleep, self.strategy)
 
     @property
     def dtype(self) -> str:

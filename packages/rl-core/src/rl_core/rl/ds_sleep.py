@@ -26,16 +26,21 @@ import time
 import torch
 
 
-def check_ds_sleep(enabled: bool, zero_stage: int, adam_offload: bool) -> None:
-    """The one-line refusals of ``--deepspeed_enable_sleep`` the strategy decides (ValueError)."""
+def check_ds_sleep(enabled: bool, strategy_cfg) -> None:
+    """The one-line refusals of ``--deepspeed_enable_sleep`` the strategy (a StrategyConfig) decides (ValueError)."""
     if not enabled:
         return
+    zero_stage, adam_offload = strategy_cfg.zero_stage, strategy_cfg.adam_offload
     if zero_stage not in (1, 2, 3):
         raise ValueError(f"--deepspeed_enable_sleep needs --zero_stage 1, 2 or 3 (DeepSpeed offloads the states "
                          f"of a ZeRO optimizer), got --zero_stage {zero_stage}")
     if adam_offload:
         raise ValueError("--deepspeed_enable_sleep moves the optimizer states to the CPU between phases and "
                          "--adam_offload keeps them there already: drop one of them")
+    if zero_stage == 1 and strategy_cfg.bf16 and strategy_cfg.grad_accum_dtype == "fp32":
+        raise ValueError("--deepspeed_enable_sleep with --zero_stage 1, bf16 and --grad_accum_dtype fp32: DeepSpeed "
+                         "trains that with its BF16 optimizer, which cannot offload its states; use --zero_stage 2 "
+                         "(or 3), or drop --grad_accum_dtype fp32")
 
 
 def _zero3_deepspeed_states(optimizer_only: bool):
@@ -93,7 +98,7 @@ def offload(strategy, engine, optimizer_only: bool = False) -> dict[str, float]:
     memory before minus after)."""
     from deepspeed.runtime.zero.offload_config import OffloadDeviceEnum
 
-    check_ds_sleep(True, strategy.cfg.zero_stage, strategy.cfg.adam_offload)
+    check_ds_sleep(True, strategy.cfg)
     dev = strategy.device
     t0 = time.perf_counter()
     before = torch.cuda.memory_reserved(dev) if dev.type == "cuda" else 0
