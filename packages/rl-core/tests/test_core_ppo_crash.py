@@ -48,7 +48,8 @@ def child(task, name: str, *, ck: str | None, keep: int = 2, load: bool = False,
     dist = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
             "PYTHONDONTWRITEBYTECODE"}  # a fresh process's settings; bytecode cached across the chain's runs
     env = {k: v for k, v in os.environ.items() if k not in dist}
-    env.update(TQDM_DISABLE="1", PYTHONPYCACHEPREFIX=os.path.join(tempfile.gettempdir(), "rl-test-pycache"))
+    env["TQDM_DISABLE"] = "1"  # bytecode: the run's prefix (.ci/run sets one), else one of our own
+    env.setdefault("PYTHONPYCACHEPREFIX", os.path.join(tempfile.gettempdir(), "rl-test-pycache"))
     out = subprocess.run([sys.executable, str(CHILD), str(path)], capture_output=True, text=True, timeout=600, env=env)
     log = out.stdout[-4000:] + out.stderr[-8000:]
     if kill:

@@ -11,8 +11,9 @@ _RAY_ENV = {
     "RAY_ENABLE_UV_RUN_RUNTIME_ENV": "0",
     # The venv has no .pyc files and these machines set PYTHONDONTWRITEBYTECODE, so every
     # Ray worker would compile Ray from source (~1.5 s of CPU each). Let the workers keep
-    # bytecode in a temp prefix; nothing is written into the venv.
-    "PYTHONPYCACHEPREFIX": os.path.join(tempfile.gettempdir(), "rl-placement-pycache"),
+    # bytecode in a temp prefix (the run's own when one is set: .ci/run sets one); nothing is written into the venv.
+    "PYTHONPYCACHEPREFIX": os.environ.get("PYTHONPYCACHEPREFIX") or os.path.join(tempfile.gettempdir(),
+                                                                                 "rl-placement-pycache"),
     # Ray kills workers when the node passes 95% memory, counting everyone's processes; on a
     # shared CI machine that turns another job's peak into a failure here. Our actors are tiny.
     "RAY_memory_monitor_refresh_ms": "0",
