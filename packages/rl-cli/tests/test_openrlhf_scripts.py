@@ -26,9 +26,7 @@ from rl_cli.main import main
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 # what stops a script: the refusal line after "rl COMMAND: error: " ({flag}: the flag that asks for it)
-_UNSUPPORTED = "{flag} (OpenRLHF) is not supported: "
 FEATURES = {
-    "vision-language models": _UNSUPPORTED + "vision-language models are not built (text only)",
     "reward server token": "the reward server needs a token: export RL_REWARD_TOKEN=<secret> (or --token; a flag "
                            "shows in ps) and give clients the same (RL_REWARD_TOKEN or --remote_rm_token), or pass "
                            "--allow_no_token to serve OpenRLHF's client, which sends none, on a network nobody else "
@@ -156,9 +154,7 @@ SCRIPTS: dict[str, Script] = {
         "--data.input_key prompt --data.label_key label --data.image_key images --data.max_images_per_prompt 1 "
         "--actor.freeze_visual_encoder --data.apply_chat_template --actor.gradient_checkpointing_enable "
         "--ds.attn_implementation eager --vllm.sync_backend nccl --vllm.enforce_eager --vllm.enable_sleep "
-        "--ds.enable_sleep"),
-        (("--data.image_key", "vision-language models"), ("--data.max_images_per_prompt", "vision-language models"),
-         ("--actor.freeze_visual_encoder", "vision-language models"))),
+        "--ds.enable_sleep")),
 }
 # the rest of examples/scripts/: no command of OpenRLHF's to run (README lists them)
 NOT_COMMANDS = ("ckpt_ds_zero_to_universal.sh", "docker_run.sh", "nvidia_docker_install.sh")

@@ -264,7 +264,6 @@ class Refuse:
 
 
 _PENDING_ASYNC = "being built (issue 19)"
-_NO_VLM = "vision-language models are not built (text only)"
 _MUON_NESTEROV = ("DeepSpeed's Muon always uses Nesterov momentum, fixed in its muon_update (OpenRLHF's run ignores "
                   "the flag there); drop the flag")
 _NO_OFFLOAD = ("offloading frozen models to CPU is not built; colocate them (--colocate_actor_ref, "
@@ -317,12 +316,6 @@ REFUSED: dict[str, Refuse] = {
     "dataloader_num_workers": Refuse("the data loads in the main process (tokenized once, up front)", off=(0,)),
     "data.dataloader_num_workers": Refuse("the data loads in the main process (tokenized once, up front)", off=(0,)),
     "use_ms": Refuse("ModelScope downloads are not built; pass a local folder or a Hugging Face id"),
-    "image_key": Refuse(_NO_VLM),
-    "data.image_key": Refuse(_NO_VLM),
-    "max_images_per_prompt": Refuse(_NO_VLM),
-    "data.max_images_per_prompt": Refuse(_NO_VLM),
-    "freeze_visual_encoder": Refuse(_NO_VLM),
-    "actor.freeze_visual_encoder": Refuse(_NO_VLM),
     "value_head_prefix": Refuse(_NO_HEAD, off=("score", "value_head")),
     "ds.value_head_prefix": Refuse(_NO_HEAD, off=("score", "value_head")),
     "save_hf_ckpt": Refuse("checkpoints hold the DeepSpeed state for exact resume; the HF export is written to "

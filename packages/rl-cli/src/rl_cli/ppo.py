@@ -187,14 +187,16 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         cfgs["reward"].check_sources()  # the reward file imports, the reward server answers
 
     from rl_core.data import DataError, PromptDataset, load_rows, training_rows
-    from rl_core.preflight import check_rl_batches, load_tokenizer
+    from rl_core.preflight import check_rl_batches, load_processor, load_tokenizer
 
     tok = load_tokenizer(m.pretrain, use_fast=not d.disable_fast_tokenizer)
-    prompts = PromptDataset(training_rows(d, cfgs["strategy"].seed), tok, d)
+    proc = load_processor(m.pretrain) if d.image_key else None  # vision-language prompts
+    prompts = PromptDataset(training_rows(d, cfgs["strategy"].seed), tok, d, processor=proc)
     eval_prompts = None
     if d.eval_dataset:
         try:
-            eval_prompts = PromptDataset(load_rows(d.eval_dataset, d.eval_split, d.max_eval_samples), tok, d)
+            eval_prompts = PromptDataset(load_rows(d.eval_dataset, d.eval_split, d.max_eval_samples), tok, d,
+                                         processor=proc)
         except DataError as e:  # say which of the two sets is bad
             raise type(e)(f"eval set (--eval_dataset {d.eval_dataset}): {e}") from None
         if len(eval_prompts) == 0:

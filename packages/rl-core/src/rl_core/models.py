@@ -16,6 +16,9 @@ group and every forward returns the whole row's outputs on every rank of the gro
 first and their outputs put back (each row's first real token then holds 0, as at position 0 of a packed one).
 
 The reference model is a frozen Actor (:func:`frozen`). LoRA goes through peft.
+Vision-language models (a config with ``vision_config``) load as ``AutoModelForImageTextToText``; their
+forwards take the image tensors (``pixel_values`` ...) beside the ids and compute their own positions
+(Qwen-VL's multimodal RoPE), so padded rows pass no ``position_ids``; packed rows with images are not built.
 Mixture-of-experts models: :meth:`Actor.enable_moe_aux_loss` makes every forward also return the
 router's load-balancing loss (transformers' own, ``output_router_logits``), as OpenRLHF's ``--aux_loss_coef``
 turns it on; the saved config is left as it was.
@@ -113,12 +116,16 @@ def _load(auto_cls, path, dtype, attn, gradient_checkpointing, lora: LoraSpec | 
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.config.use_cache = False
     if lora is not None and lora.rank > 0:
-        from peft import LoraConfig, get_peft_model
-
-        model.enable_input_require_grads()
-        model = get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                                 target_modules=lora.target_modules, bias="none"))
+        model = _lora(model, lora)
     return model
+
+
+def _lora(model, lora: LoraSpec):
+    from peft import LoraConfig, get_peft_model
+
+    model.enable_input_require_grads()
+    return get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
+                                            target_modules=lora.target_modules, bias="none"))
 
 
 def check_moe_aux_loss(config) -> None:
@@ -208,6 +215,31 @@ class Actor(nn.Module):
         super().__init__()
         self.model = model
         self.moe_aux_loss = False  # enable_moe_aux_loss(): forwards return the router's load-balancing loss
+        from rl_rollout.vision import placeholder_token_ids
+
+        # a VLM's image placeholders: the engines never sample them, so the log-probs leave them out too
+        self._placeholders = placeholder_token_ids(model.config)
+
+    @property
+    def is_vlm(self) -> bool:
+        """A vision-language model: its forward takes image tensors (:mod:`rl_rollout.vision`)."""
+        from rl_rollout.vision import is_vision_config
+
+        return is_vision_config(self.config)
+
+    def freeze_visual_encoder(self) -> int:
+        """OpenRLHF's ``--freeze_visual_encoder``: every parameter outside the language model and the LM head (the
+        vision tower, the projector) stops training; returns how many tensors were frozen. A text-only model
+        raises: the flag would do nothing."""
+        if not self.is_vlm:
+            raise ValueError(f"--freeze_visual_encoder freezes a vision-language model's vision tower, but the "
+                             f"policy ({self.config.model_type}) has none; drop --freeze_visual_encoder")
+        frozen_n = 0
+        for name, p in self.model.named_parameters():
+            if "language_model" not in name and "lm_head" not in name:
+                p.requires_grad_(False)
+                frozen_n += 1
+        return frozen_n
 
     def enable_moe_aux_loss(self) -> None:
         """Every forward returns ``aux_loss``: the router's load-balancing loss of a mixture-of-experts model
@@ -219,27 +251,43 @@ class Actor(nn.Module):
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: str = "bf16", attn_implementation: str | None = None,
                         gradient_checkpointing: bool = False, lora: LoraSpec | None = None,
-                        use_liger_kernel: bool = False, packed: bool = False) -> Actor:
+                        use_liger_kernel: bool = False, packed: bool = False,
+                        freeze_visual_encoder: bool = False) -> Actor:
         """``use_liger_kernel``: liger-kernel's fused RMSNorm / SwiGLU / RoPE (CUDA; rl_core.liger). ``packed``: the
-        model will see packed rows (the default attention is then torch_varlen where it runs: rl_core.attention)."""
-        from transformers import AutoModelForCausalLM
+        model will see packed rows (the default attention is then torch_varlen where it runs: rl_core.attention).
+        A vision-language folder loads as ``AutoModelForImageTextToText``; ``freeze_visual_encoder``: see
+        :meth:`freeze_visual_encoder` (before LoRA wraps the model)."""
+        from rl_rollout.vision import causal_lm_class
 
-        return cls(_load(AutoModelForCausalLM, path, dtype, attn_implementation, gradient_checkpointing, lora,
-                         use_liger_kernel, packed))
+        auto_cls = causal_lm_class(_check_folder(path))
+        if not freeze_visual_encoder:
+            return cls(_load(auto_cls, path, dtype, attn_implementation, gradient_checkpointing, lora,
+                             use_liger_kernel, packed))
+        actor = cls(_load(auto_cls, path, dtype, attn_implementation, gradient_checkpointing, None,
+                          use_liger_kernel, packed))
+        actor.freeze_visual_encoder()
+        if lora is not None and lora.rank > 0:
+            actor.model = _lora(actor.model, lora)
+        return actor
 
     @property
     def config(self):
         return self.model.config
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                *, temperature: float = 1.0, return_entropy: bool = False) -> ActorOutput:
+                *, temperature: float = 1.0, return_entropy: bool = False, **images: Tensor) -> ActorOutput:
+        """``images``: a vision-language model's image tensors of the batch (``pixel_values`` ...), padded rows
+        only; the model then computes its own positions (multimodal RoPE) from the right-padded mask."""
+        if images and (attention_mask is None or _ring_padded(attention_mask)):
+            raise ValueError("packed rows with images are not built (nor ring attention): run vision-language "
+                             "prompts without --packing and with --ring_attn_size 1")
         if _ring_padded(attention_mask):  # ring attention computes packed rows: pack, run, put back
             ids, pos, idx = _unpad(input_ids, attention_mask)
             o = self.forward(ids, position_ids=pos, temperature=temperature, return_entropy=return_entropy)
             ent = None if o.entropy is None else _repad(o.entropy, idx, input_ids.shape)
             return ActorOutput(_repad(o.logprobs, idx, input_ids.shape), ent, o.aux_loss)
         if position_ids is None and attention_mask is not None:
-            position_ids = _positions(attention_mask)
+            position_ids = None if images else _positions(attention_mask)
             pos_for_shift = None
         else:
             pos_for_shift = position_ids
@@ -257,12 +305,15 @@ class Actor(nn.Module):
                 input_ids, position_ids, labels = (shard.local(input_ids, 0), shard.positions,
                                                    shard.local(labels, 0))
             out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             use_cache=False, **moe)
-            ent = None
+                             use_cache=False, **moe, **images)
+            ent, logits = None, out.logits
+            if self._placeholders:  # the distribution the engine sampled from: no image placeholder (-1e4: no
+                ids = torch.tensor(self._placeholders, device=logits.device)  # inf, so the entropy stays finite)
+                logits = logits.index_fill(-1, ids, -1e4)
             if return_entropy:  # one pass over the logits for both on CUDA
-                lp, ent = logprobs_and_entropy_from_logits(out.logits, labels, temperature=temperature)
+                lp, ent = logprobs_and_entropy_from_logits(logits, labels, temperature=temperature)
             else:
-                lp = logprobs_from_logits(out.logits, labels, temperature=temperature)
+                lp = logprobs_from_logits(logits, labels, temperature=temperature)
             if shard is not None:  # the whole row back on every rank of the group
                 lp, ent = shard.gather(lp), (None if ent is None else shard.gather(ent))
         ent_BT = None if ent is None else _shift_right(ent, pos_for_shift)

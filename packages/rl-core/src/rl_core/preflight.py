@@ -88,6 +88,24 @@ def load_tokenizer(folder: str, *, flag: str = "--pretrain", use_fast: bool = Tr
     return tok
 
 
+def load_processor(folder: str, *, flag: str = "--pretrain"):
+    """A vision-language model's ``AutoProcessor`` (tokenizer, image processor, chat template), or one-line
+    InputError (``--image_key`` needs it)."""
+    from transformers import AutoProcessor
+
+    try:
+        proc = AutoProcessor.from_pretrained(folder)
+    except (OSError, ValueError, ImportError, KeyError, TypeError, AttributeError) as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise InputError(f"{flag} {folder}: its processor does not load ({type(e).__name__}: {first}); --image_key "
+                         f"needs a vision-language model saved with its processor (processor.save_pretrained; "
+                         f"Qwen-VL processors also need torchvision installed)") from e
+    if getattr(proc, "image_processor", None) is None:
+        raise InputError(f"{flag} {folder} has no image processor ({type(proc).__name__}): --image_key needs a "
+                         f"vision-language model; leave --image_key unset for text-only prompts")
+    return proc
+
+
 def check_rl_batches(ppo, strategy, num_prompts: int, world_sizes: dict[str, int] | None = None) -> None:
     """The PPO loop's batch arithmetic (``ppo``: a PPOConfig, ``strategy``: a StrategyConfig) for
     ``num_prompts`` prompts and the ranks of each role (``{"policy": 2, "critic": 1}``); InputError with the

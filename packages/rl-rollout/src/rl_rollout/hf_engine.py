@@ -16,6 +16,11 @@ each at its next turn) run as one batch, and requests that differ only in ``seed
 seeded from all their seeds (reproducible for the same set of requests, no longer per request). Not here:
 continuous batching (a request waits for the batch in flight), stop strings, prefix caching.
 
+Vision-language models (a config with ``vision_config``: ``AutoModelForImageTextToText``): a request's
+``multi_modal_data["image"]`` goes through the model's image processor (loaded from the model folder, or
+``processor=``) and ``generate`` gets the image tensors of the batch's rows, each prompt's repeated ``n`` times;
+the image placeholder tokens are never sampled (:func:`rl_rollout.vision.placeholder_token_ids`).
+
 Partial rollouts (``partial_chunk_tokens = K``, the RL loop's ``--partial_rollout``): ``generate`` samples K
 tokens at a time and releases the engine's lock between chunks, so a weight update arriving mid-response
 lands between two chunks and the rest of the response is sampled with the new weights (the prefix is re-read
@@ -56,26 +61,32 @@ class HFEngine:
         device: str | torch.device = "cpu",
         max_batch_sequences: int = 64,
         attn_implementation: str = "sdpa",
+        processor=None,
     ) -> None:
         if max_batch_sequences < 1:
             raise ValueError(f"max_batch_sequences must be >= 1, got {max_batch_sequences}")
+        self._processor = processor  # a VLM's (image) processor; loaded from the folder on the first image
+        self._model_path = None if isinstance(model, torch.nn.Module) else str(model)
         if isinstance(model, torch.nn.Module):
             self.model = model
         else:
-            from transformers import AutoModelForCausalLM
+            from rl_rollout.vision import causal_lm_class
 
             torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-            self.model = AutoModelForCausalLM.from_pretrained(
+            self.model = causal_lm_class(model).from_pretrained(
                 str(model), dtype=torch_dtype, attn_implementation=attn_implementation
             ).to(device)
         self.model.eval()
         self.device = torch.device(device) if not isinstance(model, torch.nn.Module) else next(model.parameters()).device
-        cfg = self.model.config
+        cfg = self.model.config.get_text_config()  # a VLM's token ids live in its text config
         gen_cfg = getattr(self.model, "generation_config", None)
         self.eos_token_ids = _as_id_list(getattr(gen_cfg, "eos_token_id", None) or cfg.eos_token_id)
         pad = getattr(gen_cfg, "pad_token_id", None)
         self.pad_token_id = pad if pad is not None else (cfg.pad_token_id if cfg.pad_token_id is not None else 0)
         self.max_batch_sequences = max_batch_sequences
+        from rl_rollout.vision import placeholder_token_ids
+
+        self._placeholders = placeholder_token_ids(self.model.config)  # a VLM's image tokens: never sampled
         self.policy_version = 0
         self._sleeping = False
         self._lock = threading.Lock()
@@ -153,12 +164,14 @@ class HFEngine:
             min_new_tokens=0,
             # None would let transformers fall back to the checkpoint's EOS (ignore_eos would not ignore it);
             # vocab_size is one past the last logit: a stop id that is never sampled
-            eos_token_id=stop_ids or [self.model.config.vocab_size],
+            eos_token_id=stop_ids or [self.model.config.get_text_config().vocab_size],
             pad_token_id=self.pad_token_id,
             output_scores=params.logprobs,
+            suppress_tokens=self._placeholders or None,
             return_dict_in_generate=True,
             **(dict(do_sample=False) if params.greedy else sampling),
         )
+        images = {k: v.to(self.device) for k, v in self._image_inputs(requests, n).items()}
         seed_ctx = torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
         with seed_ctx if params.seed is not None else contextlib.nullcontext():
             if params.seed is not None:
@@ -167,6 +180,7 @@ class HFEngine:
                 input_ids=input_ids_BT.to(self.device),
                 attention_mask=attention_mask_BT.to(self.device),
                 generation_config=gen_cfg,
+                **images,
             )
         gen_BL = out.sequences[:, width:].cpu()
         if params.logprobs:
@@ -192,6 +206,23 @@ class HFEngine:
                 )
             )
         return samples
+
+    def _image_inputs(self, requests: list[RolloutRequest], n: int) -> dict:
+        """The image tensors of the batch's rows (each request's images ``n`` times, in row order); ``{}``
+        without images."""
+        from rl_rollout.vision import cat_image_inputs, image_inputs
+
+        if not any(r.multi_modal_data for r in requests):
+            return {}
+        if self._processor is None:
+            if self._model_path is None:
+                raise ValueError("HFEngine got images but has no processor: pass processor= with a model object")
+            from transformers import AutoProcessor
+
+            self._processor = AutoProcessor.from_pretrained(self._model_path)
+        proc = getattr(self._processor, "image_processor", self._processor)
+        per_request = [image_inputs(proc, (r.multi_modal_data or {}).get("image") or []) for r in requests]
+        return cat_image_inputs([p for p in per_request for _ in range(n)])
 
     # ---- weights and memory ----
 

@@ -8,6 +8,10 @@ is 64 because vLLM's CPU attention rejects 16 (ENVIRONMENT.md). The architecture
 is Llama, not Qwen2: transformers 5 replaces the tokenizer of a ``qwen2`` config
 with its own byte-level pre-tokenizer (its list of hub configs with a wrong
 tokenizer class), which would drop the character tokenizer's newline.
+
+:func:`make_tiny_vlm` writes a random tiny LLaVA (CLIP vision tower, Llama text model) with its processor, and
+:func:`write_test_images` a few small PNGs, for vision-language tests. LLaVA, not Qwen2-VL: every Qwen-VL
+processor has a video processor, which transformers 5 builds only with torchvision (not in these venvs).
 """
 
 from __future__ import annotations
@@ -22,19 +26,21 @@ CHAT_TEMPLATE = (
 )
 
 
-def make_tokenizer(vocab_size: int = 128):
-    """A ``PreTrainedTokenizerFast`` that maps each printable ASCII char (and ``\\n``) to one id."""
+def make_tokenizer(vocab_size: int = 128, extra_special: tuple[str, ...] = ()):
+    """A ``PreTrainedTokenizerFast`` that maps each printable ASCII char (and ``\\n``) to one id
+    (``extra_special``: more special tokens, each one id, after the standard ones)."""
     from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     chars = ["\n"] + [chr(c) for c in range(32, 127)]
-    vocab = {t: i for i, t in enumerate(SPECIAL_TOKENS + chars)}
+    specials_all = SPECIAL_TOKENS + list(extra_special)
+    vocab = {t: i for i, t in enumerate(specials_all + chars)}
     if vocab_size < len(vocab):
         raise ValueError(f"vocab_size must be >= {len(vocab)} (specials + printable ASCII), got {vocab_size}")
     while len(vocab) < vocab_size:
         vocab[f"<extra_{len(vocab)}>"] = len(vocab)
     tk = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    specials = "|".join(t.replace("|", r"\|") for t in SPECIAL_TOKENS)
+    specials = "|".join(t.replace("|", r"\|") for t in specials_all)
     tk.pre_tokenizer = pre_tokenizers.Split(Regex(f"{specials}|[\\s\\S]"), behavior="isolated")
     tk.decoder = decoders.Fuse()
     tok = PreTrainedTokenizerFast(
@@ -43,7 +49,7 @@ def make_tokenizer(vocab_size: int = 128):
         bos_token=None,
         pad_token="<pad>",
         unk_token="<unk>",
-        additional_special_tokens=["<|endoftext|>", "<|im_start|>"],
+        additional_special_tokens=["<|endoftext|>", "<|im_start|>", *extra_special],
     )
     tok.chat_template = CHAT_TEMPLATE
     return tok
@@ -108,6 +114,81 @@ def make_tiny_model(
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+IMAGE_TOKEN = "<image>"
+VLM_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}<image>{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def make_tiny_vlm(
+    path: str | os.PathLike,
+    *,
+    hidden_size: int = 64,
+    num_layers: int = 2,
+    vocab_size: int = 128,
+    image_size: int = 28,
+    patch_size: int = 14,
+    seed: int = 0,
+) -> Path:
+    """Save a random tiny LLaVA and its processor to ``path``; returns the path (reused if it exists).
+
+    Text model: a Llama of ``hidden_size`` with one attention head of ``hidden_size`` (head_dim 64 by default,
+    what vLLM's CPU attention takes), ``num_layers`` layers, the character tokenizer plus ``<image>``. Vision
+    tower: one CLIP layer (hidden 32) over ``image_size`` pixels in patches of ``patch_size``: every image is
+    resized and cropped to ``image_size`` and becomes ``(image_size / patch_size) ** 2`` tokens (4 by default).
+    The chat template renders ``{"type": "image"}`` content parts as ``<image>``.
+    """
+    import torch
+    from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+    from transformers.models.clip.image_processing_pil_clip import CLIPImageProcessorPil
+
+    path = Path(path)
+    if (path / "config.json").exists() and (path / "processor_config.json").exists():
+        return path
+    path.mkdir(parents=True, exist_ok=True)
+    tok = make_tokenizer(vocab_size, extra_special=(IMAGE_TOKEN,))
+    tok.chat_template = VLM_CHAT_TEMPLATE
+    images = CLIPImageProcessorPil(size={"shortest_edge": image_size},
+                                   crop_size={"height": image_size, "width": image_size})
+    processor = LlavaProcessor(image_processor=images, tokenizer=tok, chat_template=VLM_CHAT_TEMPLATE,
+                               patch_size=patch_size, vision_feature_select_strategy="default",
+                               num_additional_image_tokens=1, image_token=IMAGE_TOKEN)
+    text = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
+                       num_hidden_layers=num_layers, num_attention_heads=1, num_key_value_heads=1,
+                       head_dim=hidden_size, max_position_embeddings=1024,
+                       bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=tok.eos_token_id,
+                       pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
+    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                              image_size=image_size, patch_size=patch_size, projection_dim=32)
+    cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN),
+                      vision_feature_select_strategy="default", vision_feature_layer=-1, tie_word_embeddings=True)
+    torch.manual_seed(seed)
+    model = LlavaForConditionalGeneration(cfg)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.pad_token_id = tok.pad_token_id
+    model.save_pretrained(path)
+    processor.save_pretrained(path)
+    return path
+
+
+def write_test_images(folder: str | os.PathLike, n: int = 3, size: tuple[int, int] = (40, 30)) -> list[Path]:
+    """``n`` small PNGs (``img0.png`` ...), each a different colour with a bar, in ``folder``; their paths."""
+    from PIL import Image, ImageDraw
+
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    out = []
+    for i in range(n):
+        img = Image.new("RGB", size, ((70 * i) % 256, (150 + 40 * i) % 256, (220 - 60 * i) % 256))
+        ImageDraw.Draw(img).rectangle([i * 4, 2, i * 4 + 8, size[1] - 3], fill=(255, 255, 255))
+        out.append(folder / f"img{i}.png")
+        img.save(out[-1])
+    return out
 
 
 def peaked_weights(model, *, seed: int = 0, embed_std: float = 0.3, residual_gain: float = 8.0) -> dict:

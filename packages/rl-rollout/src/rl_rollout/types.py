@@ -60,12 +60,18 @@ class SamplingParams:
 
 @dataclass
 class RolloutRequest:
-    """One prompt (token ids) to sample ``params.n`` responses for."""
+    """One prompt (token ids) to sample ``params.n`` responses for.
+
+    ``multi_modal_data``: a vision-language model's images, ``{"image": [PIL images]}`` in prompt order (vLLM's
+    form); ``prompt_token_ids`` then hold each image's placeholder expanded to its token count, as the model's
+    processor writes them (:mod:`rl_rollout.vision`).
+    """
 
     prompt_token_ids: list[int]
     params: SamplingParams = field(default_factory=SamplingParams)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
     metadata: dict[str, Any] = field(default_factory=dict)
+    multi_modal_data: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if len(self.prompt_token_ids) == 0:

@@ -59,6 +59,12 @@ class DataConfig:
         "mix the comma-separated --dataset files by these probabilities, one per file, summing to 1 (e.g. "
         "0.7,0.3): OpenRLHF's blending_datasets, seeded by --seed (rl_core.data.blending)",
         openrlhf=("prompt_data_probs", "data.prompt_probs")))
+    image_key: str | None = field(default=None, metadata=meta(
+        "RL prompts of a vision-language model: column of each prompt's images (a local path, bytes or a PIL "
+        "image, or a list of them; none: a text-only prompt); the prompt marks where they go with "
+        "{'type': 'image'} content parts (or <image> in a string) under --apply_chat_template"))
+    max_images_per_prompt: int = field(default=1, metadata=meta(
+        "with --image_key: the most images one prompt may have (a row with more stops the run, naming it)"))
     disable_fast_tokenizer: bool = field(default=False, metadata=meta(
         "load the tokenizer with AutoTokenizer(use_fast=False), as OpenRLHF does; transformers 5 (which both pin) "
         "ignores use_fast and always loads the tokenizers backend"))
@@ -76,7 +82,7 @@ class DataConfig:
                 f"eval_split (--eval_split) must be a non-empty name such as 'test', got {self.eval_split!r}")
         for name in ("input_key", "chosen_key", "rejected_key", "desirable_key"):
             _check_key(name, getattr(self, name), optional=False)
-        for name in ("output_key", "label_key", "prompt_key", "margin_key"):
+        for name in ("output_key", "label_key", "prompt_key", "margin_key", "image_key"):
             _check_key(name, getattr(self, name), optional=True)
         if self.chosen_key == self.rejected_key:
             raise ValueError(
@@ -88,6 +94,13 @@ class DataConfig:
                 raise ValueError(f"{name} (--{name}) must be true or false, got {getattr(self, name)!r}")
         self._check_template()
         self._check_probs()
+        if self.image_key is not None and self.packing:
+            raise ValueError("packing prompts with images is not built: drop --packing (OpenRLHF: --packing_samples) "
+                             "for vision-language prompts (--image_key); padded rows train the same")
+        m = self.max_images_per_prompt
+        if isinstance(m, bool) or not isinstance(m, int) or m < 1:
+            raise ValueError(f"max_images_per_prompt (--max_images_per_prompt) must be >= 1, got {m!r}; leave "
+                             f"--image_key unset for text-only prompts")
         if isinstance(self.max_len, bool) or not isinstance(self.max_len, int) or self.max_len <= 0:
             raise ValueError(f"max_len (--max_len) must be a positive number of tokens, got {self.max_len!r}")
         for name in ("max_samples", "max_eval_samples"):

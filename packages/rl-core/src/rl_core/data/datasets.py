@@ -150,7 +150,22 @@ class PromptDataset(_EagerDataset):
 
     ``label`` is ``row[label_key]`` (e.g. the reference answer for a verifier), or None
     when no ``label_key`` is set. Prompts over ``max_len`` tokens are dropped and counted.
+
+    Vision-language prompts (``image_key``, with the model's ``processor``): the item also holds ``"images"``,
+    the row's image refs (loaded again at each rollout, so no pixels stay in memory), and ``prompt_ids`` are
+    the processor's, each image placeholder expanded to the image's tokens. Every row's images are loaded
+    once here: a missing file, or more than ``max_images_per_prompt``, is a :class:`DataError` naming the row.
     """
+
+    def __init__(self, rows: list[dict], tokenizer, cfg: DataConfig, processor=None) -> None:
+        if cfg.image_key is not None and processor is None:
+            raise ValueError(f"--image_key {cfg.image_key!r} reads images for a vision-language model, but no "
+                             f"processor was given: --pretrain must be a VLM folder with its processor "
+                             f"(processor_config.json), or leave --image_key unset")
+        self.processor = processor if cfg.image_key is not None else None
+        # the rollout's image tensors (rl_core.trainers.ppo_rollout): the engine and the trainer see the same pixels
+        self.image_processor = getattr(self.processor, "image_processor", None)
+        super().__init__(rows, tokenizer, cfg)
 
     def _encode(self, row: dict, where: str) -> dict:
         cfg = self.cfg
@@ -159,10 +174,38 @@ class PromptDataset(_EagerDataset):
         if not prompt.strip():
             raise DataError(f"{where}: prompt {cfg.input_key!r} is empty (fix or drop the row)")
         label = None if cfg.label_key is None else _get(row, cfg.label_key, "label_key", where, "the label")
-        ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        refs, images = None, []
+        if self.processor is not None:
+            refs, images = self._images(row, where)
+        if images:
+            try:
+                ids = self.processor(text=[prompt], images=images, add_special_tokens=False)["input_ids"][0]
+            except ValueError as e:  # e.g. placeholders and images do not match in number
+                raise DataError(f"{where}: the processor rejected the prompt with its {len(images)} images: "
+                                f"{e}") from None
+            ids = list(ids)
+        else:
+            ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
         if len(ids) > cfg.max_len:
             raise _Dropped
-        return {"prompt": prompt, "prompt_ids": ids, "label": label}
+        item = {"prompt": prompt, "prompt_ids": ids, "label": label}
+        if images:
+            item["images"] = refs
+        return item
+
+    def _images(self, row: dict, where: str) -> tuple[object, list]:
+        from rl_rollout.vision import load_images
+
+        cfg = self.cfg
+        refs = row.get(cfg.image_key)
+        try:
+            images = load_images(refs)
+        except ValueError as e:
+            raise DataError(f"{where}: {cfg.image_key!r} (--image_key): {e}") from None
+        if len(images) > cfg.max_images_per_prompt:
+            raise DataError(f"{where}: {len(images)} images in {cfg.image_key!r}, more than --max_images_per_prompt "
+                            f"{cfg.max_images_per_prompt}; raise --max_images_per_prompt or drop the row")
+        return refs, images
 
 
 class SFTDataset(_EagerDataset):

@@ -66,11 +66,36 @@ def as_messages(value: object, where: str, label: str) -> list[dict]:
     return [dict(m) for m in value]
 
 
+def image_messages(value: object, where: str, label: str) -> list[dict]:
+    """A vision-language prompt as chat messages: :func:`as_messages`'s rules, except that a message's content
+    may be a list of parts (``{"type": "image"}``, ``{"type": "text", "text": ...}``) and ``<image>`` in a
+    string content becomes an image part there (OpenRLHF's rule)."""
+    if isinstance(value, str):
+        value = [{"role": "user", "content": value}]
+    if not isinstance(value, list) or not value:
+        raise DataError(f"{where}: {label} must be a string or a non-empty list of chat messages, got {_show(value)}")
+    out = []
+    for j, m in enumerate(value):
+        content = m.get("content") if isinstance(m, dict) else None
+        parts_ok = isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("type"), str)
+                                                     for p in content)
+        if not (isinstance(m, dict) and isinstance(m.get("role"), str) and (isinstance(content, str) or parts_ok)):
+            raise DataError(f"{where}: {label} message {j} must be {{'role': str, 'content': str or a list of "
+                            f"{{'type': 'image' | 'text', ...}} parts}}, got {_show(m)}")
+        if isinstance(content, str) and "<image>" in content:
+            pieces = content.split("<image>")
+            content = [p for i, piece in enumerate(pieces)
+                       for p in ([{"type": "image"}] if i else []) + ([{"type": "text", "text": piece}] if piece else [])]
+        out.append({**m, "content": content})
+    return out
+
+
 def render_prompt(tokenizer, cfg: DataConfig, value: object, where: str, label: str) -> str:
     """The prompt text a model is given: chat-templated with the generation prompt,
     or ``input_template.format(value)``, or ``value`` itself."""
     if cfg.apply_chat_template:
-        return _render(tokenizer, as_messages(value, where, label), True, where)
+        messages = image_messages(value, where, label) if cfg.image_key else as_messages(value, where, label)
+        return _render(tokenizer, messages, True, where)
     text = _plain_text(value, where, label)
     return cfg.input_template.format(text) if cfg.input_template else text
 

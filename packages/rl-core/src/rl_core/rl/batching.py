@@ -13,6 +13,8 @@
   packed row (``position_ids`` restarting at 0 per item, no mask: transformers keeps attention within each
   item; see :mod:`rl_core.models`), and :meth:`ModelInputs.rows` to lay a per-token result out as the
   padded ``[B, T]`` of :func:`rl_core.rl.experience.collate`, so the losses see the same tensors either way.
+  With ``images`` (a vision-language model's workers), the items' ``image_inputs`` go along, concatenated in
+  item order (padded rows only).
 
 The loss normalisers are global counts (tokens, sequences over the global batch), so how items are grouped
 does not change the gradient; only the time and memory per forward.
@@ -128,8 +130,12 @@ class ModelInputs:
     packed: bool
 
     @classmethod
-    def of(cls, items: Sequence[dict], pad_id: int, packing: bool, device) -> ModelInputs:
+    def of(cls, items: Sequence[dict], pad_id: int, packing: bool, device, images: bool = False) -> ModelInputs:
         lengths = [len(it["input_ids"]) for it in items]
+        pixels = images and any(it.get("image_inputs") for it in items)
+        if pixels and packing:
+            raise ValueError("packing prompts with images is not built: drop --packing (OpenRLHF: "
+                             "--packing_samples) for vision-language prompts")
         if packing:
             ids = torch.tensor([t for it in items for t in it["input_ids"]], dtype=torch.long)
             pos = torch.cat([torch.arange(n, dtype=torch.long) for n in lengths])
@@ -137,6 +143,10 @@ class ModelInputs:
         else:
             b = collate(items, pad_id)
             kw = {"input_ids": b["input_ids"].to(device), "attention_mask": b["attention_mask"].to(device)}
+        if pixels:
+            from rl_rollout.vision import cat_image_inputs
+
+            kw.update({k: v.to(device) for k, v in cat_image_inputs([it.get("image_inputs") for it in items]).items()})
         return cls(kw, lengths, packing)
 
     def rows(self, out):

@@ -73,6 +73,9 @@ class RLModelConfig:
     lora_alpha: int = field(default=16, metadata=meta("LoRA scaling alpha (scale alpha / rank)"))
     lora_dropout: float = field(default=0.0, metadata=meta("LoRA dropout"))
     target_modules: str = field(default="all-linear", metadata=meta("comma-separated module names or all-linear"))
+    freeze_visual_encoder: bool = field(default=False, metadata=meta(
+        "a vision-language policy trains its language model only: the vision tower and projector stay frozen",
+        openrlhf=("actor.freeze_visual_encoder",)))
 
     def __post_init__(self) -> None:
         requested_attention(self.attn_implementation, self.flash_attn)
@@ -173,6 +176,14 @@ class Run:
         self.rollout.shutdown()
 
 
+def _is_vlm(path: str) -> bool:
+    from transformers import AutoConfig
+
+    from rl_rollout.vision import is_vision_config
+
+    return is_vision_config(AutoConfig.from_pretrained(path))
+
+
 def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, reward_fn=None,
               metrics: MetricsLogger | None = None, eval_prompts=None) -> Run:
     """The roles the run needs, the rollout, the weight sync and the :class:`PPOTrainer` over them
@@ -188,7 +199,11 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
     steps = p.optimizer_steps(len(prompts), s.train_batch_size) if samples % s.train_batch_size == 0 else 1
     kw = cfg.load_kw()
     mb = {"batching": cfg.batching, "packing": cfg.packing}
-    policy = factory.role("policy", PolicyWorker, s, m.pretrain, p, steps, load_kw=kw, pad_id=pad, **mb)
+    if p.needs_critic and _is_vlm(m.pretrain):
+        raise ValueError(f"a critic for a vision-language policy ({m.pretrain}) is not built: pick an estimator "
+                         f"without one (--advantage_estimator reinforce_baseline, rloo, group_norm ...), as OpenRLHF")
+    policy_kw = {**kw, "freeze_visual_encoder": True} if m.freeze_visual_encoder else kw
+    policy = factory.role("policy", PolicyWorker, s, m.pretrain, p, steps, load_kw=policy_kw, pad_id=pad, **mb)
     head = {"value_head_prefix": m.value_head_prefix}  # where an OpenRLHF-format folder keeps its head
     critic = factory.role("critic", CriticWorker, s, m.critic_path, p, steps, load_kw={**kw, **head},
                           pad_id=pad, **mb) if p.needs_critic else None

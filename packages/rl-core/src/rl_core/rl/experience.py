@@ -6,7 +6,9 @@ through Ray, so plain picklable values)::
     {"input_ids": [prompt + response token ids], "prompt_len": int,
      "loss_mask": [0 on the prompt, the engine's loss mask on the response],
      # per-token float tensors of len(input_ids), aligned like Actor.logprobs (t = x_t):
-     "old_logprobs", "ref_logprobs", "values", "advantages", "returns", "rollout_logprobs"}
+     "old_logprobs", "ref_logprobs", "values", "advantages", "returns", "rollout_logprobs",
+     # a vision-language prompt's image tensors ({"pixel_values": ..., ...}), what the engine generated with:
+     "image_inputs"}
 
 :func:`collate` right-pads items into ``[B, T]`` tensors; :func:`rows` cuts a
 ``[B, T]`` result back into per-item tensors. :func:`dp_order` lays items out so

@@ -26,8 +26,11 @@ class ReferenceWorker(_Worker):
         from rl_core.models import Actor, frozen
 
         self.temperature = temperature
-        kw = {k: v for k, v in (load_kw or {}).items() if k not in ("lora", "gradient_checkpointing")}
-        self.engine = self.s.prepare(frozen(Actor.from_pretrained(pretrain, **kw)), train=False)
+        kw = {k: v for k, v in (load_kw or {}).items()
+              if k not in ("lora", "gradient_checkpointing", "freeze_visual_encoder")}
+        actor = frozen(Actor.from_pretrained(pretrain, **kw))
+        self.images = actor.is_vlm
+        self.engine = self.s.prepare(actor, train=False)
 
     def logprobs(self, items: list[dict]) -> list[torch.Tensor]:
         """Log-probs at the sampling temperature, like the policy's (the KL compares the same distributions)."""
@@ -45,7 +48,8 @@ class RewardModelWorker(_Worker):
         super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
         from rl_core.models import RewardModel
 
-        kw = {k: v for k, v in (load_kw or {}).items() if k not in ("lora", "gradient_checkpointing")}
+        kw = {k: v for k, v in (load_kw or {}).items()
+              if k not in ("lora", "gradient_checkpointing", "freeze_visual_encoder")}
         model = RewardModel.from_pretrained(pretrain, require_head=True, **kw)  # a random head scores noise
         for p in model.parameters():
             p.requires_grad_(False)

@@ -62,6 +62,7 @@ class _Worker:
         self.batching = batching or MicroBatchConfig()
         self.packing = packing
         self.micro_batch = self.batching.forward_micro_batch_size or strategy_cfg.micro_train_batch_size
+        self.images = False  # a vision-language policy/reference: forwards take the items' image_inputs
 
     @property
     def rank(self) -> int:
@@ -91,7 +92,7 @@ class _Worker:
     def _model(self, fn, items: list[dict]):
         """``fn(**model inputs)`` on one micro-batch; per-token results (a tensor or a tuple) as padded ``[B, T]``
         rows."""
-        x = ModelInputs.of(items, self.pad_id, self.packing, self.s.device)
+        x = ModelInputs.of(items, self.pad_id, self.packing, self.s.device, images=self.images)
         return x.rows(fn(**x.kwargs))
 
     @torch.no_grad()
@@ -161,6 +162,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
 
         self.cfg = ppo_cfg
         actor = Actor.from_pretrained(pretrain, **(load_kw or {}))
+        self.images = actor.is_vlm
         if ppo_cfg.aux_loss_coef:
             actor.enable_moe_aux_loss()  # a model without experts is refused here, in one line
         # LoRA: the adapter's peft config; every sync sends merged weights (fresh tensors, never live ones)
@@ -402,9 +404,10 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
 
         tok = None
         if tokenizer_path:
-            from transformers import AutoTokenizer
+            from transformers import AutoProcessor, AutoTokenizer
 
-            tok = AutoTokenizer.from_pretrained(tokenizer_path)
+            # a VLM's processor (tokenizer, image processor, chat template) goes with it, so the export loads whole
+            tok = (AutoProcessor if self.images else AutoTokenizer).from_pretrained(tokenizer_path)
         state = None
         if self._ema is not None:  # the frozen weights are the policy's; the trained ones the EMA's
             state = self.s.full_state_dict(self.engine.module)

@@ -54,6 +54,15 @@ def place_turn_rewards(samples, items: list[dict]) -> torch.Tensor:
     return torch.tensor(placed)
 
 
+def _images_of(prompt: dict) -> dict | None:
+    """A vision-language prompt's images as a request carries them (``{"image": [PIL images]}``), or None."""
+    if not prompt.get("images"):
+        return None
+    from rl_rollout.vision import load_images
+
+    return {"image": load_images(prompt["images"])}
+
+
 class RolloutPhase:
     def _take_prompts(self, k: int) -> list[dict]:
         n, out = len(self.prompts), []
@@ -76,9 +85,13 @@ class RolloutPhase:
         params = SamplingParams(temperature=c.temperature if temperature is None else temperature, top_p=c.top_p,
                                 max_new_tokens=c.generate_max_len, n=n, stop_token_ids=self.eos, seed=seed)
         if self.agent is not None:
+            if any(p.get("images") for p in prompts):
+                raise ValueError("agent episodes with images are not built: drop --image_key or "
+                                 "--agent_func_path")
             groups = self._episodes(prompts, params)
         else:
-            groups = self.rollout.generate([RolloutRequest(list(p["prompt_ids"]), params) for p in prompts])
+            groups = self.rollout.generate([RolloutRequest(list(p["prompt_ids"]), params,
+                                                           multi_modal_data=_images_of(p)) for p in prompts])
         if len(groups) != len(prompts) or any(len(g) != n for g in groups):
             raise RuntimeError(f"the rollout returned {[len(g) for g in groups]} samples for {len(prompts)} prompts "
                                f"x n={n}")
@@ -173,9 +186,26 @@ class RolloutPhase:
         prompts = self._take_prompts(k)
         samples = self._generate(prompts, seed)
         items = [make_item(s.prompt_ids, s.response_ids, s.loss_mask, s.rollout_logprobs) for s in samples]
+        self._attach_images(prompts, items)
         t0 = time.perf_counter()
         scores, info = self._rewards(prompts, samples, items)
         return prompts, samples, items, scores, info, time.perf_counter() - t0
+
+    def _attach_images(self, prompts: list[dict], items: list[dict]) -> None:
+        """Vision-language prompts: each item gets its prompt's image tensors (``image_inputs``), from the same
+        images and image processor the engine generated with, for the policy's and reference's forwards."""
+        if not any(p.get("images") for p in prompts):
+            return
+        from rl_rollout.vision import image_inputs
+
+        n = len(items) // len(prompts)
+        proc = self.prompts.image_processor
+        for g, p in enumerate(prompts):
+            mm = _images_of(p)
+            if mm:
+                tensors = image_inputs(proc, mm["image"])
+                for item in items[g * n:(g + 1) * n]:
+                    item["image_inputs"] = tensors
 
     def _collect(self, it: int):
         """Samples of ``rollout_batch_size`` prompts, filtered dynamically when asked; per-phase seconds."""

@@ -1,0 +1,103 @@
+"""Vision-language models in the RL loop (OpenRLHF's train_vlm_math_hybrid_engine.sh): ``rl ppo`` on a tiny
+random LLaVA with image prompts (paths, a string prompt with ``<image>``, a text-only row), the vision tower
+frozen, the engine and the trainer seeing the same pixels (rollout log-prob gap ~0); ``rl ppo-ray`` (an HF engine
+actor fed over a gloo broadcast of the VLM's parameter names) gives the same run."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rl_cli.main import main
+
+pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
+REWARD = "def letter(prompt, response, label, **info):\n    return min(response.count(label), 8) / 8\n"
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    from rl_rollout.testing import make_tiny_vlm, write_test_images
+
+    root = tmp_path_factory.mktemp("vlm-cli")
+    model = make_tiny_vlm(root / "tiny-vlm")
+    imgs = write_test_images(root / "images", 3)
+    rows = [{"prompt": [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": f"Say {c}: "}]}],
+             "images": [str(imgs[i])], "label": c} for i, c in enumerate("abc")]
+    rows += [{"prompt": "<image>Say d: ", "images": str(imgs[0]), "label": "d"},  # OpenRLHF's <image> in a string
+             {"prompt": "Say e: ", "images": None, "label": "e"}]  # a text-only row in the same set
+    rows += [{"prompt": "Say f: ", "label": "f"}, {"prompt": "<image>Say g: ", "images": [str(imgs[1])], "label": "g"},
+             {"prompt": "<image>Say h: ", "images": [str(imgs[2])], "label": "h"}]
+    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "reward.py").write_text(REWARD)
+    return root, model
+
+
+def argv(root, model, run):
+    return ["--pretrain", str(model), "--prompt_data", str(root / "prompts.jsonl"), "--input_key", "prompt",
+            "--label_key", "label", "--image_key", "images", "--max_images_per_prompt", "1", "--apply_chat_template",
+            "--freeze_visual_encoder", "--reward_fn", f"{root / 'reward.py'}:letter",
+            "--advantage_estimator", "reinforce_baseline", "--n_samples_per_prompt", "2", "--rollout_batch_size", "4",
+            "--train_batch_size", "8", "--micro_train_batch_size", "4", "--generate_max_len", "8",
+            "--max_iterations", "2", "--bf16", "false", "--learning_rate", "1e-2", "--init_kl_coef", "0.01",
+            "--use_kl_loss", "--seed", "7", "--rollout_engine", "hf", "--run_dir", str(root / run)]
+
+
+def metrics(path):
+    return [json.loads(x) for x in (path / "metrics.jsonl").read_text().splitlines()]
+
+
+def local_run(root, model):
+    if not (root / "local" / "metrics.jsonl").is_file():
+        assert main(["ppo", *argv(root, model, "local"), "--save_path", str(root / "local" / "final")]) == 0
+    return metrics(root / "local")
+
+
+def test_rl_ppo_trains_a_vlm_on_image_prompts_with_the_vision_tower_frozen(task):
+    from safetensors.torch import load_file
+
+    root, model = task
+    rows = local_run(root, model)
+    assert [r["step"] for r in rows] == [1, 2]
+    for r in rows:  # the engine generated from the same images the policy's forward reads
+        assert r["rl/rollout_logprob_gap"] < 1e-5, r
+    assert rows[1]["rl/kl_loss"] > 0  # the policy moved after the first step
+    before, after = load_file(model / "model.safetensors"), load_file(root / "local" / "final" / "model.safetensors")
+    vision = [k for k in before if "language_model" not in k and "lm_head" not in k]
+    assert vision and all((before[k] == after[k]).all() for k in vision)  # --freeze_visual_encoder
+    assert any(not (before[k] == after[k]).all() for k in before if "language_model" in k and "layers" in k)
+
+
+def test_a_row_with_more_images_than_allowed_stops_the_run_naming_it(task, tmp_path, capsys):
+    root, model = task
+    bad = tmp_path / "bad.jsonl"
+    images = sorted(str(p) for p in (root / "images").iterdir())
+    bad.write_text(json.dumps({"prompt": "<image><image>Say a: ", "images": images[:2], "label": "a"}) + "\n")
+    args = argv(root, model, "bad")
+    args[args.index("--prompt_data") + 1] = str(bad)
+    with pytest.raises(SystemExit):
+        main(["ppo", *args])
+    err = capsys.readouterr().err
+    assert "bad.jsonl" in err and "2 images in 'images', more than --max_images_per_prompt 1" in err, err
+    with pytest.raises(SystemExit):
+        main(["ppo", *args, "--packing"])
+    assert "packing prompts with images is not built: drop --packing" in capsys.readouterr().err
+
+
+@pytest.mark.multiprocess
+def test_rl_ppo_ray_vlm_with_an_engine_actor_matches_the_one_process_run(task):
+    """Images travel to the HF engine actor in the requests, the VLM's weights over a gloo broadcast."""
+    root, model = task
+    local = local_run(root, model)
+    extra = ["--num_gpus", "2", "--actor_num_gpus_per_node", "1", "--colocate_actor_ref", "--vllm_num_engines", "1"]
+    out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *argv(root, model, "ray"), *extra],
+                         capture_output=True, text=True, timeout=800, env={**os.environ, "RAY_DEDUP_LOGS": "0"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    assert "weight sync gloo" in out.stdout, out.stdout[-2000:]
+    for a, b in zip(local, metrics(root / "ray"), strict=True):
+        assert b["rl/rollout_logprob_gap"] < 1e-5, b
+        for k in ("rl/reward_mean", "rl/kl_loss", "rl/policy_loss"):
+            assert b[k] == pytest.approx(a[k], abs=1e-5), (k, a["step"], a[k], b[k])

@@ -1,0 +1,100 @@
+"""Vision-language models on both sides of the rollout: which class loads a model, images in, model inputs out.
+
+- :func:`is_vision_config` / :func:`causal_lm_class`: a transformers config with a ``vision_config`` is a
+  vision-language model (VLM), loaded with ``AutoModelForImageTextToText`` (LLaVA, Qwen2-VL ...), else
+  ``AutoModelForCausalLM`` (how OpenRLHF tells them apart too).
+- :func:`placeholder_token_ids`: the image/video placeholder tokens, which are never sampled (the engines
+  suppress them, the trainer's log-probs leave them out: both sides compute the same distribution).
+- :func:`load_images`: PIL images from what a dataset row holds: local paths, raw bytes, ``datasets``'
+  ``{"bytes", "path"}`` dicts, or PIL images; one image or a list. A ref that does not load raises (naming it):
+  a prompt whose image placeholder has no pixels would train on garbage.
+- :func:`image_inputs`: the model's image tensors (``pixel_values`` and, per model, ``image_grid_thw`` /
+  ``image_sizes``) for a list of images, from the model's image processor. The engine (for generation) and
+  the trainer (for the log-prob forwards) call it on the same images, so both see the same pixels.
+- :func:`cat_image_inputs`: several prompts' image tensors as one batch (images in row order).
+
+A request carries its images as ``RolloutRequest.multi_modal_data = {"image": [PIL images]}`` (vLLM's form);
+its ``prompt_token_ids`` hold each image's placeholder already expanded to the image's token count (what the
+processor's ``__call__`` returns), as the model's forward wants them.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from collections.abc import Sequence
+from typing import Any
+
+
+def is_vision_config(config) -> bool:
+    """A transformers config of a vision-language model (it has a ``vision_config``)."""
+    return getattr(config, "vision_config", None) is not None
+
+
+def placeholder_token_ids(config) -> list[int]:
+    """A VLM's image/video placeholder token ids (empty for a text model). The engines never sample them and
+    the trainer's log-probs exclude them too (the same distribution on both sides): a placeholder in a
+    response would ask the next forward for an image that is not there."""
+    if not is_vision_config(config):
+        return []
+    ids = [getattr(config, name, None) for name in ("image_token_id", "image_token_index", "video_token_id")]
+    return sorted({int(i) for i in ids if isinstance(i, int) and i >= 0})
+
+
+def causal_lm_class(path: str | os.PathLike):
+    """``AutoModelForImageTextToText`` for a VLM folder, else ``AutoModelForCausalLM``."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
+
+    return AutoModelForImageTextToText if is_vision_config(AutoConfig.from_pretrained(str(path))) \
+        else AutoModelForCausalLM
+
+
+def load_images(refs: Any) -> list:
+    """PIL images (RGB) from one ref or a list of them; ``None`` (or a list of Nones): no image."""
+    from PIL import Image
+
+    if refs is None:
+        return []
+    out = []
+    for ref in refs if isinstance(refs, (list, tuple)) else [refs]:
+        if ref is None:
+            continue
+        if isinstance(ref, dict):  # datasets' Image feature, undecoded
+            ref = ref.get("bytes") or ref.get("path")
+        try:
+            if isinstance(ref, Image.Image):
+                img = ref
+            elif isinstance(ref, (bytes, bytearray)):
+                img = Image.open(io.BytesIO(ref))
+            elif isinstance(ref, (str, os.PathLike)):
+                img = Image.open(ref)
+            else:
+                raise TypeError(f"an image must be a local path, bytes or a PIL image, got {type(ref).__name__}")
+            out.append(img.convert("RGB"))
+        except (OSError, TypeError, ValueError) as e:
+            shown = ref if isinstance(ref, (str, os.PathLike)) else f"<{type(ref).__name__}>"
+            raise ValueError(f"image {shown} does not load ({e})") from None
+    return out
+
+
+def image_inputs(image_processor, images: Sequence) -> dict:
+    """The model's image tensors for ``images`` (``{}`` for none)."""
+    if not images:
+        return {}
+    out = image_processor(images=list(images), return_tensors="pt")
+    return {k: v for k, v in out.items() if hasattr(v, "shape")}
+
+
+def cat_image_inputs(parts: Sequence[dict]) -> dict:
+    """One batch's image tensors: each key's tensors concatenated along dim 0 in order (parts without images
+    contribute nothing)."""
+    import torch
+
+    parts = [p for p in parts if p]
+    if not parts:
+        return {}
+    keys = set(parts[0])
+    for p in parts[1:]:
+        if set(p) != keys:
+            raise ValueError(f"image inputs of one batch differ in keys: {sorted(keys)} and {sorted(p)}")
+    return {k: torch.cat([p[k] for p in parts], dim=0) for k in sorted(keys)}

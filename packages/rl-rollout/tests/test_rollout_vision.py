@@ -1,0 +1,72 @@
+"""rl_rollout.vision and the HF engine on a tiny random LLaVA: images from paths, bytes, datasets' dicts and PIL;
+generation conditioned on the request's images, its log-probs those of a forward over the same pixels."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+
+from rl_rollout import RolloutRequest, SamplingParams
+from rl_rollout.vision import cat_image_inputs, image_inputs, load_images, placeholder_token_ids
+
+
+@pytest.fixture(scope="module")
+def vlm(tmp_path_factory):
+    from rl_rollout.testing import make_tiny_vlm, write_test_images
+
+    root = tmp_path_factory.mktemp("vlm")
+    return make_tiny_vlm(root / "model"), write_test_images(root / "images", 2)
+
+
+def test_images_load_from_every_ref_a_dataset_holds_and_a_bad_one_is_named(vlm):
+    from PIL import Image
+
+    _, paths = vlm
+    raw = paths[0].read_bytes()
+    imgs = load_images([str(paths[0]), raw, {"bytes": raw, "path": None}, Image.open(paths[1]), None])
+    assert [i.size for i in imgs] == [(40, 30)] * 4 and all(i.mode == "RGB" for i in imgs)
+    assert load_images(None) == [] and len(load_images(str(paths[1]))) == 1
+    with pytest.raises(ValueError, match=r"image /nonexistent.png does not load"):
+        load_images(["/nonexistent.png"])
+    with pytest.raises(ValueError, match=r"must be a local path, bytes or a PIL image, got int"):
+        load_images([3])
+    assert io.BytesIO(raw).read(4) == b"\x89PNG"
+
+
+def test_hf_engine_generates_from_the_images_with_the_log_probs_of_a_forward_over_them(vlm):
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+    from rl_rollout.hf_engine import HFEngine
+
+    path, paths = vlm
+    proc = AutoProcessor.from_pretrained(path)
+    assert placeholder_token_ids(AutoConfig.from_pretrained(path)) == [proc.tokenizer.convert_tokens_to_ids("<image>")]
+    prompt = proc.apply_chat_template([{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "x?"}]}],
+                                      tokenize=False, add_generation_prompt=True)
+    images = [load_images(str(p)) for p in paths]
+    ids = list(proc(text=[prompt], images=images[0], add_special_tokens=False)["input_ids"][0])
+    assert ids.count(proc.tokenizer.convert_tokens_to_ids("<image>")) == 4  # the placeholder, expanded
+    engine = HFEngine(path)
+    params = SamplingParams(n=2, max_new_tokens=6, seed=3, ignore_eos=True)
+    text_ids = proc.tokenizer("plain text", add_special_tokens=False)["input_ids"]
+    out = engine.generate([RolloutRequest(ids, params, multi_modal_data={"image": images[0]}),
+                           RolloutRequest(ids, params, multi_modal_data={"image": images[1]}),
+                           RolloutRequest(text_ids, params)])  # a text-only request in the same batch
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
+    ip = proc.image_processor
+    for k, imgs in enumerate(images):
+        for s in out[k]:
+            seq = torch.tensor([ids + s.response_ids])
+            with torch.no_grad():
+                logits = model(input_ids=seq, **image_inputs(ip, imgs)).logits[0, len(ids) - 1:-1]
+            logits[:, placeholder_token_ids(model.config)] = float("-inf")  # never sampled (the engine suppresses)
+            lp = torch.log_softmax(logits, -1).gather(-1, torch.tensor(s.response_ids)[:, None])[:, 0]
+            assert torch.allclose(lp, torch.tensor(s.rollout_logprobs), atol=1e-4), (lp, s.rollout_logprobs)
+    # the two images give different next-token distributions: the pixels reached the model
+    with torch.no_grad():
+        a, b = (model(input_ids=torch.tensor([ids]), **image_inputs(ip, imgs)).logits[0, -1] for imgs in images)
+    assert (a - b).abs().max() > 1e-4
+    both = cat_image_inputs([image_inputs(ip, images[0]), {}, image_inputs(ip, images[1])])
+    assert both["pixel_values"].shape[0] == 2
