@@ -145,7 +145,11 @@ def _rank(rank: int, port: int, tiny: str, out: str) -> None:
 def test_two_ranks_in_one_ring_group_compute_what_one_rank_does(tiny, tmp_path):
     """Ring 2 over 2 ranks (data parallel 1, each row split in two, padded to an even length; 2 KV heads gathered
     one at a time) against one rank: forwards within 1e-5, and one step of each trained role equal within 1e-5 (lr
-    1e-4: Adam's first step is about lr x sign, so a wrong gradient scale or slice moves whole tensors by ~lr)."""
+    1e-4: Adam's first step is about lr x sign, so a wrong gradient scale or slice moves whole tensors by ~lr).
+    With two or more CUDA devices the ranks run on cuda:0 and cuda:1 over NCCL (the backward's reduce-scatter)."""
+    if torch.cuda.is_available() and torch.cuda.device_count() < 2:
+        pytest.skip(f"one CUDA device here ({torch.cuda.get_device_name(0)}): the two ranks need a device each "
+                    f"(NCCL); run on a machine with two GPUs, or with CUDA_VISIBLE_DEVICES='' for gloo on CPU")
     outs = [str(tmp_path / f"rank{r}.pt") for r in (0, 1)]
     port = _free_port()
     code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('ring_ranks', sys.argv[1]); "
