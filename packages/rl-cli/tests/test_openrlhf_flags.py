@@ -183,6 +183,10 @@ def test_docs_table_is_generated_from_the_parsers():
      {"ppo.aux_loss_coef": 0.01, "ppo.enable_ema": True, "ppo.ema_beta": 0.99}),
     ("ppo", ["--aux_loss_coef", "0.001", "--enable_ema", "--ema_beta", "0.9"],
      {"ppo.aux_loss_coef": 0.001, "ppo.enable_ema": True, "ppo.ema_beta": 0.9}),
+    ("sft", ["--apply_chat_template", "--tokenizer_chat_template", "{{ x }}"],
+     {"data.tokenizer_chat_template": "{{ x }}"}),
+    ("dpo", ["--data.apply_chat_template", "--data.tokenizer_chat_template", "{{ x }}"],
+     {"data.tokenizer_chat_template": "{{ x }}"}),
 ])
 def test_openrlhf_flags_land_in_the_right_field(command, argv, want):
     cfgs = parse(command, argv)

@@ -309,10 +309,6 @@ REFUSED: dict[str, Refuse] = {
                             "column with an empty prompt"),
     "model.pretrain_mode_enable": Refuse("SFT trains on the response tokens only; for plain text put it in the "
                                          "--output_key column with an empty prompt"),
-    "tokenizer_chat_template": Refuse("the tokenizer's own chat template is used; put a custom one in the model's "
-                                      "tokenizer_config.json"),
-    "data.tokenizer_chat_template": Refuse("the tokenizer's own chat template is used; put a custom one in the "
-                                           "model's tokenizer_config.json"),
     "dataloader_num_workers": Refuse("the data loads in the main process (tokenized once, up front)", off=(0,)),
     "data.dataloader_num_workers": Refuse("the data loads in the main process (tokenized once, up front)", off=(0,)),
     "use_ms": Refuse("ModelScope downloads are not built; pass a local folder or a Hugging Face id"),

@@ -189,7 +189,7 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     from rl_core.data import DataError, PromptDataset, load_rows, training_rows
     from rl_core.preflight import check_rl_batches, load_processor, load_tokenizer
 
-    tok = load_tokenizer(m.pretrain, use_fast=not d.disable_fast_tokenizer)
+    tok = load_tokenizer(m.pretrain, use_fast=not d.disable_fast_tokenizer, chat_template=d.tokenizer_chat_template)
     proc = load_processor(m.pretrain) if d.image_key else None  # vision-language prompts
     prompts = PromptDataset(training_rows(d, cfgs["strategy"].seed), tok, d, processor=proc)
     eval_prompts = None

@@ -239,7 +239,8 @@ def run(name: str, argv: list[str] | None = None) -> int:
 
     strategy = DeepSpeedStrategy(cfgs["strategy"])
     data = cfgs["data"]
-    tok = load_tokenizer(cfgs["model"].pretrain, use_fast=not data.disable_fast_tokenizer)
+    tok = load_tokenizer(cfgs["model"].pretrain, use_fast=not data.disable_fast_tokenizer,
+                         chat_template=data.tokenizer_chat_template)
     ds = cmd.dataset_cls()(training_rows(data, cfgs["strategy"].seed), tok, data)
     eval_ds = None
     if data.eval_dataset:

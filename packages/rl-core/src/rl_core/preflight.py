@@ -68,9 +68,11 @@ def check_models(cfg):
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
-def load_tokenizer(folder: str, *, flag: str = "--pretrain", use_fast: bool = True):
+def load_tokenizer(folder: str, *, flag: str = "--pretrain", use_fast: bool = True, chat_template: str | None = None):
     """``AutoTokenizer.from_pretrained(folder, use_fast=use_fast)`` with a pad token (eos when it has none), or
-    one-line InputError. ``use_fast=False`` is OpenRLHF's ``--disable_fast_tokenizer``; transformers 5 ignores it."""
+    one-line InputError. ``use_fast=False`` is OpenRLHF's ``--disable_fast_tokenizer``; transformers 5 ignores it.
+    ``chat_template`` (``--tokenizer_chat_template``) replaces the tokenizer's, checked by rendering one user
+    message."""
     from transformers import AutoTokenizer
 
     path = Path(folder)
@@ -85,6 +87,14 @@ def load_tokenizer(folder: str, *, flag: str = "--pretrain", use_fast: bool = Tr
                          f"model's tokenizer there with tokenizer.save_pretrained") from e
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
+    if chat_template is not None:
+        tok.chat_template = chat_template
+        try:
+            tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
+        except Exception as e:  # jinja's syntax and undefined-name errors, the template's own raise_exception
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise InputError(f"--tokenizer_chat_template does not render a user message ({type(e).__name__}: "
+                             f"{first}); fix the Jinja template or drop the flag") from None
     return tok
 
 

@@ -47,6 +47,10 @@ class DataConfig:
     margin_key: str | None = field(default=None, metadata=meta("preference data: column of a margin"))
     desirable_key: str = field(default="label", metadata=meta("KTO: bool column, desirable or not"))
     apply_chat_template: bool = field(default=False, metadata=meta("apply the tokenizer's chat template to the prompt"))
+    tokenizer_chat_template: str | None = field(default=None, metadata=meta(
+        "with --apply_chat_template, a Jinja chat template that replaces the tokenizer's for the run: the rows "
+        "are rendered with it and the saved tokenizer keeps it (OpenRLHF sets tokenizer.chat_template the same "
+        "way)"))
     input_template: str | None = field(default=None, metadata=meta("str.format pattern with one {} used without a chat template"))
     max_len: int = field(default=2048, metadata=meta("token limit of every sequence (prompts for RL)"))
     max_samples: int | None = field(default=None, metadata=meta("read at most this many rows"))
@@ -109,6 +113,14 @@ class DataConfig:
                 raise ValueError(f"{name} (--{name}) must be a positive row count or unset (all rows), got {v!r}")
 
     def _check_template(self) -> None:
+        chat = self.tokenizer_chat_template
+        if chat is not None and (not isinstance(chat, str) or not chat.strip()):
+            raise ValueError(f"tokenizer_chat_template (--tokenizer_chat_template) must be a Jinja template, got "
+                             f"{chat!r}; drop the flag to keep the tokenizer's own")
+        if chat is not None and not self.apply_chat_template:
+            # OpenRLHF reads it only under --apply_chat_template; a flag that does nothing is a trap.
+            raise ValueError("tokenizer_chat_template (--tokenizer_chat_template) is used only with "
+                             "--apply_chat_template; add --apply_chat_template or drop the template")
         tpl = self.input_template
         if tpl is None:
             return
