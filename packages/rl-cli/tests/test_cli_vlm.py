@@ -85,6 +85,10 @@ def test_a_row_with_more_images_than_allowed_stops_the_run_naming_it(task, tmp_p
     with pytest.raises(SystemExit):
         main(["ppo", *args, "--packing"])
     assert "packing prompts with images is not built: drop --packing" in capsys.readouterr().err
+    args[args.index("--prompt_data") + 1] = str(root / "prompts.jsonl")
+    with pytest.raises(SystemExit):  # before any model loads
+        main(["ppo", *args, "--rollout_engine", "vllm"])
+    assert "images (--image_key) on vLLM engines are not built yet: add --rollout_engine hf" in capsys.readouterr().err
 
 
 @pytest.mark.multiprocess

@@ -70,3 +70,11 @@ def test_hf_engine_generates_from_the_images_with_the_log_probs_of_a_forward_ove
     assert (a - b).abs().max() > 1e-4
     both = cat_image_inputs([image_inputs(ip, images[0]), {}, image_inputs(ip, images[1])])
     assert both["pixel_values"].shape[0] == 2
+
+
+def test_vllm_engine_refuses_images_in_one_line_instead_of_dropping_them():
+    from rl_rollout.vllm_engine import _text_only
+
+    _text_only([RolloutRequest([1, 2])])
+    with pytest.raises(ValueError, match=r"VLLMEngine does not take images .*\(--rollout_engine hf\)"):
+        _text_only([RolloutRequest([1, 2]), RolloutRequest([1, 5], multi_modal_data={"image": []})])

@@ -208,6 +208,7 @@ class VLLMEngine(VLLMWeightsMixin):
         return self._generate_locked(requests)[0]
 
     def _generate_locked(self, requests: list[RolloutRequest]) -> tuple[list[list[RolloutSample]], int]:
+        _text_only(requests)
         with self._lock:
             self._check_usable()
             version = self.policy_version
@@ -264,6 +265,7 @@ class VLLMEngine(VLLMWeightsMixin):
                 f.set_result(samples)
 
     async def _agenerate_on_loop(self, request: RolloutRequest) -> list[RolloutSample]:
+        _text_only([request])
         version = self.policy_version
         final = None
         prompt = {"prompt_token_ids": list(request.prompt_token_ids)}
@@ -359,6 +361,14 @@ def vllm_dtype(dtype: str | torch.dtype) -> str:
         return str(as_torch_dtype(dtype)).removeprefix("torch.")
     except ValueError:
         raise ValueError(f"unknown dtype {dtype!r}: use auto, float32/fp32, bfloat16/bf16 or float16/fp16") from None
+
+
+def _text_only(requests: list[RolloutRequest]) -> None:
+    """Images in a request are not built here (vLLM's multimodal models import torchvision, which vLLM's CPU build
+    here lacks, so the path is untested): one line instead of generating without them."""
+    if any(r.multi_modal_data for r in requests):
+        raise ValueError("VLLMEngine does not take images (RolloutRequest.multi_modal_data) yet: generate "
+                         "vision-language prompts with the transformers engine (--rollout_engine hf)")
 
 
 def _to_vllm_params(p):
