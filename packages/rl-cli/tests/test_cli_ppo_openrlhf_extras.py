@@ -34,6 +34,9 @@ def task(tmp_path_factory):
 
     root = tmp_path_factory.mktemp("ppo-extras-cli")
     model = make_tiny_model(root / "tiny")
+    from rl_core.models import RewardModel
+
+    RewardModel.from_pretrained(model, dtype="fp32").save_pretrained(root / "rm")  # the tiny body, a random head
     (root / "prompts.jsonl").write_text(
         "".join(json.dumps({"prompt": f"Repeat the letter {c}: ", "label": c}) + "\n" for c in "abcd"))
     letters = "abcdefghijklmnopqrstuvwxyz"
@@ -44,7 +47,7 @@ def task(tmp_path_factory):
 
 
 def argv(root, model, run, *extra, reward="hits", estimator="group_norm"):
-    scorer = ["--reward_fn", f"{root / 'rewards.py'}:{reward}"] if reward else ["--reward_pretrain", str(model)]
+    scorer = ["--reward_fn", f"{root / 'rewards.py'}:{reward}"] if reward else ["--reward_pretrain", str(root / "rm")]
     return ["--pretrain", str(model), "--prompt_data", str(root / "prompts.jsonl"), "--input_key", "prompt",
             "--label_key", "label", *scorer, "--advantage_estimator", estimator, "--init_kl_coef", "0", "--n_samples_per_prompt", "4", "--rollout_batch_size", "4",
             "--train_batch_size", "16", "--micro_train_batch_size", "8", "--generate_max_len", "8",
@@ -124,7 +127,7 @@ def test_rl_ppo_ray_evaluates_as_the_one_process_run(task):
 
 @pytest.mark.multiprocess
 def test_eval_pass_scores_with_a_reward_model_group_whose_ranks_do_not_divide_the_eval_set(task):
-    """3 eval prompts x 1 sample over a 2-rank reward-model group (the tiny model with a fresh head): the eval
+    """3 eval prompts x 1 sample over a 2-rank reward-model group (the tiny model with a random head): the eval
     samples are padded to split evenly over the ranks, and only the real ones count."""
     root, model = task
     out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *argv(root, model, "eval-rm", reward=None),

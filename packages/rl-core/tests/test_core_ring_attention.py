@@ -7,13 +7,11 @@ helpers and the errors."""
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
 
 import pytest
 import torch
 
+from rl_core.models import RewardModel
 from rl_core.rl import CriticWorker, PolicyWorker, make_item
 from rl_core.rl.batching import MicroBatchConfig
 from rl_core.rl.experience import ring_shards
@@ -72,7 +70,7 @@ def params(worker):
     return {n: p.detach().clone() for n, p in worker.engine.module.named_parameters()}
 
 
-def run_roles(s: StrategyConfig, tiny: str, attn: str | None, packing: bool = True) -> dict:
+def run_roles(s: StrategyConfig, tiny: str, rm: str, attn: str | None, packing: bool = True) -> dict:
     """Every role's forward and one policy and critic step on the same 8 items (packed: a 40-token budget, so a
     36-token item alone and several rows of several items; padded: micro-batches of 2)."""
     kw = {"load_kw": {"dtype": "fp32", "attn_implementation": attn}, "packing": packing,
@@ -91,14 +89,8 @@ def run_roles(s: StrategyConfig, tiny: str, attn: str | None, packing: bool = Tr
     out["values"] = critic.values(items)
     out["critic_metrics"] = critic.train(items)
     out["critic"] = params(critic)
-    out["scores"] = RewardModelWorker(s, tiny, **kw).score(items)
+    out["scores"] = RewardModelWorker(s, rm, **kw).score(items)
     return out
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 SFT_ROWS = [{"q": f"reverse {w} " * (1 + i % 3), "a": w[::-1] * (1 + i % 4)}
@@ -132,14 +124,14 @@ def run_offline(ring: int, tiny: str, attn: str | None) -> dict:
     return out
 
 
-def _rank(rank: int, port: int, tiny: str, out: str) -> None:
+def _rank(rank: int, port: int, tiny: str, rm: str, out: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     torch.set_num_threads(1)
-    res = run_roles(strategy(2), tiny, "rl_ring")
-    res["padded"] = run_roles(strategy(2), tiny, "rl_ring", packing=False)
+    res = run_roles(strategy(2), tiny, rm, "rl_ring")
+    res["padded"] = run_roles(strategy(2), tiny, rm, "rl_ring", packing=False)
     res["offline"] = run_offline(2, tiny, "rl_ring")
-    torch.save(res, out)
+    torch.save(res, out.format(rank))
 
 
 def test_two_ranks_in_one_ring_group_compute_what_one_rank_does(tiny, tmp_path):
@@ -150,18 +142,13 @@ def test_two_ranks_in_one_ring_group_compute_what_one_rank_does(tiny, tmp_path):
     if torch.cuda.is_available() and torch.cuda.device_count() < 2:
         pytest.skip(f"one CUDA device here ({torch.cuda.get_device_name(0)}): the two ranks need a device each "
                     f"(NCCL); run on a machine with two GPUs, or with CUDA_VISIBLE_DEVICES='' for gloo on CPU")
-    outs = [str(tmp_path / f"rank{r}.pt") for r in (0, 1)]
-    port = _free_port()
-    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('ring_ranks', sys.argv[1]); "
-            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
-            "m._rank(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")}
-    procs = [subprocess.Popen([sys.executable, "-c", code, __file__, str(r), str(port), tiny, outs[r]], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(x[-3000:] for x in logs)
-    r0, r1 = (torch.load(o, weights_only=False) for o in outs)
-    one = run_roles(strategy(1), tiny, None)
+    from rl_rollout.testing import run_ranks
+
+    rm = tmp_path / "rm"  # a reward model with its (random) score head
+    RewardModel.from_pretrained(tiny, dtype="fp32").save_pretrained(rm)
+    run_ranks(__file__, "_rank", 2, tiny, str(rm), str(tmp_path / "rank{}.pt"))
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
+    one = run_roles(strategy(1), tiny, str(rm), None)
     for r0_, r1_ in ((r0, r1), (r0["padded"], r1["padded"])):  # padded rows: packed inside the ring forward
         assert_same_roles(r0_, r1_, one)
     a, b, one = r0["offline"], r1["offline"], run_offline(1, tiny, None)

@@ -6,7 +6,6 @@ data-parallel ranks (gloo) with unequal micro-batch counts stepping as one rank 
 from __future__ import annotations
 
 import os
-import socket
 
 import pytest
 import torch
@@ -134,12 +133,6 @@ def test_a_packed_budgeted_train_step_gives_the_padded_loss_and_weights(tiny, lo
             torch.testing.assert_close(v1[n], v0[n], atol=1e-5, rtol=0, msg=lambda m: f"{key} critic {n}: {m}")
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def _rank(rank: int, port: int, tiny: str, out: str) -> None:
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
@@ -151,33 +144,21 @@ def _rank(rank: int, port: int, tiny: str, out: str) -> None:
     for it, lp in zip(mine, w.logprobs(mine), strict=True):
         it["old_logprobs"] = lp.clone()
     w.train(mine)
-    torch.save({"groups": len(w._micro_batches(mine, train=True)), "params": params(w)}, out)
+    torch.save({"groups": len(w._micro_batches(mine, train=True)), "params": params(w)}, out.format(rank))
 
 
 def test_two_ranks_with_unequal_micro_batch_counts_step_like_one_rank(tiny, tmp_path):
     """Rank 0's slice fits one 40-token bin, rank 1's needs three: rank 0 splits its bin to run three
     micro-batches too, and the two ranks' step equals one rank's step over the whole batch (atol 1e-5 at
     lr 1e-4, as in the single-rank test above: Adam amplifies rounding-level gradients to ~lr)."""
-    import subprocess
-    import sys
+    from rl_rollout.testing import run_ranks
 
     lengths = [p + r for p, r in LENGTHS]
     counts = [len(plan_micro_batches([lengths[i] for i in shard], micro_batch=1, max_tokens=40, packing=True))
               for shard in SHARDS]
     assert counts == [1, 3]
-    outs = [str(tmp_path / f"rank{r}.pt") for r in (0, 1)]
-    port = _free_port()
-    # each rank a fresh interpreter that loads this file by path (pytest may import it under a name that a spawned
-    # multiprocessing child cannot import, e.g. as part of the workspace-wide run)
-    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('packing_ranks', sys.argv[1]); "
-            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
-            "m._rank(int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5])")
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")}
-    procs = [subprocess.Popen([sys.executable, "-c", code, __file__, str(r), str(port), tiny, outs[r]], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in (0, 1)]
-    logs = [p.communicate(timeout=600)[0] for p in procs]
-    assert [p.returncode for p in procs] == [0, 0], "\n".join(x[-3000:] for x in logs)
-    r0, r1 = (torch.load(o) for o in outs)
+    run_ranks(__file__, "_rank", 2, tiny, str(tmp_path / "rank{}.pt"))  # each rank a fresh interpreter
+    r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     assert r0["groups"] == r1["groups"] == 3
     items = items_of()
     w = PolicyWorker(strategy(8, lr=1e-4), tiny, PPOConfig(max_epochs=1), 1, load_kw={"dtype": "fp32"})

@@ -176,6 +176,31 @@ def make_tiny_vlm(
     return path
 
 
+def run_ranks(path: str | os.PathLike, func: str, world: int, *args: str, timeout: float = 600) -> list[str]:
+    """Call ``func(rank, port, *args)`` of the Python file ``path`` in ``world`` fresh interpreters, one per rank
+    of a torch.distributed world on this machine (``port``: a free one for MASTER_PORT; RANK, LOCAL_RANK,
+    WORLD_SIZE and MASTER_PORT are cleared from their environment for ``func`` to set). Each loads the file by
+    path: pytest may import a test module under a name that a spawned child could not import. Returns the ranks'
+    logs; AssertionError with each log's tail when a rank fails."""
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('ranks', sys.argv[1]); "
+            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+            "getattr(m, sys.argv[2])(int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:])")
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")}
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), func, str(r), str(port), *args], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    logs = [p.communicate(timeout=timeout)[0] for p in procs]
+    codes = [p.returncode for p in procs]
+    assert codes == [0] * world, f"ranks exited {codes}:\n" + "\n".join(x[-3000:] for x in logs)
+    return logs
+
+
 def write_test_images(folder: str | os.PathLike, n: int = 3, size: tuple[int, int] = (40, 30)) -> list[Path]:
     """``n`` small PNGs (``img0.png`` ...), each a different colour with a bar, in ``folder``; their paths."""
     from PIL import Image, ImageDraw
