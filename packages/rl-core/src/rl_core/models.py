@@ -286,6 +286,10 @@ class Actor(nn.Module):
             o = self.forward(ids, position_ids=pos, temperature=temperature, return_entropy=return_entropy)
             ent = None if o.entropy is None else _repad(o.entropy, idx, input_ids.shape)
             return ActorOutput(_repad(o.logprobs, idx, input_ids.shape), ent, o.aux_loss)
+        if images:
+            from rl_rollout.vision import token_types
+
+            images = {**images, **token_types(self.config, input_ids, images)}
         if position_ids is None and attention_mask is not None:
             position_ids = None if images else _positions(attention_mask)
             pos_for_shift = None

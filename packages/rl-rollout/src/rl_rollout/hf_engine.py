@@ -171,7 +171,11 @@ class HFEngine:
             return_dict_in_generate=True,
             **(dict(do_sample=False) if params.greedy else sampling),
         )
-        images = {k: v.to(self.device) for k, v in self._image_inputs(requests, n).items()}
+        from rl_rollout.vision import token_types
+
+        images = self._image_inputs(requests, n)
+        images = {k: v.to(self.device) for k, v in {**images, **token_types(self.model.config, input_ids_BT,
+                                                                             images)}.items()}
         seed_ctx = torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
         with seed_ctx if params.seed is not None else contextlib.nullcontext():
             if params.seed is not None:

@@ -5,6 +5,8 @@
   ``AutoModelForCausalLM`` (how OpenRLHF tells them apart too).
 - :func:`placeholder_token_ids`: the image/video placeholder tokens, which are never sampled (the engines
   suppress them, the trainer's log-probs leave them out: both sides compute the same distribution).
+- :func:`token_types`: the image/video token marks some VLMs' forwards take beside the images (Qwen-VL's
+  ``mm_token_type_ids``), rebuilt from the placeholders in the ids, as OpenRLHF does.
 - :func:`load_images`: PIL images from what a dataset row holds: local paths, raw bytes, ``datasets``'
   ``{"bytes", "path"}`` dicts, or PIL images; one image or a list. A ref that does not load raises (naming it):
   a prompt whose image placeholder has no pixels would train on garbage.
@@ -39,6 +41,26 @@ def placeholder_token_ids(config) -> list[int]:
         return []
     ids = [getattr(config, name, None) for name in ("image_token_id", "image_token_index", "video_token_id")]
     return sorted({int(i) for i in ids if isinstance(i, int) and i >= 0})
+
+
+def token_types(config, input_ids, images: dict) -> dict:
+    """The per-token image/video marks some VLMs' forwards need beside ``images`` (0 text, 1 image, 2 video, from
+    the placeholders in ``input_ids``, which may include a response): Qwen-VL's ``mm_token_type_ids`` (its
+    multimodal RoPE), Gemma's ``token_type_ids`` (bidirectional attention over an image); ``{}`` for others
+    (LLaVA) and for a batch without images. OpenRLHF rebuilds them the same way."""
+    if not images:
+        return {}
+    if "image_grid_thw" in images or "video_grid_thw" in images:
+        key = "mm_token_type_ids"
+    elif str(getattr(config, "model_type", "")).startswith("gemma"):
+        key = "token_type_ids"
+    else:
+        return {}
+    types = (input_ids == getattr(config, "image_token_id", -1)).to(input_ids.dtype)
+    video = getattr(config, "video_token_id", None)
+    if video is not None:
+        types[input_ids == video] = 2
+    return {key: types}
 
 
 def causal_lm_class(path: str | os.PathLike):
