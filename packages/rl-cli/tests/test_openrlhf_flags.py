@@ -187,6 +187,11 @@ def test_docs_table_is_generated_from_the_parsers():
      {"data.tokenizer_chat_template": "{{ x }}"}),
     ("dpo", ["--data.apply_chat_template", "--data.tokenizer_chat_template", "{{ x }}"],
      {"data.tokenizer_chat_template": "{{ x }}"}),
+    ("dpo", ["--ref.offload", "--ds.zero_stage", "3"], {"train.ref_offload": True}),
+    ("kto", ["--ref_offload", "--zero_stage", "3"], {"train.ref_offload": True}),
+    ("ppo", ["--ref_reward_offload", "--zero_stage", "3"], {"model.ref_offload": True, "model.reward_offload": True}),
+    ("ppo-ray", ["--reward.offload", "--ds.zero_stage", "3"], {"model.ref_offload": False,
+                                                              "model.reward_offload": True}),
 ])
 def test_openrlhf_flags_land_in_the_right_field(command, argv, want):
     cfgs = parse(command, argv)
@@ -206,7 +211,6 @@ def test_openrlhf_flags_land_in_the_right_field(command, argv, want):
     ("rm", ["--value_head_prefix", "value_head2"], "rl_head"),
     ("sft", ["--pretrain_mode"], "response tokens"),
     ("sft", ["--save_hf_ckpt"], "--save_path"),
-    ("kto", ["--ref_offload"], "offloading"),
     ("rm", ["--aux_loss_coef", "0.01"], "reward or value head"),
 ])
 def test_refused_flags_stop_with_one_line_naming_the_flag(command, argv, says, capsys):

@@ -247,3 +247,32 @@ def test_cuda_fused_adamw_trains_bf16(tiny, zero_stage):
         s.optimizer_step(engine)
         losses.append(loss.item())
     assert all(map(math.isfinite, losses)) and losses[-1] < losses[0] - 0.1, losses
+
+
+def test_an_offloaded_frozen_model_keeps_its_weights_on_the_cpu_and_gives_the_same_logprobs(tiny):
+    """OpenRLHF's --ref.offload / --reward.offload: ZeRO-3's offload_param in the frozen model's config (the
+    engine's parameters live on the CPU), and the reference's log-probs equal those of the plain ZeRO-3 one."""
+    from rl_core.rl.frozen_workers import ReferenceWorker
+
+    cfg = StrategyConfig(zero_stage=3, bf16=False, micro_train_batch_size=2, train_batch_size=2)
+    assert DeepSpeedStrategy(cfg).ds_config(train=False, offload=True)["zero_optimization"]["offload_param"][
+        "device"] == "cpu"
+    g = torch.Generator().manual_seed(0)
+    items = [{"input_ids": torch.randint(5, 100, (n,), generator=g).tolist(), "loss_mask": [0, 0] + [1] * (n - 2)}
+             for n in (9, 14, 6)]
+    got = {}
+    for offload in (False, True):
+        ref = ReferenceWorker(cfg, tiny, load_kw={"dtype": "fp32"}, offload=offload)
+        assert (ref.engine.zero_offload_param() is not None) == offload
+        got[offload] = ref.logprobs(items)
+    for a, b in zip(got[False], got[True], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
+
+
+def test_offloading_a_frozen_model_outside_zero3_fails_naming_the_stage():
+    with pytest.raises(ValueError, match=r"^--ref_offload: a frozen model's parameters go to the CPU through "
+                                         r"DeepSpeed ZeRO-3 \(offload_param\), not at --zero_stage 2; add "
+                                         r"--zero_stage 3 or drop the flag$"):
+        StrategyConfig(zero_stage=2).check_param_offload("--ref_offload")
+    with pytest.raises(ValueError, match="not at --zero_stage 0"):
+        DeepSpeedStrategy(StrategyConfig(zero_stage=0)).ds_config(train=False, offload=True)

@@ -193,6 +193,8 @@ CONVERT: dict[str, Convert] = {
                                     None, int),
     "critic.freezing_steps": Convert("ppo.freezing_actor_steps (-1: 0)", _not_negative("ppo.freezing_actor_steps"),
                                      None, int),
+    "ref_reward_offload": Convert("model.ref_offload, model.reward_offload",
+                                  lambda _v, _ns: {"model.ref_offload": True, "model.reward_offload": True}, 0),
     **{k: Convert("data.packing, batching.max_tokens_per_gpu (16192 unless given)", _dynamic_batch, 0)
        for k in ("use_dynamic_batch", "train.dynamic_batch_enable")},
     **{k: Convert("batching.max_tokens_per_gpu (with --use_dynamic_batch, as in OpenRLHF)", _budget("train"), None,
@@ -266,8 +268,6 @@ class Refuse:
 _PENDING_ASYNC = "being built (issue 19)"
 _MUON_NESTEROV = ("DeepSpeed's Muon always uses Nesterov momentum, fixed in its muon_update (OpenRLHF's run ignores "
                   "the flag there); drop the flag")
-_NO_OFFLOAD = ("offloading frozen models to CPU is not built; colocate them (--colocate_actor_ref, "
-               "--colocate_critic_reward) or give them their own GPUs")
 _NO_DS_TP = "DeepSpeed tensor-parallel training (AutoTP) is not built; use ZeRO-3 (--zero_stage 3)"
 _NO_PTX = "PPO-ptx (a pretraining loss mixed into the RL loss) is not built; run rl sft separately"
 _MOE_AUX = ("the MoE load-balancing loss is built for the causal-LM trainers (rl sft, dpo, kto) and the RL loop's "
@@ -326,10 +326,6 @@ REFUSED: dict[str, Refuse] = {
     "ckpt.max_mem": Refuse("checkpoints are bounded by count: --max_ckpt_num"),
     "best_metric_key": Refuse("best-checkpoint tracking is not built; the last --max_ckpt_num are kept"),
     "ckpt.best_metric_key": Refuse("best-checkpoint tracking is not built; the last --max_ckpt_num are kept"),
-    "ref_offload": Refuse(_NO_OFFLOAD + "; rl dpo: --precompute_ref releases the reference after one pass"),
-    "ref.offload": Refuse(_NO_OFFLOAD + "; rl dpo: --precompute_ref releases the reference after one pass"),
-    "reward.offload": Refuse(_NO_OFFLOAD),
-    "ref_reward_offload": Refuse(_NO_OFFLOAD),
     "actor_init_on_gpu": Refuse("not needed: every model loads straight onto its device"),
     "perf": Refuse("OpenRLHF's timing printout is not built; per-phase seconds are in the metrics (--run_dir)"),
     "vllm_generate_batch_size": Refuse("oversampling is not built: an iteration generates --rollout_batch_size "

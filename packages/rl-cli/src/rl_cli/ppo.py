@@ -132,11 +132,9 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     groups = _groups(ray)
     parser, flags = build_parser(f"rl {name}", f"rl {name}: {__doc__.splitlines()[0]}", groups)
     args = parser.parse_args(_wandb_key(sys.argv[1:] if argv is None else argv, parser))
-    from rl_core.rl.ds_sleep import check_ds_sleep
-
     try:
         cfgs = resolve(groups, args, flags)
-        check_ds_sleep(cfgs["ppo"].deepspeed_enable_sleep, cfgs["strategy"])
+        run_config(cfgs)  # its cross-checks (DeepSpeed sleep, frozen-model offload) before anything loads
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))
     p, ring = cfgs["ppo"], cfgs["strategy"].ring_attn_size

@@ -230,6 +230,11 @@ def run(name: str, argv: list[str] | None = None) -> int:
     cfgs["model"] = check_models(cfgs["model"])  # config.json and weights, before anything loads
     _wandb_installed(f"rl {name}", cfgs["logger"])
     check_moe(getattr(cfgs["train"], "aux_loss_coef", 0), cfgs["model"].pretrain)
+    if getattr(cfgs["train"], "ref_offload", False):  # rl dpo / kto: before any model loads
+        try:
+            cfgs["strategy"].check_param_offload("--ref_offload")
+        except ValueError as e:
+            parser.error(str(e))
     if cfgs["train"].eval_steps > 0 and not cfgs["data"].eval_dataset:
         parser.error(f"--eval_steps {cfgs['train'].eval_steps} needs --eval_dataset PATH (the rows to evaluate on)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -164,6 +164,14 @@ class StrategyConfig:
             raise ValueError(f"adam_betas (--adam_betas) must be two numbers in [0, 1), got {self.adam_betas}")
 
 
+    def check_param_offload(self, flags: str) -> None:
+        """A frozen model's parameters go to the CPU through ZeRO-3's ``offload_param`` only (OpenRLHF's
+        get_eval_ds_config sets it at stage 0 too, where DeepSpeed ignores it): refuse the other stages."""
+        if self.zero_stage != 3:
+            raise ValueError(f"{flags}: a frozen model's parameters go to the CPU through DeepSpeed ZeRO-3 "
+                             f"(offload_param), not at --zero_stage {self.zero_stage}; add --zero_stage 3 or drop "
+                             f"the flag")
+
     def _check_deepspeed_passthroughs(self) -> None:
         check_numbers(self, positive=("adam_eps",), at_least_1=("zpg",))
         if isinstance(self.zpg, bool) or not isinstance(self.zpg, int):
@@ -348,8 +356,16 @@ class DeepSpeedStrategy:
 
     # ----- DeepSpeed engine -------------------------------------------------------------
 
-    def ds_config(self, *, train: bool = True) -> dict:
+    def ds_config(self, *, train: bool = True, offload: bool = False) -> dict:
+        """DeepSpeed's config: the training one, or with ``train=False`` a frozen model's (OpenRLHF's
+        get_eval_ds_config: ZeRO-3 when training runs it, else stage 0), whose parameters ``offload`` keeps on
+        the CPU (ZeRO-3's offload_param, as OpenRLHF's --ref.offload / --reward.offload)."""
         c = self.cfg
+        if offload and train:
+            raise ValueError("offload=True is for frozen models (train=False); trained ones offload their "
+                             "optimizer states: --adam_offload")
+        if offload:
+            c.check_param_offload("--ref_offload / --reward_offload")
         plan = self.batch_plan()
         zero: dict = {"stage": c.zero_stage if train else (3 if c.zero_stage == 3 else 0),
                       "reduce_bucket_size": c.zero_bucket_bytes, "allgather_bucket_size": c.zero_bucket_bytes}
@@ -360,6 +376,8 @@ class DeepSpeedStrategy:
         if c.zero_stage == 3:
             zero.update(stage3_prefetch_bucket_size=c.zero_bucket_bytes, stage3_param_persistence_threshold=10_000,
                         stage3_gather_16bit_weights_on_model_save=True)
+        if offload:
+            zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
         if train and c.adam_offload:
             zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
         extra = {}
@@ -430,19 +448,21 @@ class DeepSpeedStrategy:
         return torch.optim.AdamW(groups, lr=c.learning_rate, betas=c.adam_betas, eps=c.adam_eps,
                                  fused=self.device.type == "cuda")
 
-    def prepare(self, model: nn.Module, *, total_steps: int | None = None, train: bool = True):
+    def prepare(self, model: nn.Module, *, total_steps: int | None = None, train: bool = True,
+                offload: bool = False):
         """Wrap ``model`` in a DeepSpeed engine; with ``train`` also the optimizer (AdamW or Muon) and LR schedule.
 
         ``total_steps`` (optimizer steps) sizes the warmup and cosine schedule.
         Frozen models (reference, reward) use ``train=False``: ZeRO-3 still
-        partitions them; other stages keep a plain copy on the device.
+        partitions them (``offload``: on the CPU, gathered layer by layer for each
+        forward); other stages keep a plain copy on the device.
         """
         import deepspeed
 
         self.setup_distributed()
         model = model.to(torch.bfloat16 if self.cfg.bf16 else torch.float32)
         if not train:
-            engine, *_ = deepspeed.initialize(model=model, config=self.ds_config(train=False))
+            engine, *_ = deepspeed.initialize(model=model, config=self.ds_config(train=False, offload=offload))
             engine.eval()
             return engine
         if total_steps is None or total_steps < 1:

@@ -73,6 +73,12 @@ class RLModelConfig:
     lora_alpha: int = field(default=16, metadata=meta("LoRA scaling alpha (scale alpha / rank)"))
     lora_dropout: float = field(default=0.0, metadata=meta("LoRA dropout"))
     target_modules: str = field(default="all-linear", metadata=meta("comma-separated module names or all-linear"))
+    ref_offload: bool = field(default=False, metadata=meta(
+        "the reference's parameters on the CPU, gathered layer by layer for each forward (DeepSpeed ZeRO-3 "
+        "offload_param; needs --zero_stage 3)", openrlhf=("ref.offload",)))
+    reward_offload: bool = field(default=False, metadata=meta(
+        "the reward model's parameters on the CPU, as --ref_offload (needs --zero_stage 3)",
+        openrlhf=("reward.offload",)))
     freeze_visual_encoder: bool = field(default=False, metadata=meta(
         "a vision-language policy trains its language model only: the vision tower and projector stay frozen",
         openrlhf=("actor.freeze_visual_encoder",)))
@@ -111,6 +117,9 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_ds_sleep(self.ppo.deepspeed_enable_sleep, self.strategy)
+        offloaded = [f"--{n}" for n in ("ref_offload", "reward_offload") if getattr(self.model, n)]
+        if offloaded:
+            self.strategy.check_param_offload(" and ".join(offloaded))
 
     @property
     def dtype(self) -> str:
@@ -208,9 +217,9 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
     critic = factory.role("critic", CriticWorker, s, m.critic_path, p, steps, load_kw={**kw, **head},
                           pad_id=pad, **mb) if p.needs_critic else None
     ref = factory.role("ref", ReferenceWorker, s, m.ref_path, load_kw=kw, pad_id=pad,
-                       temperature=p.temperature, **mb) if p.needs_reference else None
+                       temperature=p.temperature, offload=m.ref_offload, **mb) if p.needs_reference else None
     rm = factory.role("reward", RewardModelWorker, s, m.reward_pretrain, load_kw={**kw, **head}, pad_id=pad,
-                      normalize=m.normalize_reward, **mb) if m.reward_pretrain else None
+                      normalize=m.normalize_reward, offload=m.reward_offload, **mb) if m.reward_pretrain else None
     device = policy.call_rank(0, "world")["device"]
     rollout = factory.rollout(cfg.engine, m.pretrain, dtype=cfg.dtype, seed=s.seed, device=device)
     sync = factory.weight_sync(policy, rollout, cfg.sync)

@@ -2,6 +2,7 @@
 
 Same base (:class:`rl_core.rl.workers._Worker`: strategy, distributed init, micro-batched no-grad forwards) and
 the same calling convention as the trained roles in :mod:`rl_core.rl.workers`; no optimizer, nothing to sync.
+``offload`` keeps a role's parameters on the CPU under ZeRO-3 (OpenRLHF's --ref.offload / --reward.offload).
 
 - :class:`ReferenceWorker`: frozen log-probs at the sampling temperature (the KL compares the same distributions).
 - :class:`RewardModelWorker`: one score per sample.
@@ -21,7 +22,8 @@ class ReferenceWorker(_Worker):
     """One rank of the frozen reference policy: ``logprobs``."""
 
     def __init__(self, strategy_cfg, pretrain: str, *, load_kw: dict | None = None, pad_id: int = 0,
-                 temperature: float = 1.0, batching: MicroBatchConfig | None = None, packing: bool = False):
+                 temperature: float = 1.0, batching: MicroBatchConfig | None = None, packing: bool = False,
+                 offload: bool = False):
         super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
         from rl_core.models import Actor, frozen
 
@@ -30,7 +32,7 @@ class ReferenceWorker(_Worker):
               if k not in ("lora", "gradient_checkpointing", "freeze_visual_encoder")}
         actor = frozen(Actor.from_pretrained(pretrain, **kw))
         self.images = actor.is_vlm
-        self.engine = self.s.prepare(actor, train=False)
+        self.engine = self.s.prepare(actor, train=False, offload=offload)
 
     def logprobs(self, items: list[dict]) -> list[torch.Tensor]:
         """Log-probs at the sampling temperature, like the policy's (the KL compares the same distributions)."""
@@ -44,7 +46,8 @@ class RewardModelWorker(_Worker):
     token budget applies."""
 
     def __init__(self, strategy_cfg, pretrain: str, *, load_kw: dict | None = None, pad_id: int = 0,
-                 normalize: bool = True, batching: MicroBatchConfig | None = None, packing: bool = False):
+                 normalize: bool = True, batching: MicroBatchConfig | None = None, packing: bool = False,
+                 offload: bool = False):
         super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
         from rl_core.models import RewardModel
 
@@ -53,7 +56,7 @@ class RewardModelWorker(_Worker):
         model = RewardModel.from_pretrained(pretrain, require_head=True, **kw)  # a random head scores noise
         for p in model.parameters():
             p.requires_grad_(False)
-        self.engine = self.s.prepare(model, train=False)
+        self.engine = self.s.prepare(model, train=False, offload=offload)
         self.normalize = normalize
 
     def score(self, items: list[dict]) -> list[float]:

@@ -46,6 +46,9 @@ class DPOConfig(LMTrainerConfig):
     nll_loss_coef: float = field(default=0.0, metadata=meta("+ coef x token-mean NLL of the chosen responses"))
     precompute_ref: bool = field(default=False, metadata=meta(
         "compute reference logprobs once, then release the reference model"))
+    ref_offload: bool = field(default=False, metadata=meta(
+        "the reference's parameters on the CPU, gathered layer by layer for each forward (DeepSpeed ZeRO-3 "
+        "offload_param; needs --zero_stage 3)", openrlhf=("ref.offload",)))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -71,7 +74,7 @@ class DPOTrainer(Trainer):
     def __init__(self, strategy, actor, ref_actor, tokenizer, dataset, cfg: DPOConfig, *, eval_dataset=None,
                  logger=None):
         super().__init__(strategy, actor, tokenizer, dataset, cfg, eval_dataset=eval_dataset, logger=logger)
-        self.ref = strategy.prepare(ref_actor, train=False)
+        self.ref = strategy.prepare(ref_actor, train=False, offload=cfg.ref_offload)
         self.ref_logps: torch.Tensor | None = None  # [N, 2] chosen, rejected when precomputed
         self.eval_ref_logps: torch.Tensor | None = None  # [N_eval, 2], the same for the eval set
 

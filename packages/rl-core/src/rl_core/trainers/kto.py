@@ -35,6 +35,9 @@ class KTOConfig(LMTrainerConfig):
     beta: float = field(default=0.1, metadata=meta("KTO temperature on the implied reward"))
     desirable_loss_weight: float = field(default=1.0, metadata=meta("weight of the desirable samples' loss"))
     undesirable_loss_weight: float = field(default=1.0, metadata=meta("weight of the undesirable samples' loss"))
+    ref_offload: bool = field(default=False, metadata=meta(
+        "the reference's parameters on the CPU, gathered layer by layer for each forward (DeepSpeed ZeRO-3 "
+        "offload_param; needs --zero_stage 3)", openrlhf=("ref.offload",)))
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -71,7 +74,7 @@ class KTOTrainer(Trainer):
     def __init__(self, strategy, actor, ref_actor, tokenizer, dataset, cfg: KTOConfig, *, eval_dataset=None,
                  logger=None):
         super().__init__(strategy, actor, tokenizer, dataset, cfg, eval_dataset=eval_dataset, logger=logger)
-        self.ref = strategy.prepare(ref_actor, train=False)
+        self.ref = strategy.prepare(ref_actor, train=False, offload=cfg.ref_offload)
 
     @torch.no_grad()
     def reference_kl(self, groups: list[list[dict]]) -> torch.Tensor:
