@@ -51,13 +51,16 @@ def test_hf_engine_generates_from_the_images_with_the_log_probs_of_a_forward_ove
     engine = HFEngine(path)
     params = SamplingParams(n=2, max_new_tokens=6, seed=3, ignore_eos=True)
     text_ids = proc.tokenizer("plain text", add_special_tokens=False)["input_ids"]
-    out = engine.generate([RolloutRequest(ids, params, multi_modal_data={"image": images[0]}),
-                           RolloutRequest(ids, params, multi_modal_data={"image": images[1]}),
-                           RolloutRequest(text_ids, params)])  # a text-only request in the same batch
+    reqs = [RolloutRequest(ids, params, multi_modal_data={"image": images[0]}),
+            RolloutRequest(ids, params, multi_modal_data={"image": images[1]}),
+            RolloutRequest(text_ids, params)]  # a text-only request in the same batch
+    out = engine.generate(reqs)
+    engine.partial_chunk_tokens = 2  # partial rollouts: every chunk generates from the images again
+    partial = engine.generate(reqs)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=torch.float32).eval()
     ip = proc.image_processor
     for k, imgs in enumerate(images):
-        for s in out[k]:
+        for s in out[k] + partial[k]:
             seq = torch.tensor([ids + s.response_ids])
             with torch.no_grad():
                 logits = model(input_ids=seq, **image_inputs(ip, imgs)).logits[0, len(ids) - 1:-1]

@@ -40,6 +40,7 @@ def generate_in_chunks(requests: list[RolloutRequest], params: SamplingParams, c
         raise ValueError(f"partial rollouts sample at least 1 token per chunk, got {chunk_tokens}")
     n = params.n
     prompts = [list(r.prompt_token_ids) for r in requests for _ in range(n)]
+    images = [r.multi_modal_data for r in requests for _ in range(n)]  # a VLM's images go with every chunk
     tokens: list[list[int]] = [[] for _ in prompts]
     logprobs: list[list[float]] = [[] for _ in prompts]
     versions: list[list[int]] = [[] for _ in prompts]
@@ -52,10 +53,10 @@ def generate_in_chunks(requests: list[RolloutRequest], params: SamplingParams, c
         while updates_waiting():  # let a waiting update in before the next chunk
             time.sleep(0.001)
         if seed_per_row and params.seed is not None:
-            rows = [RolloutRequest(prompts[b] + tokens[b],
-                                   dataclasses.replace(p, seed=params.seed + k * len(prompts) + b)) for b in active]
+            rows = [RolloutRequest(prompts[b] + tokens[b], dataclasses.replace(p, seed=params.seed + k * len(prompts) + b),
+                                   multi_modal_data=images[b]) for b in active]
         else:
-            rows = [RolloutRequest(prompts[b] + tokens[b], p) for b in active]
+            rows = [RolloutRequest(prompts[b] + tokens[b], p, multi_modal_data=images[b]) for b in active]
         out, last_version = sample_chunk(rows, p)
         for b, (s,) in zip(active, out, strict=True):
             tokens[b] += s.response_ids
