@@ -73,6 +73,9 @@ def test_bad_combinations_fail_before_any_model_loads_naming_the_fix(task, capsy
         (["--eval_temperature", "-1"], r"eval_temperature \(--eval_temperature\) must be >= 0 \(0: greedy\)"),
         (["--stop_properly_penalty_coef", "2"], r"must be in \[0, 1\] \(a scale\) or negative \(a fixed reward\)"),
         (["--algo.advantage.no_std_norm"], r"--advantage_estimator group_norm does not do .*dr_grpo"),
+        (["--ckpt.best_metric_key", "eval_default_pass8", "--eval_dataset", "x.jsonl"],
+         r"--best_metric_key 'eval_default_pass8': the eval pass logs eval/reward_mean, eval/pass@4, .*or none"),
+        (["--ckpt.max_mem", "0"], r"max_ckpt_mem \(--max_ckpt_mem\) is a budget in GB and must be > 0, got 0"),
     ]
     for extra, message in cases:
         with pytest.raises(SystemExit) as e:
@@ -162,6 +165,27 @@ def test_save_hf_ckpt_puts_a_loadable_export_of_the_policy_and_critic_in_every_c
     critic_last = load_file(iters[1] / "hf" / "critic" / "model.safetensors")
     critic_final = load_file(final / "critic" / "model.safetensors")
     assert all(torch.equal(critic_last[k], critic_final[k]) for k in critic_final)
+
+
+def test_checkpoints_without_deepspeed_state_within_a_disk_budget_and_the_best_one(task, capsys):
+    """OpenRLHF's checkpoint flags together: --ckpt.disable_ds with --ckpt.save_hf writes only the HF export and
+    the loop state (resume refuses it, naming the export), --ckpt.max_mem keeps the newest iteration alone
+    (a budget below one checkpoint), --ckpt.best_metric_key keeps best_iter_N/ of the best eval pass apart."""
+    root, model = task
+    ck = root / "best-ck"
+    common = ["--ckpt_path", str(ck), "--ckpt.save_steps", "1", "--ckpt.disable_ds", "--ckpt.save_hf",
+              "--ckpt.max_mem", "1e-6", "--eval.steps", "1", "--ckpt.best_metric_key", "eval_default_pass2"]
+    assert main(["ppo", *argv(root, model, "best", "--max_iterations", "2", *with_eval(root), *common)]) == 0
+    evals = [r["eval/pass@2"] for r in metrics(root / "best")]
+    best = 1 + max(range(2), key=lambda i: (evals[i], -i))  # the first of the highest: a tie keeps the earlier
+    assert sorted(p.name for p in ck.iterdir()) == sorted({f"best_iter_{best:08d}", "iter_00000002"})
+    for d in ck.iterdir():
+        assert json.loads((d / "COMPLETE").read_text())["roles"] == [] and (d / "hf" / "model.safetensors").is_file()
+        assert not (d / "policy").exists()
+    state = json.loads((ck / "iter_00000002" / "loop_state.json").read_text())
+    assert state["best"] == {"key": "eval/pass@2", "value": evals[best - 1], "iteration": best}
+    with pytest.raises(ValueError, match=r"written with --disable_ds_ckpt: .*--pretrain .*iter_00000002/hf"):
+        main(["ppo", *argv(root, model, "best-resume", "--load_checkpoint", *with_eval(root), *common)])
 
 
 def test_stop_properly_penalty_scales_the_reward_of_truncated_samples(task):

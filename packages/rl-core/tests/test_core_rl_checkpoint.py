@@ -153,3 +153,69 @@ def test_rng_state_round_trips_through_json():
     set_rng_state(rng_state_from_json(saved))
     assert random.random() == expected[0] and torch.equal(torch.rand(3), expected[1])
     assert rng_state_json(rng_state()).keys() >= {"python", "torch"}
+
+
+GiB = 1024 ** 3
+
+
+@pytest.mark.parametrize("sizes, other, keep, gb, gone", [
+    ([1, 1, 1, 1], 0, 3, None, 1),            # count only: beyond the newest 3
+    ([2 * GiB, 2 * GiB, 2 * GiB], 0, 9, 3, 1),  # the older ones hold 4 GiB > 3: the oldest goes, 2 GiB left
+    ([2 * GiB, GiB, GiB, 5 * GiB], 0, 9, 2, 1),  # the newest (5 GiB) is not counted, as OpenRLHF's pre-save prune
+    ([5 * GiB, 5 * GiB], 0, 9, 1, 1),         # over budget down to the newest alone, never the newest
+    ([5 * GiB], 9 * GiB, 9, 1, 0),            # the only checkpoint stays whatever else the folder holds
+    ([GiB, GiB, GiB], 2 * GiB, 9, 3, 1),      # a best checkpoint (other) counts but is not removed
+    ([GiB, GiB, GiB, GiB], 0, 2, 0.5, 3),     # the count first, then the budget
+])
+def test_prune_count_keeps_the_newest_within_count_and_budget(sizes, other, keep, gb, gone):
+    from rl_core.checkpoint import prune_count
+
+    assert prune_count(sizes, other, keep, gb) == gone
+
+
+def test_a_disk_budget_removes_the_oldest_but_never_the_newest(tmp_path):
+    ck = tmp_path / "ck"
+    store = RLCheckpoints(ck, keep_last=9, max_gb=2500 / GiB)  # 2500 bytes: two 1000-byte roles + one more
+    for it in range(1, 5):
+        store.save(it, {"policy": FakeRole()}, {"pad": "x" * 990})
+    # each folder ~1000 bytes of loop state; without the newest at most 2500 bytes: two older ones stay
+    assert names(ck) == ["iter_00000002", "iter_00000003", "iter_00000004"]
+    RLCheckpoints(ck, keep_last=9, max_gb=1 / GiB).save(5, {"policy": FakeRole()}, {"pad": "x" * 990})
+    assert names(ck) == ["iter_00000005"]
+    with pytest.raises(ValueError, match=r"max_ckpt_mem \(--max_ckpt_mem\) .* > 0, got 0"):
+        RLCheckpoints(ck, max_gb=0)
+
+
+def test_the_best_checkpoint_replaces_the_previous_best_and_is_never_pruned_or_resumed(tmp_path):
+    ck = tmp_path / "ck"
+    store = RLCheckpoints(ck, keep_last=1)
+    role = FakeRole(1)
+    store.save(1, {"policy": role}, {"v": 1}, best=True)
+    role.value = 2
+    store.save(2, {"policy": role}, {"v": 2})
+    store.save(3, {"policy": role}, {"v": 3}, best=True)
+    store.save(4, {"policy": role}, {"v": 4})
+    assert names(ck) == ["best_iter_00000003", "iter_00000004"]
+    assert (ck / "best_iter_00000003" / MARKER).is_file()
+    assert RLCheckpoints(ck).load({"policy": FakeRole()}) == {"v": 4}
+
+
+def test_a_checkpoint_without_deepspeed_state_is_refused_at_resume_naming_its_export(tmp_path):
+    ck = tmp_path / "ck"
+    RLCheckpoints(ck).save(2, {}, {"v": 2}, {"hf": lambda p: Path(p).mkdir(parents=True)})
+    with pytest.raises(ValueError, match=r"iter_00000002 was written with --disable_ds_ckpt: .* no DeepSpeed "
+                                         r"state .*--pretrain .*iter_00000002/hf"):
+        RLCheckpoints(ck).load({"policy": FakeRole()})
+
+
+def test_best_metric_key_names_a_logged_eval_metric():
+    from rl_core.trainers.ppo_eval import best_metric_name
+
+    assert best_metric_name("", 4) == "eval/reward_mean"  # OpenRLHF's auto choice: its pass1
+    assert best_metric_name("none", 4) is None
+    assert best_metric_name("eval/pass@4", 4) == best_metric_name("pass@4", 4) == "eval/pass@4"
+    assert best_metric_name("eval_default_pass1", 4) == "eval/reward_mean"
+    assert best_metric_name("eval_math_pass4", 4) == "eval/pass@4"
+    with pytest.raises(ValueError, match=r"--best_metric_key 'pass@8': the eval pass logs eval/reward_mean, "
+                                         r"eval/pass@4, .*pick one of them, or none"):
+        best_metric_name("pass@8", 4)

@@ -318,14 +318,6 @@ REFUSED: dict[str, Refuse] = {
                            "--save_path at the end"),
     "ckpt.save_hf": Refuse("checkpoints hold the DeepSpeed state for exact resume; the HF export is written to "
                            "--save_path at the end"),
-    "disable_ds_ckpt": Refuse("checkpoints always hold the DeepSpeed state (exact resume); --save_steps -1 saves "
-                              "none"),
-    "ckpt.disable_ds": Refuse("checkpoints always hold the DeepSpeed state (exact resume); --save_steps -1 saves "
-                              "none"),
-    "max_ckpt_mem": Refuse("checkpoints are bounded by count: --max_ckpt_num"),
-    "ckpt.max_mem": Refuse("checkpoints are bounded by count: --max_ckpt_num"),
-    "best_metric_key": Refuse("best-checkpoint tracking is not built; the last --max_ckpt_num are kept"),
-    "ckpt.best_metric_key": Refuse("best-checkpoint tracking is not built; the last --max_ckpt_num are kept"),
     "actor_init_on_gpu": Refuse("not needed: every model loads straight onto its device"),
     "perf": Refuse("OpenRLHF's timing printout is not built; per-phase seconds are in the metrics (--run_dir)"),
     "vllm_generate_batch_size": Refuse("oversampling is not built: an iteration generates --rollout_batch_size "

@@ -1,4 +1,4 @@
-"""Checkpoints: DeepSpeed state for exact resume, HF export, atomic writes, keep-last-N.
+"""Checkpoints: DeepSpeed state for exact resume, HF export, atomic writes, keep-last-N and a disk budget.
 
 Layout under ``ckpt_path``::
 
@@ -10,6 +10,13 @@ every rank has finished writing and rank 0 has written ``rl_state.json`` (the
 commit marker), so a crash leaves either the old set or the new one, never a
 half checkpoint that looks complete. :meth:`CheckpointManager.latest` skips (with a
 warning) any ``step_*`` folder without the marker.
+
+Pruning (:func:`prune_count`, shared with the RL loop's checkpoints), after each commit: the newest
+``keep_last`` (``--max_ckpt_num``) complete checkpoints are kept, and with a budget (``--max_ckpt_mem``, GB)
+the oldest of those go while the folder without the newest checkpoint holds more than the budget. That is
+what OpenRLHF's ``save_ckpt`` keeps: it prunes the same way before writing the next one (it sums every
+sub-folder's files), so its folder too is the budget plus one checkpoint at most. The newest complete
+checkpoint is never removed, whatever the budget.
 
 A peft (LoRA) model's checkpoint holds only its trainable parameters (the adapter, and a
 reward or value head) with the optimizer, scheduler and RNG state: the frozen base weights
@@ -38,7 +45,7 @@ import logging
 import os
 import random
 import shutil
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
@@ -161,6 +168,52 @@ def load_engine_state(engine, path: str | Path) -> dict:
     return client
 
 
+def folder_bytes(path: Path) -> int:
+    """The bytes of every file under ``path`` (0 when it does not exist), as OpenRLHF's budget counts them."""
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
+def prune_count(sizes: list[int], other_bytes: int, keep_last: int, max_gb: float | None) -> int:
+    """How many of the oldest complete checkpoints to remove. ``sizes``: their bytes, oldest first, the newest
+    (just committed, never removed) last; ``other_bytes``: what else the folder holds (a best checkpoint...).
+
+    Beyond the newest ``keep_last`` all go; then, with ``max_gb``, the oldest kept ones go while
+    ``other_bytes`` plus the older ones left exceed ``max_gb`` GiB (the newest is not counted: OpenRLHF
+    prunes before it writes the next checkpoint, so its folder holds the budget plus one checkpoint)."""
+    n = max(0, len(sizes) - keep_last)
+    if max_gb is None:
+        return n
+    left = other_bytes + sum(sizes[n:-1])
+    while n < len(sizes) - 1 and left > max_gb * 1024 ** 3:
+        left -= sizes[n]
+        n += 1
+    return n
+
+
+def prune(root: Path, complete: list[Path], keep_last: int, max_gb: float | None,
+          remove: Callable[[Path], None] | None = None) -> list[Path]:
+    """Remove what :func:`prune_count` says of ``complete`` (oldest first) under ``root``, each by ``remove``
+    (default: :func:`_uncommit_and_remove`, marker first); returns the removed folders."""
+    remove = remove or _uncommit_and_remove
+    if not complete:
+        return []
+    sizes = [folder_bytes(d) for d in complete] if max_gb is not None else [0] * len(complete)
+    other = folder_bytes(root) - sum(sizes) if max_gb is not None else 0
+    gone = complete[:prune_count(sizes, other, keep_last, max_gb)]
+    for old in gone:
+        remove(old)
+    if max_gb is not None and gone:
+        logger.info("checkpoints removed (--max_ckpt_num %d, --max_ckpt_mem %g GB): %s", keep_last, max_gb,
+                    ", ".join(d.name for d in gone))
+    return gone
+
+
+def check_max_gb(max_gb: float | None) -> None:
+    if max_gb is not None and not max_gb > 0:
+        raise ValueError(f"max_ckpt_mem (--max_ckpt_mem) is a budget in GB and must be > 0, got {max_gb}; leave it "
+                         f"unset for no budget")
+
+
 def _step_dir(root: Path, step: int) -> Path:
     return root / f"step_{step:08d}"
 
@@ -186,12 +239,14 @@ def _load_trainable(where: Path):
 
 
 class CheckpointManager:
-    """Save and find DeepSpeed checkpoints under ``root``, keeping the last ``keep_last``."""
+    """Save and find DeepSpeed checkpoints under ``root``, keeping the last ``keep_last`` within ``max_gb``
+    (module docstring: pruning)."""
 
-    def __init__(self, root: str | Path, strategy, keep_last: int = 3):
+    def __init__(self, root: str | Path, strategy, keep_last: int = 3, max_gb: float | None = None):
         if keep_last < 1:
             raise ValueError(f"keep_last (--max_ckpt_num) must be >= 1, got {keep_last}")
-        self.root, self.strategy, self.keep_last = Path(root), strategy, keep_last
+        check_max_gb(max_gb)
+        self.root, self.strategy, self.keep_last, self.max_gb = Path(root), strategy, keep_last, max_gb
 
     def complete(self) -> list[Path]:
         """Complete checkpoints, oldest first; warns about incomplete ones."""
@@ -226,8 +281,7 @@ class CheckpointManager:
                 _uncommit_and_remove(final)
             tmp.rename(final)
             fsync_dir(self.root)
-            for old in self.complete()[:-self.keep_last]:
-                _uncommit_and_remove(old)
+            prune(self.root, self.complete(), self.keep_last, self.max_gb)
         s.barrier()
         logger.info("checkpoint saved: %s", final)
         return final

@@ -8,13 +8,18 @@ Layout under ``ckpt_path``::
         hf/               with --save_hf_ckpt: the policy's Hugging Face export (hf/critic/: the critic's)
         loop_state.json   the loop: iteration, prompt cursor, KL coefficient, metrics history, the driver's RNG
         COMPLETE          the commit marker ({"iteration": 12, "roles": ["policy", "critic"]}), written last
+    best_iter_00000008/   with --best_metric_key: the same for the best eval so far (one folder, never pruned)
+
+With --disable_ds_ckpt the roles write nothing (the marker's roles are empty): such a folder holds the
+loop state and the HF exports, and resume refuses it, naming the export to start a new run from.
 
 Save (:meth:`RLCheckpoints.save`, on the driver): each role's group writes its part
 (``group.call("save_checkpoint", folder)``; the ranks may be Ray actors in other processes,
 each fsyncs what it wrote before returning), then the HF exports when asked (``exports``:
 each writes its folder, which is then fsynced), then the loop state, then the marker (temp
 file, fsync, ``os.replace``, fsync of the folder), only after every role has returned.
-Older iterations are pruned down to ``keep_last`` (``--max_ckpt_num``) only once the new
+Older iterations are pruned down to ``keep_last`` (``--max_ckpt_num``) and within ``max_gb``
+(``--max_ckpt_mem``: :func:`rl_core.checkpoint.prune_count`, the newest never) only once the new
 marker exists, each losing its marker before its files, so a crash in the middle of a
 delete leaves a folder that resume ignores, never one that looks complete.
 
@@ -45,7 +50,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rl_core.checkpoint import atomic_write_text, fsync_dir, fsync_tree
+from rl_core.checkpoint import atomic_write_text, check_max_gb, fsync_dir, fsync_tree, prune
 
 logger = logging.getLogger(__name__)
 
@@ -59,14 +64,16 @@ def iter_dir(root: str | Path, iteration: int) -> Path:
 
 
 class RLCheckpoints:
-    """Per-iteration RL checkpoints under ``root``, the newest ``keep_last`` complete ones kept."""
+    """Per-iteration RL checkpoints under ``root``, the newest ``keep_last`` complete ones kept (within ``max_gb``
+    GB: :func:`rl_core.checkpoint.prune_count`)."""
 
     crash_hook: Callable[[str, int], None] | None = None  # tests only (module docstring)
 
-    def __init__(self, root: str | Path, keep_last: int = 3):
+    def __init__(self, root: str | Path, keep_last: int = 3, max_gb: float | None = None):
         if keep_last < 1:
             raise ValueError(f"keep_last (--max_ckpt_num) must be >= 1, got {keep_last}")
-        self.root, self.keep_last = Path(root), keep_last
+        check_max_gb(max_gb)
+        self.root, self.keep_last, self.max_gb = Path(root), keep_last, max_gb
 
     # ----- what is on disk ----------------------------------------------------------------------
 
@@ -110,13 +117,14 @@ class RLCheckpoints:
             self.crash_hook(name, iteration)
 
     def save(self, iteration: int, roles: Mapping[str, Any], loop_state: dict,
-             exports: Mapping[str, Callable[[str], Any]] | None = None) -> Path:
+             exports: Mapping[str, Callable[[str], Any]] | None = None, *, best: bool = False) -> Path:
         """Every role's state (``roles``: name -> worker group), then each of ``exports`` (relative folder ->
         ``write(path)``, in order: an HF export), then ``loop_state`` (JSON values), then the marker; then
-        prune. Returns the committed folder."""
+        prune. Returns the committed folder. ``best``: into ``best_iter_N/`` instead (``--best_metric_key``),
+        which then replaces the previous best folder; best folders are never pruned nor resumed from."""
         self.root.mkdir(parents=True, exist_ok=True)
         self.remove_incomplete()
-        d = iter_dir(self.root, iteration)
+        d = self.root / f"best_iter_{iteration:08d}" if best else iter_dir(self.root, iteration)
         if d.exists():  # the same iteration again: take the old one out of the committed set first
             _uncommit_and_remove(d)
         d.mkdir()
@@ -135,8 +143,13 @@ class RLCheckpoints:
         atomic_write_text(d / MARKER, json.dumps({"iteration": iteration, "roles": list(roles)}))
         fsync_dir(self.root)
         self._point("after:commit", iteration)
-        for old in self.complete()[:-self.keep_last]:
-            _uncommit_and_remove(old)
+        if best:
+            for old in self.root.glob("best_iter_*"):
+                if old != d:
+                    _uncommit_and_remove(old)
+            logger.info("best checkpoint committed: %s", d)
+            return d
+        prune(self.root, self.complete(), self.keep_last, self.max_gb, _uncommit_and_remove)
         logger.info("checkpoint of iteration %d committed: %s (%s)", iteration, d, ", ".join(roles))
         return d
 
@@ -153,6 +166,11 @@ class RLCheckpoints:
         except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
             raise ValueError(f"checkpoint {d} is corrupt: {d / MARKER} does not read as a marker ({e!r}); delete "
                              f"the folder to resume from the previous one") from None
+        if not saved and roles:
+            raise ValueError(f"checkpoint {d} was written with --disable_ds_ckpt: it holds the loop state and, with "
+                             f"--save_hf_ckpt, the HF exports ({d / 'hf'}), no DeepSpeed state (weights, optimizer) "
+                             f"to resume from; start a new run from the export (--pretrain {d / 'hf'}) or point "
+                             f"--ckpt_path at a new folder")
         if sorted(saved) != sorted(roles):
             raise ValueError(f"checkpoint {d} holds the roles {sorted(saved)}, this run has {sorted(roles)}: resume "
                              f"with the settings that wrote it (--advantage_estimator decides the critic), or point "

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from rl_core.checkpoint import CheckpointManager, export_hf
+from rl_core.checkpoint import CheckpointManager, check_max_gb, export_hf
 from rl_core.data import pack_collate, pad_collate
 from rl_core.metrics import LoggerConfig, MetricsLogger
 from rl_rollout.config import check_numbers, meta
@@ -51,6 +51,14 @@ class TrainerConfig:
     ckpt_path: str | None = field(default=None, metadata=meta("DeepSpeed checkpoints for resume"))
     save_steps: int = field(default=-1, metadata=meta("checkpoint every N optimizer steps (-1: none)"))
     max_ckpt_num: int = field(default=3, metadata=meta("checkpoints kept (oldest removed)"))
+    max_ckpt_mem: float | None = field(default=None, metadata=meta(
+        "disk budget of --ckpt_path in GB: after each save the oldest checkpoints go while the folder without the "
+        "newest one holds more (as OpenRLHF, which prunes before each save); the newest is never removed (unset: "
+        "no budget)", openrlhf=("ckpt.max_mem",)))
+    disable_ds_ckpt: bool = field(default=False, metadata=meta(
+        "write no DeepSpeed checkpoint at --save_steps, as OpenRLHF's flag (which then writes only its "
+        "--save_hf_ckpt export, not built for this command): there is nothing to resume from; the final model "
+        "still goes to --save_path", openrlhf=("ckpt.disable_ds",)))
     load_checkpoint: bool = field(default=False, metadata=meta(
         "resume from the latest complete checkpoint under --ckpt_path. Trusted checkpoints only: DeepSpeed reads "
         "them with torch.load(weights_only=False), so loading one runs any code it holds; for weights from "
@@ -70,6 +78,7 @@ class TrainerConfig:
             raise ValueError(f"logging_steps must be >= 1, got {self.logging_steps}")
         if self.load_checkpoint and not self.ckpt_path:
             raise ValueError("load_checkpoint needs ckpt_path (--ckpt_path DIR) to find checkpoints in")
+        check_max_gb(self.max_ckpt_mem)
         if self.save_steps > 0 and not self.ckpt_path:
             raise ValueError(f"save_steps={self.save_steps} needs ckpt_path (--ckpt_path DIR) to write them to")
         if self.max_steps is not None and self.max_steps < 1:
@@ -125,7 +134,8 @@ class Trainer:
             raise ValueError(f"the dataset has {len(dataset)} rows, fewer than one global batch "
                              f"({self.plan.global_batch}); lower --train_batch_size or add data")
         self.engine = strategy.prepare(model, total_steps=self.plan.total_steps)
-        self.ckpt = CheckpointManager(cfg.ckpt_path, strategy, cfg.max_ckpt_num) if cfg.ckpt_path else None
+        self.ckpt = (CheckpointManager(cfg.ckpt_path, strategy, cfg.max_ckpt_num, cfg.max_ckpt_mem)
+                     if cfg.ckpt_path else None)
         self.metrics = MetricsLogger.from_config(cfg.run_dir, logger or LoggerConfig(), enabled=strategy.is_rank_0(),
                                                  run_config=dict(vars(cfg)))  # ``logger``: wandb, TensorBoard
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -260,6 +270,9 @@ class Trainer:
         if self.s.is_rank_0():
             logger.info("%s: %d rows, %s%s", self.name, len(self.dataset), self.plan.describe(),
                         "" if self.eval_dataset is None else f"; eval set {len(self.eval_dataset)} rows")
+        if self.cfg.disable_ds_ckpt and self.cfg.save_steps > 0 and self.s.is_rank_0():
+            logger.warning("%s: --disable_ds_ckpt: --save_steps %d writes no checkpoint (nothing to resume from); "
+                           "the final model goes to --save_path", self.name, self.cfg.save_steps)
         self.before_fit()
         losses: list[float] = []
         bar = tqdm(total=self.plan.total_steps, initial=step, desc=self.name, disable=not self.s.is_rank_0() or os.environ.get("TQDM_DISABLE") == "1")
@@ -277,7 +290,8 @@ class Trainer:
                 bar.set_postfix({k: f"{v:.4g}" for k, v in m.items() if k in self.progress_keys})
                 if step % self.cfg.logging_steps == 0:
                     self.metrics.log(step, {"train/" + k: v for k, v in m.items()})
-                if self.ckpt and self.cfg.save_steps > 0 and step % self.cfg.save_steps == 0:
+                if self.ckpt and self.cfg.save_steps > 0 and not self.cfg.disable_ds_ckpt \
+                        and step % self.cfg.save_steps == 0:
                     nxt_epoch, nxt_index = (epoch, index + 1) if index + 1 < self.steps_per_epoch else (epoch + 1, 0)
                     self.ckpt.save(self.engine, step, {"epoch": nxt_epoch, "batch_in_epoch": nxt_index})
                 if self.eval_dataset is not None and self.cfg.eval_steps > 0 and step % self.cfg.eval_steps == 0:

@@ -163,7 +163,9 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos = [t for t in {tokenizer.eos_token_id} if t is not None]
         self.metrics = metrics or MetricsLogger(cfg.run_dir)
-        self.ckpt = RLCheckpoints(cfg.ckpt_path, cfg.max_ckpt_num) if cfg.ckpt_path else None
+        self.ckpt = RLCheckpoints(cfg.ckpt_path, cfg.max_ckpt_num, cfg.max_ckpt_mem) if cfg.ckpt_path else None
+        self._best_key = self._best_metric_key(eval_prompts)  # --best_metric_key as eval/NAME (None: no best)
+        self._best: dict | None = None  # {"key", "value", "iteration"} of the best checkpoint so far
         if self.ckpt and cfg.save_steps > 0 and not cfg.load_checkpoint and self.ckpt.complete():
             raise ValueError(f"--ckpt_path {cfg.ckpt_path} already holds checkpoints of a run "
                              f"({', '.join(d.name for d in self.ckpt.complete())}) that this run would mix with its "
@@ -396,6 +398,7 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         evaluated = self._evaluate(it) if self._eval_due(it) else {}
         if evaluated:
             self.eval_history.append({"iteration": it, **evaluated})
+            self.save_best_checkpoint(it, evaluated)
         self.metrics.log(it, {**{"rl/" + k: v for k, v in m.items()}, **evaluated})
         bar.update(1)
         post = {"reward": f"{m['reward_mean']:.3f}", "kl": f"{m.get('kl', 0.0):.4f}"}

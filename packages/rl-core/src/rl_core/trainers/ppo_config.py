@@ -184,6 +184,20 @@ class PPOConfig:
         "marker, written last", openrlhf=("ckpt.path",)))
     max_ckpt_num: int = field(default=3, metadata=meta(
         "committed checkpoints kept (older ones go only after a newer one is committed)", openrlhf=("ckpt.max_num",)))
+    max_ckpt_mem: float | None = field(default=None, metadata=meta(
+        "disk budget of --ckpt_path in GB: after each commit the oldest checkpoints go while the folder without the "
+        "newest one holds more (as OpenRLHF, which prunes before each save); the newest is never removed, nor the "
+        "best one (unset: no budget)", openrlhf=("ckpt.max_mem",)))
+    disable_ds_ckpt: bool = field(default=False, metadata=meta(
+        "checkpoints without the roles' DeepSpeed state (weights, optimizer), as OpenRLHF's flag: with "
+        "--save_hf_ckpt a checkpoint holds only the HF exports (iter_N/hf/) and the loop state, without it none is "
+        "written; --load_checkpoint cannot resume from one (start a new run from iter_N/hf with --pretrain)",
+        openrlhf=("ckpt.disable_ds",)))
+    best_metric_key: str = field(default="", metadata=meta(
+        "with --ckpt_path and --eval_dataset: keep the checkpoint of the best eval so far (higher is better) in "
+        "best_iter_N/ beside the iter_N/ ones, replacing the previous best, never pruned; the key is an eval "
+        "metric (reward_mean, pass@N, ...; eval/ prefix optional). Empty: eval/reward_mean (OpenRLHF's auto "
+        "choice, its pass1); none: off", openrlhf=("ckpt.best_metric_key",)))
     load_checkpoint: bool = field(default=False, metadata=meta(
         "resume every role and the loop from the newest committed checkpoint under --ckpt_path. Trusted "
         "checkpoints only: DeepSpeed reads them with torch.load(weights_only=False), so loading one runs any code "
@@ -237,6 +251,11 @@ class PPOConfig:
             raise ValueError("load_checkpoint needs ckpt_path (--ckpt_path DIR) to find checkpoints in")
         if self.save_steps > 0 and not self.ckpt_path:
             raise ValueError(f"save_steps={self.save_steps} needs ckpt_path (--ckpt_path DIR) to write them to")
+        from rl_core.checkpoint import check_max_gb
+        from rl_core.trainers.ppo_eval import best_metric_name
+
+        check_max_gb(self.max_ckpt_mem)
+        best_metric_name(self.best_metric_key, self.eval_n_samples_per_prompt)  # a metric the eval never logs fails
         if self.max_iterations < 0:
             raise ValueError(f"max_iterations must be >= 0 (0: num_episodes passes), got {self.max_iterations}")
         if self.overlong_buffer_len is not None and not 0 < self.overlong_buffer_len <= self.generate_max_len:

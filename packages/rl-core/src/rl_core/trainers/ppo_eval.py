@@ -18,11 +18,15 @@ calls (``reward_failures``; they get the fallback and never stop the run here).
 The pass leaves the training trajectory alone: its requests carry their own seeds (the
 engines fork the RNG for a seeded request), it trains nothing, and it runs between the
 sync and the next iteration's sampling. Not here: per-datasource metrics (OpenRLHF's
-``eval_{datasource}_*``) and best-checkpoint tracking (OpenRLHF's best_metric_key).
+``eval_{datasource}_*``).
+
+Best checkpoint (OpenRLHF's ``best_metric_key``, :func:`best_metric_name`): the metric it follows,
+higher is better; the loop's checkpoints (:mod:`rl_core.trainers.ppo_checkpoint`) save it.
 """
 
 from __future__ import annotations
 
+import re
 import time
 
 import torch
@@ -42,6 +46,33 @@ def eval_metrics(rewards_PN: torch.Tensor, lengths: list[int], truncated: list[b
     out["truncated"] = sum(truncated) / len(truncated)
     out["samples"] = float(len(lengths))
     return out
+
+
+def eval_metric_names(n: int) -> list[str]:
+    """The ``eval/`` metrics of a pass with ``n`` samples per prompt, without the prefix."""
+    return ["reward_mean", *([f"pass@{n}"] if n > 1 else []), "response_length", "truncated", "samples",
+            "reward_failures", "seconds"]
+
+
+_OPENRLHF_PASS = re.compile(r"^eval_.+_pass(\d+)$")  # OpenRLHF's eval_{datasource}_pass{k}
+
+
+def best_metric_name(key: str, n: int) -> str | None:
+    """``--best_metric_key`` as the logged ``eval/NAME`` (None: off). Empty: ``eval/reward_mean``, what
+    OpenRLHF's auto choice (its first ``*_pass1``) is here; ``none``: off; OpenRLHF's ``eval_X_pass1`` /
+    ``eval_X_passN`` name ``reward_mean`` / ``pass@N`` (one data source here). A name the pass never logs
+    is a ValueError listing those it does."""
+    if key == "none":
+        return None
+    name = key.removeprefix("eval/") or "reward_mean"
+    if m := _OPENRLHF_PASS.match(name):
+        name = "reward_mean" if m.group(1) == "1" else f"pass@{m.group(1)}"
+    names = eval_metric_names(n)
+    if name not in names:
+        raise ValueError(f"--best_metric_key {key!r}: the eval pass logs {', '.join('eval/' + x for x in names)} "
+                         f"(with --eval_n_samples_per_prompt {n}); pick one of them, or none to keep no best "
+                         f"checkpoint")
+    return "eval/" + name
 
 
 class EvalPhase:
