@@ -43,7 +43,8 @@ def argv(root, model, run):
             "--advantage_estimator", "reinforce_baseline", "--n_samples_per_prompt", "2", "--rollout_batch_size", "4",
             "--train_batch_size", "8", "--micro_train_batch_size", "4", "--generate_max_len", "8",
             "--max_iterations", "2", "--bf16", "false", "--learning_rate", "1e-2", "--init_kl_coef", "0.01",
-            "--use_kl_loss", "--seed", "7", "--rollout_engine", "hf", "--run_dir", str(root / run)]
+            "--use_kl_loss", "--seed", "7", "--rollout_engine", "hf", "--run_dir", str(root / run),
+            "--eval_dataset", str(root / "prompts.jsonl"), "--eval_n_samples_per_prompt", "1"]
 
 
 def metrics(path):
@@ -65,6 +66,7 @@ def test_rl_ppo_trains_a_vlm_on_image_prompts_with_the_vision_tower_frozen(task)
     for r in rows:  # the engine generated from the same images the policy's forward reads
         assert r["rl/rollout_logprob_gap"] < 1e-5, r
     assert rows[1]["rl/kl_loss"] > 0  # the policy moved after the first step
+    assert "eval/reward_mean" in rows[-1]  # the eval set's image prompts generate too
     before, after = load_file(model / "model.safetensors"), load_file(root / "local" / "final" / "model.safetensors")
     vision = [k for k in before if "language_model" not in k and "lm_head" not in k]
     assert vision and all((before[k] == after[k]).all() for k in vision)  # --freeze_visual_encoder
