@@ -296,10 +296,6 @@ REFUSED: dict[str, Refuse] = {
     "ds.experts_implementation": Refuse("MoE expert kernels are transformers' default; not selectable here"),
     "load_in_4bit": Refuse("4-bit (QLoRA) loading is not built; use --lora_rank with bf16 weights"),
     "ds.load_in_4bit": Refuse("4-bit (QLoRA) loading is not built; use --lora_rank with bf16 weights"),
-    "use_ds_universal_ckpt": Refuse("DeepSpeed universal checkpoints are not wired; resume with --load_checkpoint "
-                                    "on the same world size"),
-    "ds.use_universal_ckpt": Refuse("DeepSpeed universal checkpoints are not wired; resume with --load_checkpoint "
-                                    "on the same world size"),
     # rl sft / dpo / kto / ppo / ppo-ray have it (a field of theirs wins over these lines): rl rm
     "aux_loss_coef": Refuse(_MOE_AUX, off=(0,)),
     "model.aux_loss_coef": Refuse(_MOE_AUX, off=(0,)),

@@ -33,6 +33,10 @@ so loading one (``load_checkpoint`` / ``--load_checkpoint``) runs whatever code 
 checkpoints you wrote; for weights from elsewhere, start from an HF export (safetensors, no pickle:
 ``--pretrain EXPORT``, and ``--critic_pretrain EXPORT/critic`` for a critic).
 
+Universal checkpoints (``--use_ds_universal_ckpt``, DeepSpeed's ``load_universal``): the saved state stays
+as it is; at load, :func:`to_universal` converts ``ds/`` once into ``ds_universal/`` beside it and every
+rank reads its share from there, whatever the number of ranks that saved it.
+
 :func:`export_hf` writes a transformers/vLLM-loadable folder (safetensors) the
 same way: gathered weights (ZeRO-3 included), temp folder, then rename.
 """
@@ -53,6 +57,7 @@ import torch
 logger = logging.getLogger(__name__)
 MARKER = "rl_state.json"
 DS_TAG = "ds"
+UNIVERSAL_TAG = "ds_universal"  # DS_TAG converted for --use_ds_universal_ckpt (to_universal)
 
 
 def rng_state() -> dict:
@@ -156,7 +161,14 @@ def load_engine_state(engine, path: str | Path) -> dict:
 
     Runs DeepSpeed's ``torch.load(weights_only=False)``: only load checkpoints you trust (module docstring)."""
     path = Path(path)
-    if is_peft(engine.module):  # saved without the frozen base weights (see the module docstring)
+    if engine.load_universal_checkpoint():  # --use_ds_universal_ckpt: any number of ranks
+        if is_peft(engine.module):
+            raise ValueError(f"--use_ds_universal_ckpt with a LoRA model: its checkpoint {path} holds only the "
+                             f"adapter, which DeepSpeed's universal conversion does not take; resume on the same "
+                             f"number of ranks without the flag")
+        load_path, client = engine.load_checkpoint(str(to_universal(path)), tag=UNIVERSAL_TAG,
+                                                   load_module_strict=True)
+    elif is_peft(engine.module):  # saved without the frozen base weights (see the module docstring)
         load_path, client = engine.load_checkpoint(str(path), tag=DS_TAG, load_module_strict=False,
                                                    custom_load_fn=_load_trainable(path))
     else:
@@ -212,6 +224,35 @@ def check_max_gb(max_gb: float | None) -> None:
     if max_gb is not None and not max_gb > 0:
         raise ValueError(f"max_ckpt_mem (--max_ckpt_mem) is a budget in GB and must be > 0, got {max_gb}; leave it "
                          f"unset for no budget")
+
+
+def to_universal(path: Path) -> Path:
+    """Collective (every rank of the engine's group): ``path/ds`` converted by DeepSpeed's ``ds_to_universal``
+    into ``path/ds_universal`` (tag :data:`UNIVERSAL_TAG`) by the group's rank 0, once: a temp folder renamed
+    when whole, kept for later resumes. ``inject_missing_state``: our checkpoints carry no Megatron
+    ``universal_checkpoint_info``, which the converter would otherwise require. Returns ``path``."""
+    import subprocess
+    import sys
+
+    import torch.distributed as dist
+
+    final, tmp = path / UNIVERSAL_TAG, path / f".tmp-{UNIVERSAL_TAG}"
+    if (not dist.is_initialized() or dist.get_rank() == 0) and not final.is_dir():
+        shutil.rmtree(tmp, ignore_errors=True)
+        out = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
+                              str(path / DS_TAG), "--output_folder", str(tmp), "--inject_missing_state"],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            raise RuntimeError(f"DeepSpeed's ds_to_universal could not convert {path / DS_TAG} "
+                               f"(--use_ds_universal_ckpt): {out.stderr.strip().splitlines()[-1:]}; resume on the "
+                               f"number of ranks that saved it without the flag")
+        fsync_tree(tmp)
+        tmp.rename(final)
+        fsync_dir(path)
+        logger.info("converted %s to DeepSpeed's universal checkpoint %s", path / DS_TAG, final)
+    if dist.is_initialized():
+        dist.barrier()
+    return path
 
 
 def _step_dir(root: Path, step: int) -> Path:

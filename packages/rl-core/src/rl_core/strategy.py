@@ -121,6 +121,11 @@ class StrategyConfig:
     local_rank: int = field(default=-1, metadata=meta(
         "this process's rank on its node, as the deepspeed launcher passes it (--local_rank=N); launchers also "
         "export LOCAL_RANK, which wins; -1: from the environment (torchrun, Ray) or 0 alone"))
+    use_ds_universal_ckpt: bool = field(default=False, metadata=meta(
+        "resume through DeepSpeed's universal checkpoint (load_universal): at --load_checkpoint each role's saved "
+        "ZeRO state is converted once (deepspeed.checkpoint.ds_to_universal, into ds_universal/ beside it) and "
+        "loaded from there, so a run resumes on another number of ranks (weights, optimizer moments and step, "
+        "schedule); ZeRO-1/2/3, not with LoRA", openrlhf=("ds.use_universal_ckpt",)))
     ring_attn_size: int = field(default=1, metadata=meta(
         "ring attention (sequence parallelism; rl ppo-ray, sft, rm, dpo, kto): groups of this many consecutive "
         "ranks (of every role) hold the same micro-batches and compute each row in that many slices, gathering "
@@ -183,6 +188,9 @@ class StrategyConfig:
             raise ValueError(f"grad_accum_dtype={self.grad_accum_dtype!r} (--grad_accum_dtype): valid: "
                              f"{', '.join(GRAD_ACCUM_DTYPES)} (fp16 training is not built), or leave it unset")
         params = "bf16" if self.bf16 else "fp32"
+        if self.use_ds_universal_ckpt and self.zero_stage == 0:
+            raise ValueError("use_ds_universal_ckpt (--use_ds_universal_ckpt): DeepSpeed's universal checkpoint is "
+                             "made of a ZeRO optimizer's partitions; use --zero_stage 1, 2 or 3, or drop the flag")
         if self.zero_stage == 0 and self.grad_accum_dtype not in (None, params):
             raise ValueError(f"grad_accum_dtype={self.grad_accum_dtype} (--grad_accum_dtype) with {params} params needs "
                              f"a ZeRO optimizer (DeepSpeed: 'unsupported mix' at stage 0); use --zero_stage 1, 2 or 3, "
@@ -388,6 +396,8 @@ class DeepSpeedStrategy:
                 zero["zero_hpz_partition_size"] = c.zpg
             if c.grad_accum_dtype is not None:
                 extra["data_types"] = {"grad_accum_dtype": c.grad_accum_dtype}
+            if c.use_ds_universal_ckpt:  # as OpenRLHF's get_train_ds_config; rl_core.checkpoint converts at load
+                extra["checkpoint"] = {"load_universal": True}
             if c.optim == "muon":
                 extra["optimizer"] = self.muon_config()
                 if c.zero_stage == 3:  # DeepSpeed: "Muon and reduce scatter cannot be used together"
