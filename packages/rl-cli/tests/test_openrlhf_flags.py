@@ -192,6 +192,10 @@ def test_docs_table_is_generated_from_the_parsers():
     ("ppo", ["--ref_reward_offload", "--zero_stage", "3"], {"model.ref_offload": True, "model.reward_offload": True}),
     ("ppo-ray", ["--reward.offload", "--ds.zero_stage", "3"], {"model.ref_offload": False,
                                                               "model.reward_offload": True}),
+    ("ppo", ["--pretrain_data", "a.jsonl,b.jsonl", "--pretrain_data_probs", "0.3,0.7", "--pretrain_split", "dev",
+             "--ptx_coef", "0.1"], {"ppo.pretrain_data": "a.jsonl,b.jsonl", "ppo.pretrain_data_probs": "0.3,0.7",
+                                    "ppo.pretrain_split": "dev", "ppo.ptx_coef": 0.1}),
+    ("ppo-ray", ["--ptx_coef", "0.2"], {"ppo.ptx_coef": 0.2}),
 ])
 def test_openrlhf_flags_land_in_the_right_field(command, argv, want):
     cfgs = parse(command, argv)

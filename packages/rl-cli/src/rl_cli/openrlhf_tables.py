@@ -269,7 +269,6 @@ _PENDING_ASYNC = "being built (issue 19)"
 _MUON_NESTEROV = ("DeepSpeed's Muon always uses Nesterov momentum, fixed in its muon_update (OpenRLHF's run ignores "
                   "the flag there); drop the flag")
 _NO_DS_TP = "DeepSpeed tensor-parallel training (AutoTP) is not built; use ZeRO-3 (--zero_stage 3)"
-_NO_PTX = "PPO-ptx (a pretraining loss mixed into the RL loss) is not built; run rl sft separately"
 _MOE_AUX = ("the MoE load-balancing loss is built for the causal-LM trainers (rl sft, dpo, kto) and the RL loop's "
             "policy (rl ppo, ppo-ray), not for a reward or value head (OpenRLHF's fails there: its body returns no "
             "aux_loss)")
@@ -324,10 +323,6 @@ REFUSED: dict[str, Refuse] = {
                                  "--vllm_sync_backend nccl | gloo | ipc"),
     "vllm.sync_with_ray": Refuse("weights go over rl-rollout's transport, not Ray's object store: "
                                  "--vllm_sync_backend nccl | gloo | ipc"),
-    "ptx_coef": Refuse(_NO_PTX),
-    "pretrain_data": Refuse(_NO_PTX),
-    "pretrain_data_probs": Refuse(_NO_PTX),
-    "pretrain_split": Refuse(_NO_PTX),
     "logging_steps": Refuse("the RL loop logs every iteration", off=(1,)),
     **{f"{p}muon.no_nesterov": Refuse(_MUON_NESTEROV) for p in ("", "actor.", "critic.")},
 }

@@ -223,6 +223,27 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     return cfgs, tok, prompts, eval_prompts
 
 
+def pretrain_items(cfgs: dict, tok, n_prompts: int):
+    """PPO-ptx's pretraining rows (--pretrain_data) through the prompts' loaders, as a PretrainDataset; None
+    without the flag. As OpenRLHF: at most max_epochs x prompts x n_samples_per_prompt rows, cut at the prompt
+    plus the response length."""
+    p, d = cfgs["ppo"], cfgs["data"]
+    if not p.pretrain_data:
+        return None
+    from dataclasses import replace
+
+    from rl_core.data import DataError, PretrainDataset, training_rows
+
+    cfg = replace(d, dataset=p.pretrain_data, dataset_probs=p.pretrain_data_probs, split=p.pretrain_split,
+                  max_len=d.max_len + p.generate_max_len, max_samples=p.max_epochs * n_prompts * p.n_samples_per_prompt,
+                  apply_chat_template=False, tokenizer_chat_template=None, input_template=None, image_key=None,
+                  eval_dataset=None, packing=False)
+    try:
+        return PretrainDataset(training_rows(cfg, cfgs["strategy"].seed), tok, cfg)
+    except DataError as e:  # say which set is bad
+        raise type(e)(f"pretraining set (--pretrain_data {p.pretrain_data}): {e}") from None
+
+
 def run_config(cfgs: dict):
     from rl_core.rl.build import RunConfig
 
@@ -270,7 +291,8 @@ def run_local(argv: list[str] | None = None) -> int:
     from rl_core.rl.build import LocalFactory, build_run
 
     run = build_run(run_config(cfgs), LocalFactory(), prompts=prompts, tokenizer=tok,
-                    reward_fn=cfgs["reward"].build(), metrics=metrics_logger(cfgs), eval_prompts=eval_prompts)
+                    reward_fn=cfgs["reward"].build(), metrics=metrics_logger(cfgs), eval_prompts=eval_prompts,
+                    ptx=pretrain_items(cfgs, tok, len(prompts)))
     print(f"[rl ppo] one process: {run.roles()} on {run.policy.call_rank(0, 'world')['device']}; rollout "
           f"{type(run.rollout).__name__}", flush=True)
     from rl_rollout.rewards import RewardError
@@ -382,7 +404,8 @@ def run_ray(argv: list[str] | None = None) -> int:
                              engine_env=DETERMINISTIC_VLLM_ENV if cfgs["strategy"].full_determinism else None)
         try:
             run = build_run(run_config(cfgs), factory, prompts=prompts, tokenizer=tok,
-                            reward_fn=cfgs["reward"].build(), metrics=metrics_logger(cfgs), eval_prompts=eval_prompts)
+                            reward_fn=cfgs["reward"].build(), metrics=metrics_logger(cfgs), eval_prompts=eval_prompts,
+                            ptx=pretrain_items(cfgs, tok, len(prompts)))
         except ValueError as e:
             raise SystemExit(f"rl ppo-ray: {e}") from None
         print(f"[rl ppo-ray] {factory.describe()}", flush=True)

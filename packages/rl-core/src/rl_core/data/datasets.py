@@ -252,6 +252,21 @@ class SFTDataset(_EagerDataset):
         return {"input_ids": input_ids, "loss_mask": loss_mask}
 
 
+class PretrainDataset(_EagerDataset):
+    """PPO-ptx's pretraining text (OpenRLHF's SFTDataset in pretrain_mode). Item: ``{"input_ids", "loss_mask"}``:
+    the ``input_key`` string tokenized as is (no template, no special tokens), cut at ``max_len``, every token a
+    target but the first."""
+
+    def _encode(self, row: dict, where: str) -> dict:
+        text = _get(row, self.cfg.input_key, "input_key", where, "the pretraining text")
+        if not isinstance(text, str) or not text.strip():
+            raise DataError(f"{where}: {self.cfg.input_key!r} (--input_key) of --pretrain_data must be a non-empty "
+                            f"string, got {type(text).__name__}")
+        ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
+        input_ids, loss_mask = self._fit(Encoded(ids, [0] + [1] * (len(ids) - 1)))
+        return {"input_ids": input_ids, "loss_mask": loss_mask}
+
+
 class PreferenceDataset(_EagerDataset):
     """Pairs for DPO / reward models. Item: ``{"chosen_ids", "chosen_mask", "rejected_ids",
     "rejected_mask"}`` (LongTensor[T_c], [T_r]) and ``"margin": float``.

@@ -194,9 +194,10 @@ def _is_vlm(path: str) -> bool:
 
 
 def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, reward_fn=None,
-              metrics: MetricsLogger | None = None, eval_prompts=None) -> Run:
+              metrics: MetricsLogger | None = None, eval_prompts=None, ptx=None) -> Run:
     """The roles the run needs, the rollout, the weight sync and the :class:`PPOTrainer` over them
-    (``eval_prompts``: the eval set, a PromptDataset, or None)."""
+    (``eval_prompts``: the eval set, a PromptDataset, or None; ``ptx``: PPO-ptx's pretraining items, a
+    :class:`~rl_core.data.PretrainDataset`, or None)."""
     m, s, p = cfg.model, cfg.strategy, cfg.ppo
     if not m.pretrain:
         raise ValueError("RLModelConfig.pretrain (--pretrain) is required: a local HF model folder")
@@ -212,7 +213,9 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
         raise ValueError(f"a critic for a vision-language policy ({m.pretrain}) is not built: pick an estimator "
                          f"without one (--advantage_estimator reinforce_baseline, rloo, group_norm ...), as OpenRLHF")
     policy_kw = {**kw, "freeze_visual_encoder": True} if m.freeze_visual_encoder else kw
-    policy = factory.role("policy", PolicyWorker, s, m.pretrain, p, steps, load_kw=policy_kw, pad_id=pad, **mb)
+    ptx_items = list(ptx) if ptx is not None else None
+    policy = factory.role("policy", PolicyWorker, s, m.pretrain, p, steps, load_kw=policy_kw, pad_id=pad,
+                          ptx=ptx_items, **mb)
     head = {"value_head_prefix": m.value_head_prefix}  # where an OpenRLHF-format folder keeps its head
     critic = factory.role("critic", CriticWorker, s, m.critic_path, p, steps, load_kw={**kw, **head},
                           pad_id=pad, **mb) if p.needs_critic else None

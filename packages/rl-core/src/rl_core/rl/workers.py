@@ -156,11 +156,19 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
     """One rank of the policy (actor): ``logprobs``, ``train``, weight broadcast, checkpoints, export."""
 
     def __init__(self, strategy_cfg, pretrain: str, ppo_cfg, total_steps: int, *, load_kw: dict | None = None,
-                 pad_id: int = 0, batching: MicroBatchConfig | None = None, packing: bool = False):
+                 pad_id: int = 0, batching: MicroBatchConfig | None = None, packing: bool = False,
+                 ptx: list[dict] | None = None):
         super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
         from rl_core.models import Actor
 
         self.cfg = ppo_cfg
+        # PPO-ptx: this rank's share of the pretraining items (input_ids, loss_mask), cycled in order
+        self._ptx = [{k: torch.as_tensor(it[k]).tolist() for k in ("input_ids", "loss_mask")}
+                     for it in (ptx or [])[self.s.dp_rank::self.s.dp_size]]
+        self._ptx_next = 0
+        if ptx and not self._ptx:
+            raise ValueError(f"--pretrain_data has {len(ptx)} usable rows, fewer than the {self.s.dp_size} "
+                             f"data-parallel ranks of the policy; add rows or drop --pretrain_data")
         actor = Actor.from_pretrained(pretrain, **(load_kw or {}))
         self.images = actor.is_vlm
         if ppo_cfg.aux_loss_coef:
@@ -218,6 +226,8 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         aux: list[torch.Tensor] = []  # the MoE router's load-balancing loss of the last forward
         if c.aux_loss_coef:
             sums["aux_loss"] = 0.0
+        if self._ptx:
+            sums["ptx_loss"] = 0.0
 
         def forward(**x):  # with the entropy: log-probs and entropy from one pass over the logits
             o = self.engine(**x, temperature=c.temperature, return_entropy=entropy)
@@ -257,6 +267,10 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                     share_n = len(sub) / len(chunk)
                     loss = loss + c.aux_loss_coef * share_n * aux[0]
                     sums["aux_loss"] += aux[0].item() * share_n / world
+                if self._ptx:  # one backward for both: the policy micro-batch and a pretraining one
+                    nll = self._ptx_nll()
+                    loss = loss + c.ptx_coef * nll / len(groups)
+                    sums["ptx_loss"] += nll.item() / len(groups) / world
                 self.s.backward(loss, self.engine)
                 if self.s.optimizer_step(self.engine) and self._ema is not None:
                     self._ema.update()
@@ -272,6 +286,16 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
             sums["rollout_logprob_gap"] = sums.pop("rollout_gap_sum") / max(sums.pop("rollout_gap_tokens"), 1.0)
         sums["lr"] = self.engine.get_lr()[0]
         return self._leader([sums])
+
+    def _ptx_nll(self) -> torch.Tensor:
+        """PPO-ptx (OpenRLHF's ptx loss, Ouyang et al. 2022 arXiv:2203.02155 eq. 2): the token-mean NLL, at
+        temperature 1, of the next ``micro_train_batch_size`` pretraining items of this rank (cycled)."""
+        n = self.s.cfg.micro_train_batch_size
+        sub = [self._ptx[(self._ptx_next + i) % len(self._ptx)] for i in range(n)]
+        self._ptx_next = (self._ptx_next + n) % len(self._ptx)
+        lp = self._model(lambda **x: self.engine(**x).logprobs, sub)
+        m = collate(sub, self.pad_id)["loss_mask"].to(lp.device)
+        return -(lp * m).sum() / m.sum().clamp(min=1)
 
     # ----- weights to the rollout engines --------------------------------------------------
 

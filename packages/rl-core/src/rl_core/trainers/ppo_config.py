@@ -165,6 +165,15 @@ class PPOConfig:
         "mixture-of-experts policy: + coef x the router's load-balancing loss in its loss, per micro-batch weighted "
         "by its share of the samples, as OpenRLHF's actor (0: off; the critic's value head is left without it); a "
         "model without experts is refused", openrlhf=("actor.aux_loss_coef",)))
+    pretrain_data: str | None = field(default=None, metadata=meta(
+        "PPO-ptx (Ouyang et al. 2022, as OpenRLHF): pretraining text mixed into the policy's update, files as "
+        "--dataset, the text in --input_key, cut at --max_len + --generate_max_len tokens, at most max_epochs x "
+        "prompts x n_samples_per_prompt rows; each policy micro-batch adds --ptx_coef x the token-mean NLL of "
+        "--micro_train_batch_size of them (metric ptx_loss)"))
+    pretrain_data_probs: str | None = field(default=None, metadata=meta(
+        "with --pretrain_data: mix its comma-separated files by these probabilities (as --dataset_probs)"))
+    pretrain_split: str = field(default="train", metadata=meta("with --pretrain_data: the split to read"))
+    ptx_coef: float = field(default=0.05, metadata=meta("with --pretrain_data: the weight of its NLL loss"))
     enable_ema: bool = field(default=False, metadata=meta(
         "keep an exponential moving average of the policy's trained weights (updated after each optimizer step, "
         "in the weights' dtype, on their device; ZeRO-3: each rank its partition) and export it instead of the "
@@ -319,7 +328,10 @@ class PPOConfig:
         from rl_core.strategy import SCHEDULES
 
         check_numbers(self, positive=("critic_adam_eps",), unit=("critic_min_lr_ratio", "ema_beta"),
-                      non_negative=("critic_weight_decay", "critic_max_norm", "aux_loss_coef"))
+                      non_negative=("critic_weight_decay", "critic_max_norm", "aux_loss_coef", "ptx_coef"))
+        if self.pretrain_data_probs is not None and not self.pretrain_data:
+            raise ValueError(f"pretrain_data_probs={self.pretrain_data_probs!r} (--pretrain_data_probs) mixes the "
+                             f"--pretrain_data files: add --pretrain_data FILES or drop it")
         if self.ema_beta != 0.992 and not self.enable_ema:
             raise ValueError(f"ema_beta={self.ema_beta} (--ema_beta) sets the EMA weights' decay: add --enable_ema, "
                              f"or drop --ema_beta")
