@@ -1,7 +1,8 @@
 """Vision-language models in the RL loop (OpenRLHF's train_vlm_math_hybrid_engine.sh): ``rl ppo`` on a tiny
 random LLaVA with image prompts (paths, a string prompt with ``<image>``, a text-only row), the vision tower
-frozen, the engine and the trainer seeing the same pixels (rollout log-prob gap ~0); ``rl ppo-ray`` (an HF engine
-actor fed over a gloo broadcast of the VLM's parameter names) gives the same run."""
+frozen, the engine and the trainer seeing the same pixels (rollout log-prob gap ~0); ``rl ppo-ray`` as a hybrid
+engine (an HF engine actor fed over a gloo broadcast of the VLM's parameter names, ZeRO-3 and both sleeps) gives
+the same run."""
 
 from __future__ import annotations
 
@@ -94,16 +95,20 @@ def test_a_row_with_more_images_than_allowed_stops_the_run_naming_it(task, tmp_p
 
 
 @pytest.mark.multiprocess
-def test_rl_ppo_ray_vlm_with_an_engine_actor_matches_the_one_process_run(task):
-    """Images travel to the HF engine actor in the requests, the VLM's weights over a gloo broadcast."""
+def test_rl_ppo_ray_vlm_hybrid_engine_matches_the_one_process_run(task):
+    """As OpenRLHF's VLM script runs it: every role and the HF engine actor on one (logical) GPU, the engine and
+    the policy's ZeRO-3 states sleeping in turn (the frozen vision tower keeps the weights awake: DeepSpeed's
+    stage-3 weight offload fails with frozen parameters), images to the engine actor in the requests, the VLM's
+    weights over a gloo broadcast; the same run as in one process."""
     root, model = task
     local = local_run(root, model)
-    extra = ["--num_gpus", "2", "--actor_num_gpus_per_node", "1", "--colocate_actor_ref", "--vllm_num_engines", "1"]
+    extra = ["--num_gpus", "1", "--colocate_all_models", "--vllm_num_engines", "1", "--vllm_enable_sleep",
+             "--ds.enable_sleep", "--zero_stage", "3"]
     out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *argv(root, model, "ray"), *extra],
                          capture_output=True, text=True, timeout=800, env={**os.environ, "RAY_DEDUP_LOGS": "0"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     assert "weight sync gloo" in out.stdout, out.stdout[-2000:]
     for a, b in zip(local, metrics(root / "ray"), strict=True):
-        assert b["rl/rollout_logprob_gap"] < 1e-5, b
+        assert b["rl/rollout_logprob_gap"] < 1e-5 and b["rl/ds_sleep_gb"] > 0, b
         for k in ("rl/reward_mean", "rl/kl_loss", "rl/policy_loss"):
             assert b[k] == pytest.approx(a[k], abs=1e-5), (k, a["step"], a[k], b[k])

@@ -102,6 +102,11 @@ def offload(strategy, engine, optimizer_only: bool = False) -> dict[str, float]:
     dev = strategy.device
     t0 = time.perf_counter()
     before = torch.cuda.memory_reserved(dev) if dev.type == "cuda" else 0
+    if strategy.cfg.zero_stage == 3 and any(not p.requires_grad for p in engine.module.parameters()):
+        # frozen parameters (a frozen vision tower, LoRA's base): DeepSpeed's stage-3 offload of the weights maps
+        # every parameter onto a buffer of the trained ones only and fails ("start + length exceeds dimension
+        # size"); the weights stay on the device, as OpenRLHF always leaves them
+        optimizer_only = True
     nbytes, pin = _state_bytes(engine, optimizer_only), dev.type == "cuda"
     if strategy.cfg.zero_stage == 3:  # DeepSpeed's stage 3 moves the master weights and Adam moments of its own
         # FusedAdam only (it asserts the class); ours is torch's AdamW, whose states move here the same way
