@@ -354,3 +354,24 @@ def test_ring_attention_in_rl_ppo_stops_the_run_in_one_line(capsys):
     assert e.value.code == 2
     line = capsys.readouterr().err.strip().splitlines()[-1]
     assert "--ring_attn_size 2" in line and "rl ppo-ray" in line, line
+
+
+def test_pretrain_data_loads_through_the_prompt_loaders_capped_and_cut_as_openrlhf(tmp_path):
+    """PPO-ptx's rows: --pretrain_data files blended by --pretrain_data_probs, the text in --input_key, at most
+    max_epochs x prompts x n_samples_per_prompt rows (OpenRLHF's select), cut at --max_len + --generate_max_len."""
+    from rl_cli.ppo import pretrain_items
+    from rl_core.data import DataError
+    from rl_rollout.testing import make_tokenizer
+
+    for name in "ab":
+        (tmp_path / f"{name}.jsonl").write_text("".join(json.dumps({"text": name * (6 + i)}) + "\n" for i in range(4)))
+    files = f"{tmp_path / 'a.jsonl'},{tmp_path / 'b.jsonl'}"
+    argv = ["--input_key", "text", "--max_len", "2", "--generate_max_len", "3", "--n_samples_per_prompt", "2"]
+    tok = make_tokenizer()
+    assert pretrain_items(parse("ppo", argv), tok, 3) is None
+    ds = pretrain_items(parse("ppo", [*argv, "--pretrain_data", files, "--pretrain_data_probs", "0.5,0.5"]), tok, 3)
+    assert len(ds) == 6 and {len(it["input_ids"]) for it in ds} == {5} and ds.report.truncated == 6
+    assert {tok.decode(it["input_ids"][:1]) for it in ds} == {"a", "b"}
+    (tmp_path / "bad.jsonl").write_text(json.dumps({"prompt": "x"}) + "\n")
+    with pytest.raises(DataError, match=r"^pretraining set \(--pretrain_data .*bad.jsonl\): .*'text'"):
+        pretrain_items(parse("ppo", [*argv, "--pretrain_data", str(tmp_path / "bad.jsonl")]), tok, 3)
