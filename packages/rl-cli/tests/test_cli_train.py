@@ -222,3 +222,27 @@ def test_sft_with_openrlhfs_muon_flags_learns(files, monkeypatch):
         assert run("sft", argv) == 0
     losses = losses_of(files / "run-muon")
     assert len(losses) == 6 and losses[-1] < 0.7 * losses[0], losses
+
+
+def test_sft_pretrain_mode_trains_on_every_token_of_the_text(files, monkeypatch, capsys):
+    """OpenRLHF's --model.pretrain_mode_enable: the --input_key text is the whole sample and every token but the first
+    is a target (the dataset report names PretrainDataset); the run trains (the loss falls)."""
+    monkeypatch.chdir(files)
+    (files / "text.jsonl").write_text("".join(json.dumps({"text": f"the word {w} reversed is {w[::-1]}"}) + "\n"
+                                              for w in WORDS))
+    argv = ["--pretrain", "tiny", "--dataset", "text.jsonl", "--input_key", "text", "--model.pretrain_mode_enable",
+            *COMMON, "--max_epochs", "3", "--run_dir", "run-pretrain"]
+    assert run("sft", argv) == 0
+    losses = losses_of(files / "run-pretrain")
+    assert len(losses) == 3 * (len(WORDS) // 4) and losses[-1] < losses[0], losses
+    from transformers import AutoTokenizer
+
+    from rl_core.data import DataConfig, PretrainDataset
+
+    ds = PretrainDataset([{"text": "the word abc"}], AutoTokenizer.from_pretrained(files / "tiny"),
+                         DataConfig(input_key="text"))
+    assert ds[0]["loss_mask"].tolist() == [0] + [1] * (len(ds[0]["input_ids"]) - 1)
+    with pytest.raises(SystemExit):
+        run("sft", [*argv, "--output_key", "a"])
+    assert "--pretrain_mode trains on the --input_key text as is; --output_key would not be used" in \
+        capsys.readouterr().err

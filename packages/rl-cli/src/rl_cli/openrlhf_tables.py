@@ -300,10 +300,6 @@ REFUSED: dict[str, Refuse] = {
     "model.aux_loss_coef": Refuse(_MOE_AUX, off=(0,)),
     "compute_fp32_loss": Refuse("not a switch here: the losses are computed from fp32 log-probs"),
     "model.compute_fp32_loss_enable": Refuse("not a switch here: the losses are computed from fp32 log-probs"),
-    "pretrain_mode": Refuse("SFT trains on the response tokens only; for plain text put it in the --output_key "
-                            "column with an empty prompt"),
-    "model.pretrain_mode_enable": Refuse("SFT trains on the response tokens only; for plain text put it in the "
-                                         "--output_key column with an empty prompt"),
     "dataloader_num_workers": Refuse("the data loads in the main process (tokenized once, up front)", off=(0,)),
     "data.dataloader_num_workers": Refuse("the data loads in the main process (tokenized once, up front)", off=(0,)),
     "use_ms": Refuse("ModelScope downloads are not built; pass a local folder or a Hugging Face id"),

@@ -246,11 +246,23 @@ def run(name: str, argv: list[str] | None = None) -> int:
     data = cfgs["data"]
     tok = load_tokenizer(cfgs["model"].pretrain, use_fast=not data.disable_fast_tokenizer,
                          chat_template=data.tokenizer_chat_template)
-    ds = cmd.dataset_cls()(training_rows(data, cfgs["strategy"].seed), tok, data)
+    if getattr(cfgs["train"], "pretrain_mode", False):  # rl sft --pretrain_mode: every token of the text
+        from rl_core.data import PretrainDataset
+
+        unread = [f for f, on in (("--output_key", data.output_key), ("--apply_chat_template", data.apply_chat_template),
+                                  ("--input_template", data.input_template)) if on]
+        if unread:
+            raise UserError(f"--pretrain_mode trains on the --input_key text as is; {', '.join(unread)} would not be "
+                            f"used: drop it (or drop --pretrain_mode for prompt/response SFT)")
+
+        dataset_cls = PretrainDataset
+    else:
+        dataset_cls = cmd.dataset_cls()
+    ds = dataset_cls(training_rows(data, cfgs["strategy"].seed), tok, data)
     eval_ds = None
     if data.eval_dataset:
         try:
-            eval_ds = cmd.dataset_cls()(load_rows(data.eval_dataset, data.eval_split, data.max_eval_samples), tok, data)
+            eval_ds = dataset_cls(load_rows(data.eval_dataset, data.eval_split, data.max_eval_samples), tok, data)
         except DataError as e:  # say which of the two sets is bad
             raise type(e)(f"eval set (--eval_dataset {data.eval_dataset}): {e}") from None
     global_batch = cfgs["strategy"].train_batch_size
