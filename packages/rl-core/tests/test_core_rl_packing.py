@@ -169,3 +169,17 @@ def test_two_ranks_with_unequal_micro_batch_counts_step_like_one_rank(tiny, tmp_
     for n in one:
         torch.testing.assert_close(r0["params"][n], r1["params"][n], atol=0, rtol=0)
         torch.testing.assert_close(r0["params"][n], one[n], atol=1e-5, rtol=0, msg=lambda m: f"{n}: {m}")
+
+
+def test_the_kl_loss_without_a_reference_is_not_measured(tiny):
+    """--use_kl_loss with --init_kl_coef 0 (OpenRLHF's VLM script) has no reference model: the policy step neither
+    reads reference log-probs nor logs a KL (it logged ~9.9, a KL against zeros), and trains as without the flag."""
+    items = items_of()[:4]
+    out = {}
+    for kl in (True, False):
+        w = PolicyWorker(strategy(4, lr=1e-4), tiny, PPOConfig(max_epochs=1, use_kl_loss=kl, init_kl_coef=0), 1,
+                         load_kw={"dtype": "fp32"})
+        for it, lp in zip(items, w.logprobs(items), strict=True):
+            it["old_logprobs"] = lp.clone()
+        out[kl] = w.train(items, kl_coef=0.0)[0]
+    assert out[True]["kl_loss"] == 0.0 and out[True]["policy_loss"] == pytest.approx(out[False]["policy_loss"])

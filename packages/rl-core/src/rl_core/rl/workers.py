@@ -212,7 +212,8 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         variant = c.policy_loss  # chosen once: ppo | gspo, with its clip, dual clip, correction and aggregation
         has_rollout = all(it.get("rollout_logprobs") is not None for it in items)
         use_rollout = variant.needs_rollout_logprobs or (on_policy and has_rollout)
-        keys = ([] if on_policy else ["old_logprobs"]) + ["advantages"] + (["ref_logprobs"] if c.use_kl_loss else []) \
+        kl_loss = c.use_kl_loss and c.needs_reference  # no reference (--init_kl_coef 0): no KL to measure, 0 logged
+        keys = ([] if on_policy else ["old_logprobs"]) + ["advantages"] + (["ref_logprobs"] if kl_loss else []) \
             + (["rollout_logprobs"] if use_rollout else [])
         sums = {"policy_loss": 0.0, "clip_fraction": 0.0, "kl_loss": 0.0}
         entropy = c.entropy_loss_coef is not None  # OpenRLHF: any coefficient, 0 too, computes and logs it
@@ -253,7 +254,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                                    rollout_logprobs_BT=rollout if variant.needs_rollout_logprobs else None,
                                    global_tokens=total, global_seqs=G, dp_size=world, norm_len=c.loss_norm_len)
                 loss = out.loss
-                if c.use_kl_loss:
+                if kl_loss:
                     kl = approx_kl(lp, b["ref_logprobs"], c.kl_estimator, mask=m)
                     kl_term = aggregate_loss(kl, m, "token-mean", global_tokens=total, dp_size=world)
                     loss = loss + kl_coef * kl_term
