@@ -265,7 +265,7 @@ def test_rl_ppo_ray_with_lora_syncs_merged_weights_and_matches_the_one_process_l
 
 
 @pytest.mark.multiprocess
-def test_rl_ppo_ray_with_ring_attention_matches_the_one_process_run(task):
+def test_rl_ppo_ray_with_ring_attention_matches_the_one_process_run(task, capsys):
     """Ring attention in every role (OpenRLHF's --ds.ring_attn_size 2): policy, its colocated reference and the
     critic on two ranks each, one ring group per role, so each packed row is computed in two slices whose keys
     and values meet in attention; ZeRO-3. The run equals the padded one-process run."""
@@ -281,6 +281,8 @@ def test_rl_ppo_ray_with_ring_attention_matches_the_one_process_run(task):
     assert "policy on cpu x 2 in ring attention groups (0 of 2 in ranks 0-1, 1 of 2 in ranks 0-1)" in out.stdout, \
         out.stdout[-2000:]
     assert_same_run(local, metrics(root / "ray-ring"))
-    refused = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo", *common(root, model, "ring-local"),
-                              "--packing", "--ring_attn_size", "2"], capture_output=True, text=True, timeout=300)
-    assert refused.returncode == 2 and "use rl ppo-ray" in refused.stderr, refused.stderr[-2000:]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as refused:  # at parse time, before anything loads: no process of its own needed
+        main(["ppo", *common(root, model, "ring-local"), "--packing", "--ring_attn_size", "2"])
+    err = capsys.readouterr().err
+    assert refused.value.code == 2 and "use rl ppo-ray" in err, err[-2000:]
