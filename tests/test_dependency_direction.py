@@ -20,13 +20,13 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 
 # import name -> distribution name, where they differ
-DIST_OF = {"yaml": "pyyaml", "rl_algos": "rl-algos", "rl_rollout": "rl-rollout", "rl_placement": "rl-placement",
-           "rl_core": "rl-core", "rl_cli": "rl-cli"}
+DIST_OF = {"yaml": "pyyaml", "PIL": "pillow", "rl_algos": "rl-algos", "rl_rollout": "rl-rollout",
+           "rl_placement": "rl-placement", "rl_core": "rl-core", "rl_cli": "rl-cli"}
 
 # DESIGN.md: what each package may import (besides stdlib and itself).
 ALLOWED = {
     "rl_algos": {"torch", "triton"},  # triton: torch's CUDA wheels bring it; only losses/logits_triton.py, lazily
-    "rl_rollout": {"torch", "transformers", "tokenizers", "msgpack", "safetensors", "numpy", "vllm"},
+    "rl_rollout": {"torch", "transformers", "tokenizers", "msgpack", "safetensors", "numpy", "vllm", "PIL"},
     "rl_placement": {"ray"},
     "rl_core": {"rl_algos", "rl_rollout", "torch", "transformers", "deepspeed", "safetensors", "msgpack", "peft",
                 "datasets", "pyarrow", "tensorboard", "matplotlib", "yaml", "tqdm", "numpy", "wandb", "flash_attn",
@@ -36,7 +36,7 @@ ALLOWED = {
 }
 # Optional imports (guarded by try/except ImportError, or an extra): allowed without a
 # hard dependency, but they must still be in ALLOWED.
-OPTIONAL = {"vllm", "wandb", "flash_attn", "triton", "liger_kernel"}
+OPTIONAL = {"vllm", "wandb", "flash_attn", "triton", "liger_kernel", "PIL"}
 FORBIDDEN = {"rl_core": {"ray", "rl_placement"}, "rl_algos": {"numpy"}}
 
 

@@ -29,6 +29,7 @@ TOOLS = {
     "torchrun": {"--nproc_per_node", "--nnodes", "--master_port", "--master_addr", "--node_rank"},
     "deepspeed ": {"--num_gpus", "--module", "--include", "--hostfile"},
     "pip ": {"--find-links", "--no-deps", "--no-build-isolation"},
+    "ds_to_universal": {"--input_folder", "--output_folder", "--inject_missing_state"},  # DeepSpeed's converter
 }
 
 

@@ -239,8 +239,9 @@ def to_universal(path: Path) -> Path:
     final, tmp = path / UNIVERSAL_TAG, path / f".tmp-{UNIVERSAL_TAG}"
     if (not dist.is_initialized() or dist.get_rank() == 0) and not final.is_dir():
         shutil.rmtree(tmp, ignore_errors=True)
-        out = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal", "--input_folder",
-                              str(path / DS_TAG), "--output_folder", str(tmp), "--inject_missing_state"],
+        out = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+                              "--input_folder", str(path / DS_TAG),  # ds_to_universal's own options
+                              "--output_folder", str(tmp), "--inject_missing_state"],  # ds_to_universal's too
                              capture_output=True, text=True)
         if out.returncode != 0:
             raise RuntimeError(f"DeepSpeed's ds_to_universal could not convert {path / DS_TAG} "

@@ -73,7 +73,11 @@ def causal_lm_class(path: str | os.PathLike):
 
 def load_images(refs: Any) -> list:
     """PIL images (RGB) from one ref or a list of them; ``None`` (or a list of Nones): no image."""
-    from PIL import Image
+    try:
+        from PIL import Image
+    except ImportError as e:
+        raise ImportError("image prompts need Pillow, which is not installed: pip install 'rl-rollout[vision]' "
+                          "(or pillow)") from e
 
     if refs is None:
         return []
