@@ -118,6 +118,7 @@ def test_docs_table_is_generated_from_the_parsers():
      {"model.target_modules": "q_proj", "model.lora_rank": 8}),
     ("sft", ["--multiturn", "--packing_samples"], {"data.apply_chat_template": True, "data.packing": True}),
     ("sft", ["--model.pretrain_mode_enable"], {"train.pretrain_mode": True}),
+    ("dpo", ["--ckpt.save_hf", "--ckpt.save_steps", "5"], {"train.save_hf_ckpt": True, "train.save_steps": 5}),
     ("ppo-ray", ["--ds.lora.rank", "8", "--ds.lora.alpha", "32", "--ds.lora.target_modules", "q_proj", "v_proj"],
      {"model.lora_rank": 8, "model.lora_alpha": 32, "model.target_modules": "q_proj,v_proj"}),
     ("ppo", ["--lora_rank", "4", "--lora_dropout", "0.05"], {"model.lora_rank": 4, "model.lora_dropout": 0.05}),
@@ -215,7 +216,7 @@ def test_openrlhf_flags_land_in_the_right_field(command, argv, want):
     ("ppo", ["--actor.num_gpus_per_node", "2"], "rl ppo-ray"),
     ("rm", ["--value_head_prefix", "value_head2"], "rl_head"),
     ("sft", ["--ds_tensor_parallel_size", "2"], "tensor-parallel"),
-    ("sft", ["--save_hf_ckpt"], "--save_path"),
+    ("sft", ["--use_ms"], "ModelScope"),
     ("rm", ["--aux_loss_coef", "0.01"], "reward or value head"),
 ])
 def test_refused_flags_stop_with_one_line_naming_the_flag(command, argv, says, capsys):

@@ -305,10 +305,6 @@ REFUSED: dict[str, Refuse] = {
     "use_ms": Refuse("ModelScope downloads are not built; pass a local folder or a Hugging Face id"),
     "value_head_prefix": Refuse(_NO_HEAD, off=("score", "value_head")),
     "ds.value_head_prefix": Refuse(_NO_HEAD, off=("score", "value_head")),
-    "save_hf_ckpt": Refuse("checkpoints hold the DeepSpeed state for exact resume; the HF export is written to "
-                           "--save_path at the end"),
-    "ckpt.save_hf": Refuse("checkpoints hold the DeepSpeed state for exact resume; the HF export is written to "
-                           "--save_path at the end"),
     "actor_init_on_gpu": Refuse("not needed: every model loads straight onto its device"),
     "perf": Refuse("OpenRLHF's timing printout is not built; per-phase seconds are in the metrics (--run_dir)"),
     "vllm_generate_batch_size": Refuse("oversampling is not built: an iteration generates --rollout_batch_size "

@@ -56,9 +56,12 @@ class TrainerConfig:
         "newest one holds more (as OpenRLHF, which prunes before each save); the newest is never removed (unset: "
         "no budget)", openrlhf=("ckpt.max_mem",)))
     disable_ds_ckpt: bool = field(default=False, metadata=meta(
-        "write no DeepSpeed checkpoint at --save_steps, as OpenRLHF's flag (which then writes only its "
-        "--save_hf_ckpt export, not built for this command): there is nothing to resume from; the final model "
-        "still goes to --save_path", openrlhf=("ckpt.disable_ds",)))
+        "write no DeepSpeed checkpoint at --save_steps, as OpenRLHF's flag (only the --save_hf_ckpt exports, if "
+        "asked for): there is nothing to resume from; the final model still goes to --save_path",
+        openrlhf=("ckpt.disable_ds",)))
+    save_hf_ckpt: bool = field(default=False, metadata=meta(
+        "at every --save_steps also write the model as an HF folder to --ckpt_path/step_N_hf (OpenRLHF's "
+        "global_stepN_hf; kept, not pruned), with --disable_ds_ckpt too", openrlhf=("ckpt.save_hf",)))
     load_checkpoint: bool = field(default=False, metadata=meta(
         "resume from the latest complete checkpoint under --ckpt_path. Trusted checkpoints only: DeepSpeed reads "
         "them with torch.load(weights_only=False), so loading one runs any code it holds; for weights from "
@@ -81,6 +84,9 @@ class TrainerConfig:
         check_max_gb(self.max_ckpt_mem)
         if self.save_steps > 0 and not self.ckpt_path:
             raise ValueError(f"save_steps={self.save_steps} needs ckpt_path (--ckpt_path DIR) to write them to")
+        if self.save_hf_ckpt and self.save_steps <= 0:
+            raise ValueError("save_hf_ckpt (--save_hf_ckpt) writes an HF export at every --save_steps; add "
+                             "--save_steps N (and --ckpt_path DIR), or drop it: the final model goes to --save_path")
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1 or unset, got {self.max_steps}")
         if self.eval_steps == 0 or self.eval_steps < -1:
@@ -271,8 +277,9 @@ class Trainer:
             logger.info("%s: %d rows, %s%s", self.name, len(self.dataset), self.plan.describe(),
                         "" if self.eval_dataset is None else f"; eval set {len(self.eval_dataset)} rows")
         if self.cfg.disable_ds_ckpt and self.cfg.save_steps > 0 and self.s.is_rank_0():
-            logger.warning("%s: --disable_ds_ckpt: --save_steps %d writes no checkpoint (nothing to resume from); "
-                           "the final model goes to --save_path", self.name, self.cfg.save_steps)
+            logger.warning("%s: --disable_ds_ckpt: --save_steps %d writes no checkpoint (nothing to resume from)%s; "
+                           "the final model goes to --save_path", self.name, self.cfg.save_steps,
+                           ", only the HF exports" if self.cfg.save_hf_ckpt else "")
         self.before_fit()
         losses: list[float] = []
         bar = tqdm(total=self.plan.total_steps, initial=step, desc=self.name, disable=not self.s.is_rank_0() or os.environ.get("TQDM_DISABLE") == "1")
@@ -294,6 +301,9 @@ class Trainer:
                         and step % self.cfg.save_steps == 0:
                     nxt_epoch, nxt_index = (epoch, index + 1) if index + 1 < self.steps_per_epoch else (epoch + 1, 0)
                     self.ckpt.save(self.engine, step, {"epoch": nxt_epoch, "batch_in_epoch": nxt_index})
+                if self.cfg.save_hf_ckpt and step % self.cfg.save_steps == 0:  # collective (ZeRO-3 gathers)
+                    export_hf(self.s, self.engine, os.path.join(self.cfg.ckpt_path, f"step_{step:08d}_hf"),
+                              tokenizer=self.tokenizer)
                 if self.eval_dataset is not None and self.cfg.eval_steps > 0 and step % self.cfg.eval_steps == 0:
                     self._evaluate_and_log(step)
         bar.close()
