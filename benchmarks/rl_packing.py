@@ -48,8 +48,11 @@ PRESETS = {
 }
 
 
-def response_lengths(n: int, max_len: int, seed: int = 0) -> list[int]:
-    """Skewed: 80% short (1/32 .. 1/8 of the limit), 15% medium (1/8 .. 1/2), 5% at the limit (at least one)."""
+def response_lengths(n: int, max_len: int, seed: int = 0, full: bool = False) -> list[int]:
+    """Skewed: 80% short (1/32 .. 1/8 of the limit), 15% medium (1/8 .. 1/2), 5% at the limit (at least one).
+    ``full``: every response at the limit (the SFT-like shape of issue 18 item 4)."""
+    if full:
+        return [max_len] * n
     g = torch.Generator().manual_seed(seed)
     out = []
     for i in range(n):
@@ -61,12 +64,12 @@ def response_lengths(n: int, max_len: int, seed: int = 0) -> list[int]:
     return out
 
 
-def make_items(n: int, prompt_len: int, max_len: int, vocab: int, seed: int = 0) -> list[dict]:
+def make_items(n: int, prompt_len: int, max_len: int, vocab: int, seed: int = 0, full: bool = False) -> list[dict]:
     from rl_core.rl import make_item
 
     g = torch.Generator().manual_seed(seed)
     items = []
-    for r in response_lengths(n, max_len, seed):
+    for r in response_lengths(n, max_len, seed, full):
         ids = torch.randint(5, vocab, (prompt_len + r,), generator=g).tolist()
         it = make_item(ids[:prompt_len], ids[prompt_len:])
         it["advantages"] = torch.tensor(it["loss_mask"], dtype=torch.float32) * torch.randn(len(ids), generator=g)
@@ -99,6 +102,12 @@ def main() -> None:
                          "rl-core's, flash_attention_2 if importable else sdpa; torch_varlen and flex_attention "
                          "need CUDA)")
     ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--lengths", default="skewed", choices=("skewed", "full"),
+                    help="response lengths: skewed (default) or every one at --max_len (rows of prompt_len + max_len "
+                         "tokens: the SFT benchmark's shape, to compare the policy's train step with "
+                         "sft_throughput.py's tokens/s)")
+    ap.add_argument("--use_liger_kernel", action="store_true",
+                    help="every side with liger-kernel's RMSNorm / SwiGLU / RoPE (rl ppo's --use_liger_kernel; CUDA)")
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -121,7 +130,7 @@ def main() -> None:
     vocab = 151_936 if args.preset == "0.5b" else 128  # Qwen2.5's vocabulary: the log-prob pass reads its logits
     model = make_tiny_model(work / "model", **PRESETS[args.preset], vocab_size=vocab,
                             max_position_embeddings=max(2048, 2 * (args.prompt_len + args.max_len)))
-    items = make_items(args.samples, args.prompt_len, args.max_len, vocab)
+    items = make_items(args.samples, args.prompt_len, args.max_len, vocab, full=args.lengths == "full")
     longest = max(len(it["input_ids"]) for it in items)
     budgets = args.budget or [args.micro * longest, longest]
     default_attn = attention_implementation()
@@ -137,12 +146,13 @@ def main() -> None:
     c = PPOConfig(max_epochs=1)
     dtype = "bf16" if bf16 else "fp32"
     steps = 10 * args.repeats + 10
-    workers = {"padded": PolicyWorker(s, str(model), c, steps, load_kw={"dtype": dtype})}
+    liger = {"use_liger_kernel": True} if args.use_liger_kernel else {}
+    workers = {"padded": PolicyWorker(s, str(model), c, steps, load_kw={"dtype": dtype, **liger})}
     for a in attns:
         for b in budgets:
             workers[f"packed@{b}:{a}"] = PolicyWorker(s, str(model), c, steps, packing=True,
                                                       batching=MicroBatchConfig(max_tokens_per_gpu=b),
-                                                      load_kw={"dtype": dtype, "attn_implementation": a})
+                                                      load_kw={"dtype": dtype, "attn_implementation": a, **liger})
     logprobs = {side: w.logprobs(items) for side, w in workers.items()}  # also the warm-up
     gap = max((a - b).abs().max().item() for side in workers if side != "padded"
               for a, b in zip(logprobs["padded"], logprobs[side], strict=True))
@@ -163,6 +173,7 @@ def main() -> None:
         "device": str(dev), "dtype": "bf16" if bf16 else "fp32", "preset": args.preset,
         "attention": {"padded": default_attn, "packed": attns}, "samples": args.samples, "prompt_len": args.prompt_len,
         "response_len": {"min": min(resp), "median": int(statistics.median(resp)), "max": max(resp)},
+        "lengths": args.lengths, "use_liger_kernel": args.use_liger_kernel,
         "real_tokens": real, "micro": args.micro, "budgets": budgets,
         "micro_batches": {side: len(w._micro_batches(items, train=True)) for side, w in workers.items()},
         "computed_tokens": {side: computed_tokens(w, items, True) for side, w in workers.items()},
@@ -171,7 +182,8 @@ def main() -> None:
         "speedup": {side: {p: med[f"padded/{p}"] / med[f"{side}/{p}"] for p in ("logprobs", "train")}
                     for side in workers if side != "padded"},
     }
-    print(f"{args.preset} on {dev} ({result['dtype']}, attention: padded {default_attn}, packed "
+    kernels = ", liger" * args.use_liger_kernel
+    print(f"{args.preset} on {dev} ({result['dtype']}{kernels}, attention: padded {default_attn}, packed "
           f"{', '.join(attns)}): {args.samples} items, "
           f"response lengths {result['response_len']}, {real} real tokens; packed vs padded log-probs: max gap "
           f"{gap:.2e}")
