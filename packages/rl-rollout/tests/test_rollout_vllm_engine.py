@@ -175,6 +175,25 @@ def test_sleep_wake_keeps_working(engine, ref):
     assert [o[0].response_ids for o in out] == [ref.greedy(p, 8) for p in PROMPTS]
 
 
+def test_wake_up_out_of_memory_names_the_fix(engine, ref, monkeypatch):
+    """A GPU engine that cannot map its memory back on wake-up (the trainer in this process holds it: seen on the
+    H200 with --vllm_gpu_memory_utilization 0.8 and a large micro-batch) fails in one message naming the flags.
+    The out-of-memory itself cannot happen on CPU, so vLLM's wake_up is made to raise what vLLM's cumem raises."""
+    engine.sleep(level=1)
+
+    def oom(tags=None):
+        raise RuntimeError("CUDA Error: out of memory at /workspace/csrc/cumem_allocator.cpp:163")
+
+    monkeypatch.setattr(engine._llm, "wake_up", oom)
+    with pytest.raises(RuntimeError, match=r"--vllm_gpu_memory_utilization.*--deepspeed_enable_sleep"):
+        engine.wake_up(["kv_cache"])
+    with pytest.raises(RuntimeError, match="wake_up"):  # still asleep: nothing pretends it woke
+        engine.generate([RolloutRequest(PROMPTS[0], greedy(8))])
+    monkeypatch.undo()
+    engine.wake_up()
+    assert engine.generate([RolloutRequest(PROMPTS[0], greedy(8))])[0][0].response_ids == ref.greedy(PROMPTS[0], 8)
+
+
 def test_auto_picks_vllm_here():
     from rl_rollout import vllm_usable
 

@@ -302,11 +302,21 @@ class VLLMEngine(VLLMWeightsMixin):
         unknown = set(tags or ()) - {"weights", "kv_cache"}
         if unknown:
             raise ValueError(f"wake_up tags must be among ['weights', 'kv_cache'] (or None for all), got {sorted(unknown)}")
-        if self.mode == "async":
-            awake = self._run(self._llm.wake_up(tags))
-        else:
-            with self._lock:
-                awake = self._llm.wake_up(tags)
+        _release_cached_device_memory()
+        try:
+            if self.mode == "async":
+                awake = self._run(self._llm.wake_up(tags))
+            else:
+                with self._lock:
+                    awake = self._llm.wake_up(tags)
+        except RuntimeError as e:
+            if "out of memory" not in str(e):
+                raise
+            raise RuntimeError(
+                f"VLLMEngine.wake_up({tags}): the engine's memory no longer fits on the device ({e}); "
+                f"{_device_memory_note()}. What the trainer holds while the engine is awake must fit beside the "
+                "engine's share: lower --vllm_gpu_memory_utilization, or free the trainer's memory before the engine "
+                "wakes (--deepspeed_enable_sleep)") from e
         self._asleep = set() if awake else self._asleep - set(tags or self._asleep)
 
     def shutdown(self) -> None:
@@ -416,3 +426,22 @@ def _to_samples(request: RolloutRequest, output, version: int, version_end: int)
             )
         )
     return samples
+
+
+def _release_cached_device_memory() -> None:
+    """Before an engine in this process wakes: hand the blocks torch's caching allocator keeps (a train step's
+    freed activations) back to the driver, where vLLM's allocator maps the engine's memory (as OpenRLHF does)."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
+def _device_memory_note() -> str:
+    import torch
+
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return "no CUDA device in this process"
+    free, total = torch.cuda.mem_get_info()
+    return (f"{free / 2**30:.2f} of {total / 2**30:.2f} GiB free, this process's torch tensors hold "
+            f"{torch.cuda.memory_allocated() / 2**30:.2f} GiB")
