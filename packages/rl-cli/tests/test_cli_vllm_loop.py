@@ -28,7 +28,11 @@ except ImportError as e:
     pytest.skip(f"{e.name} is not importable here; run in .venv-vllm (scripts/vllm-cpu-env.sh)",
                 allow_module_level=True)
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
+import torch  # noqa: E402
+from rl_rollout.testing import VLLM_CPU_TESTS_ON_CUDA  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900),
+              pytest.mark.skipif(torch.cuda.is_available(), reason=VLLM_CPU_TESTS_ON_CUDA)]
 REWARD = "def letter(prompt, response, label, **info):\n    return min(response.count(label), 8) / 8\n"
 GAP = 1e-3
 

@@ -32,10 +32,11 @@ except ImportError as e:
 from rl_cli.ray_engines import engine_gpus, start_engines  # noqa: E402
 from rl_placement import PlacementPlan, create_placement_groups  # noqa: E402
 from rl_rollout import RolloutRequest, SamplingParams  # noqa: E402
-from rl_rollout.testing import greedy_reference, make_tiny_model, peaked_weights  # noqa: E402
+from rl_rollout.testing import VLLM_CPU_TESTS_ON_CUDA, greedy_reference, make_tiny_model, peaked_weights  # noqa: E402
 from rl_rollout.transport import CollectiveSender  # noqa: E402
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600),
+              pytest.mark.skipif(torch.cuda.is_available(), reason=VLLM_CPU_TESTS_ON_CUDA)]
 PROMPTS = [[5, 60, 70], [5, 61, 62, 63, 64, 65, 66], [7], list(range(5, 45))]
 CORES = sorted(os.sched_getaffinity(0))
 

@@ -33,10 +33,11 @@ except ImportError as e:
 
 from rl_rollout import EnginePool, RolloutRequest, SamplingParams  # noqa: E402
 from rl_rollout.hf_engine import HFEngine  # noqa: E402
-from rl_rollout.testing import make_tiny_model, peaked_weights  # noqa: E402
+from rl_rollout.testing import VLLM_CPU_TESTS_ON_CUDA, make_tiny_model, peaked_weights  # noqa: E402
 from rl_rollout.vllm_engine import VLLMEngine  # noqa: E402
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300),
+              pytest.mark.skipif(torch.cuda.is_available(), reason=VLLM_CPU_TESTS_ON_CUDA)]
 
 LOGPROB_ATOL = 1e-4
 # The last prompt spans two KV blocks of 32: its first block lands in the prefix cache, so a

@@ -41,7 +41,7 @@ except ImportError as e:
     )
 
 from rl_rollout import RolloutRequest, SamplingParams  # noqa: E402
-from rl_rollout.testing import greedy_reference, make_tiny_model  # noqa: E402
+from rl_rollout.testing import VLLM_CPU_TESTS_ON_CUDA, greedy_reference, make_tiny_model  # noqa: E402
 from rl_rollout.transport import WeightSyncError  # noqa: E402
 from rl_rollout.vllm_engine import VLLMEngine, vllm_dtype  # noqa: E402
 from rl_rollout.weights import (  # noqa: E402
@@ -52,7 +52,8 @@ from rl_rollout.weights import (  # noqa: E402
     weight_stats,
 )
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300),
+              pytest.mark.skipif(torch.cuda.is_available(), reason=VLLM_CPU_TESTS_ON_CUDA)]
 
 LOGPROB_ATOL = 1e-4  # fp32 on both sides; kernel rounding (vLLM CPU attention vs sdpa) is about 1e-5
 PROMPTS = [[5, 60, 70], [5, 61, 62, 63, 64, 65, 66], [7], [40, 41, 42, 43], list(range(5, 45))]

@@ -29,12 +29,13 @@ except ImportError as e:
     )
 
 from rl_rollout import RolloutRequest, SamplingParams  # noqa: E402
-from rl_rollout.testing import greedy_reference, make_tiny_model, peaked_weights  # noqa: E402
+from rl_rollout.testing import VLLM_CPU_TESTS_ON_CUDA, greedy_reference, make_tiny_model, peaked_weights  # noqa: E402
 from rl_rollout.transport import WeightSyncError  # noqa: E402
 from rl_rollout.vllm_engine import VLLMEngine  # noqa: E402
 from rl_rollout.weights import weight_stats  # noqa: E402
 
-pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300),
+              pytest.mark.skipif(torch.cuda.is_available(), reason=VLLM_CPU_TESTS_ON_CUDA)]
 
 # The last prompt spans two KV blocks of 32: a sync that forgot reset_prefix_cache() would reuse stale KV.
 PROMPTS = [[5, 60, 70], [5, 61, 62, 63, 64, 65, 66], [7], [40, 41, 42, 43], list(range(5, 45))]
