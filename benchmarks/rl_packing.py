@@ -18,7 +18,8 @@ with the sides alternating (``--repeats`` rounds, median):
   ``--attn_implementation`` picks the packed sides' attention (one side per value and budget, named
   ``packed@B:impl``): ``torch_varlen`` (torch's flash varlen kernel, rl_core.varlen_attention) and
   ``flex_attention`` run each packed sequence on its own, without the dense mask (CUDA only). The padded
-  side always runs rl-core's default (flash_attention_2 if importable, else sdpa).
+  side always runs rl-core's default (flash_attention_2 if importable, else sdpa); without the flag the packed
+  sides run rl-core's default for packed rows (torch_varlen on CUDA in bf16, else sdpa), as ``rl ppo`` does.
 
 Two phases each: the no-grad log-prob pass (``PolicyWorker.logprobs``, the experience phase's forward)
 and one policy train step (``PolicyWorker.train``: forward, clipped PPO loss, backward, AdamW step,
@@ -134,7 +135,8 @@ def main() -> None:
     longest = max(len(it["input_ids"]) for it in items)
     budgets = args.budget or [args.micro * longest, longest]
     default_attn = attention_implementation()
-    attns = args.attn_implementation or [default_attn]
+    # packed sides default to what rl ppo --packing_samples runs (torch_varlen on CUDA in bf16, else sdpa)
+    attns = args.attn_implementation or [attention_implementation(packed=True, dtype="bf16" if bf16 else "fp32")]
     for a in attns:
         try:
             attention_implementation(a)
