@@ -134,6 +134,40 @@ def test_max_staleness_0_is_the_synchronous_schedule(setup, tmp_path):
     assert all(x["rl/rollout_logprob_gap"] < 1e-3 and "rl/stale_logprob_gap" not in x for x in r)
 
 
+def test_oversampling_generates_once_for_two_iterations_and_resumes_at_the_buffer(setup, tmp_path):
+    """--vllm_generate_batch_size 8 with --rollout_batch_size 4 (OpenRLHF's over-sampling): a round every other
+    iteration, the second batch served from the buffer, its samples one version staler than --max_staleness 1
+    alone would allow, within the bound the metrics check; a checkpoint resumes at the first buffered prompt."""
+    run = build(setup, tmp_path, max_iterations=4, max_staleness=1, generate_batch_size=8,
+                ckpt_path=str(tmp_path / "ckpt"), save_steps=1, max_ckpt_num=5)
+    assert run.trainer.cfg.staleness_bound == 1 + (8 + 4 - 2) // 4
+    try:
+        run.trainer.fit()
+    finally:
+        run.close()
+    r = rows(tmp_path)
+    assert [x["rl/dynamic/rounds"] for x in r] == [1, 0, 1, 0]
+    assert [x["rl/oversample/buffered"] for x in r] == [4, 0, 4, 0]
+    assert all(x["rl/staleness_violations"] == 0 for x in r)
+    # batch 2 was generated with batch 1, by version 0, and trains version 1; batch 4 with batch 3
+    assert r[1]["rl/policy_version_generated"] == 0 and r[1]["rl/staleness_max"] == 1
+    assert r[3]["rl/policy_version_generated"] == r[2]["rl/policy_version_generated"]
+    assert max(x["rl/staleness_max"] for x in r) <= run.trainer.cfg.staleness_bound
+    # resume points: after batch 1 the prompts of batch 2 (positions 4-7) wait in the buffer, so cursor 4
+    states = {int(p.parent.name.rsplit("_", 1)[-1]): json.loads(p.read_text())
+              for p in (tmp_path / "ckpt").rglob("loop_state.json")}
+    assert {k: v["cursor"] for k, v in sorted(states.items())} == {1: 4, 2: 8, 3: 12, 4: 16}, states
+
+
+def test_oversampling_flags_are_checked():
+    with pytest.raises(ValueError, match="--generate_batch_size 2 is below --rollout_batch_size 4"):
+        PPOConfig(rollout_batch_size=4, generate_batch_size=2, async_train=True)
+    with pytest.raises(ValueError, match="needs --async_train"):
+        PPOConfig(rollout_batch_size=4, generate_batch_size=8)
+    assert PPOConfig(rollout_batch_size=4, generate_batch_size=4).staleness_bound == 1  # no over-sampling
+    assert PPOConfig(rollout_batch_size=4, generate_batch_size=6, async_train=True).staleness_bound == 3
+
+
 def test_async_refuses_sleeping_engines_and_a_bound_without_async(setup, tmp_path):
     with pytest.raises(ValueError, match="cannot sleep"):
         model, tok, prompts = setup

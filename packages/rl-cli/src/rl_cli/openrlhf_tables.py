@@ -45,6 +45,7 @@ ALIAS: dict[str, tuple[str, ...]] = {
     "actor.gradient_checkpointing_enable": ("strategy.gradient_checkpointing",),
     "model.gradient_checkpointing_enable": ("strategy.gradient_checkpointing",),
     "ds.zero_stage": ("strategy.zero_stage",),
+    "vllm_generate_batch_size": ("ppo.generate_batch_size",),
     "ds.adam_offload": ("strategy.adam_offload",),
     "train.seed": ("strategy.seed",),
     "train.batch_size": ("strategy.train_batch_size",),
@@ -307,10 +308,6 @@ REFUSED: dict[str, Refuse] = {
     "ds.value_head_prefix": Refuse(_NO_HEAD, off=("score", "value_head")),
     "actor_init_on_gpu": Refuse("not needed: every model loads straight onto its device"),
     "perf": Refuse("OpenRLHF's timing printout is not built; per-phase seconds are in the metrics (--run_dir)"),
-    "vllm_generate_batch_size": Refuse("oversampling is not built: an iteration generates --rollout_batch_size "
-                                       "prompts (dynamic filtering refills)"),
-    "rollout.vllm_generate_batch_size": Refuse("oversampling is not built: an iteration generates "
-                                               "--rollout_batch_size prompts (dynamic filtering refills)"),
     "vllm_sync_with_ray": Refuse("weights go over rl-rollout's transport, not Ray's object store: "
                                  "--vllm_sync_backend nccl | gloo | ipc"),
     "vllm.sync_with_ray": Refuse("weights go over rl-rollout's transport, not Ray's object store: "

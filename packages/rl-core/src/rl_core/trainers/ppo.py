@@ -173,6 +173,7 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         self.history: list[dict[str, float]] = []
         self.eval_history: list[dict[str, float]] = []  # the eval passes' metrics, with their iteration
         self.cursor = 0  # prompts consumed so far (over epochs of seeded permutations)
+        self._group_buffer: list[tuple] = []  # over-sampled groups waiting for a batch (generate_batch_size)
         self.kl = None
         if cfg.needs_reference and not cfg.use_kl_loss:
             from rl_algos import AdaptiveKLController, FixedKLController

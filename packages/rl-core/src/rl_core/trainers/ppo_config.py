@@ -77,6 +77,13 @@ class PPOConfig:
     max_staleness: int = field(default=1, metadata=meta(
         "with --async_train: how many policy versions a sample may lag the policy it trains (generation waits "
         "for the weight sync otherwise; 0: the synchronous schedule)"))
+    generate_batch_size: int | None = field(default=None, metadata=meta(
+        "with --async_train: prompts per generation round (default: --rollout_batch_size). Larger over-samples, as "
+        "OpenRLHF's --vllm_generate_batch_size: one round generates for several iterations and the groups past the "
+        "first batch wait in a buffer, in prompt order, for the next ones; a buffered group trains up to "
+        "floor((G + B - 2) / B) versions later than --max_staleness alone allows (B: --rollout_batch_size), which "
+        "is the bound the staleness metrics check. Dynamic filtering's refill rounds generate only the shortfall",
+        openrlhf=("rollout.vllm_generate_batch_size",)))
     partial_rollout: bool = field(default=False, metadata=meta(
         "with --async_train: a weight update lands between chunks of the responses being generated instead of "
         "waiting for them; the rest is sampled with the new weights, each token tagged with its version (the "
@@ -292,6 +299,14 @@ class PPOConfig:
         if self.partial_rollout and not self.async_train:
             raise ValueError("--partial_rollout lets weight updates land mid-generation, which only happens when "
                              "generation runs beside training: add --async_train")
+        if self.generate_batch_size is not None and self.generate_batch_size < self.rollout_batch_size:
+            raise ValueError(f"--generate_batch_size {self.generate_batch_size} is below --rollout_batch_size "
+                             f"{self.rollout_batch_size}: a round must fill a batch; raise it or drop the flag")
+        if self.generate_batch_size is not None and self.generate_batch_size > self.rollout_batch_size \
+                and not self.async_train:
+            raise ValueError(f"--generate_batch_size {self.generate_batch_size} > --rollout_batch_size "
+                             f"{self.rollout_batch_size} over-samples into a buffer that later iterations train on, "
+                             "which needs --async_train (as in OpenRLHF); add it or drop the flag")
         if self.max_staleness != 1 and not self.async_train:
             raise ValueError(f"--max_staleness {self.max_staleness} bounds --async_train's pipelining; add "
                              "--async_train or drop --max_staleness")
@@ -399,6 +414,13 @@ class PPOConfig:
         if self.logprob_gap_alarm is not None:
             return self.logprob_gap_alarm
         return 5e-2 if bf16 else 1e-3
+
+    @property
+    def staleness_bound(self) -> int:
+        """The most versions a sample may lag the policy it trains: ``max_staleness``, plus what over-sampling's
+        buffer adds (``generate_batch_size`` G over ``rollout_batch_size`` B: up to ``(G + B - 2) // B``)."""
+        g, b = self.generate_batch_size or self.rollout_batch_size, self.rollout_batch_size
+        return self.max_staleness + ((g + b - 2) // b if g > b else 0)
 
     def iterations(self, num_prompts: int) -> int:
         return self.max_iterations or max(1, self.num_episodes * num_prompts // self.rollout_batch_size)

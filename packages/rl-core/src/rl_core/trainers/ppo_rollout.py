@@ -208,45 +208,61 @@ class RolloutPhase:
                     item["image_inputs"] = tensors
 
     def _collect(self, it: int):
-        """Samples of ``rollout_batch_size`` prompts, filtered dynamically when asked; per-phase seconds."""
+        """Samples of ``rollout_batch_size`` prompts, filtered dynamically when asked; per-phase seconds.
+
+        Over-sampling (``generate_batch_size`` G > ``rollout_batch_size``, async only): when the buffer of groups
+        left by earlier rounds cannot fill the batch, one round generates G prompts; the batch takes the oldest
+        groups and the rest wait, in prompt order, for the next iterations (``oversample/buffered``)."""
         from rl_algos import filter_groups
 
         c, n, want = self.cfg, self.cfg.n_samples_per_prompt, self.cfg.rollout_batch_size
-        kept: list[tuple] = []
+        buffer = self._group_buffer
+        kept: list[tuple] = buffer[:want]  # (prompt, samples, items, scores, cursor position)
+        del buffer[:want]
         dropped: list[tuple] = []
         stats = {"generate_s": 0.0, "reward_s": 0.0, "rounds": 0, "groups_seen": 0}
         counts = []  # the reward scorer's counts, one per round
+        kept_new = 0
         for r in range(c.dynamic_filtering_max_rounds if c.dynamic_filtering else 1):
+            if len(kept) >= want:
+                break
             t0 = time.perf_counter()
             need = want - len(kept)
-            prompts, samples, items, scores, info, reward_s = self._sample_round(need, self.seed + 1000 * it + r)
+            size = max(need, c.generate_batch_size or 0) if r == 0 else need  # refill rounds: the shortfall only
+            first = self.cursor
+            prompts, samples, items, scores, info, reward_s = self._sample_round(size, self.seed + 1000 * it + r)
             stats["generate_s"] += time.perf_counter() - t0 - reward_s
             stats["reward_s"] += reward_s
             stats["rounds"] += 1
-            stats["groups_seen"] += need
+            stats["groups_seen"] += size
             stats.update(info)
             if self._reward_counts is not None:
                 counts.append(self._reward_counts)
-            groups = [(prompts[g], samples[g * n:(g + 1) * n], items[g * n:(g + 1) * n], scores[g * n:(g + 1) * n])
-                      for g in range(need)]
+            groups = [(prompts[g], samples[g * n:(g + 1) * n], items[g * n:(g + 1) * n], scores[g * n:(g + 1) * n],
+                       first + g) for g in range(size)]
             if not c.dynamic_filtering:
-                kept = groups
+                kept += groups
+                kept_new += size
                 break
             by = self._filter_scores  # raw rewards or the scorer's scores (_rewards)
             keep = filter_groups(by, n, mean_range=tuple(c.dynamic_filtering_reward_range)).keep_groups.tolist()
             kept += [g for g, k in zip(groups, keep, strict=True) if k]
+            kept_new += sum(keep)
             dropped += [g for g, k in zip(groups, keep, strict=True) if not k]
-            if len(kept) >= want:
-                break
+        if c.dynamic_filtering and stats["groups_seen"]:
+            stats["dynamic/kept_fraction"] = kept_new / stats["groups_seen"]
         if c.dynamic_filtering:
-            stats["dynamic/kept_fraction"] = min(len(kept), want) / max(stats["groups_seen"], 1)
             filled = max(0, want - len(kept))
             if filled:
                 logger.warning("iteration %d: dynamic filtering kept %d of %d groups in %d rounds; %d filtered-out "
                                "groups fill the batch (raise --dynamic_filtering_max_rounds or widen the range)",
                                it, len(kept), want, stats["rounds"], filled)
             stats["dynamic/filled"] = filled
-            kept = (kept + dropped[:filled])[:want]
+            kept += dropped[:filled]
+        buffer[:0] = kept[want:]  # over-sampled groups, oldest first, for the next iterations
+        kept = kept[:want]
+        if c.generate_batch_size is not None and c.generate_batch_size > want:
+            stats["oversample/buffered"] = len(buffer)
         stats["dynamic/rounds"] = stats.pop("rounds")
         stats.pop("groups_seen")
         if counts:
@@ -280,16 +296,19 @@ class RolloutPhase:
     # ----- experience and advantages -------------------------------------------------------
 
     def _collect_with_cursor(self, it: int):
-        """The producer thread's batch: :meth:`_collect`'s, and the prompt cursor right after it."""
-        return (*self._collect(it), self.cursor)
+        """The producer thread's batch: :meth:`_collect`'s, and the prompt cursor a checkpoint after it resumes from:
+        right after it, or at the first over-sampled group still buffered (a resumed run generates those again)."""
+        batch = self._collect(it)
+        return (*batch, self._group_buffer[0][4] if self._group_buffer else self.cursor)
 
     def _staleness(self, samples, trained: int) -> tuple[dict[str, float], list[bool]]:
         """How many versions each sample's policy lags the one that trains (``trained``), against the bound."""
         lag = [trained - s.policy_version for s in samples]
-        violations = sum(x > self.cfg.max_staleness or x < 0 for x in lag)
+        bound = self.cfg.staleness_bound
+        violations = sum(x > bound or x < 0 for x in lag)
         if violations:
             logger.warning("%d samples break the staleness bound %d: versions %s trained at %d", violations,
-                           self.cfg.max_staleness, sorted({s.policy_version for s in samples}), trained)
+                           bound, sorted({s.policy_version for s in samples}), trained)
         out = {"staleness_mean": sum(lag) / len(lag), "staleness_max": float(max(lag)),
                "staleness_violations": float(violations), "policy_version_generated": float(trained - max(lag)),
                "policy_version_trained": float(trained)}
