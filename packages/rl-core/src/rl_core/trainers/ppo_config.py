@@ -82,7 +82,8 @@ class PPOConfig:
         "OpenRLHF's --vllm_generate_batch_size: one round generates for several iterations and the groups past the "
         "first batch wait in a buffer, in prompt order, for the next ones; a buffered group trains up to "
         "floor((G + B - 2) / B) versions later than --max_staleness alone allows (B: --rollout_batch_size), which "
-        "is the bound the staleness metrics check. Dynamic filtering's refill rounds generate only the shortfall",
+        "is the bound the staleness metrics check. Dynamic filtering's refill rounds generate only the shortfall; "
+        "a round's own metrics (generate_s, reward and agent means) are logged by the iteration that ran it",
         openrlhf=("rollout.vllm_generate_batch_size",)))
     partial_rollout: bool = field(default=False, metadata=meta(
         "with --async_train: a weight update lands between chunks of the responses being generated instead of "
