@@ -300,6 +300,16 @@ def test_the_reference_sheet_command_prints_its_config_in_both_dialects(argv):
     assert "torch.distributed" not in r.stderr and "Started a local Ray" not in r.stderr + out
 
 
+def test_openrlhf_async_queue_and_oversampling_flags_land_on_ours():
+    """--train.async_queue_size q is our --max_staleness q (OpenRLHF's q slot tokens let batch k+q start once batch
+    k is taken, with the weights of version k-1); --rollout.vllm_generate_batch_size over-samples."""
+    r = _run("-m", "rl_cli.train_ppo_ray", *GROUPED, "--train.async_enable", "--train.async_queue_size", "2",
+             "--rollout.vllm_generate_batch_size", "16", "--rollout.batch_size", "8", "--print_config")
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert '"async_train": true' in r.stdout and '"max_staleness": 2' in r.stdout
+    assert '"generate_batch_size": 16' in r.stdout
+
+
 @pytest.mark.parametrize("command", ["sft", "rm", "dpo", "kto", "ppo"])
 def test_print_config_is_a_dry_run_on_every_command(command):
     data = "--prompt_data" if command == "ppo" else "--dataset"

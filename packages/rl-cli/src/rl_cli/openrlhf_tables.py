@@ -46,6 +46,10 @@ ALIAS: dict[str, tuple[str, ...]] = {
     "model.gradient_checkpointing_enable": ("strategy.gradient_checkpointing",),
     "ds.zero_stage": ("strategy.zero_stage",),
     "vllm_generate_batch_size": ("ppo.generate_batch_size",),
+    # OpenRLHF's async queue: q slot tokens, one taken per batch generated and returned when the trainer takes a
+    # batch, so batch k+q starts once batch k is taken (weights of version k-1): our bound max_staleness = q
+    "async_queue_size": ("ppo.max_staleness",),
+    "train.async_queue_size": ("ppo.max_staleness",),
     "ds.adam_offload": ("strategy.adam_offload",),
     "train.seed": ("strategy.seed",),
     "train.batch_size": ("strategy.train_batch_size",),
@@ -266,7 +270,6 @@ class Refuse:
     off: tuple = ()  # values that leave the feature off in OpenRLHF: accepted as the no-ops they are
 
 
-_PENDING_ASYNC = "being built (issue 19)"
 _MUON_NESTEROV = ("DeepSpeed's Muon always uses Nesterov momentum, fixed in its muon_update (OpenRLHF's run ignores "
                   "the flag there); drop the flag")
 _NO_DS_TP = "DeepSpeed tensor-parallel training (AutoTP) is not built; use ZeRO-3 (--zero_stage 3)"
@@ -277,17 +280,6 @@ _NO_HEAD = ("rl rm saves its head as rl_head.safetensors beside the model, under
             "and rl serve-rm read it, and read OpenRLHF's <prefix>.weight heads (--value_head_prefix in rl ppo)")
 
 REFUSED: dict[str, Refuse] = {
-    # being built by others right now: an ALIAS line when they land
-    "agent_func_path": Refuse("agent functions are " + _PENDING_ASYNC + "; rewards: --reward_fn file.py:func"),
-    "train.agent_func_path": Refuse("agent functions are " + _PENDING_ASYNC + "; rewards: --reward_fn file.py:func"),
-    "async_train": Refuse("async training is " + _PENDING_ASYNC),
-    "train.async_enable": Refuse("async training is " + _PENDING_ASYNC),
-    "partial_rollout": Refuse("partial rollouts are " + _PENDING_ASYNC),
-    "train.partial_rollout_enable": Refuse("partial rollouts are " + _PENDING_ASYNC),
-    "async_queue_size": Refuse("async training (issue 19) counts its queue in policy versions: the max_staleness "
-                               "setting", off=(1,)),
-    "train.async_queue_size": Refuse("async training (issue 19) counts its queue in policy versions: the "
-                                     "max_staleness setting", off=(1,)),
     # not built
     "ds_tensor_parallel_size": Refuse(_NO_DS_TP, off=(1,)),
     "ds.tensor_parallel_size": Refuse(_NO_DS_TP, off=(1,)),
