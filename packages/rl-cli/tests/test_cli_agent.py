@@ -86,6 +86,14 @@ def test_rl_ppo_trains_an_openrlhf_agent_file_sync_and_async(task):
     assert [(r["rl/dynamic/rounds"], r["rl/oversample/buffered"]) for r in rows] == [(1, 4), (0, 0)]
 
 
+def test_logging_steps_writes_every_nth_iteration_and_the_last(task):
+    """OpenRLHF's --logging_steps (was refused in the RL loop): metrics.jsonl gets iterations 2, 4 and 5 of 5."""
+    root, model = task
+    assert main(argv(root, model, "thin", "--max_iterations", "5", "--logger.logging_steps", "2")) == 0
+    rows = [json.loads(x) for x in (root / "thin" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [2, 4, 5]
+
+
 def test_the_flags_in_both_dialects(task, capsys):
     groups = _groups(False)
     parser, flags = build_parser("rl ppo", "", groups)

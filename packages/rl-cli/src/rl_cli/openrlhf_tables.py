@@ -69,7 +69,7 @@ ALIAS: dict[str, tuple[str, ...]] = {
     "ckpt.output_dir": ("train.save_path", "ppo.save_path"),
     "ckpt.path": ("train.ckpt_path", "ppo.ckpt_path"),
     "ckpt.max_num": ("train.max_ckpt_num", "ppo.max_ckpt_num"),
-    "logger.logging_steps": ("train.logging_steps",),
+    "logger.logging_steps": ("train.logging_steps", "ppo.logging_steps"),
     "ds.packing_samples": ("data.packing",),
     "packing_samples": ("data.packing",),
     "dataset_split": ("data.split",),
@@ -304,18 +304,14 @@ REFUSED: dict[str, Refuse] = {
                                  "--vllm_sync_backend nccl | gloo | ipc"),
     "vllm.sync_with_ray": Refuse("weights go over rl-rollout's transport, not Ray's object store: "
                                  "--vllm_sync_backend nccl | gloo | ipc"),
-    "logging_steps": Refuse("the RL loop logs every iteration", off=(1,)),
     **{f"{p}muon.no_nesterov": Refuse(_MUON_NESTEROV) for p in ("", "actor.", "critic.")},
 }
 
 _PLACEMENT = "placement is rl ppo-ray's: rl ppo runs every role in this process"
-_RL_ONLY: dict[str, Refuse] = {
-    "logger.logging_steps": Refuse("the RL loop logs every iteration", off=(1,)),
-}
 # Refusals of one command only (the same name works elsewhere); they come before ALIAS and CONVERT.
 COMMAND_REFUSED: dict[str, dict[str, Refuse]] = {
-    "ppo-ray": _RL_ONLY,
-    "ppo": {**_RL_ONLY, **{k: Refuse(_PLACEMENT) for k in (
+    "ppo-ray": {},
+    "ppo": {**{k: Refuse(_PLACEMENT) for k in (
         "actor_num_nodes", "actor_num_gpus_per_node", "critic_num_nodes", "critic_num_gpus_per_node",
         "ref_num_nodes", "ref_num_gpus_per_node", "reward_num_nodes", "reward_num_gpus_per_node",
         "vllm_num_engines", "vllm_tensor_parallel_size", "colocate_actor_ref", "colocate_critic_reward",

@@ -400,7 +400,8 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         if evaluated:
             self.eval_history.append({"iteration": it, **evaluated})
             self.save_best_checkpoint(it, evaluated)
-        self.metrics.log(it, {**{"rl/" + k: v for k, v in m.items()}, **evaluated})
+        if evaluated or it % c.logging_steps == 0 or it == self.num_iterations:
+            self.metrics.log(it, {**{"rl/" + k: v for k, v in m.items()}, **evaluated})
         bar.update(1)
         post = {"reward": f"{m['reward_mean']:.3f}", "kl": f"{m.get('kl', 0.0):.4f}"}
         if m.get("reward/failures"):

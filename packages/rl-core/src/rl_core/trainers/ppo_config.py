@@ -230,6 +230,9 @@ class PPOConfig:
     save_value_network: bool = field(default=False, metadata=meta(
         "also export the critic (save_path/critic)", openrlhf=("critic.save_value_network",)))
     run_dir: str | None = field(default=None, metadata=meta("metrics.jsonl, tensorboard/, curves.png"))
+    logging_steps: int = field(default=1, metadata=meta(
+        "write the metrics (metrics.jsonl, TensorBoard, wandb) every N iterations, the last one and every eval pass "
+        "included; the progress bar and the metrics history in checkpoints still see every iteration"))
     eval_steps: int = field(default=-1, metadata=meta(
         "with --eval_dataset: evaluate every N iterations and after the last one (-1: only after the last one)",
         openrlhf=("eval.steps",)))
@@ -295,6 +298,8 @@ class PPOConfig:
             raise ValueError(f"--agent_turn_rewards gives token-level rewards, which --advantage_estimator "
                              f"{self.advantage_estimator} (one scalar per sample, compared within its group) does not "
                              f"take: use {fit}, or drop --agent_turn_rewards")
+        if self.logging_steps < 1:
+            raise ValueError(f"logging_steps (--logging_steps) must be >= 1, got {self.logging_steps}")
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness (--max_staleness) must be >= 0, got {self.max_staleness}")
         if self.partial_rollout and not self.async_train:
