@@ -63,6 +63,28 @@ def test_actor_returns_the_routers_load_balancing_loss_and_its_gradient_reaches_
     assert not json.loads((moe / "config.json").read_text())["output_router_logits"]  # the saved config is as it was
 
 
+@pytest.mark.parametrize("impl", ["eager", "batched_mm", "grouped_mm"])
+def test_experts_implementation_reaches_the_model_and_computes_the_same(moe, impl):
+    """OpenRLHF's --ds.experts_implementation, passed to from_pretrained: the policy and a reward/critic body load
+    with the kernel asked for, and every kernel gives eager's logits (fp32, CPU)."""
+    from rl_core.models import Critic
+
+    ids, mask = batch()
+    eager = Actor.from_pretrained(moe, dtype="fp32", experts_implementation="eager").model
+    actor = Actor.from_pretrained(moe, dtype="fp32", experts_implementation=impl).model
+    assert actor.config._experts_implementation == impl
+    torch.testing.assert_close(actor(input_ids=ids, attention_mask=mask).logits,
+                               eager(input_ids=ids, attention_mask=mask).logits, atol=1e-5, rtol=0)
+    assert Critic.from_pretrained(moe, dtype="fp32", experts_implementation=impl).config._experts_implementation == impl
+
+
+def test_an_unknown_experts_implementation_names_the_flag_and_the_valid_ones(moe):
+    from rl_core.preflight import InputError
+
+    with pytest.raises(InputError, match=r"--experts_implementation bogus: .*experts_implementation=\"eager\""):
+        Actor.from_pretrained(moe, dtype="fp32", experts_implementation="bogus")
+
+
 def test_a_model_without_experts_is_refused_in_one_line(tmp_path):
     actor = Actor.from_pretrained(make_tiny_model(tmp_path / "llama", hidden_size=32, num_heads=2,
                                                   intermediate_size=64), dtype="fp32")

@@ -285,7 +285,6 @@ REFUSED: dict[str, Refuse] = {
     "ds.tensor_parallel_size": Refuse(_NO_DS_TP, off=(1,)),
     "deepcompile": Refuse("DeepSpeed deepcompile is not wired"),
     "ds.deepcompile": Refuse("DeepSpeed deepcompile is not wired"),
-    "ds.experts_implementation": Refuse("MoE expert kernels are transformers' default; not selectable here"),
     "load_in_4bit": Refuse("4-bit (QLoRA) loading is not built; use --lora_rank with bf16 weights"),
     "ds.load_in_4bit": Refuse("4-bit (QLoRA) loading is not built; use --lora_rank with bf16 weights"),
     # rl sft / dpo / kto / ppo / ppo-ray have it (a field of theirs wins over these lines): rl rm

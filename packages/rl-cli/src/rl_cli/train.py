@@ -41,6 +41,10 @@ class ModelArgs:
         "dense block-diagonal mask (CUDA; rl-core README)", openrlhf=("ds.attn_implementation",)))
     use_liger_kernel: bool = field(default=False, metadata=meta(
         "liger-kernel's fused RMSNorm / SwiGLU / RoPE on the model (CUDA; the rl-core[liger] extra)"))
+    experts_implementation: str | None = field(default=None, metadata=meta(
+        "MoE expert kernels, passed to transformers' from_pretrained: eager | batched_mm | grouped_mm | deepgemm "
+        "(default: transformers' choice, grouped_mm where it runs, else eager); the trained and frozen models",
+        openrlhf=("ds.experts_implementation",)))
     lora_rank: int = field(default=0, metadata=meta(">0 trains a LoRA adapter (peft) instead of all weights"))
     lora_alpha: int = field(default=16, metadata=meta("LoRA scaling alpha"))
     lora_dropout: float = field(default=0.0, metadata=meta("LoRA dropout"))
@@ -79,7 +83,8 @@ def _load_kw(cfgs: dict, strategy_cfg) -> dict:
             "attn_implementation": "rl_ring" if strategy_cfg.ring_attn_size > 1 else attn,
             "gradient_checkpointing": strategy_cfg.gradient_checkpointing, "lora": model.lora(),
             "use_liger_kernel": model.use_liger_kernel,
-            "packed": bool(getattr(cfgs.get("data"), "packing", False))}  # the default attention for packed rows
+            "packed": bool(getattr(cfgs.get("data"), "packing", False)),  # the default attention for packed rows
+            **({"experts_implementation": x} if (x := model.experts_implementation) else {})}
 
 
 def _build_sft(strategy, cfgs, tok, ds, train, eval_ds):

@@ -91,7 +91,7 @@ def _check_folder(path: str | Path) -> Path:
 
 
 def _load(auto_cls, path, dtype, attn, gradient_checkpointing, lora: LoraSpec | None, use_liger_kernel: bool = False,
-          packed: bool = False):
+          packed: bool = False, experts_implementation: str | None = None):
     if use_liger_kernel:
         from rl_core.liger import require_liger
 
@@ -107,7 +107,15 @@ def _load(auto_cls, path, dtype, attn, gradient_checkpointing, lora: LoraSpec | 
         impl = register()
     else:
         impl = attention_implementation(attn, packed=packed, dtype=dtype, model_config=model_config)
-    model = auto_cls.from_pretrained(_check_folder(path), dtype=_dtype(dtype), attn_implementation=impl)
+    extra = {"experts_implementation": experts_implementation} if experts_implementation else {}
+    try:
+        model = auto_cls.from_pretrained(_check_folder(path), dtype=_dtype(dtype), attn_implementation=impl, **extra)
+    except ValueError as e:
+        if extra and "experts_implementation" in str(e):  # transformers' own check, which lists the valid ones
+            from rl_core.preflight import InputError
+
+            raise InputError(f"--experts_implementation {experts_implementation}: {e}") from e
+        raise
     if use_liger_kernel:
         from rl_core.liger import apply_liger_kernel
 
@@ -252,7 +260,7 @@ class Actor(nn.Module):
     def from_pretrained(cls, path: str | Path, *, dtype: str = "bf16", attn_implementation: str | None = None,
                         gradient_checkpointing: bool = False, lora: LoraSpec | None = None,
                         use_liger_kernel: bool = False, packed: bool = False,
-                        freeze_visual_encoder: bool = False) -> Actor:
+                        freeze_visual_encoder: bool = False, experts_implementation: str | None = None) -> Actor:
         """``use_liger_kernel``: liger-kernel's fused RMSNorm / SwiGLU / RoPE (CUDA; rl_core.liger). ``packed``: the
         model will see packed rows (the default attention is then torch_varlen where it runs: rl_core.attention).
         A vision-language folder loads as ``AutoModelForImageTextToText``; ``freeze_visual_encoder``: see
@@ -262,9 +270,9 @@ class Actor(nn.Module):
         auto_cls = causal_lm_class(_check_folder(path))
         if not freeze_visual_encoder:
             return cls(_load(auto_cls, path, dtype, attn_implementation, gradient_checkpointing, lora,
-                             use_liger_kernel, packed))
+                             use_liger_kernel, packed, experts_implementation))
         actor = cls(_load(auto_cls, path, dtype, attn_implementation, gradient_checkpointing, None,
-                          use_liger_kernel, packed))
+                          use_liger_kernel, packed, experts_implementation))
         actor.freeze_visual_encoder()
         if lora is not None and lora.rank > 0:
             actor.model = _lora(actor.model, lora)
@@ -358,7 +366,7 @@ class _ScalarHeadModel(nn.Module):
     def from_pretrained(cls, path: str | Path, *, dtype: str = "bf16", attn_implementation: str | None = None,
                         gradient_checkpointing: bool = False, lora: LoraSpec | None = None,
                         use_liger_kernel: bool = False, packed: bool = False, value_head_prefix: str | None = None,
-                        require_head: bool = False):
+                        require_head: bool = False, experts_implementation: str | None = None):
         """Load the body from ``path`` and its head: ours (``rl_head.safetensors``, what rl rm writes), else
         OpenRLHF's (``<value_head_prefix>.weight`` in the model's own weights, the prefix from its config.json or
         ``score``; mean and std from config.json, as OpenRLHF's reward models keep them), else a fresh head, which
@@ -370,7 +378,7 @@ class _ScalarHeadModel(nn.Module):
 
         path = _check_folder(path)
         body = _load(AutoModel, path, dtype, attn_implementation, gradient_checkpointing, lora, use_liger_kernel,
-                     packed)
+                     packed, experts_implementation)
         head, mean, std = None, 0.0, 1.0
         kinds = ("value", "score") if cls.head_kind == "value" else (cls.head_kind,)
         prefix = value_head_prefix or getattr(body.config, "value_head_prefix", None) or "score"

@@ -61,6 +61,10 @@ class RLModelConfig:
         "without sdpa's dense block-diagonal mask (CUDA)", openrlhf=("ds.attn_implementation",)))
     use_liger_kernel: bool = field(default=False, metadata=meta(
         "liger-kernel's fused RMSNorm / SwiGLU / RoPE on every trained and frozen model (CUDA; rl-core[liger])"))
+    experts_implementation: str | None = field(default=None, metadata=meta(
+        "MoE expert kernels, passed to transformers' from_pretrained: eager | batched_mm | grouped_mm | deepgemm "
+        "(default: transformers' choice, grouped_mm where it runs, else eager); the trained and frozen models",
+        openrlhf=("ds.experts_implementation",)))
     normalize_reward: bool = field(default=True, metadata=meta(
         "apply the reward model's stored mean/std", openrlhf=("reward.normalize_enable",)))
     value_head_prefix: str | None = field(default=None, metadata=meta(
@@ -132,7 +136,8 @@ class RunConfig:
         return {"dtype": self.dtype, "attn_implementation": attn,
                 "gradient_checkpointing": self.strategy.gradient_checkpointing,
                 "use_liger_kernel": self.model.use_liger_kernel, "packed": self.packing,
-                "lora": self.model.lora()}  # the frozen roles (reference, reward model) drop it
+                "lora": self.model.lora(),  # the frozen roles (reference, reward model) drop it
+                **({"experts_implementation": x} if (x := self.model.experts_implementation) else {})}
 
 
 class GroupFactory(Protocol):
