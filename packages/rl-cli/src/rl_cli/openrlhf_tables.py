@@ -298,7 +298,8 @@ REFUSED: dict[str, Refuse] = {
     "value_head_prefix": Refuse(_NO_HEAD, off=("score", "value_head")),
     "ds.value_head_prefix": Refuse(_NO_HEAD, off=("score", "value_head")),
     "actor_init_on_gpu": Refuse("not needed: every model loads straight onto its device"),
-    "perf": Refuse("OpenRLHF's timing printout is not built; per-phase seconds are in the metrics (--run_dir)"),
+    "perf": Refuse("OpenRLHF defines --perf and never reads it (v0.10.1's train_ppo_ray.py); per-phase seconds are "
+                   "in the metrics (--run_dir)"),
     "vllm_sync_with_ray": Refuse("weights go over rl-rollout's transport, not Ray's object store: "
                                  "--vllm_sync_backend nccl | gloo | ipc"),
     "vllm.sync_with_ray": Refuse("weights go over rl-rollout's transport, not Ray's object store: "
