@@ -41,7 +41,7 @@ def setup(tmp_path_factory):
     return model, tok, prompts
 
 
-def build(setup, tmp_path, zero_stage=0, **cfg):
+def build(setup, tmp_path, zero_stage=0, reward=letter_reward, **cfg):
     model, tok, prompts = setup
     kw = dict(advantage_estimator="group_norm", n_samples_per_prompt=8, rollout_batch_size=4, generate_max_len=8,
               max_iterations=3, init_kl_coef=0.0, max_epochs=2, async_train=True, run_dir=str(tmp_path / "run"))
@@ -52,7 +52,7 @@ def build(setup, tmp_path, zero_stage=0, **cfg):
     return build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, c, engine=EngineConfig(),
                                sync=WeightSyncConfig(verify=True)),
                      LocalFactory(engine_kind="hf"), prompts=prompts, tokenizer=tok,
-                     reward_fn=RewardRunner(letter_reward, workers=0))
+                     reward_fn=RewardRunner(reward, workers=0))
 
 
 def rows(tmp_path):
@@ -157,6 +157,28 @@ def test_oversampling_generates_once_for_two_iterations_and_resumes_at_the_buffe
     states = {int(p.parent.name.rsplit("_", 1)[-1]): json.loads(p.read_text())
               for p in (tmp_path / "ckpt").rglob("loop_state.json")}
     assert {k: v["cursor"] for k, v in sorted(states.items())} == {1: 4, 2: 8, 3: 12, 4: 16}, states
+
+
+def a_is_always_right(prompt, response, label, **info):
+    """Every sample of an 'a' prompt scores 1 (no variance: dynamic filtering drops the group); the others score
+    the parity of their characters' codes, which varies within a group."""
+    return 1.0 if label == "a" else float(sum(map(ord, response)) % 2)
+
+
+def test_oversampling_with_dynamic_filtering_buffers_what_passes(setup, tmp_path):
+    """B 4, G 8 over 4 prompts (a, b, c, d): each round of 8 drops the two 'a' groups and keeps 6, so the buffer
+    goes 2, 4 (the second round tops 2 up with 6), 0 (served, no round), 2; kept fraction 0.75 per round."""
+    run = build(setup, tmp_path, reward=a_is_always_right, max_iterations=4, generate_batch_size=8,
+                dynamic_filtering=True, dynamic_filtering_reward_range=(-0.5, 0.99))
+    try:
+        run.trainer.fit()
+    finally:
+        run.close()
+    r = rows(tmp_path)
+    assert [x["rl/dynamic/rounds"] for x in r] == [1, 1, 0, 1]
+    assert [x["rl/oversample/buffered"] for x in r] == [2, 4, 0, 2]
+    assert [x.get("rl/dynamic/kept_fraction") for x in r] == [0.75, 0.75, None, 0.75]
+    assert all(x["rl/dynamic/filled"] == 0 and x["rl/staleness_violations"] == 0 for x in r)
 
 
 def test_oversampling_flags_are_checked():
