@@ -84,7 +84,7 @@ def _load_kw(cfgs: dict, strategy_cfg) -> dict:
             "gradient_checkpointing": strategy_cfg.gradient_checkpointing, "lora": model.lora(),
             "use_liger_kernel": model.use_liger_kernel,
             "packed": bool(getattr(cfgs.get("data"), "packing", False)),  # the default attention for packed rows
-            **({"experts_implementation": x} if (x := model.experts_implementation) else {})}
+            "experts_implementation": model.experts_implementation}
 
 
 def _build_sft(strategy, cfgs, tok, ds, train, eval_ds):

@@ -431,15 +431,11 @@ def _to_samples(request: RolloutRequest, output, version: int, version_end: int)
 def _release_cached_device_memory() -> None:
     """Before an engine in this process wakes: hand the blocks torch's caching allocator keeps (a train step's
     freed activations) back to the driver, where vLLM's allocator maps the engine's memory (as OpenRLHF does)."""
-    import torch
-
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
 
 
 def _device_memory_note() -> str:
-    import torch
-
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return "no CUDA device in this process"
     free, total = torch.cuda.mem_get_info()

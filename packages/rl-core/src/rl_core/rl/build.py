@@ -137,7 +137,7 @@ class RunConfig:
                 "gradient_checkpointing": self.strategy.gradient_checkpointing,
                 "use_liger_kernel": self.model.use_liger_kernel, "packed": self.packing,
                 "lora": self.model.lora(),  # the frozen roles (reference, reward model) drop it
-                **({"experts_implementation": x} if (x := self.model.experts_implementation) else {})}
+                "experts_implementation": self.model.experts_implementation}
 
 
 class GroupFactory(Protocol):
