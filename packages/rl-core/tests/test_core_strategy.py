@@ -48,14 +48,17 @@ def setup(tiny, stage, micro, steps=8, lr=2e-3):
     return s, s.prepare(Actor.from_pretrained(tiny, dtype="fp32"), total_steps=steps)
 
 
-def train(s, engine, data):
-    """One optimizer step per (ids, mask); returns the global loss of each step."""
+def train(s, engine, data, manual_boundary=False):
+    """One optimizer step per (ids, mask); returns the global loss of each step. ``manual_boundary``: mark each
+    step's last micro-batch by hand, as the RL workers do, instead of DeepSpeed counting them."""
     plan = s.batch_plan()
     losses = []
     for ids, mask in data:
         total = s.all_reduce(mask.sum().float(), "sum")
         step_loss = 0.0
         for i in range(plan.accumulation_steps):
+            if manual_boundary:
+                s.accumulation_boundary(engine, i == plan.accumulation_steps - 1)
             sl = slice(i * plan.micro_batch, (i + 1) * plan.micro_batch)
             loss = sft_loss(engine(ids[sl]).logprobs, mask[sl], global_tokens=total, dp_size=plan.dp_size)
             s.backward(loss, engine)
@@ -86,6 +89,26 @@ def test_micro_batch_1x4_matches_4x1(tiny):
     assert p1.keys() == p4.keys()
     for k in p1:
         torch.testing.assert_close(p1[k], p4[k], atol=2e-5, rtol=0, msg=k)
+
+
+@pytest.mark.parametrize("manual_boundary", [False, True])
+def test_zero2_alone_reduces_once_per_step_and_trains_as_stage_0(tiny, manual_boundary):
+    """One rank: ZeRO-2's per-micro-batch reduction is coalesced into one per optimizer step (DeepSpeed's
+    coalesce_grad_reduction), with the weights of a stage-0 run."""
+    data = batches(3)
+    s0, e0 = setup(tiny, 0, micro=1)
+    l0 = train(s0, e0, data, manual_boundary)
+    s2, e2 = setup(tiny, 2, micro=1)
+    reductions = []
+    reduce = e2.optimizer.reduce_ipg_grads
+    e2.optimizer.reduce_ipg_grads = lambda *a, **kw: (reductions.append(e2.micro_steps), reduce(*a, **kw))[1]
+    l2 = train(s2, e2, data, manual_boundary)
+    assert reductions == [3, 7, 11], reductions  # once per step, at its last micro-batch (not 12 times)
+    assert (e2.global_steps, e2.micro_steps) == (e0.global_steps, e0.micro_steps) == (3, 12)
+    torch.testing.assert_close(torch.tensor(l2), torch.tensor(l0), atol=1e-6, rtol=0)
+    p0, p2 = s0.full_state_dict(e0.module), s2.full_state_dict(e2.module)
+    for k in p0:
+        torch.testing.assert_close(p2[k], p0[k], atol=1e-6, rtol=0, msg=k)
 
 
 def test_zero3_export_reloads_with_same_logits(tiny, tmp_path):

@@ -498,6 +498,8 @@ class DeepSpeedStrategy:
             # one rank: DeepSpeed's all-reduce at each step's last backward would flatten every gradient into
             # buckets, reduce over nobody and copy it back (as it does when it runs without torch.distributed)
             engine.enable_backward_allreduce = False
+        if _coalescible(self.cfg, self.world_size, engine):
+            engine._rl_coalesce = _OneRankCoalescing(engine)
         if self.cfg.gradient_checkpointing:
             inner = getattr(engine.module, "model", None) or getattr(engine.module, "body", None)
             if inner is not None and hasattr(inner, "gradient_checkpointing_enable"):
@@ -516,6 +518,9 @@ class DeepSpeedStrategy:
     @staticmethod
     def backward(loss: Tensor, engine) -> None:
         """Backward of an already globally normalised loss (no extra 1/accumulation)."""
+        coalesce = getattr(engine, "_rl_coalesce", None)
+        if coalesce is not None:
+            coalesce.open()
         engine.backward(loss, scale_wrt_gas=False)
 
     @staticmethod
@@ -528,6 +533,9 @@ class DeepSpeedStrategy:
     @staticmethod
     def optimizer_step(engine) -> bool:
         """DeepSpeed steps the optimizer and schedule only at accumulation boundaries; says if it did."""
+        coalesce = getattr(engine, "_rl_coalesce", None)
+        if coalesce is not None:
+            return coalesce.step()
         boundary = engine.is_gradient_accumulation_boundary()
         engine.step()
         return boundary
@@ -598,6 +606,49 @@ def _gather_bucket(bucket: list[tuple[str, nn.Parameter]], dtype: torch.dtype | 
         gathered = deepspeed.zero.GatheredParameters(zero3, modifier_rank=None)
     with gathered:
         return [(n, p.detach().clone().to(dtype or p.dtype)) for n, p in bucket]
+
+
+def _coalescible(cfg: StrategyConfig, world_size: int, engine) -> bool:
+    """ZeRO-2 alone (one rank, no ring group): reduce each step's gradients once instead of per micro-batch."""
+    params_dtype = "bf16" if cfg.bf16 else "fp32"
+    return (world_size == 1 and cfg.zero_stage == 2 and not cfg.adam_offload and not cfg.overlap_comm
+            and cfg.grad_accum_dtype in (None, params_dtype) and hasattr(engine, "coalesce_grad_reduction")
+            and hasattr(engine.optimizer, "_coalesce_grad_reduction"))
+
+
+class _OneRankCoalescing:
+    """ZeRO-2 on one rank partitions nothing, yet DeepSpeed reduces every micro-batch's gradients into its
+    partition buffer (flatten, reduce over nobody, copy back: one pass over every gradient per micro-batch,
+    7% of the policy's train step on CPU against stage 0). DeepSpeed's own ``coalesce_grad_reduction`` holds
+    the gradients on the parameters across a step's micro-batches (autograd accumulates them, in the
+    parameters' dtype as ZeRO-2's buffer does) and reduces once at the boundary: the same sums, one pass.
+
+    The block spans a step's backwards: opened by the first, closed (the one reduction) just before the
+    boundary's ``engine.step()``, which may not run inside it; off the boundary the micro-step DeepSpeed's
+    ``step()`` would count is counted here, and a boundary the caller set by hand
+    (:meth:`DeepSpeedStrategy.accumulation_boundary`) survives the block's exit."""
+
+    def __init__(self, engine):
+        self.engine = engine
+        self.block = None
+
+    def open(self) -> None:
+        if self.block is None:
+            self.block = self.engine.coalesce_grad_reduction()
+            self.block.__enter__()
+
+    def step(self) -> bool:
+        e = self.engine
+        if not e.is_gradient_accumulation_boundary():
+            e.micro_steps += 1  # what engine.step() does off the boundary
+            return False
+        block, self.block = self.block, None
+        if block is not None:
+            manual = e._is_gradient_accumulation_boundary  # the exit restores the flag it saw on entry
+            block.__exit__(None, None, None)
+            e._is_gradient_accumulation_boundary = manual
+        e.step()
+        return True
 
 
 def _skip_deepspeed_shm_comm() -> None:
