@@ -80,3 +80,34 @@ def test_a_policy_step_adds_coef_times_the_nll_of_a_pretraining_micro_batch(tiny
     for n, p in w.engine.module.named_parameters():
         gr = grads[n] if grads[n] is not None else torch.zeros_like(p)
         torch.testing.assert_close(p.detach() - before[n], -lr * gr / (gr.abs() + 1), rtol=1e-3, atol=1e-7)
+
+
+def test_a_resumed_policy_continues_the_pretraining_rows_where_the_checkpoint_left_them(tiny, tmp_path):
+    """3 pretraining rows, 2 per step: step 1 takes rows 0, 1; the checkpoint keeps the cursor (row 2), so a
+    policy resumed from it trains step 2 on rows 2, 0 exactly as the uninterrupted one does (same ptx loss, same
+    weights); before the cursor was kept a resume restarted at row 0."""
+    from rl_core.rl import PolicyWorker, make_item
+    from rl_core.strategy import StrategyConfig
+    from rl_core.trainers.ppo_config import PPOConfig
+
+    s = StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=2, train_batch_size=2, learning_rate=1e-2,
+                       lr_warmup_ratio=0.0, lr_scheduler="constant")
+    g = torch.Generator().manual_seed(1)
+    rand = lambda n: torch.randint(10, 100, (n,), generator=g).tolist()  # noqa: E731
+    ptx = [{"input_ids": torch.tensor(ids), "loss_mask": torch.tensor([0] + [1] * (len(ids) - 1))}
+           for ids in (rand(7), rand(4), rand(9))]
+    make = lambda: PolicyWorker(s, tiny, PPOConfig(ptx_coef=COEF), 4, load_kw={"dtype": "fp32"}, ptx=ptx)  # noqa: E731
+    items = [make_item(rand(3), rand(4)), make_item(rand(5), rand(2))]
+    ran = make()
+    for it, old in zip(items, ran.logprobs(items), strict=True):
+        it["old_logprobs"], it["advantages"] = old, torch.randn(len(old), generator=g)
+    ran.train(items)
+    ran.save_checkpoint(str(tmp_path / "policy"))
+    resumed = make()
+    resumed.load_checkpoint(str(tmp_path / "policy"))
+    assert resumed._ptx_next == ran._ptx_next == 2
+    m_ran, m_resumed = ran.train(items)[0], resumed.train(items)[0]
+    assert m_resumed["ptx_loss"] == pytest.approx(m_ran["ptx_loss"], rel=1e-6)
+    for (n, a), (_, b) in zip(ran.engine.module.named_parameters(), resumed.engine.module.named_parameters(),
+                              strict=True):
+        torch.testing.assert_close(b, a, rtol=0, atol=1e-6, msg=n)

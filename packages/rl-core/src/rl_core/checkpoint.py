@@ -140,14 +140,15 @@ def atomic_write_text(path: Path, text: str) -> None:
     fsync_dir(path.parent)
 
 
-def save_engine_state(strategy, engine, path: str | Path) -> Path:
-    """Collective: every rank writes its part of ``engine``'s DeepSpeed state (tag "ds", with its RNG) into
-    ``path`` and fsyncs it; returns when all ranks have. Frozen parameters are left out of a peft model's."""
+def save_engine_state(strategy, engine, path: str | Path, client_state: dict | None = None) -> Path:
+    """Collective: every rank writes its part of ``engine``'s DeepSpeed state (tag "ds", with its RNG and
+    ``client_state``, which :func:`load_engine_state` returns) into ``path`` and fsyncs it; returns when all
+    ranks have. Frozen parameters are left out of a peft model's."""
     path = Path(path)
     if strategy.is_rank_0():
         path.mkdir(parents=True, exist_ok=True)
     strategy.barrier()
-    engine.save_checkpoint(str(path), tag=DS_TAG, client_state={"rng": rng_state()},
+    engine.save_checkpoint(str(path), tag=DS_TAG, client_state={**(client_state or {}), "rng": rng_state()},
                            exclude_frozen_parameters=is_peft(engine.module))
     fsync_tree(path)
     strategy.barrier()

@@ -143,13 +143,20 @@ class _Worker:
         commits it with the other roles' parts."""
         from rl_core.checkpoint import save_engine_state
 
-        return str(save_engine_state(self.s, self.engine, path))
+        return str(save_engine_state(self.s, self.engine, path, self._client_state()))
 
     def load_checkpoint(self, path: str) -> None:
         """Collective: restore what :meth:`save_checkpoint` wrote into ``path`` (unpickles: trusted only)."""
         from rl_core.checkpoint import load_engine_state
 
-        load_engine_state(self.engine, path)
+        self._restore_client_state(load_engine_state(self.engine, path), path)
+
+    def _client_state(self) -> dict:
+        """What this rank's checkpoint keeps beside the DeepSpeed state (a role's own cursors)."""
+        return {}
+
+    def _restore_client_state(self, client: dict, path: str) -> None:
+        pass
 
 
 class PolicyWorker(DeepSpeedSleep, _Worker):
@@ -287,6 +294,18 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
             sums["rollout_logprob_gap"] = sums.pop("rollout_gap_sum") / max(sums.pop("rollout_gap_tokens"), 1.0)
         sums["lr"] = self.engine.get_lr()[0]
         return self._leader([sums])
+
+    def _client_state(self) -> dict:
+        return {"ptx_next": self._ptx_next} if self._ptx else {}
+
+    def _restore_client_state(self, client: dict, path: str) -> None:
+        if not self._ptx:
+            return
+        if "ptx_next" not in client:  # saved before the cursor was kept, or without --pretrain_data
+            logger.warning("checkpoint %s holds no position in --pretrain_data: its rows cycle from the first again",
+                           path)
+            return
+        self._ptx_next = int(client["ptx_next"]) % len(self._ptx)  # a resume on other ranks reshards the rows
 
     def _ptx_nll(self) -> torch.Tensor:
         """PPO-ptx (OpenRLHF's ptx loss, Ouyang et al. 2022 arXiv:2203.02155 eq. 2): the token-mean NLL, at
