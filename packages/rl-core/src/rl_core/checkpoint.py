@@ -221,6 +221,13 @@ def prune(root: Path, complete: list[Path], keep_last: int, max_gb: float | None
     return gone
 
 
+def unset_infinite_budget(cfg) -> None:
+    """``max_ckpt_mem`` of ``inf`` (OpenRLHF's --ckpt.max_mem default in train_ppo_ray) is no budget: None, before
+    the config's numbers are checked (where every float must be finite). ``cfg`` may be frozen."""
+    if cfg.max_ckpt_mem is not None and cfg.max_ckpt_mem == float("inf"):
+        object.__setattr__(cfg, "max_ckpt_mem", None)
+
+
 def check_max_gb(max_gb: float | None) -> None:
     if max_gb is not None and not max_gb > 0:
         raise ValueError(f"max_ckpt_mem (--max_ckpt_mem) is a budget in GB and must be > 0, got {max_gb}; leave it "

@@ -54,7 +54,7 @@ class TrainerConfig:
     max_ckpt_mem: float | None = field(default=None, metadata=meta(
         "disk budget of --ckpt_path in GB: after each save the oldest checkpoints go while the folder without the "
         "newest one holds more (as OpenRLHF, which prunes before each save); the newest is never removed (unset: "
-        "no budget)", openrlhf=("ckpt.max_mem",)))
+        "no budget; inf, OpenRLHF's PPO default, is no budget too)", openrlhf=("ckpt.max_mem",)))
     disable_ds_ckpt: bool = field(default=False, metadata=meta(
         "write no DeepSpeed checkpoint at --save_steps, as OpenRLHF's flag (only the --save_hf_ckpt exports, if "
         "asked for): there is nothing to resume from; the final model still goes to --save_path",
@@ -74,6 +74,9 @@ class TrainerConfig:
         "evaluate on the eval set every N optimizer steps (-1: only after the last)"))
 
     def __post_init__(self) -> None:
+        from rl_core.checkpoint import unset_infinite_budget
+
+        unset_infinite_budget(self)  # inf: no budget
         check_numbers(self, at_least_1=("max_ckpt_num",))  # every float finite (beta, loss weights ...)
         if self.max_epochs < 1:
             raise ValueError(f"max_epochs must be >= 1, got {self.max_epochs}")

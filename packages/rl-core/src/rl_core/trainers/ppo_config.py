@@ -204,7 +204,7 @@ class PPOConfig:
     max_ckpt_mem: float | None = field(default=None, metadata=meta(
         "disk budget of --ckpt_path in GB: after each commit the oldest checkpoints go while the folder without the "
         "newest one holds more (as OpenRLHF, which prunes before each save); the newest is never removed, nor the "
-        "best one (unset: no budget)", openrlhf=("ckpt.max_mem",)))
+        "best one (unset or inf, OpenRLHF's PPO default: no budget)", openrlhf=("ckpt.max_mem",)))
     disable_ds_ckpt: bool = field(default=False, metadata=meta(
         "checkpoints without the roles' DeepSpeed state (weights, optimizer), as OpenRLHF's flag: with "
         "--save_hf_ckpt a checkpoint holds only the HF exports (iter_N/hf/) and the loop state, without it none is "
@@ -243,6 +243,9 @@ class PPOConfig:
         "with --eval_dataset: sampling temperature of the eval pass (0: greedy)", openrlhf=("eval.temperature",)))
 
     def __post_init__(self) -> None:
+        from rl_core.checkpoint import unset_infinite_budget
+
+        unset_infinite_budget(self)  # inf: no budget
         spec = get_estimator(self.advantage_estimator)  # an unknown name fails listing the valid ones
         check_numbers(self, positive=("eps_clip", "critic_learning_rate", "kl_target", "top_p"),
                       non_negative=("value_clip", "overlong_penalty_factor", "freezing_actor_steps"),
