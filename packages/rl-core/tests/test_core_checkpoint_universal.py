@@ -76,6 +76,36 @@ def test_a_two_rank_zero2_checkpoint_resumes_on_one_rank_through_the_universal_f
     assert (tmp_path / "step" / "ds_universal" / "zero").is_dir()  # converted once, kept beside ds/
 
 
+def _load_broken(rank: int, port: int, folder: str) -> None:
+    """Two ranks resume a checkpoint rank 0 cannot convert: both raise its reason (rank 1 does not wait for it)."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    from rl_core.checkpoint import load_engine_state
+
+    engine = _strategy(2, True).prepare(_model(), total_steps=10)
+    try:
+        load_engine_state(engine, folder)
+    except RuntimeError as e:
+        assert "ds_to_universal could not convert" in str(e), e
+        assert str(e).startswith("rank 0: ") == (rank == 1), e
+        print(f"rank {rank} raised: {e}")
+    else:
+        raise AssertionError("resumed from a checkpoint that could not be converted")
+
+
+def test_a_conversion_that_fails_on_rank_0_fails_every_rank_with_its_reason(tmp_path):
+    from rl_rollout.testing import run_ranks
+
+    folder = tmp_path / "step"
+    run_ranks(__file__, "_save", 2, str(folder))
+    for f in (folder / "ds").rglob("zero_pp_rank_1_*optim_states.pt"):
+        f.unlink()  # a rank's optimizer part lost
+    logs = run_ranks(__file__, "_load_broken", 2, str(folder), timeout=300)
+    assert all("raised:" in log for log in logs), logs
+    assert not (folder / "ds_universal").exists()
+
+
 def test_universal_checkpoints_need_a_zero_optimizer():
     from rl_core.strategy import StrategyConfig
 

@@ -238,30 +238,48 @@ def to_universal(path: Path) -> Path:
     """Collective (every rank of the engine's group): ``path/ds`` converted by DeepSpeed's ``ds_to_universal``
     into ``path/ds_universal`` (tag :data:`UNIVERSAL_TAG`) by the group's rank 0, once: a temp folder renamed
     when whole, kept for later resumes. ``inject_missing_state``: our checkpoints carry no Megatron
-    ``universal_checkpoint_info``, which the converter would otherwise require. Returns ``path``."""
+    ``universal_checkpoint_info``, which the converter would otherwise require. Returns ``path``.
+
+    A failed conversion raises on every rank with rank 0's reason (the others would otherwise wait in a
+    collective until its timeout)."""
+    import torch.distributed as dist
+
+    final = path / UNIVERSAL_TAG
+    error = None
+    if (not dist.is_initialized() or dist.get_rank() == 0) and not final.is_dir():
+        try:
+            _convert_to_universal(path, final)
+        except Exception as e:  # noqa: BLE001 (told to every rank below, then raised)
+            error = e
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        said = [None if error is None else str(error) if isinstance(error, RuntimeError)
+                else f"{type(error).__name__}: {error}"]
+        dist.broadcast_object_list(said, src=0)
+        if error is None and said[0] is not None:  # rank 0's reason, here
+            raise RuntimeError(f"rank 0: {said[0]}")
+    if error is not None:
+        raise error
+    return path
+
+
+def _convert_to_universal(path: Path, final: Path) -> None:
     import subprocess
     import sys
 
-    import torch.distributed as dist
-
-    final, tmp = path / UNIVERSAL_TAG, path / f".tmp-{UNIVERSAL_TAG}"
-    if (not dist.is_initialized() or dist.get_rank() == 0) and not final.is_dir():
-        shutil.rmtree(tmp, ignore_errors=True)
-        out = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
-                              "--input_folder", str(path / DS_TAG),  # ds_to_universal's own options
-                              "--output_folder", str(tmp), "--inject_missing_state"],  # ds_to_universal's too
-                             capture_output=True, text=True)
-        if out.returncode != 0:
-            raise RuntimeError(f"DeepSpeed's ds_to_universal could not convert {path / DS_TAG} "
-                               f"(--use_ds_universal_ckpt): {out.stderr.strip().splitlines()[-1:]}; resume on the "
-                               f"number of ranks that saved it without the flag")
-        fsync_tree(tmp)
-        tmp.rename(final)
-        fsync_dir(path)
-        logger.info("converted %s to DeepSpeed's universal checkpoint %s", path / DS_TAG, final)
-    if dist.is_initialized():
-        dist.barrier()
-    return path
+    tmp = path / f".tmp-{UNIVERSAL_TAG}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    out = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
+                          "--input_folder", str(path / DS_TAG),  # ds_to_universal's own options
+                          "--output_folder", str(tmp), "--inject_missing_state"],  # ds_to_universal's too
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"DeepSpeed's ds_to_universal could not convert {path / DS_TAG} "
+                           f"(--use_ds_universal_ckpt): {out.stderr.strip().splitlines()[-1:]}; resume on the "
+                           f"number of ranks that saved it without the flag")
+    fsync_tree(tmp)
+    tmp.rename(final)
+    fsync_dir(path)
+    logger.info("converted %s to DeepSpeed's universal checkpoint %s", path / DS_TAG, final)
 
 
 def _step_dir(root: Path, step: int) -> Path:
