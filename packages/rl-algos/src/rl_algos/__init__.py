@@ -28,6 +28,7 @@ from rl_algos.losses import (
     kto_reference_kl,
     LogprobsEntropy,
     logprobs_and_entropy_from_logits,
+    logprobs_from_hidden,
     logprobs_from_logits,
     POLICY_LOSSES,
     GSPOLossConfig,
@@ -51,7 +52,7 @@ __all__ = [
     "GroupFilterResult", "advantages", "aggregate_loss", "approx_kl", "clip_rewards", "compute_advantages",
     "dpo_loss", "entropy_from_logits", "filter_groups", "filters", "get_estimator", "kl", "kl_penalized_rewards",
     "kto_loss", "kto_reference_kl", "LogprobsEntropy", "logprobs_and_entropy_from_logits",
-    "logprobs_from_logits", "losses", "masked_mean", "masked_sum",
+    "logprobs_from_hidden", "logprobs_from_logits", "losses", "masked_mean", "masked_sum",
     "masked_whiten", "overlong_penalty", "pairwise_loss", "policy_loss", "sft_loss", "shaping",
     "stop_properly_penalty", "value_loss",
 ]

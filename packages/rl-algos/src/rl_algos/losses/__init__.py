@@ -2,6 +2,7 @@
 log-prob / entropy kernels they consume."""
 
 from rl_algos.losses.aggregate import LossAggregation, aggregate_loss
+from rl_algos.losses.fused_head import logprobs_from_hidden
 from rl_algos.losses.logits import (
     LogprobsEntropy,
     entropy_from_logits,
@@ -38,6 +39,7 @@ __all__ = [
     "POLICY_LOSSES", "GSPOLossConfig", "ISCorrectionConfig", "PPOLossConfig", "policy_loss_config",
     "DPOOutput", "ISCorrection", "KTOOutput", "LossAggregation", "PairwiseKind", "PolicyLossOutput",
     "RatioType", "ValueLossOutput", "aggregate_loss", "dpo_loss", "entropy_from_logits", "kto_loss",
-    "kto_reference_kl", "LogprobsEntropy", "logprobs_and_entropy_from_logits", "logprobs_from_logits",
+    "kto_reference_kl", "LogprobsEntropy", "logprobs_and_entropy_from_logits", "logprobs_from_hidden",
+    "logprobs_from_logits",
     "pairwise_loss", "policy_loss", "sft_loss", "value_loss",
 ]

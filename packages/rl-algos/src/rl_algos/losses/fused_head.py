@@ -1,0 +1,125 @@
+"""Token log-probs (and entropy) straight from hidden states and the LM head, chunk by chunk: the
+``[tokens, V]`` logits are never held whole, in forward or backward.
+
+A policy's log-probs usually come from ``logits = lm_head(hidden)`` (``[N, V]``, 4.6 GiB in bf16 for
+16,384 tokens of a 151,936-word vocabulary), then a log-softmax kernel over them; autograd keeps the
+logits for that kernel's backward and writes a gradient of the same size. Here ``N`` is cut into chunks of
+``chunk_tokens`` rows: each chunk's logits are computed (``F.linear`` in the weight's dtype, as the model's
+own head computes them), reduced to the label's log-prob (and the entropy) by
+:func:`rl_algos.logprobs_and_entropy_from_logits` (the Triton kernel on CUDA), and freed. Backward
+recomputes each chunk's logits (one more LM-head matmul per chunk: the price of the memory), takes the
+kernel's gradient of that chunk and turns it into the hidden states' gradient (``d logits @ W``) and the
+head's (``d logits^T @ hidden``, summed over chunks in float32, cast to the weight's dtype once).
+
+Memory beyond the inputs: one chunk of logits and its gradient (``chunk_tokens x V``) and, in backward,
+a float32 ``[V, H]`` accumulator for the head's gradient. The values are those of the unfused path to
+rounding: the same matmul per row and the same kernel; chunking changes only the order of the head
+gradient's sum (in float32 here, in the weight's dtype inside the unfused matmul).
+
+Benchmark: ``benchmarks/fused_lm_head.py``.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from rl_algos.losses.logits import (
+    LogprobsEntropy,
+    _check_temperature,
+    logprobs_and_entropy_from_logits,
+    logprobs_from_logits,
+)
+
+Tensor = torch.Tensor
+
+# Logits per chunk (elements): 64M, 256 MiB in float32 (441 tokens of a 151,936-word vocabulary); the CPU
+# path's kernel re-chunks each one to what fits its cache.
+CHUNK_ELEMENTS = 1 << 26
+
+
+def _tokens_per_chunk(vocab: int, chunk_tokens: int | None) -> int:
+    if chunk_tokens is not None:
+        if chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+        return chunk_tokens
+    return max(1, CHUNK_ELEMENTS // max(vocab, 1))
+
+
+class _FusedHeadFn(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden_NH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, labels_N: Tensor,
+                temperature: float, chunk: int, with_entropy: bool):
+        N = hidden_NH.shape[0]
+        out_dtype = torch.float64 if hidden_NH.dtype == torch.float64 else torch.float32
+        lp = torch.empty(N, dtype=out_dtype, device=hidden_NH.device)
+        ent = torch.empty(N, dtype=out_dtype, device=hidden_NH.device) if with_entropy else None
+        for s in range(0, N, chunk):
+            logits, lab = F.linear(hidden_NH[s : s + chunk], weight_VH, bias_V), labels_N[s : s + chunk]
+            if with_entropy:
+                lp[s : s + chunk], ent[s : s + chunk] = logprobs_and_entropy_from_logits(logits, lab, temperature)
+            else:
+                lp[s : s + chunk] = logprobs_from_logits(logits, lab, temperature)
+        ctx.save_for_backward(hidden_NH, weight_VH, bias_V, labels_N)
+        ctx.temperature, ctx.chunk, ctx.with_entropy = temperature, chunk, with_entropy
+        return (lp, ent) if with_entropy else lp
+
+    @staticmethod
+    def backward(ctx, grad_lp: Tensor | None, grad_ent: Tensor | None = None):
+        hidden_NH, weight_VH, bias_V, labels_N = ctx.saved_tensors
+        T, chunk = ctx.temperature, ctx.chunk
+        need_h, need_w, need_b = ctx.needs_input_grad[:3]
+        grad_h = torch.empty_like(hidden_NH) if need_h else None
+        grad_w = torch.zeros(weight_VH.shape, dtype=torch.float32 if weight_VH.dtype != torch.float64
+                             else torch.float64, device=weight_VH.device) if need_w else None
+        grad_b = torch.zeros(bias_V.shape, dtype=grad_w.dtype if grad_w is not None else torch.float32,
+                             device=bias_V.device) if need_b else None
+        for s in range(0, hidden_NH.shape[0], chunk):
+            h = hidden_NH[s : s + chunk]
+            lab = labels_N[s : s + chunk]
+            with torch.enable_grad():  # the kernel's own backward gives this chunk's d logits
+                logits = F.linear(h, weight_VH, bias_V).detach().requires_grad_()
+                if ctx.with_entropy:
+                    outs = logprobs_and_entropy_from_logits(logits, lab, T)
+                    pairs = [(o, g[s : s + chunk]) for o, g in zip(outs, (grad_lp, grad_ent)) if g is not None]
+                else:
+                    pairs = [(logprobs_from_logits(logits, lab, T), grad_lp[s : s + chunk])]
+                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+            g_logits = logits.grad
+            if need_h:
+                grad_h[s : s + chunk] = g_logits @ weight_VH
+            if need_w:
+                grad_w += (g_logits.t() @ h).to(grad_w.dtype)
+            if need_b:
+                grad_b += g_logits.sum(0).to(grad_b.dtype)
+        return (grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype),
+                None if grad_b is None else grad_b.to(bias_V.dtype), None, None, None, None)
+
+
+def logprobs_from_hidden(
+    hidden: Tensor, weight: Tensor, labels: Tensor, *, bias: Tensor | None = None, temperature: float = 1.0,
+    return_entropy: bool = False, chunk_tokens: int | None = None,
+) -> Tensor | LogprobsEntropy:
+    """``log softmax((hidden @ weight^T + bias) / temperature)[label]`` per position, without the logits.
+
+    Shapes: ``hidden`` ``[..., H]``, ``weight`` ``[V, H]`` (an LM head's, tied or not), ``bias`` ``[V]`` or None,
+    ``labels`` ``[...]`` int64 -> ``[...]`` float32 (float64 for float64 inputs). ``return_entropy``: a
+    :class:`LogprobsEntropy` of both (the entropy of the same tempered distribution). Differentiable w.r.t.
+    ``hidden``, ``weight`` and ``bias``. ``chunk_tokens`` positions at a time; the default keeps a chunk's logits
+    near 64M elements.
+    """
+    _check_temperature(temperature)
+    if hidden.shape[:-1] != labels.shape:
+        raise ValueError(f"labels shape {tuple(labels.shape)} must equal hidden's without the hidden axis "
+                         f"{tuple(hidden.shape[:-1])}")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"weight must be [vocabulary, hidden] with hidden {hidden.shape[-1]}, got "
+                         f"{tuple(weight.shape)}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    chunk = _tokens_per_chunk(weight.shape[0], chunk_tokens)
+    out = _FusedHeadFn.apply(flat, weight, bias, labels.reshape(-1).long(), float(temperature), chunk, return_entropy)
+    if return_entropy:
+        return LogprobsEntropy(out[0].view(labels.shape), out[1].view(labels.shape))
+    return out.view(labels.shape)

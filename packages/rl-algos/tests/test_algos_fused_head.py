@@ -1,0 +1,87 @@
+"""logprobs_from_hidden: the LM head and the log-probs chunk by chunk equal the unfused path (values and the
+gradients of hidden, weight and bias), pass float64 gradcheck, and keep no [tokens, vocabulary] tensor for
+backward."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rl_algos import logprobs_and_entropy_from_logits, logprobs_from_hidden, logprobs_from_logits
+
+
+def _inputs(dtype, seed=0, B=3, T=5, H=16, V=97):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(B, T, H, generator=g, dtype=dtype).requires_grad_()
+    w = (torch.randn(V, H, generator=g, dtype=dtype) / 2).requires_grad_()
+    b = torch.randn(V, generator=g, dtype=dtype).requires_grad_()
+    labels = torch.randint(0, V, (B, T), generator=g)
+    return h, w, b, labels, g
+
+
+@pytest.mark.parametrize("chunk_tokens", [None, 1, 4, 1000])
+@pytest.mark.parametrize("entropy", [False, True])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_equals_the_unfused_head_and_kernel_with_their_gradients(chunk_tokens, entropy, with_bias):
+    h, w, b, labels, g = _inputs(torch.float32)
+    bias = b if with_bias else None
+    up = [torch.randn(labels.shape, generator=g) for _ in range(2)]
+    out = logprobs_from_hidden(h, w, labels, bias=bias, temperature=0.7, return_entropy=entropy,
+                               chunk_tokens=chunk_tokens)
+    logits = F.linear(h, w, bias)
+    ref = logprobs_and_entropy_from_logits(logits, labels, 0.7) if entropy else logprobs_from_logits(logits, labels, 0.7)
+    outs, refs = (list(out), list(ref)) if entropy else ([out], [ref])
+    assert all(o.dtype == torch.float32 and o.shape == labels.shape for o in outs)
+    params = [h, w] + ([bias] if with_bias else [])
+    got = torch.autograd.grad(sum((o * u).sum() for o, u in zip(outs, up)), params)
+    want = torch.autograd.grad(sum((r * u).sum() for r, u in zip(refs, up)), params)
+    for o, r in zip(outs, refs):
+        torch.testing.assert_close(o, r, rtol=0, atol=1e-5)
+    for name, x, y in zip(("hidden", "weight", "bias"), got, want):
+        assert x.dtype == y.dtype
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-5, msg=name)
+
+
+def test_float64_gradcheck_through_hidden_weight_and_bias_with_entropy_and_temperature():
+    h, w, b, labels, _ = _inputs(torch.float64, B=2, T=3, H=5, V=11)
+
+    def both(h_, w_, b_):
+        return torch.stack(list(logprobs_from_hidden(h_, w_, labels, bias=b_, temperature=1.3,
+                                                     return_entropy=True, chunk_tokens=4)))
+
+    assert torch.autograd.gradcheck(both, (h, w, b))
+
+
+def test_backward_keeps_no_tokens_by_vocabulary_tensor():
+    """What autograd saves for backward: the unfused path keeps the [N, V] logits, the fused one the inputs only."""
+    h, w, _, labels, _ = _inputs(torch.float32, B=4, T=8, H=16, V=4096)
+
+    def saved_numels(fn):
+        sizes = []
+
+        def pack(t):
+            sizes.append(t.numel())
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            fn()
+        return sizes
+
+    n_tokens, vocab = labels.numel(), w.shape[0]
+    unfused = saved_numels(lambda: logprobs_from_logits(F.linear(h, w), labels))
+    fused = saved_numels(lambda: logprobs_from_hidden(h, w, labels, chunk_tokens=8))
+    assert max(unfused) >= n_tokens * vocab  # the logits
+    assert sorted(fused) == sorted([n_tokens, n_tokens * h.shape[-1], vocab * h.shape[-1]])  # labels, hidden, weight
+
+
+def test_errors_name_the_bad_value():
+    h, w, _, labels, _ = _inputs(torch.float32)
+    with pytest.raises(ValueError, match="labels shape"):
+        logprobs_from_hidden(h, w, labels[:, :-1])
+    with pytest.raises(ValueError, match=r"weight must be \[vocabulary, hidden\] with hidden 16"):
+        logprobs_from_hidden(h, w[:, :8], labels)
+    with pytest.raises(ValueError, match=r"bias must be \[97\]"):
+        logprobs_from_hidden(h, w, labels, bias=torch.zeros(3))
+    with pytest.raises(ValueError, match="chunk_tokens must be >= 1"):
+        logprobs_from_hidden(h, w, labels, chunk_tokens=0)
+    with pytest.raises(ValueError, match="temperature must be > 0"):
+        logprobs_from_hidden(h, w, labels, temperature=0.0)
