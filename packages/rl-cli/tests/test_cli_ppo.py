@@ -159,6 +159,15 @@ def test_rl_ppo_packed_with_a_token_budget_trains_like_the_padded_run(task, caps
     assert_same_run(local, metrics(root / "packed"))
 
 
+def test_rl_ppo_with_a_fused_lm_head_trains_like_the_full_logits_run(task):
+    """--fused_lm_head on the policy and the reference (the head and the log-probs chunk by chunk): the same run."""
+    root, model = task
+    local = local_run(root, model)
+    argv = common(root, model, "fused") + ["--zero_stage", "2", "--micro_train_batch_size", "8", "--fused_lm_head"]
+    assert main(["ppo", *argv]) == 0
+    assert_same_run(local, metrics(root / "fused"))
+
+
 def test_an_engine_plugin_runs_the_loop_by_name(task, tmp_path):
     """One module and its entry point (rl_rollout.testing.write_engine_plugin): `rl ppo --rollout_engine
     hf-probe` builds it through the registry, generates with it every iteration and syncs into it."""

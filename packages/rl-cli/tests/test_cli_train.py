@@ -137,6 +137,20 @@ def test_preference_commands_train_on_packed_pairs(files, name, flag, extra, cap
     assert (out / "config.json").is_file()
 
 
+@pytest.mark.parametrize("name,extra", [
+    ("sft", ["--dataset", "sft.jsonl", "--input_key", "q", "--output_key", "a", "--max_steps", "3"]),
+    ("dpo", ["--dataset", "pairs.jsonl", "--prompt_key", "prompt", "--beta", "0.1", "--max_steps", "3"]),
+])
+def test_a_fused_lm_head_trains_with_the_losses_of_the_full_logits(files, name, extra, monkeypatch):
+    """--fused_lm_head (the policy's and, for dpo, the reference's log-probs from the hidden states, chunk by chunk)."""
+    monkeypatch.chdir(files)
+    argv = ["--pretrain", "tiny", *extra, *COMMON]
+    assert run(name, [*argv, "--run_dir", f"run-full-{name}"]) == 0
+    assert run(name, [*argv, "--fused_lm_head", "--run_dir", f"run-fused-{name}"]) == 0
+    full, fused = losses_of(files / f"run-full-{name}"), losses_of(files / f"run-fused-{name}")
+    assert len(full) >= 2 and fused == pytest.approx(full, abs=1e-5), (full, fused)
+
+
 def test_sft_with_an_eval_set_logs_eval_metrics_and_names_a_bad_eval_file(files, capsys, monkeypatch):
     from rl_core.data import DataError
 

@@ -181,3 +181,58 @@ def test_an_openrlhf_reward_model_folder_gives_its_own_scores(tiny, tmp_path):
         RewardModel.from_pretrained(tmp_path / "orlhf", dtype="fp32", require_head=True)
     renamed = RewardModel.from_pretrained(tmp_path / "orlhf", dtype="fp32", value_head_prefix="value_head")
     assert torch.equal(renamed.head.weight, rm.head.weight)
+
+
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+@pytest.mark.parametrize("lora", [False, True])
+def test_a_fused_lm_head_gives_the_logprobs_entropy_and_gradients_of_the_full_logits(tiny, layout, lora):
+    """--fused_lm_head: the same log-probs, entropy and parameter gradients as the head's full logits (fp32,
+    tied embeddings: the head's gradient reaches the embedding), padded or packed, with or without LoRA."""
+    from rl_core.models import LoraSpec
+
+    spec = LoraSpec.of(4, 8, 0.0, "all-linear") if lora else None
+    torch.manual_seed(0)
+    plain = Actor.from_pretrained(tiny, dtype="fp32", lora=spec)
+    torch.manual_seed(0)  # the same LoRA initialisation
+    fused = Actor.from_pretrained(tiny, dtype="fp32", lora=spec, fused_lm_head=True)
+    assert fused.fused_lm_head and not plain.fused_lm_head
+    if layout == "padded":
+        ids = torch.tensor([[5, 60, 70, 71, 9, 33], [0, 0, 7, 8, 30, 31]])
+        kw = {"attention_mask": torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]])}
+    else:
+        ids = torch.tensor([sum(SEQS, [])])
+        kw = {"position_ids": torch.tensor([sum([list(range(len(s))) for s in SEQS], [])])}
+    weights = torch.rand(ids.shape, generator=torch.Generator().manual_seed(1))
+    grads = []
+    for model in (plain, fused):
+        out = model(ids, temperature=0.9, return_entropy=True, **kw)
+        (out.logprobs * weights + 0.1 * out.entropy).sum().backward()
+        grads.append({n: p.grad for n, p in model.named_parameters() if p.grad is not None})
+        if model is plain:
+            want = out
+    torch.testing.assert_close(out.logprobs, want.logprobs, atol=1e-5, rtol=0)
+    torch.testing.assert_close(out.entropy, want.entropy, atol=1e-5, rtol=0)
+    assert grads[0].keys() == grads[1].keys() and len(grads[0]) > 0
+    for n in grads[0]:
+        torch.testing.assert_close(grads[1][n], grads[0][n], atol=1e-5, rtol=1e-4, msg=n)
+
+
+def test_a_fused_lm_head_is_refused_where_the_logits_are_not_lm_head_of_hidden(tiny, tmp_path):
+    actor = Actor.from_pretrained(tiny, dtype="fp32")
+    actor.config.final_logit_softcapping = 30.0
+    with pytest.raises(ValueError, match=r"--fused_lm_head: the model scales its logits \(final_logit_softcapping"):
+        actor.enable_fused_lm_head()
+    moe = make_tiny_model(tmp_path / "moe", num_experts=4)
+    fused = Actor.from_pretrained(moe, dtype="fp32", fused_lm_head=True)
+    with pytest.raises(ValueError, match="--aux_loss_coef with --fused_lm_head"):
+        fused.enable_moe_aux_loss()
+    aux = Actor.from_pretrained(moe, dtype="fp32")
+    aux.enable_moe_aux_loss()
+    with pytest.raises(ValueError, match="load-balancing loss"):
+        aux.enable_fused_lm_head()
+    from rl_core.models import check_fused_lm_head
+    from rl_core.strategy import StrategyConfig
+
+    with pytest.raises(ValueError, match="--fused_lm_head with --zero_stage 3 is not built"):
+        check_fused_lm_head(True, StrategyConfig(zero_stage=3))
+    check_fused_lm_head(True, StrategyConfig(zero_stage=2))

@@ -45,6 +45,10 @@ class ModelArgs:
         "MoE expert kernels, passed to transformers' from_pretrained: eager | batched_mm | grouped_mm | deepgemm "
         "(default: transformers' choice, grouped_mm where it runs, else eager); the trained and frozen models",
         openrlhf=("ds.experts_implementation",)))
+    fused_lm_head: bool = field(default=False, metadata=meta(
+        "the LM head and the token log-probs computed together, chunk by chunk: the [tokens, vocabulary] logits are "
+        "never held whole (rl_algos.logprobs_from_hidden; one more LM-head matmul in backward); sft, dpo and kto, "
+        "Llama / Mistral / Qwen2 / Qwen3 / Mixtral text models, not with --zero_stage 3"))
     lora_rank: int = field(default=0, metadata=meta(">0 trains a LoRA adapter (peft) instead of all weights"))
     lora_alpha: int = field(default=16, metadata=meta("LoRA scaling alpha"))
     lora_dropout: float = field(default=0.0, metadata=meta("LoRA dropout"))
@@ -92,7 +96,8 @@ def _build_sft(strategy, cfgs, tok, ds, train, eval_ds):
     from rl_core.trainers import SFTTrainer
 
     m = cfgs["model"]
-    return SFTTrainer(strategy, Actor.from_pretrained(m.pretrain, **_load_kw(cfgs, strategy.cfg)), tok,
+    kw = {**_load_kw(cfgs, strategy.cfg), "fused_lm_head": m.fused_lm_head}
+    return SFTTrainer(strategy, Actor.from_pretrained(m.pretrain, **kw), tok,
                       ds, train, eval_dataset=eval_ds, logger=cfgs["logger"])
 
 
@@ -111,7 +116,7 @@ def _with_reference(trainer_name: str):
         from rl_core.models import Actor, frozen
 
         m = cfgs["model"]
-        kw = _load_kw(cfgs, strategy.cfg)
+        kw = {**_load_kw(cfgs, strategy.cfg), "fused_lm_head": m.fused_lm_head}
         ref = frozen(Actor.from_pretrained(m.ref_pretrain or m.pretrain, **{**kw, "lora": None,
                                                                              "gradient_checkpointing": False}))
         return getattr(trainers, trainer_name)(strategy, Actor.from_pretrained(m.pretrain, **kw), ref, tok, ds, train,
@@ -218,6 +223,16 @@ def run(name: str, argv: list[str] | None = None) -> int:
         cfgs = resolve(groups, args, flags)
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))
+    if cfgs["model"].fused_lm_head:
+        if name == "rm":
+            parser.error("--fused_lm_head: rl rm trains a reward model, whose head gives a score, not token "
+                         "log-probs; drop --fused_lm_head")
+        from rl_core.models import check_fused_lm_head
+
+        try:
+            check_fused_lm_head(True, cfgs["strategy"])
+        except ValueError as e:
+            parser.error(str(e))
     if getattr(args, "print_config", False):  # a dry run: before any path is read or model loaded
         from rl_cli.dry_run import print_config
 

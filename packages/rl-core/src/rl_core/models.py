@@ -209,6 +209,19 @@ def _shift_right(x_BT: Tensor, position_ids: Tensor | None) -> Tensor:
     return out
 
 
+# causal LMs whose logits are exactly lm_head(decoder(...).last_hidden_state) in transformers (Actor.enable_fused_lm_head)
+FUSED_LM_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"})
+
+
+def check_fused_lm_head(fused_lm_head: bool, strategy_cfg) -> None:
+    """Before any model loads: the fused head reads the LM head's weight outside the head's own forward, where
+    ZeRO-3 keeps it partitioned."""
+    if fused_lm_head and strategy_cfg.zero_stage == 3:
+        raise ValueError("--fused_lm_head with --zero_stage 3 is not built: ZeRO-3 gathers the LM head's weight only "
+                         "inside the head's own forward, which the fused path skips; use --zero_stage 0, 1 or 2, or "
+                         "drop --fused_lm_head")
+
+
 @dataclass
 class ActorOutput:
     logprobs: Tensor  # [B, T] float32, logprobs[:, t] = log p(x_t | x_<t), 0 at t = 0
@@ -223,6 +236,7 @@ class Actor(nn.Module):
         super().__init__()
         self.model = model
         self.moe_aux_loss = False  # enable_moe_aux_loss(): forwards return the router's load-balancing loss
+        self.fused_lm_head = False  # enable_fused_lm_head(): log-probs from the hidden states, chunk by chunk
         from rl_rollout.vision import placeholder_token_ids
 
         # a VLM's image placeholders: the engines never sample them, so the log-probs leave them out too
@@ -249,33 +263,84 @@ class Actor(nn.Module):
                 frozen_n += 1
         return frozen_n
 
+    def enable_fused_lm_head(self) -> None:
+        """Forwards compute the LM head and the log-probs (and entropy) together, chunk by chunk
+        (:func:`rl_algos.logprobs_from_hidden`): the ``[tokens, vocabulary]`` logits are never held whole, for one
+        more LM-head matmul in backward. For text models whose causal-LM output is exactly ``lm_head(decoder
+        output)``: the architectures of :data:`FUSED_LM_HEAD_MODELS`, an ``nn.Linear`` head (a LoRA adapter on
+        the head is refused), no MoE load-balancing loss; anything else fails here, naming the flag."""
+        def refuse(why: str):
+            raise ValueError(f"--fused_lm_head: {why}; drop --fused_lm_head")
+
+        model_type = self.config.model_type
+        if self.is_vlm:
+            refuse(f"not built for vision-language models ({model_type}): their forward merges the images in")
+        if model_type not in FUSED_LM_HEAD_MODELS:
+            refuse(f"model type {model_type!r} is not one whose logits are exactly lm_head(hidden) here (built for "
+                   f"{', '.join(sorted(FUSED_LM_HEAD_MODELS))})")
+        for key in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
+            if getattr(self.config, key, None) not in (None, 1, 1.0):
+                refuse(f"the model scales its logits ({key}={getattr(self.config, key)})")
+        if self.moe_aux_loss:
+            refuse("the MoE load-balancing loss (--aux_loss_coef) needs the router logits of the full forward")
+        head = self.model.get_output_embeddings()
+        if type(head) is not nn.Linear:
+            refuse(f"the LM head is a {type(head).__name__}, not a plain Linear (a LoRA adapter on lm_head?)")
+        self.fused_lm_head = True
+
+    def _hidden(self, **kw) -> Tensor:
+        """The decoder's last hidden states (the input of the LM head), through a peft wrapper's injected layers."""
+        inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        out = inner.get_decoder()(**kw)
+        return out.last_hidden_state
+
+    def _fused_logprobs(self, hidden: Tensor, labels: Tensor, temperature: float, entropy: bool):
+        from rl_algos import logprobs_from_hidden
+
+        head = self.model.get_output_embeddings()
+        if hasattr(head.weight, "ds_id"):
+            raise ValueError("--fused_lm_head with ZeRO-3 (--zero_stage 3) is not built: the head's weight is "
+                             "partitioned and gathered only inside its own forward; drop --fused_lm_head or use "
+                             "--zero_stage 0, 1 or 2")
+        out = logprobs_from_hidden(hidden, head.weight, labels, bias=head.bias, temperature=temperature,
+                                   return_entropy=entropy)
+        return (out.logprobs, out.entropy) if entropy else (out, None)
+
     def enable_moe_aux_loss(self) -> None:
         """Every forward returns ``aux_loss``: the router's load-balancing loss of a mixture-of-experts model
         (transformers computes it from the router logits, over the real tokens of the batch). A model without a
         router (no ``output_router_logits`` in its config) raises: a coefficient on it would do nothing."""
         check_moe_aux_loss(self.config)
+        if self.fused_lm_head:
+            raise ValueError("--aux_loss_coef with --fused_lm_head: the MoE load-balancing loss needs the router "
+                             "logits of the full forward, which the fused head skips; drop one of the two")
         self.moe_aux_loss = True
 
     @classmethod
     def from_pretrained(cls, path: str | Path, *, dtype: str = "bf16", attn_implementation: str | None = None,
                         gradient_checkpointing: bool = False, lora: LoraSpec | None = None,
                         use_liger_kernel: bool = False, packed: bool = False,
-                        freeze_visual_encoder: bool = False, experts_implementation: str | None = None) -> Actor:
+                        freeze_visual_encoder: bool = False, experts_implementation: str | None = None,
+                        fused_lm_head: bool = False) -> Actor:
         """``use_liger_kernel``: liger-kernel's fused RMSNorm / SwiGLU / RoPE (CUDA; rl_core.liger). ``packed``: the
         model will see packed rows (the default attention is then torch_varlen where it runs: rl_core.attention).
         A vision-language folder loads as ``AutoModelForImageTextToText``; ``freeze_visual_encoder``: see
-        :meth:`freeze_visual_encoder` (before LoRA wraps the model)."""
+        :meth:`freeze_visual_encoder` (before LoRA wraps the model). ``fused_lm_head``: see
+        :meth:`enable_fused_lm_head`."""
         from rl_rollout.vision import causal_lm_class
 
         auto_cls = causal_lm_class(_check_folder(path))
         if not freeze_visual_encoder:
-            return cls(_load(auto_cls, path, dtype, attn_implementation, gradient_checkpointing, lora,
-                             use_liger_kernel, packed, experts_implementation))
-        actor = cls(_load(auto_cls, path, dtype, attn_implementation, gradient_checkpointing, None,
-                          use_liger_kernel, packed, experts_implementation))
-        actor.freeze_visual_encoder()
-        if lora is not None and lora.rank > 0:
-            actor.model = _lora(actor.model, lora)
+            actor = cls(_load(auto_cls, path, dtype, attn_implementation, gradient_checkpointing, lora,
+                              use_liger_kernel, packed, experts_implementation))
+        else:
+            actor = cls(_load(auto_cls, path, dtype, attn_implementation, gradient_checkpointing, None,
+                              use_liger_kernel, packed, experts_implementation))
+            actor.freeze_visual_encoder()
+            if lora is not None and lora.rank > 0:
+                actor.model = _lora(actor.model, lora)
+        if fused_lm_head:
+            actor.enable_fused_lm_head()
         return actor
 
     @property
@@ -316,21 +381,27 @@ class Actor(nn.Module):
                                      "--ring_attn_size 1")
                 input_ids, position_ids, labels = (shard.local(input_ids, 0), shard.positions,
                                                    shard.local(labels, 0))
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                             use_cache=False, **moe, **images)
-            ent, logits = None, out.logits
-            if self._placeholders:  # the distribution the engine sampled from: no image placeholder (-1e4: no
-                ids = torch.tensor(self._placeholders, device=logits.device)  # inf, so the entropy stays finite)
-                logits = logits.index_fill(-1, ids, -1e4)
-            if return_entropy:  # one pass over the logits for both on CUDA
-                lp, ent = logprobs_and_entropy_from_logits(logits, labels, temperature=temperature)
+            aux = None
+            if self.fused_lm_head:  # the head and the log-probs together, chunk by chunk: no [B, T, V] logits
+                hidden = self._hidden(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                      use_cache=False)
+                lp, ent = self._fused_logprobs(hidden, labels, temperature, return_entropy)
             else:
-                lp = logprobs_from_logits(logits, labels, temperature=temperature)
+                out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                                 use_cache=False, **moe, **images)
+                ent, logits, aux = None, out.logits, out.aux_loss if self.moe_aux_loss else None
+                if self._placeholders:  # the distribution the engine sampled from: no image placeholder (-1e4: no
+                    ids = torch.tensor(self._placeholders, device=logits.device)  # inf: the entropy stays finite)
+                    logits = logits.index_fill(-1, ids, -1e4)
+                if return_entropy:  # one pass over the logits for both on CUDA
+                    lp, ent = logprobs_and_entropy_from_logits(logits, labels, temperature=temperature)
+                else:
+                    lp = logprobs_from_logits(logits, labels, temperature=temperature)
             if shard is not None:  # the whole row back on every rank of the group
                 lp, ent = shard.gather(lp), (None if ent is None else shard.gather(ent))
         ent_BT = None if ent is None else _shift_right(ent, pos_for_shift)
         lp_BT = _shift_right(lp, pos_for_shift)
-        return ActorOutput(lp_BT, ent_BT, out.aux_loss if self.moe_aux_loss else None)
+        return ActorOutput(lp_BT, ent_BT, aux)
 
     def save_pretrained(self, path: str | Path, state_dict: dict[str, Tensor] | None = None, **kw) -> None:
         self.model.save_pretrained(path, state_dict=state_dict, **kw)

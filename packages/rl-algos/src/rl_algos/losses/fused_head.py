@@ -88,8 +88,11 @@ class _FusedHeadFn(torch.autograd.Function):
             g_logits = logits.grad
             if need_h:
                 grad_h[s : s + chunk] = g_logits @ weight_VH
-            if need_w:
-                grad_w += (g_logits.t() @ h).to(grad_w.dtype)
+            if need_w:  # in place where the dtypes agree (no [V, H] temporary per chunk)
+                if g_logits.dtype == grad_w.dtype:
+                    grad_w.addmm_(g_logits.t(), h)
+                else:
+                    grad_w += (g_logits.t() @ h).to(grad_w.dtype)
             if need_b:
                 grad_b += g_logits.sum(0).to(grad_b.dtype)
         return (grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype),

@@ -65,6 +65,10 @@ class RLModelConfig:
         "MoE expert kernels, passed to transformers' from_pretrained: eager | batched_mm | grouped_mm | deepgemm "
         "(default: transformers' choice, grouped_mm where it runs, else eager); the trained and frozen models",
         openrlhf=("ds.experts_implementation",)))
+    fused_lm_head: bool = field(default=False, metadata=meta(
+        "the policy's and the reference's LM head and token log-probs computed together, chunk by chunk: the "
+        "[tokens, vocabulary] logits are never held whole (rl_algos.logprobs_from_hidden; one more LM-head matmul "
+        "in backward); Llama / Mistral / Qwen2 / Qwen3 / Mixtral text models, not with --zero_stage 3"))
     normalize_reward: bool = field(default=True, metadata=meta(
         "apply the reward model's stored mean/std", openrlhf=("reward.normalize_enable",)))
     value_head_prefix: str | None = field(default=None, metadata=meta(
@@ -121,6 +125,9 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_ds_sleep(self.ppo.deepspeed_enable_sleep, self.strategy)
+        from rl_core.models import check_fused_lm_head
+
+        check_fused_lm_head(self.model.fused_lm_head, self.strategy)
         offloaded = [f"--{n}" for n in ("ref_offload", "reward_offload") if getattr(self.model, n)]
         if offloaded:
             self.strategy.check_param_offload(" and ".join(offloaded))
@@ -217,14 +224,15 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
     if p.needs_critic and _is_vlm(m.pretrain):
         raise ValueError(f"a critic for a vision-language policy ({m.pretrain}) is not built: pick an estimator "
                          f"without one (--advantage_estimator reinforce_baseline, rloo, group_norm ...), as OpenRLHF")
-    policy_kw = {**kw, "freeze_visual_encoder": True} if m.freeze_visual_encoder else kw
+    actor_kw = {**kw, "fused_lm_head": m.fused_lm_head}  # the policy and the reference: the critic has no LM head
+    policy_kw = {**actor_kw, "freeze_visual_encoder": True} if m.freeze_visual_encoder else actor_kw
     ptx_items = list(ptx) if ptx is not None else None
     policy = factory.role("policy", PolicyWorker, s, m.pretrain, p, steps, load_kw=policy_kw, pad_id=pad,
                           ptx=ptx_items, **mb)
     head = {"value_head_prefix": m.value_head_prefix}  # where an OpenRLHF-format folder keeps its head
     critic = factory.role("critic", CriticWorker, s, m.critic_path, p, steps, load_kw={**kw, **head},
                           pad_id=pad, **mb) if p.needs_critic else None
-    ref = factory.role("ref", ReferenceWorker, s, m.ref_path, load_kw=kw, pad_id=pad,
+    ref = factory.role("ref", ReferenceWorker, s, m.ref_path, load_kw=actor_kw, pad_id=pad,
                        temperature=p.temperature, offload=m.ref_offload, **mb) if p.needs_reference else None
     rm = factory.role("reward", RewardModelWorker, s, m.reward_pretrain, load_kw={**kw, **head}, pad_id=pad,
                       normalize=m.normalize_reward, offload=m.reward_offload, **mb) if m.reward_pretrain else None

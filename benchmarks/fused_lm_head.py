@@ -1,0 +1,119 @@
+"""Benchmark: token log-probs from hidden states, the LM head fused with the log-probs (``--fused_lm_head``,
+rl_algos.logprobs_from_hidden) against the head's full logits and the log-prob kernel (the default path).
+
+    uv run python benchmarks/fused_lm_head.py                          # CPU: 512 tokens, fp32
+    python benchmarks/fused_lm_head.py --device cuda                   # 8 x 2048 tokens, bf16
+
+Qwen2.5-0.5B's head by default (hidden 896, vocabulary 151,936), random weights and hidden states. Sides, timed
+alternating (median of ``--repeats``): ``full`` = ``F.linear`` then ``logprobs_from_logits`` (Triton on CUDA),
+``fused`` = ``logprobs_from_hidden``; each forward alone (no grad) and forward + backward (gradients of the
+hidden states and the head). Printed per side: milliseconds and the ratio to ``full``; what autograd keeps for
+backward beyond the inputs (saved tensors, measured with saved_tensors_hooks: the full side keeps the
+logits); on
+CUDA the allocator's peak above the inputs during forward + backward; and the largest difference of the
+log-probs and of each gradient between the sides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--tokens", type=int, default=None, help="positions (default: 512 on CPU, 16,384 on CUDA)")
+    ap.add_argument("--hidden", type=int, default=896)
+    ap.add_argument("--vocab", type=int, default=151_936)
+    ap.add_argument("--chunk_tokens", type=int, default=None, help="the fused side's chunk (default: its own)")
+    ap.add_argument("--repeats", type=int, default=5)
+    args = ap.parse_args()
+
+    from rl_algos import logprobs_from_hidden, logprobs_from_logits
+
+    dev = torch.device(args.device)
+    cuda = dev.type == "cuda"
+    dtype = torch.bfloat16 if cuda else torch.float32
+    N = args.tokens or (16_384 if cuda else 512)
+    g = torch.Generator(device=dev).manual_seed(0)
+    hidden = torch.randn(N, args.hidden, device=dev, dtype=dtype, generator=g)
+    weight = (torch.randn(args.vocab, args.hidden, device=dev, dtype=dtype, generator=g) / args.hidden ** 0.5)
+    labels = torch.randint(0, args.vocab, (N,), device=dev, generator=g)
+    up = torch.randn(N, device=dev, generator=g)
+
+    sides = {
+        "full": lambda h, w: logprobs_from_logits(F.linear(h, w), labels),
+        "fused": lambda h, w: logprobs_from_hidden(h, w, labels, chunk_tokens=args.chunk_tokens),
+    }
+
+    def sync():
+        if cuda:
+            torch.cuda.synchronize()
+
+    def run(fn, backward: bool):
+        h, w = hidden.detach().requires_grad_(backward), weight.detach().requires_grad_(backward)
+        sync()
+        t0 = time.perf_counter()
+        if backward:
+            lp = fn(h, w)
+            lp.backward(up)
+        else:
+            with torch.no_grad():
+                lp = fn(h, w)
+        sync()
+        return time.perf_counter() - t0, lp.detach(), (h.grad, w.grad)
+
+    def saved_bytes(fn) -> int:
+        """Bytes autograd keeps for backward beyond the inputs (the hidden states and the head are kept anyway)."""
+        inputs = {hidden.untyped_storage().data_ptr(), weight.untyped_storage().data_ptr()}
+        total = 0
+
+        def pack(t):
+            nonlocal total
+            if t.untyped_storage().data_ptr() not in inputs:
+                total += t.numel() * t.element_size()
+            return t
+
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            fn(hidden.detach().requires_grad_(), weight.detach().requires_grad_())
+        return total
+
+    times = {(s, b): [] for s in sides for b in (False, True)}
+    results = {}
+    for name, fn in sides.items():  # warm-up (Triton's first compile), results for the comparison
+        run(fn, False)
+        _, lp, grads = run(fn, True)
+        results[name] = (lp, grads)
+    for _ in range(args.repeats):
+        for name, fn in sides.items():
+            for backward in (False, True):
+                times[(name, backward)].append(run(fn, backward)[0])
+    peaks = {}
+    if cuda:
+        for name, fn in sides.items():
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+            base = torch.cuda.memory_allocated()
+            run(fn, True)
+            peaks[name] = (torch.cuda.max_memory_allocated() - base) / 2**20
+
+    print(f"{args.device}, {N} tokens x hidden {args.hidden} -> vocabulary {args.vocab}, {dtype}, "
+          f"median of {args.repeats}; the full side's logits: {N * args.vocab * hidden.element_size() / 2**20:.0f} MiB")
+    base_f, base_b = (statistics.median(times[("full", b)]) for b in (False, True))
+    for name, fn in sides.items():
+        f, b = statistics.median(times[(name, False)]), statistics.median(times[(name, True)])
+        peak = f"  peak {peaks[name]:8.0f} MiB" if cuda else ""
+        print(f"{name:6s} forward {f * 1e3:9.2f} ms x{f / base_f:5.2f}   forward+backward {b * 1e3:9.2f} ms "
+              f"x{b / base_b:5.2f}   kept for backward {saved_bytes(fn) / 2**20:8.1f} MiB{peak}")
+    (lp_a, g_a), (lp_b, g_b) = results["full"], results["fused"]
+    print(f"max |fused - full|: log-probs {(lp_a - lp_b).abs().max().item():.2e}, hidden grad "
+          f"{(g_a[0] - g_b[0]).abs().max().item():.2e}, head grad {(g_a[1] - g_b[1]).abs().max().item():.2e}")
+
+
+if __name__ == "__main__":
+    main()
