@@ -5,9 +5,11 @@ rl_algos.logprobs_from_hidden) against the head's full logits and the log-prob k
     python benchmarks/fused_lm_head.py --device cuda                   # 8 x 2048 tokens, bf16
 
 Qwen2.5-0.5B's head by default (hidden 896, vocabulary 151,936), random weights and hidden states. Sides, timed
-alternating (median of ``--repeats``): ``full`` = ``F.linear`` then ``logprobs_from_logits`` (Triton on CUDA),
-``fused`` = ``logprobs_from_hidden``; each forward alone (no grad) and forward + backward (gradients of the
-hidden states and the head). Printed per side: milliseconds and the ratio to ``full``; what autograd keeps for
+alternating (median of ``--repeats``), each on the loss ``sum(u * logprobs)`` for random constants ``u``:
+``full`` = ``F.linear`` then ``logprobs_from_logits`` (Triton on CUDA); ``fused`` = ``logprobs_from_hidden``
+(the policy's path: backward recomputes each chunk's logits); ``fused-linear`` =
+``weighted_logprob_sum_from_hidden`` (SFT's path for a loss linear in the log-probs: the gradients are made in
+forward). Each forward alone (no grad) and forward + backward (gradients of the hidden states and the head). Printed per side: milliseconds and the ratio to ``full``; what autograd keeps for
 backward beyond the inputs (saved tensors, measured with saved_tensors_hooks: the full side keeps the
 logits); on
 CUDA the allocator's peak above the inputs during forward + backward; and the largest difference of the
@@ -34,7 +36,7 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
 
-    from rl_algos import logprobs_from_hidden, logprobs_from_logits
+    from rl_algos import logprobs_from_hidden, logprobs_from_logits, weighted_logprob_sum_from_hidden
 
     dev = torch.device(args.device)
     cuda = dev.type == "cuda"
@@ -46,9 +48,14 @@ def main() -> None:
     labels = torch.randint(0, args.vocab, (N,), device=dev, generator=g)
     up = torch.randn(N, device=dev, generator=g)
 
-    sides = {
-        "full": lambda h, w: logprobs_from_logits(F.linear(h, w), labels),
-        "fused": lambda h, w: logprobs_from_hidden(h, w, labels, chunk_tokens=args.chunk_tokens),
+    def per_token(lp):  # a loss sum(up * lp) and the log-probs
+        return (lp * up).sum(), lp
+
+    sides = {  # each: (h, w) -> (the loss, the log-probs)
+        "full": lambda h, w: per_token(logprobs_from_logits(F.linear(h, w), labels)),
+        "fused": lambda h, w: per_token(logprobs_from_hidden(h, w, labels, chunk_tokens=args.chunk_tokens)),
+        "fused-linear": lambda h, w: weighted_logprob_sum_from_hidden(h, w, labels, up,
+                                                                      chunk_tokens=args.chunk_tokens),
     }
 
     def sync():
@@ -60,11 +67,11 @@ def main() -> None:
         sync()
         t0 = time.perf_counter()
         if backward:
-            lp = fn(h, w)
-            lp.backward(up)
+            loss, lp = fn(h, w)
+            loss.backward()
         else:
             with torch.no_grad():
-                lp = fn(h, w)
+                loss, lp = fn(h, w)
         sync()
         return time.perf_counter() - t0, lp.detach(), (h.grad, w.grad)
 
@@ -108,11 +115,13 @@ def main() -> None:
     for name, fn in sides.items():
         f, b = statistics.median(times[(name, False)]), statistics.median(times[(name, True)])
         peak = f"  peak {peaks[name]:8.0f} MiB" if cuda else ""
-        print(f"{name:6s} forward {f * 1e3:9.2f} ms x{f / base_f:5.2f}   forward+backward {b * 1e3:9.2f} ms "
+        print(f"{name:12s} forward {f * 1e3:9.2f} ms x{f / base_f:5.2f}   forward+backward {b * 1e3:9.2f} ms "
               f"x{b / base_b:5.2f}   kept for backward {saved_bytes(fn) / 2**20:8.1f} MiB{peak}")
-    (lp_a, g_a), (lp_b, g_b) = results["full"], results["fused"]
-    print(f"max |fused - full|: log-probs {(lp_a - lp_b).abs().max().item():.2e}, hidden grad "
-          f"{(g_a[0] - g_b[0]).abs().max().item():.2e}, head grad {(g_a[1] - g_b[1]).abs().max().item():.2e}")
+    lp_a, g_a = results["full"]
+    for name in ("fused", "fused-linear"):
+        lp_b, g_b = results[name]
+        print(f"max |{name} - full|: log-probs {(lp_a - lp_b).abs().max().item():.2e}, hidden grad "
+              f"{(g_a[0] - g_b[0]).abs().max().item():.2e}, head grad {(g_a[1] - g_b[1]).abs().max().item():.2e}")
 
 
 if __name__ == "__main__":

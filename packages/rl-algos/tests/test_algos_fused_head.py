@@ -85,3 +85,36 @@ def test_errors_name_the_bad_value():
         logprobs_from_hidden(h, w, labels, chunk_tokens=0)
     with pytest.raises(ValueError, match="temperature must be > 0"):
         logprobs_from_hidden(h, w, labels, temperature=0.0)
+
+
+@pytest.mark.parametrize("chunk_tokens", [None, 1, 4])
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_a_weighted_sum_made_with_its_gradients_in_forward_equals_the_unfused_one(chunk_tokens, with_bias):
+    """weighted_logprob_sum_from_hidden: sum(w * lp) and its gradients (scaled by the upstream gradient) as the
+    unfused path's; the log-probs it returns carry no gradient."""
+    from rl_algos import weighted_logprob_sum_from_hidden
+
+    h, w, b, labels, g = _inputs(torch.float32)
+    bias = b if with_bias else None
+    weights = torch.randn(labels.shape, generator=g)
+    total, lp = weighted_logprob_sum_from_hidden(h, w, labels, weights, bias=bias, temperature=0.8,
+                                                 chunk_tokens=chunk_tokens)
+    ref_lp = logprobs_from_logits(F.linear(h, w, bias), labels, 0.8)
+    ref = (ref_lp * weights).sum()
+    assert not lp.requires_grad and total.requires_grad
+    torch.testing.assert_close(lp, ref_lp.detach(), rtol=0, atol=1e-5)
+    torch.testing.assert_close(total, ref, rtol=1e-6, atol=1e-5)
+    params = [h, w] + ([bias] if with_bias else [])
+    for name, x, y in zip(("hidden", "weight", "bias"), torch.autograd.grad(2.5 * total, params),
+                          torch.autograd.grad(2.5 * ref, params)):
+        torch.testing.assert_close(x, y, rtol=0, atol=1e-5, msg=name)
+
+
+def test_the_weighted_sum_passes_float64_gradcheck():
+    from rl_algos import weighted_logprob_sum_from_hidden
+
+    h, w, b, labels, g = _inputs(torch.float64, B=2, T=3, H=5, V=11)
+    weights = torch.randn(labels.shape, generator=g, dtype=torch.float64)
+    assert torch.autograd.gradcheck(
+        lambda h_, w_, b_: weighted_logprob_sum_from_hidden(h_, w_, labels, weights, bias=b_, temperature=1.3,
+                                                            chunk_tokens=4)[0], (h, w, b))

@@ -217,6 +217,33 @@ def test_a_fused_lm_head_gives_the_logprobs_entropy_and_gradients_of_the_full_lo
         torch.testing.assert_close(grads[1][n], grads[0][n], atol=1e-5, rtol=1e-4, msg=n)
 
 
+@pytest.mark.parametrize("layout", ["padded", "packed"])
+def test_lp_weights_give_the_weighted_sum_of_the_logprobs_with_its_gradients(tiny, layout):
+    """``lp_weights`` (a loss linear in the log-probs, SFT's): ``weighted`` equals sum(w * logprobs) of the full
+    logits, with the same gradients, though the fused head made them in forward (its log-probs are values only);
+    the weights of the positions whose log-prob is 0 by convention (each sequence's first) count for nothing."""
+    plain = Actor.from_pretrained(tiny, dtype="fp32")
+    fused = Actor.from_pretrained(tiny, dtype="fp32", fused_lm_head=True)
+    if layout == "padded":
+        ids = torch.tensor([[5, 60, 70, 71, 9, 33], [0, 0, 7, 8, 30, 31]])
+        kw = {"attention_mask": torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]])}
+    else:
+        ids = torch.tensor([sum(SEQS, [])])
+        kw = {"position_ids": torch.tensor([sum([list(range(len(s))) for s in SEQS], [])])}
+    w = torch.rand(ids.shape, generator=torch.Generator().manual_seed(2))
+    want = plain(ids, temperature=0.9, **kw)
+    ref = (want.logprobs * w).sum()
+    for model in (plain, fused):
+        out = model(ids, temperature=0.9, lp_weights=w, **kw)
+        torch.testing.assert_close(out.weighted, ref, atol=1e-5, rtol=1e-6)
+        torch.testing.assert_close(out.logprobs.detach(), want.logprobs.detach(), atol=1e-5, rtol=0)
+        grads = torch.autograd.grad(out.weighted, list(model.parameters()))
+        for (n, _), x, y in zip(plain.named_parameters(), grads, torch.autograd.grad(ref, list(plain.parameters()),
+                                                                                      retain_graph=True)):
+            torch.testing.assert_close(x, y, atol=1e-5, rtol=1e-4, msg=n)
+    assert not fused(ids, lp_weights=w, **kw).logprobs.requires_grad  # made in forward: the sum carries them
+
+
 def test_a_fused_lm_head_is_refused_where_the_logits_are_not_lm_head_of_hidden(tiny, tmp_path):
     actor = Actor.from_pretrained(tiny, dtype="fp32")
     actor.config.final_logit_softcapping = 30.0

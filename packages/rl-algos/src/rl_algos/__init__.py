@@ -39,6 +39,7 @@ from rl_algos.losses import (
     policy_loss,
     sft_loss,
     value_loss,
+    weighted_logprob_sum_from_hidden,
 )
 from rl_algos.shaping import clip_rewards, kl_penalized_rewards, overlong_penalty, stop_properly_penalty
 from rl_algos._masked import masked_mean, masked_sum
@@ -54,5 +55,5 @@ __all__ = [
     "kto_loss", "kto_reference_kl", "LogprobsEntropy", "logprobs_and_entropy_from_logits",
     "logprobs_from_hidden", "logprobs_from_logits", "losses", "masked_mean", "masked_sum",
     "masked_whiten", "overlong_penalty", "pairwise_loss", "policy_loss", "sft_loss", "shaping",
-    "stop_properly_penalty", "value_loss",
+    "stop_properly_penalty", "value_loss", "weighted_logprob_sum_from_hidden",
 ]

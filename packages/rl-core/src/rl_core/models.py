@@ -227,6 +227,7 @@ class ActorOutput:
     logprobs: Tensor  # [B, T] float32, logprobs[:, t] = log p(x_t | x_<t), 0 at t = 0
     entropy: Tensor | None = None  # [B, T] entropy of the distribution that produced x_t
     aux_loss: Tensor | None = None  # [] the MoE router's load-balancing loss (Actor.enable_moe_aux_loss)
+    weighted: Tensor | None = None  # [] sum(lp_weights * logprobs) when the forward was given lp_weights
 
 
 class Actor(nn.Module):
@@ -294,17 +295,38 @@ class Actor(nn.Module):
         out = inner.get_decoder()(**kw)
         return out.last_hidden_state
 
-    def _fused_logprobs(self, hidden: Tensor, labels: Tensor, temperature: float, entropy: bool):
-        from rl_algos import logprobs_from_hidden
-
+    def _head(self) -> nn.Linear:
         head = self.model.get_output_embeddings()
         if hasattr(head.weight, "ds_id"):
             raise ValueError("--fused_lm_head with ZeRO-3 (--zero_stage 3) is not built: the head's weight is "
                              "partitioned and gathered only inside its own forward; drop --fused_lm_head or use "
                              "--zero_stage 0, 1 or 2")
+        return head
+
+    def _fused_logprobs(self, hidden: Tensor, labels: Tensor, temperature: float, entropy: bool):
+        from rl_algos import logprobs_from_hidden
+
+        head = self._head()
         out = logprobs_from_hidden(hidden, head.weight, labels, bias=head.bias, temperature=temperature,
                                    return_entropy=entropy)
         return (out.logprobs, out.entropy) if entropy else (out, None)
+
+    def _fused_weighted(self, hidden: Tensor, labels: Tensor, lp_weights_BT: Tensor, pos_for_shift: Tensor | None,
+                        temperature: float) -> tuple[Tensor, Tensor]:
+        """``(sum(w * lp), lp)`` with the gradients made in forward. The weights sit on the output's positions
+        (``lp_BT[:, t]`` predicts token t); the kernel's row t predicts token t + 1, so they move one to the left;
+        the last row's wrapped-around label and, in packed rows, the rows that predict a sequence's first token
+        (``_shift_right`` drops their log-probs) weigh nothing."""
+        from rl_algos import weighted_logprob_sum_from_hidden
+
+        head = self._head()
+        w = lp_weights_BT.float()
+        if pos_for_shift is not None:
+            w = w.masked_fill(pos_for_shift == 0, 0.0)
+        w = torch.roll(w, -1, dims=1)
+        w[:, -1] = 0.0
+        return weighted_logprob_sum_from_hidden(hidden, head.weight, labels, w, bias=head.bias,
+                                                temperature=temperature)
 
     def enable_moe_aux_loss(self) -> None:
         """Every forward returns ``aux_loss``: the router's load-balancing loss of a mixture-of-experts model
@@ -348,9 +370,15 @@ class Actor(nn.Module):
         return self.model.config
 
     def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                *, temperature: float = 1.0, return_entropy: bool = False, **images: Tensor) -> ActorOutput:
+                *, temperature: float = 1.0, return_entropy: bool = False, lp_weights: Tensor | None = None,
+                **images: Tensor) -> ActorOutput:
         """``images``: a vision-language model's image tensors of the batch (``pixel_values`` ...), padded rows
-        only; the model then computes its own positions (multimodal RoPE) from the right-padded mask."""
+        only; the model then computes its own positions (multimodal RoPE) from the right-padded mask.
+
+        ``lp_weights`` (``[B, T]`` like the log-probs, constants): the output's ``weighted`` is
+        ``sum(lp_weights * logprobs)``, a loss linear in the log-probs (SFT's NLL). With the fused head its
+        gradients are computed during forward (:func:`rl_algos.weighted_logprob_sum_from_hidden`: no recompute
+        in backward) and ``logprobs`` are values only; use ``weighted`` for the loss."""
         if images and (attention_mask is None or _ring_padded(attention_mask)):
             raise ValueError("packed rows with images are not built (nor ring attention): run vision-language "
                              "prompts without --packing and with --ring_attn_size 1")
@@ -358,7 +386,8 @@ class Actor(nn.Module):
             ids, pos, idx = _unpad(input_ids, attention_mask)
             o = self.forward(ids, position_ids=pos, temperature=temperature, return_entropy=return_entropy)
             ent = None if o.entropy is None else _repad(o.entropy, idx, input_ids.shape)
-            return ActorOutput(_repad(o.logprobs, idx, input_ids.shape), ent, o.aux_loss)
+            lp_BT = _repad(o.logprobs, idx, input_ids.shape)
+            return ActorOutput(lp_BT, ent, o.aux_loss, None if lp_weights is None else (lp_BT * lp_weights).sum())
         if images:
             from rl_rollout.vision import token_types
 
@@ -381,11 +410,15 @@ class Actor(nn.Module):
                                      "--ring_attn_size 1")
                 input_ids, position_ids, labels = (shard.local(input_ids, 0), shard.positions,
                                                    shard.local(labels, 0))
-            aux = None
+            aux = weighted = None
             if self.fused_lm_head:  # the head and the log-probs together, chunk by chunk: no [B, T, V] logits
                 hidden = self._hidden(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                       use_cache=False)
-                lp, ent = self._fused_logprobs(hidden, labels, temperature, return_entropy)
+                if lp_weights is not None and shard is None and not return_entropy:  # gradients in forward
+                    weighted, lp, ent = *self._fused_weighted(hidden, labels, lp_weights, pos_for_shift,
+                                                              temperature), None
+                else:
+                    lp, ent = self._fused_logprobs(hidden, labels, temperature, return_entropy)
             else:
                 out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                  use_cache=False, **moe, **images)
@@ -401,7 +434,9 @@ class Actor(nn.Module):
                 lp, ent = shard.gather(lp), (None if ent is None else shard.gather(ent))
         ent_BT = None if ent is None else _shift_right(ent, pos_for_shift)
         lp_BT = _shift_right(lp, pos_for_shift)
-        return ActorOutput(lp_BT, ent_BT, aux)
+        if lp_weights is not None and weighted is None:
+            weighted = (lp_BT * lp_weights).sum()
+        return ActorOutput(lp_BT, ent_BT, aux, weighted)
 
     def save_pretrained(self, path: str | Path, state_dict: dict[str, Tensor] | None = None, **kw) -> None:
         self.model.save_pretrained(path, state_dict=state_dict, **kw)

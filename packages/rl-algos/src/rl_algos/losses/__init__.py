@@ -2,7 +2,7 @@
 log-prob / entropy kernels they consume."""
 
 from rl_algos.losses.aggregate import LossAggregation, aggregate_loss
-from rl_algos.losses.fused_head import logprobs_from_hidden
+from rl_algos.losses.fused_head import logprobs_from_hidden, weighted_logprob_sum_from_hidden
 from rl_algos.losses.logits import (
     LogprobsEntropy,
     entropy_from_logits,
@@ -41,5 +41,5 @@ __all__ = [
     "RatioType", "ValueLossOutput", "aggregate_loss", "dpo_loss", "entropy_from_logits", "kto_loss",
     "kto_reference_kl", "LogprobsEntropy", "logprobs_and_entropy_from_logits", "logprobs_from_hidden",
     "logprobs_from_logits",
-    "pairwise_loss", "policy_loss", "sft_loss", "value_loss",
+    "pairwise_loss", "policy_loss", "sft_loss", "value_loss", "weighted_logprob_sum_from_hidden",
 ]

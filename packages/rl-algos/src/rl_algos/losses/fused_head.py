@@ -16,6 +16,10 @@ a float32 ``[V, H]`` accumulator for the head's gradient. The values are those o
 rounding: the same matmul per row and the same kernel; chunking changes only the order of the head
 gradient's sum (in float32 here, in the weight's dtype inside the unfused matmul).
 
+:func:`weighted_logprob_sum_from_hidden` is the variant for a loss linear in the log-probs (SFT's NLL): the
+upstream gradient of every log-prob is its weight, known in forward, so every gradient is computed there and
+backward recomputes nothing (liger-kernel's fused linear cross-entropy does the same for a mean loss).
+
 Benchmark: ``benchmarks/fused_lm_head.py``.
 """
 
@@ -126,3 +130,76 @@ def logprobs_from_hidden(
     if return_entropy:
         return LogprobsEntropy(out[0].view(labels.shape), out[1].view(labels.shape))
     return out.view(labels.shape)
+
+
+class _WeightedHeadFn(torch.autograd.Function):
+    """``sum(w * logprob)`` with every gradient computed in forward (the upstream gradient of each log-prob is
+    its weight, known before backward), so backward only scales them: no recompute, no logits kept."""
+
+    @staticmethod
+    def forward(ctx, hidden_NH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, labels_N: Tensor,
+                weights_N: Tensor, temperature: float, chunk: int):
+        N = hidden_NH.shape[0]
+        out_dtype = torch.float64 if hidden_NH.dtype == torch.float64 else torch.float32
+        lp = torch.empty(N, dtype=out_dtype, device=hidden_NH.device)
+        acc = torch.float64 if weight_VH.dtype == torch.float64 else torch.float32
+        grad_h = torch.empty_like(hidden_NH) if hidden_NH.requires_grad else None
+        grad_w = torch.zeros(weight_VH.shape, dtype=acc, device=weight_VH.device) if weight_VH.requires_grad else None
+        grad_b = torch.zeros(bias_V.shape, dtype=acc, device=bias_V.device) \
+            if bias_V is not None and bias_V.requires_grad else None
+        for s in range(0, N, chunk):
+            h, lab, w = hidden_NH[s : s + chunk], labels_N[s : s + chunk], weights_N[s : s + chunk]
+            with torch.enable_grad():
+                logits = F.linear(h, weight_VH, bias_V).detach().requires_grad_()
+                lp_c = logprobs_from_logits(logits, lab, temperature)
+                torch.autograd.backward(lp_c, w.to(lp_c.dtype))
+            lp[s : s + chunk] = lp_c.detach()
+            g_logits = logits.grad
+            if grad_h is not None:
+                grad_h[s : s + chunk] = g_logits @ weight_VH
+            if grad_w is not None:
+                if g_logits.dtype == grad_w.dtype:
+                    grad_w.addmm_(g_logits.t(), h)
+                else:
+                    grad_w += (g_logits.t() @ h).to(grad_w.dtype)
+            if grad_b is not None:
+                grad_b += g_logits.sum(0).to(grad_b.dtype)
+        total = (lp * weights_N.to(lp.dtype)).sum()
+        ctx.save_for_backward(grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype),
+                              None if grad_b is None else grad_b.to(bias_V.dtype))
+        ctx.mark_non_differentiable(lp)
+        return total, lp
+
+    @staticmethod
+    def backward(ctx, grad_total: Tensor, _grad_lp: Tensor | None):
+        grad_h, grad_w, grad_b = ctx.saved_tensors
+        scale = (lambda g: None if g is None else g * grad_total.to(g.dtype))  # noqa: E731
+        return scale(grad_h), scale(grad_w), scale(grad_b), None, None, None, None
+
+
+def weighted_logprob_sum_from_hidden(
+    hidden: Tensor, weight: Tensor, labels: Tensor, token_weights: Tensor, *, bias: Tensor | None = None,
+    temperature: float = 1.0, chunk_tokens: int | None = None,
+) -> tuple[Tensor, Tensor]:
+    """``(sum(token_weights * logprob), logprob)`` for a loss linear in the log-probs (SFT's token-mean NLL:
+    weights ``-mask / tokens``), the LM head fused as in :func:`logprobs_from_hidden` but with its gradients
+    computed during forward: each chunk's logits are made, reduced and differentiated once, so backward
+    recomputes nothing (the matmuls of the unfused path, none of its logits). Holds the hidden states'
+    gradient and a float32 ``[V, H]`` head gradient from forward to backward.
+
+    Shapes as :func:`logprobs_from_hidden`, ``token_weights`` like ``labels`` (constants: no gradient flows to
+    them). The returned log-probs are values only (no gradient); the sum carries the gradients of ``hidden``,
+    ``weight`` and ``bias``.
+    """
+    _check_temperature(temperature)
+    if hidden.shape[:-1] != labels.shape or token_weights.shape != labels.shape:
+        raise ValueError(f"labels {tuple(labels.shape)} and token_weights {tuple(token_weights.shape)} must both "
+                         f"equal hidden's shape without the hidden axis {tuple(hidden.shape[:-1])}")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"weight must be [vocabulary, hidden] with hidden {hidden.shape[-1]}, got "
+                         f"{tuple(weight.shape)}")
+    flat = hidden.reshape(-1, hidden.shape[-1])
+    chunk = _tokens_per_chunk(weight.shape[0], chunk_tokens)
+    total, lp = _WeightedHeadFn.apply(flat, weight, bias, labels.reshape(-1).long(),
+                                      token_weights.detach().reshape(-1), float(temperature), chunk)
+    return total, lp.view(labels.shape)

@@ -7,6 +7,8 @@ right-padded (:func:`rl_core.data.pad_collate`), or with the dataset's
 position ids restarting per sequence, no padding computed): the same loss, fewer FLOPs.
 Evaluation (:meth:`SFTTrainer.eval_metrics`): the same token-mean NLL over every response
 token of the eval set (padded rows, also with ``packing``: the value does not depend on it).
+With the fused LM head (``--fused_lm_head``) the loss is the forward's ``weighted`` sum of the log-probs (weights
+``d loss / d logprobs``): its gradients are made during forward, chunk by chunk, and no logits are kept.
 The loop, resume and export are :class:`rl_core.trainers.base.Trainer`'s.
 """
 
@@ -41,15 +43,27 @@ class SFTTrainer(Trainer):
         micro = [self.to_device(self.collate(items)) for items in self.micro_batches(indices)]
         total = self.s.dp_sum(sum(b["loss_mask"].sum() for b in micro).float())
         loss_sum = torch.zeros((), dtype=torch.float64, device=total.device)
+        fused = getattr(self.engine.module, "fused_lm_head", False)
         for b in micro:
-            out = self.engine(**model_inputs(b))
-            loss = sft_loss(out.logprobs, b["loss_mask"], global_tokens=total, dp_size=self.plan.dp_size)
+            if fused:  # the NLL is linear in the log-probs: the fused head makes its gradients in forward
+                out = self.engine(**model_inputs(b), lp_weights=self._nll_weights(b["loss_mask"], total))
+                loss = out.weighted
+            else:
+                out = self.engine(**model_inputs(b))
+                loss = sft_loss(out.logprobs, b["loss_mask"], global_tokens=total, dp_size=self.plan.dp_size)
             loss = loss + self.moe_aux_loss(out)
             self.s.backward(loss, self.engine)
             self.s.optimizer_step(self.engine)
             loss_sum += loss.detach()  # on the device: no host sync per micro-batch, one .item() per step
         loss_sum, total = torch.stack([loss_sum, total.double()]).tolist()
         return {"loss": self.s.all_reduce(loss_sum, "mean"), "tokens": total, **self.aux_loss_metrics()}
+
+    def _nll_weights(self, mask: torch.Tensor, total: torch.Tensor) -> torch.Tensor:
+        """d sft_loss / d logprobs: the loss is linear in them, so it is ``sum(weights * logprobs)``."""
+        lp = torch.zeros(mask.shape, device=mask.device, requires_grad=True)
+        with torch.enable_grad():
+            (w,) = torch.autograd.grad(sft_loss(lp, mask, global_tokens=total, dp_size=self.plan.dp_size), lp)
+        return w
 
     def eval_metrics(self, dataset) -> dict[str, float]:
         """``loss``: sum of response-token NLL / number of response tokens over the whole set; ``tokens``."""
