@@ -109,6 +109,8 @@ def main() -> None:
                          "sft_throughput.py's tokens/s)")
     ap.add_argument("--use_liger_kernel", action="store_true",
                     help="every side with liger-kernel's RMSNorm / SwiGLU / RoPE (rl ppo's --use_liger_kernel; CUDA)")
+    ap.add_argument("--fused_lm_head", action="store_true",
+                    help="every side with rl ppo's --fused_lm_head (log-probs without the [tokens, vocabulary] logits)")
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
@@ -149,6 +151,8 @@ def main() -> None:
     dtype = "bf16" if bf16 else "fp32"
     steps = 10 * args.repeats + 10
     liger = {"use_liger_kernel": True} if args.use_liger_kernel else {}
+    if args.fused_lm_head:
+        liger["fused_lm_head"] = True
     workers = {"padded": PolicyWorker(s, str(model), c, steps, load_kw={"dtype": dtype, **liger})}
     for a in attns:
         for b in budgets:
@@ -175,7 +179,7 @@ def main() -> None:
         "device": str(dev), "dtype": "bf16" if bf16 else "fp32", "preset": args.preset,
         "attention": {"padded": default_attn, "packed": attns}, "samples": args.samples, "prompt_len": args.prompt_len,
         "response_len": {"min": min(resp), "median": int(statistics.median(resp)), "max": max(resp)},
-        "lengths": args.lengths, "use_liger_kernel": args.use_liger_kernel,
+        "lengths": args.lengths, "use_liger_kernel": args.use_liger_kernel, "fused_lm_head": args.fused_lm_head,
         "real_tokens": real, "micro": args.micro, "budgets": budgets,
         "micro_batches": {side: len(w._micro_batches(items, train=True)) for side, w in workers.items()},
         "computed_tokens": {side: computed_tokens(w, items, True) for side, w in workers.items()},
@@ -184,7 +188,7 @@ def main() -> None:
         "speedup": {side: {p: med[f"padded/{p}"] / med[f"{side}/{p}"] for p in ("logprobs", "train")}
                     for side in workers if side != "padded"},
     }
-    kernels = ", liger" * args.use_liger_kernel
+    kernels = ", liger" * args.use_liger_kernel + ", fused LM head" * args.fused_lm_head
     print(f"{args.preset} on {dev} ({result['dtype']}{kernels}, attention: padded {default_attn}, packed "
           f"{', '.join(attns)}): {args.samples} items, "
           f"response lengths {result['response_len']}, {real} real tokens; packed vs padded log-probs: max gap "

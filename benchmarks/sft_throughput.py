@@ -49,6 +49,9 @@ Sides, all built once in this process and timed in interleaved windows (plain, z
   windows), a spare tensor holds all but F GiB of the free device memory, so ``auto`` sees a smaller card and
   has to choose (its peak is printed without that tensor). ``--grad_ckpt`` is ``--ckpt all``.
 - ``--big_micro M`` adds ``zero-0 +liger micro M`` (the same global batch in fewer, larger micro-batches).
+- ``--fused_lm_head`` adds ``zero-Z +liger fused`` at the first ``--zero`` stage Z (``rl sft --fused_lm_head``: the
+  NLL's gradients made during forward, chunk by chunk, no ``[tokens, vocabulary]`` logits), and with
+  ``--big_micro M`` also ``zero-Z +liger fused micro M``.
 - ``--muon`` adds ``zero-Z +liger muon`` at the first ``--zero`` stage Z (``rl sft --optim muon``: DeepSpeed's
   Muon, Newton-Schulz compiled by torch.compile during the warm-up steps, for the weight matrices).
 - All of these without ``+liger`` under ``--liger off``.
@@ -138,7 +141,7 @@ class RlCore:
     """SFTTrainer on DeepSpeedStrategy; ``run(n)`` is one ``fit()`` of n optimizer steps."""
 
     def __init__(self, path, data, micro: int, accum: int, device: torch.device, zero: int, *,
-                 liger: bool = False, grad_ckpt: str | None = None, optim: str = "adam"):
+                 liger: bool = False, grad_ckpt: str | None = None, optim: str = "adam", fused: bool = False):
         import dataclasses
 
         from transformers import AutoTokenizer
@@ -155,7 +158,8 @@ class RlCore:
         torch.manual_seed(0)
         with ModulePatches.record(liger) as self.patches:
             actor = Actor.from_pretrained(path, dtype="bf16" if bf16 else "fp32", attn_implementation="sdpa",
-                                          use_liger_kernel=liger, gradient_checkpointing=bool(grad_ckpt))
+                                          use_liger_kernel=liger, gradient_checkpointing=bool(grad_ckpt),
+                                          fused_lm_head=fused)
         self.trainer = SFTTrainer(strategy, actor, AutoTokenizer.from_pretrained(path), data, SFTConfig(max_epochs=1))
         self.device, self._replace = device, dataclasses.replace
         self.tokens = micro * len(data[0]["input_ids"])  # per micro-batch
@@ -243,6 +247,9 @@ def main() -> None:
                     "'zero-0 +liger') under torch.profiler: its top kernels and how busy the device was")
     ap.add_argument("--muon", action="store_true", help="add a zero-Z side (the first --zero stage) with rl sft --optim "
                     "muon: DeepSpeed's Muon for the weight matrices, AdamW for the rest")
+    ap.add_argument("--fused_lm_head", action="store_true", help="add a zero-Z side (the first --zero stage) with rl "
+                    "sft --fused_lm_head (the NLL's gradients made in forward, chunk by chunk: no [tokens, vocabulary] "
+                    "logits), and one at --big_micro when given")
     ap.add_argument("--out", help="write the results as JSON here")
     args = ap.parse_args()
     preset = "small" if args.small else args.preset or ("0.5b" if args.device == "cuda" else "default")
@@ -298,6 +305,12 @@ def main() -> None:
         if args.big_micro:
             builders["zero-0" + " +liger" * lg + f" micro {args.big_micro}"] = lambda: RlCore(
                 path, data, args.big_micro, G // args.big_micro, device, 0, liger=lg)
+        if args.fused_lm_head:
+            builders[f"zero-{z0}" + " +liger" * lg + " fused"] = lambda: RlCore(path, data, micro, args.accum, device,
+                                                                              z0, liger=lg, fused=True)
+            if args.big_micro:
+                builders[f"zero-{z0}" + " +liger" * lg + f" fused micro {args.big_micro}"] = lambda: RlCore(
+                    path, data, args.big_micro, G // args.big_micro, device, z0, liger=lg, fused=True)
         if args.muon:
             builders[f"zero-{z0}" + " +liger" * lg + " muon"] = lambda: RlCore(path, data, micro, args.accum, device, z0,
                                                                              liger=lg, optim="muon")
