@@ -415,8 +415,8 @@ class Actor(nn.Module):
                 hidden = self._hidden(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
                                       use_cache=False)
                 if lp_weights is not None and shard is None and not return_entropy:  # gradients in forward
-                    weighted, lp, ent = *self._fused_weighted(hidden, labels, lp_weights, pos_for_shift,
-                                                              temperature), None
+                    weighted, lp = self._fused_weighted(hidden, labels, lp_weights, pos_for_shift, temperature)
+                    ent = None
                 else:
                     lp, ent = self._fused_logprobs(hidden, labels, temperature, return_entropy)
             else:
