@@ -137,12 +137,10 @@ def test_preference_commands_train_on_packed_pairs(files, name, flag, extra, cap
     assert (out / "config.json").is_file()
 
 
-@pytest.mark.parametrize("name,extra", [
-    ("sft", ["--dataset", "sft.jsonl", "--input_key", "q", "--output_key", "a", "--max_steps", "3"]),
-    ("dpo", ["--dataset", "pairs.jsonl", "--prompt_key", "prompt", "--beta", "0.1", "--max_steps", "3"]),
-])
-def test_a_fused_lm_head_trains_with_the_losses_of_the_full_logits(files, name, extra, monkeypatch):
-    """--fused_lm_head (the policy's and, for dpo, the reference's log-probs from the hidden states, chunk by chunk)."""
+def test_sft_with_a_fused_lm_head_trains_with_the_losses_of_the_full_logits(files, monkeypatch):
+    """rl sft --fused_lm_head: the NLL's gradients made in forward from the hidden states, chunk by chunk (the
+    Actor-level equality of log-probs and gradients, the DPO/KTO reference's path included: rl-core's tests)."""
+    name, extra = "sft", ["--dataset", "sft.jsonl", "--input_key", "q", "--output_key", "a", "--max_steps", "3"]
     monkeypatch.chdir(files)
     argv = ["--pretrain", "tiny", *extra, *COMMON]
     assert run(name, [*argv, "--run_dir", f"run-full-{name}"]) == 0

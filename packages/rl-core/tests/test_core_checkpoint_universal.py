@@ -67,13 +67,25 @@ def _load(rank: int, port: int, folder: str) -> None:
         assert mine[name][:n].abs().sum() > 0 and torch.equal(mine[name][:n], two), name
 
 
-def test_a_two_rank_zero2_checkpoint_resumes_on_one_rank_through_the_universal_format(tmp_path):
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+    """A ZeRO-2 state saved by two ranks (made once; each test works on its own copy)."""
     from rl_rollout.testing import run_ranks
 
-    folder = str(tmp_path / "step")
-    run_ranks(__file__, "_save", 2, folder)
-    run_ranks(__file__, "_load", 1, folder)
-    assert (tmp_path / "step" / "ds_universal" / "zero").is_dir()  # converted once, kept beside ds/
+    folder = tmp_path_factory.mktemp("universal") / "step"
+    run_ranks(__file__, "_save", 2, str(folder))
+    return folder
+
+
+def test_a_two_rank_zero2_checkpoint_resumes_on_one_rank_through_the_universal_format(saved, tmp_path):
+    import shutil
+
+    from rl_rollout.testing import run_ranks
+
+    folder = tmp_path / "step"
+    shutil.copytree(saved, folder)
+    run_ranks(__file__, "_load", 1, str(folder))
+    assert (folder / "ds_universal" / "zero").is_dir()  # converted once, kept beside ds/
 
 
 def _load_broken(rank: int, port: int, folder: str) -> None:
@@ -94,11 +106,13 @@ def _load_broken(rank: int, port: int, folder: str) -> None:
         raise AssertionError("resumed from a checkpoint that could not be converted")
 
 
-def test_a_conversion_that_fails_on_rank_0_fails_every_rank_with_its_reason(tmp_path):
+def test_a_conversion_that_fails_on_rank_0_fails_every_rank_with_its_reason(saved, tmp_path):
+    import shutil
+
     from rl_rollout.testing import run_ranks
 
     folder = tmp_path / "step"
-    run_ranks(__file__, "_save", 2, str(folder))
+    shutil.copytree(saved, folder)
     for f in (folder / "ds").rglob("zero_pp_rank_1_*optim_states.pt"):
         f.unlink()  # a rank's optimizer part lost
     logs = run_ranks(__file__, "_load_broken", 2, str(folder), timeout=300)
