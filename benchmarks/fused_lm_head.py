@@ -10,8 +10,8 @@ alternating (median of ``--repeats``), each on the loss ``sum(u * logprobs)`` fo
 (the policy's path: backward recomputes each chunk's logits); ``fused-linear`` =
 ``weighted_logprob_sum_from_hidden`` (SFT's path for a loss linear in the log-probs: the gradients are made in
 forward). Each forward alone (no grad) and forward + backward (gradients of the hidden states and the head). Printed per side: milliseconds and the ratio to ``full``; what autograd keeps for
-backward beyond the inputs (saved tensors, measured with saved_tensors_hooks: the full side keeps the
-logits); on
+backward beyond the inputs (the saved tensors of the graph's nodes after forward: the full side keeps the
+logits, ``fused-linear`` the gradients it made); on
 CUDA the allocator's peak above the inputs during forward + backward; and the largest difference of the
 log-probs and of each gradient between the sides.
 """
@@ -76,18 +76,24 @@ def main() -> None:
         return time.perf_counter() - t0, lp.detach(), (h.grad, w.grad)
 
     def saved_bytes(fn) -> int:
-        """Bytes autograd keeps for backward beyond the inputs (the hidden states and the head are kept anyway)."""
-        inputs = {hidden.untyped_storage().data_ptr(), weight.untyped_storage().data_ptr()}
-        total = 0
-
-        def pack(t):
-            nonlocal total
-            if t.untyped_storage().data_ptr() not in inputs:
-                total += t.numel() * t.element_size()
-            return t
-
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            fn(hidden.detach().requires_grad_(), weight.detach().requires_grad_())
+        """Bytes the autograd graph holds for backward after forward, beyond the inputs (the hidden states and the
+        head are kept anyway): the saved tensors of every node, walked from the loss (custom Functions'
+        ``saved_tensors``, built-in nodes' ``_saved_*``), each storage counted once."""
+        loss, _ = fn(hidden.detach().requires_grad_(), weight.detach().requires_grad_())
+        seen = {hidden.untyped_storage().data_ptr(), weight.untyped_storage().data_ptr()}
+        total, stack, visited = 0, [loss.grad_fn], set()
+        while stack:
+            node = stack.pop()
+            if node is None or node in visited:
+                continue
+            visited.add(node)
+            tensors = list(getattr(node, "saved_tensors", None) or ())
+            tensors += [getattr(node, k) for k in dir(node) if k.startswith("_saved_")]
+            for t in tensors:
+                if isinstance(t, torch.Tensor) and t.untyped_storage().data_ptr() not in seen:
+                    seen.add(t.untyped_storage().data_ptr())
+                    total += t.untyped_storage().nbytes()
+            stack += [f for f, _ in node.next_functions]
         return total
 
     times = {(s, b): [] for s in sides for b in (False, True)}

@@ -147,8 +147,12 @@ class _WeightedHeadFn(torch.autograd.Function):
         grad_w = torch.zeros(weight_VH.shape, dtype=acc, device=weight_VH.device) if weight_VH.requires_grad else None
         grad_b = torch.zeros(bias_V.shape, dtype=acc, device=bias_V.device) \
             if bias_V is not None and bias_V.requires_grad else None
+        grads = grad_h is not None or grad_w is not None or grad_b is not None
         for s in range(0, N, chunk):
             h, lab, w = hidden_NH[s : s + chunk], labels_N[s : s + chunk], weights_N[s : s + chunk]
+            if not grads:  # nothing asks for a gradient (no_grad, frozen inputs): the values only
+                lp[s : s + chunk] = logprobs_from_logits(F.linear(h, weight_VH, bias_V), lab, temperature)
+                continue
             with torch.enable_grad():
                 logits = F.linear(h, weight_VH, bias_V).detach().requires_grad_()
                 lp_c = logprobs_from_logits(logits, lab, temperature)
