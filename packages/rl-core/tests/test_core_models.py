@@ -183,6 +183,15 @@ def test_an_openrlhf_reward_model_folder_gives_its_own_scores(tiny, tmp_path):
     assert torch.equal(renamed.head.weight, rm.head.weight)
 
 
+def _rows(layout: str) -> tuple[torch.Tensor, dict]:
+    """Input ids and the forward's layout arguments: two left-padded rows, or SEQS packed into one row."""
+    if layout == "padded":
+        return (torch.tensor([[5, 60, 70, 71, 9, 33], [0, 0, 7, 8, 30, 31]]),
+                {"attention_mask": torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]])})
+    return (torch.tensor([sum(SEQS, [])]),
+            {"position_ids": torch.tensor([sum([list(range(len(s))) for s in SEQS], [])])})
+
+
 @pytest.mark.parametrize("layout", ["padded", "packed"])
 @pytest.mark.parametrize("lora", [False, True])
 def test_a_fused_lm_head_gives_the_logprobs_entropy_and_gradients_of_the_full_logits(tiny, layout, lora):
@@ -196,12 +205,7 @@ def test_a_fused_lm_head_gives_the_logprobs_entropy_and_gradients_of_the_full_lo
     torch.manual_seed(0)  # the same LoRA initialisation
     fused = Actor.from_pretrained(tiny, dtype="fp32", lora=spec, fused_lm_head=True)
     assert fused.fused_lm_head and not plain.fused_lm_head
-    if layout == "padded":
-        ids = torch.tensor([[5, 60, 70, 71, 9, 33], [0, 0, 7, 8, 30, 31]])
-        kw = {"attention_mask": torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]])}
-    else:
-        ids = torch.tensor([sum(SEQS, [])])
-        kw = {"position_ids": torch.tensor([sum([list(range(len(s))) for s in SEQS], [])])}
+    ids, kw = _rows(layout)
     weights = torch.rand(ids.shape, generator=torch.Generator().manual_seed(1))
     grads = []
     for model in (plain, fused):
@@ -224,12 +228,7 @@ def test_lp_weights_give_the_weighted_sum_of_the_logprobs_with_its_gradients(tin
     the weights of the positions whose log-prob is 0 by convention (each sequence's first) count for nothing."""
     plain = Actor.from_pretrained(tiny, dtype="fp32")
     fused = Actor.from_pretrained(tiny, dtype="fp32", fused_lm_head=True)
-    if layout == "padded":
-        ids = torch.tensor([[5, 60, 70, 71, 9, 33], [0, 0, 7, 8, 30, 31]])
-        kw = {"attention_mask": torch.tensor([[1] * 6, [0, 0, 1, 1, 1, 1]])}
-    else:
-        ids = torch.tensor([sum(SEQS, [])])
-        kw = {"position_ids": torch.tensor([sum([list(range(len(s))) for s in SEQS], [])])}
+    ids, kw = _rows(layout)
     w = torch.rand(ids.shape, generator=torch.Generator().manual_seed(2))
     want = plain(ids, temperature=0.9, **kw)
     ref = (want.logprobs * w).sum()

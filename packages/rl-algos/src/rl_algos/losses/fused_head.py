@@ -50,14 +50,61 @@ def _tokens_per_chunk(vocab: int, chunk_tokens: int | None) -> int:
     return max(1, CHUNK_ELEMENTS // max(vocab, 1))
 
 
+def _float(t: Tensor) -> torch.dtype:
+    """The float type results and sums are kept in: float64 for float64 inputs, else float32."""
+    return torch.float64 if t.dtype == torch.float64 else torch.float32
+
+
+class _HeadGrads:
+    """The gradients of the hidden states, the head's weight and its bias, filled chunk by chunk from each chunk's
+    ``d logits`` (the head's in a float32 sum, cast to its dtype once)."""
+
+    def __init__(self, hidden_NH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, need: tuple[bool, bool, bool]):
+        self.weight = weight_VH
+        acc = _float(weight_VH)
+        self.h = torch.empty_like(hidden_NH) if need[0] else None
+        self.w = torch.zeros(weight_VH.shape, dtype=acc, device=weight_VH.device) if need[1] else None
+        self.b = torch.zeros(bias_V.shape, dtype=acc, device=bias_V.device) if need[2] and bias_V is not None else None
+        self.bias_dtype = None if bias_V is None else bias_V.dtype
+
+    @property
+    def any(self) -> bool:
+        return self.h is not None or self.w is not None or self.b is not None
+
+    def add(self, s: int, h: Tensor, g_logits: Tensor) -> None:
+        """Rows ``s : s + len(h)``: ``d hidden = d logits @ W``, ``d W += d logits^T @ hidden``, ``d b += sum``."""
+        if self.h is not None:
+            self.h[s : s + h.shape[0]] = g_logits @ self.weight
+        if self.w is not None:  # in place where the dtypes agree (no [V, H] temporary per chunk)
+            if g_logits.dtype == self.w.dtype:
+                self.w.addmm_(g_logits.t(), h)
+            else:
+                self.w += (g_logits.t() @ h).to(self.w.dtype)
+        if self.b is not None:
+            self.b += g_logits.sum(0).to(self.b.dtype)
+
+    def result(self) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
+        return (self.h, None if self.w is None else self.w.to(self.weight.dtype),
+                None if self.b is None else self.b.to(self.bias_dtype))
+
+
+def _chunk_grad(logits_fn, outs_and_grads) -> Tensor:
+    """``d logits`` of one chunk: the kernel's own backward of ``outs_and_grads(logits)`` (pairs of an output
+    and its upstream gradient) on a fresh leaf of the chunk's logits."""
+    with torch.enable_grad():
+        logits = logits_fn().detach().requires_grad_()
+        pairs = outs_and_grads(logits)
+        torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
+    return logits.grad
+
+
 class _FusedHeadFn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden_NH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, labels_N: Tensor,
                 temperature: float, chunk: int, with_entropy: bool):
         N = hidden_NH.shape[0]
-        out_dtype = torch.float64 if hidden_NH.dtype == torch.float64 else torch.float32
-        lp = torch.empty(N, dtype=out_dtype, device=hidden_NH.device)
-        ent = torch.empty(N, dtype=out_dtype, device=hidden_NH.device) if with_entropy else None
+        lp = torch.empty(N, dtype=_float(hidden_NH), device=hidden_NH.device)
+        ent = torch.empty(N, dtype=_float(hidden_NH), device=hidden_NH.device) if with_entropy else None
         for s in range(0, N, chunk):
             logits, lab = F.linear(hidden_NH[s : s + chunk], weight_VH, bias_V), labels_N[s : s + chunk]
             if with_entropy:
@@ -72,35 +119,34 @@ class _FusedHeadFn(torch.autograd.Function):
     def backward(ctx, grad_lp: Tensor | None, grad_ent: Tensor | None = None):
         hidden_NH, weight_VH, bias_V, labels_N = ctx.saved_tensors
         T, chunk = ctx.temperature, ctx.chunk
-        need_h, need_w, need_b = ctx.needs_input_grad[:3]
-        grad_h = torch.empty_like(hidden_NH) if need_h else None
-        grad_w = torch.zeros(weight_VH.shape, dtype=torch.float32 if weight_VH.dtype != torch.float64
-                             else torch.float64, device=weight_VH.device) if need_w else None
-        grad_b = torch.zeros(bias_V.shape, dtype=grad_w.dtype if grad_w is not None else torch.float32,
-                             device=bias_V.device) if need_b else None
+        grads = _HeadGrads(hidden_NH, weight_VH, bias_V, ctx.needs_input_grad[:3])
         for s in range(0, hidden_NH.shape[0], chunk):
-            h = hidden_NH[s : s + chunk]
-            lab = labels_N[s : s + chunk]
-            with torch.enable_grad():  # the kernel's own backward gives this chunk's d logits
-                logits = F.linear(h, weight_VH, bias_V).detach().requires_grad_()
+            h, lab = hidden_NH[s : s + chunk], labels_N[s : s + chunk]
+
+            def pairs(logits, s=s, lab=lab):
                 if ctx.with_entropy:
                     outs = logprobs_and_entropy_from_logits(logits, lab, T)
-                    pairs = [(o, g[s : s + chunk]) for o, g in zip(outs, (grad_lp, grad_ent)) if g is not None]
-                else:
-                    pairs = [(logprobs_from_logits(logits, lab, T), grad_lp[s : s + chunk])]
-                torch.autograd.backward([o for o, _ in pairs], [g for _, g in pairs])
-            g_logits = logits.grad
-            if need_h:
-                grad_h[s : s + chunk] = g_logits @ weight_VH
-            if need_w:  # in place where the dtypes agree (no [V, H] temporary per chunk)
-                if g_logits.dtype == grad_w.dtype:
-                    grad_w.addmm_(g_logits.t(), h)
-                else:
-                    grad_w += (g_logits.t() @ h).to(grad_w.dtype)
-            if need_b:
-                grad_b += g_logits.sum(0).to(grad_b.dtype)
-        return (grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype),
-                None if grad_b is None else grad_b.to(bias_V.dtype), None, None, None, None)
+                    return [(o, g[s : s + chunk]) for o, g in zip(outs, (grad_lp, grad_ent)) if g is not None]
+                return [(logprobs_from_logits(logits, lab, T), grad_lp[s : s + chunk])]
+
+            grads.add(s, h, _chunk_grad(lambda h=h: F.linear(h, weight_VH, bias_V), pairs))
+        return (*grads.result(), None, None, None, None)
+
+
+def _check_inputs(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Tensor | None, temperature: float,
+                  token_weights: Tensor | None = None) -> None:
+    _check_temperature(temperature)
+    if hidden.shape[:-1] != labels.shape:
+        raise ValueError(f"labels shape {tuple(labels.shape)} must equal hidden's without the hidden axis "
+                         f"{tuple(hidden.shape[:-1])}")
+    if token_weights is not None and token_weights.shape != labels.shape:
+        raise ValueError(f"token_weights shape {tuple(token_weights.shape)} must equal the labels' "
+                         f"{tuple(labels.shape)}")
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"weight must be [vocabulary, hidden] with hidden {hidden.shape[-1]}, got "
+                         f"{tuple(weight.shape)}")
+    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
+        raise ValueError(f"bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
 
 
 def logprobs_from_hidden(
@@ -115,15 +161,7 @@ def logprobs_from_hidden(
     ``hidden``, ``weight`` and ``bias``. ``chunk_tokens`` positions at a time; the default keeps a chunk's logits
     near 64M elements.
     """
-    _check_temperature(temperature)
-    if hidden.shape[:-1] != labels.shape:
-        raise ValueError(f"labels shape {tuple(labels.shape)} must equal hidden's without the hidden axis "
-                         f"{tuple(hidden.shape[:-1])}")
-    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
-        raise ValueError(f"weight must be [vocabulary, hidden] with hidden {hidden.shape[-1]}, got "
-                         f"{tuple(weight.shape)}")
-    if bias is not None and tuple(bias.shape) != (weight.shape[0],):
-        raise ValueError(f"bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
+    _check_inputs(hidden, weight, labels, bias, temperature)
     flat = hidden.reshape(-1, hidden.shape[-1])
     chunk = _tokens_per_chunk(weight.shape[0], chunk_tokens)
     out = _FusedHeadFn.apply(flat, weight, bias, labels.reshape(-1).long(), float(temperature), chunk, return_entropy)
@@ -140,45 +178,31 @@ class _WeightedHeadFn(torch.autograd.Function):
     def forward(ctx, hidden_NH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, labels_N: Tensor,
                 weights_N: Tensor, temperature: float, chunk: int):
         N = hidden_NH.shape[0]
-        out_dtype = torch.float64 if hidden_NH.dtype == torch.float64 else torch.float32
-        lp = torch.empty(N, dtype=out_dtype, device=hidden_NH.device)
-        acc = torch.float64 if weight_VH.dtype == torch.float64 else torch.float32
-        grad_h = torch.empty_like(hidden_NH) if hidden_NH.requires_grad else None
-        grad_w = torch.zeros(weight_VH.shape, dtype=acc, device=weight_VH.device) if weight_VH.requires_grad else None
-        grad_b = torch.zeros(bias_V.shape, dtype=acc, device=bias_V.device) \
-            if bias_V is not None and bias_V.requires_grad else None
-        grads = grad_h is not None or grad_w is not None or grad_b is not None
+        lp = torch.empty(N, dtype=_float(hidden_NH), device=hidden_NH.device)
+        grads = _HeadGrads(hidden_NH, weight_VH, bias_V, (hidden_NH.requires_grad, weight_VH.requires_grad,
+                                                          bias_V is not None and bias_V.requires_grad))
         for s in range(0, N, chunk):
             h, lab, w = hidden_NH[s : s + chunk], labels_N[s : s + chunk], weights_N[s : s + chunk]
-            if not grads:  # nothing asks for a gradient (no_grad, frozen inputs): the values only
+            if not grads.any:  # nothing asks for a gradient (no_grad, frozen inputs): the values only
                 lp[s : s + chunk] = logprobs_from_logits(F.linear(h, weight_VH, bias_V), lab, temperature)
                 continue
-            with torch.enable_grad():
-                logits = F.linear(h, weight_VH, bias_V).detach().requires_grad_()
-                lp_c = logprobs_from_logits(logits, lab, temperature)
-                torch.autograd.backward(lp_c, w.to(lp_c.dtype))
-            lp[s : s + chunk] = lp_c.detach()
-            g_logits = logits.grad
-            if grad_h is not None:
-                grad_h[s : s + chunk] = g_logits @ weight_VH
-            if grad_w is not None:
-                if g_logits.dtype == grad_w.dtype:
-                    grad_w.addmm_(g_logits.t(), h)
-                else:
-                    grad_w += (g_logits.t() @ h).to(grad_w.dtype)
-            if grad_b is not None:
-                grad_b += g_logits.sum(0).to(grad_b.dtype)
+            kept = []
+
+            def pairs(logits, lab=lab, w=w, kept=kept):
+                kept.append(logprobs_from_logits(logits, lab, temperature))
+                return [(kept[0], w.to(kept[0].dtype))]
+
+            grads.add(s, h, _chunk_grad(lambda h=h: F.linear(h, weight_VH, bias_V), pairs))
+            lp[s : s + chunk] = kept[0].detach()
         total = (lp * weights_N.to(lp.dtype)).sum()
-        ctx.save_for_backward(grad_h, None if grad_w is None else grad_w.to(weight_VH.dtype),
-                              None if grad_b is None else grad_b.to(bias_V.dtype))
+        ctx.save_for_backward(*grads.result())
         ctx.mark_non_differentiable(lp)
         return total, lp
 
     @staticmethod
     def backward(ctx, grad_total: Tensor, _grad_lp: Tensor | None):
-        grad_h, grad_w, grad_b = ctx.saved_tensors
-        scale = (lambda g: None if g is None else g * grad_total.to(g.dtype))  # noqa: E731
-        return scale(grad_h), scale(grad_w), scale(grad_b), None, None, None, None
+        return (*(None if g is None else g * grad_total.to(g.dtype) for g in ctx.saved_tensors),
+                None, None, None, None)
 
 
 def weighted_logprob_sum_from_hidden(
@@ -189,19 +213,13 @@ def weighted_logprob_sum_from_hidden(
     weights ``-mask / tokens``), the LM head fused as in :func:`logprobs_from_hidden` but with its gradients
     computed during forward: each chunk's logits are made, reduced and differentiated once, so backward
     recomputes nothing (the matmuls of the unfused path, none of its logits). Holds the hidden states'
-    gradient and a float32 ``[V, H]`` head gradient from forward to backward.
+    gradient and the head's (``[V, H]``) from forward to backward.
 
     Shapes as :func:`logprobs_from_hidden`, ``token_weights`` like ``labels`` (constants: no gradient flows to
     them). The returned log-probs are values only (no gradient); the sum carries the gradients of ``hidden``,
     ``weight`` and ``bias``.
     """
-    _check_temperature(temperature)
-    if hidden.shape[:-1] != labels.shape or token_weights.shape != labels.shape:
-        raise ValueError(f"labels {tuple(labels.shape)} and token_weights {tuple(token_weights.shape)} must both "
-                         f"equal hidden's shape without the hidden axis {tuple(hidden.shape[:-1])}")
-    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
-        raise ValueError(f"weight must be [vocabulary, hidden] with hidden {hidden.shape[-1]}, got "
-                         f"{tuple(weight.shape)}")
+    _check_inputs(hidden, weight, labels, bias, temperature, token_weights)
     flat = hidden.reshape(-1, hidden.shape[-1])
     chunk = _tokens_per_chunk(weight.shape[0], chunk_tokens)
     total, lp = _WeightedHeadFn.apply(flat, weight, bias, labels.reshape(-1).long(),
