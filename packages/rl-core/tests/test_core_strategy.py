@@ -92,13 +92,15 @@ def test_micro_batch_1x4_matches_4x1(tiny):
 
 
 @pytest.mark.parametrize("manual_boundary", [False, True])
-def test_zero2_alone_reduces_once_per_step_and_trains_as_stage_0(tiny, manual_boundary):
+def test_zero2_alone_reduces_once_per_step_and_trains_as_stage_0(tiny, manual_boundary, caplog):
     """One rank: ZeRO-2's per-micro-batch reduction is coalesced into one per optimizer step (DeepSpeed's
-    coalesce_grad_reduction), with the weights of a stage-0 run."""
+    coalesce_grad_reduction, said in the log), with the weights of a stage-0 run."""
     data = batches(3)
     s0, e0 = setup(tiny, 0, micro=1)
     l0 = train(s0, e0, data, manual_boundary)
-    s2, e2 = setup(tiny, 2, micro=1)
+    with caplog.at_level(logging.INFO, logger="rl_core.strategy"):
+        s2, e2 = setup(tiny, 2, micro=1)
+    assert "ZeRO-2 on one rank: gradients reduced once per optimizer step" in caplog.text
     reductions = []
     reduce = e2.optimizer.reduce_ipg_grads
     e2.optimizer.reduce_ipg_grads = lambda *a, **kw: (reductions.append(e2.micro_steps), reduce(*a, **kw))[1]

@@ -500,6 +500,8 @@ class DeepSpeedStrategy:
             engine.enable_backward_allreduce = False
         if _coalescible(self.cfg, self.world_size, engine):
             engine._rl_coalesce = _OneRankCoalescing(engine)
+            logger.info("ZeRO-2 on one rank: gradients reduced once per optimizer step, not per micro-batch "
+                        "(DeepSpeed's coalesce_grad_reduction)")
         if self.cfg.gradient_checkpointing:
             inner = getattr(engine.module, "model", None) or getattr(engine.module, "body", None)
             if inner is not None and hasattr(inner, "gradient_checkpointing_enable"):
