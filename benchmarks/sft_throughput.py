@@ -11,9 +11,10 @@ GPU (bf16; issue 18 item 4, the actor's training step at the Qwen2.5-0.5B shape)
         python3 benchmarks/sft_throughput.py --device cuda --preset 0.5b --seq 2048 --micro 8 --accum 2 \\
         [--grad_ckpt] [--big_micro 16] [--muon] [--out sft_h200.json]
 
-    Gradient checkpointing by layer (issue 18 item 3), one device call of about 3 minutes:
+    Gradient checkpointing by layer (issue 18 item 3), one device call of about 3 minutes, on a machine
+    that got the carry of scripts/device/vllm-loop-on-device.sh (DeepSpeed and liger-kernel ride in it):
 
-    source .vcarry5/install.sh; python3 benchmarks/sft_throughput.py --device cuda --preset 0.5b --zero 0 \
+    source /tmp/vllm-loop-on-device.sh env; python3 benchmarks/sft_throughput.py --device cuda --preset 0.5b --zero 0 \
         --liger on --ckpt none all 12 auto --auto_free_gib 32 --repeats 2 --out ckpt_h200.json
 
     The 0.5B preset is a random Llama (``rl_rollout.testing.make_tiny_model``) with hidden 896, 24

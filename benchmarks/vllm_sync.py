@@ -16,7 +16,8 @@ out of the mean (it records the copy plan), then checks the engine holds the las
   trainer's own parameters, one group, the plan's source views kept between syncs).
 
 Then, apart: one prefix-cache reset after a generation (vLLM walks every KV block; the engine skips it
-when nothing was generated since the last), and with ``--profile`` a cProfile of one steady ``live`` sync.
+when nothing was generated since the last), and with ``--profile`` a cProfile of one steady ``live`` sync
+(``--torch_profile``: torch.profiler's host ops and device kernels of one).
 
 Baseline in the same run: ``torch._foreach_copy_`` of the same tensors into same-shaped buffers (the
 fastest a sync of these bytes can be on this device). Prints seconds, GB/s and the ratio of each mode's
@@ -55,6 +56,8 @@ def main() -> None:
     ap.add_argument("--gpu_memory_utilization", type=float, default=0.3,
                     help="the engine's share of the GPU (its KV blocks: what a prefix-cache reset walks)")
     ap.add_argument("--profile", action="store_true", help="cProfile one steady live sync (top 25 by cumulative time)")
+    ap.add_argument("--torch_profile", action="store_true",
+                    help="torch.profiler of one steady live sync: ops by self CPU time and by device time")
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
     args = ap.parse_args()
     cuda = torch.cuda.is_available()
@@ -118,6 +121,9 @@ def main() -> None:
         reset_s = time_prefix_reset(engine, prompt)
         if args.profile:
             profile_sync(engine, params, version + 1)
+            version += 2
+        if args.torch_profile:
+            torch_profile_sync(engine, params, version + 1)
     finally:
         engine.shutdown()
 
@@ -162,6 +168,25 @@ def profile_sync(engine, params, version: int) -> None:
     sync_device()
     prof.disable()
     pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+
+
+def torch_profile_sync(engine, params, version: int) -> None:
+    """Where a steady live sync's time goes: host-side ops (Python, launches) and device kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    engine.update_weights(params, version, live=True)  # steady state first
+    sync_device()
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=acts) as prof:
+        t0 = time.perf_counter()
+        engine.update_weights(params, version + 1, live=True)
+        sync_device()
+        wall = time.perf_counter() - t0
+    print(f"torch.profiler, one steady live sync: {wall * 1e3:.2f} ms wall (profiler on)")
+    avg = prof.key_averages()
+    print(avg.table(sort_by="self_cpu_time_total", row_limit=15))
+    if torch.cuda.is_available():
+        print(avg.table(sort_by="self_device_time_total", row_limit=10))
 
 
 if __name__ == "__main__":

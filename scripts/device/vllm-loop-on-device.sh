@@ -5,7 +5,8 @@
 # deepspeed) gets, carried from here: vLLM 0.26.0 (the newest pinning torch==2.11.0) pruned for Hopper + Python
 # 3.12, its 28 small dependency wheels, DeepSpeed 0.19.8 as a pure-Python wheel built here from its sdist
 # (DS_BUILD_OPS=0 DS_ACCELERATOR=cuda: no compile there), DeepSpeed's runtime deps, what `--run_dir` needs
-# (rl-core's MetricsLogger writes TensorBoard events and draws curves.png with matplotlib) and pytest-timeout.
+# (rl-core's MetricsLogger writes TensorBoard events and draws curves.png with matplotlib), pytest-timeout and
+# liger-kernel 0.8.5 (--use_liger_kernel and the benchmarks' liger sides).
 #
 # 1. HERE, in the repo root (needs PyPI and .venv with torch, for DeepSpeed's setup.py; no GPU-machine time):
 #        bash scripts/device/vllm-loop-on-device.sh prepare
@@ -61,6 +62,8 @@ METRICS_DEPS="tensorboard==2.21.0 protobuf==7.36.2 absl-py==2.5.1 matplotlib==3.
 fonttools==4.68.0 kiwisolver==1.5.1 pyparsing==3.3.3 cycler==0.12.1 python-dateutil==4.0.0 tzdata==2026.6
 contourpy==1.3.3"
 TEST_DEPS="pytest-timeout==2.4.0"
+# liger-kernel (--use_liger_kernel, the benchmarks' liger sides): pure Python + Triton kernels; torch brings Triton
+KERNEL_DEPS="liger-kernel==0.8.5"
 PLATS="--platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
 # Where things go on the device (overridable only to simulate install elsewhere).
@@ -148,7 +151,7 @@ _vl_prepare() {
 
   echo "== small wheels (cp312)"
   rm -rf "$S/wheels" && mkdir -p "$S/wheels"
-  local specs="$VLLM_DEPS $DS_DEPS $METRICS_DEPS $TEST_DEPS"
+  local specs="$VLLM_DEPS $DS_DEPS $METRICS_DEPS $TEST_DEPS $KERNEL_DEPS"
   # shellcheck disable=SC2086
   $dl -d "$S/wheels" $specs 2> >(grep -v "$quiet" >&2)
   local nspec; nspec=$(echo $specs | wc -w)
@@ -272,7 +275,8 @@ def v(p):
         return m.version(p)
     except m.PackageNotFoundError:
         return "MISSING"
-print(", ".join(f"{p} {v(p)}" for p in ("vllm", "deepspeed", "torch", "transformers", "tensorboard", "matplotlib")))
+print(", ".join(f"{p} {v(p)}" for p in ("vllm", "deepspeed", "liger-kernel", "torch", "transformers", "tensorboard",
+                                         "matplotlib")))
 PY
 }
 

@@ -118,3 +118,37 @@ def test_the_weighted_sum_passes_float64_gradcheck():
     assert torch.autograd.gradcheck(
         lambda h_, w_, b_: weighted_logprob_sum_from_hidden(h_, w_, labels, weights, bias=b_, temperature=1.3,
                                                             chunk_tokens=4)[0], (h, w, b))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(),
+                    reason="needs a CUDA device: the bf16 head in chunks through the Triton log-prob kernel")
+@pytest.mark.parametrize("entropy", [False, True])
+def test_cuda_bf16_is_as_close_to_float64_as_the_full_logits_path(entropy):
+    """On the GPU both paths round the head's logits to bf16 (the fused one per chunk, whose matmul may tile
+    differently): the fused log-probs, entropy and gradients must be as close to float64 as the full path's."""
+    g = torch.Generator(device="cuda").manual_seed(0)
+    N, H, V = 4096, 896, 32_771  # an odd vocabulary: the kernel's masked tail block
+    h = torch.randn(N, H, device="cuda", generator=g).bfloat16().requires_grad_()
+    w = (torch.randn(V, H, device="cuda", generator=g) / H ** 0.5).bfloat16().requires_grad_()
+    labels = torch.randint(0, V, (N,), device="cuda", generator=g)
+    up = torch.randn(N, device="cuda", generator=g)
+
+    def run(fn):
+        outs = fn()
+        outs = list(outs) if entropy else [outs]
+        grads = torch.autograd.grad(sum((o.float() * up).sum() for o in outs), (h, w))
+        return [o.detach().double() for o in outs] + [x.double() for x in grads]
+
+    fused = run(lambda: logprobs_from_hidden(h, w, labels, temperature=0.9, return_entropy=entropy,
+                                             chunk_tokens=1024))
+    full = run(lambda: (logprobs_and_entropy_from_logits if entropy else logprobs_from_logits)(
+        F.linear(h, w), labels, 0.9))
+    h64, w64 = h.detach().double().requires_grad_(), w.detach().double().requires_grad_()
+    lp = torch.log_softmax(F.linear(h64, w64) / 0.9, -1)
+    ref = [lp.gather(-1, labels[:, None])[:, 0]] + ([-(lp.exp() * lp).sum(-1)] if entropy else [])
+    ref = [r.detach() for r in ref] + list(torch.autograd.grad(sum((r * up.double()).sum() for r in ref), (h64, w64)))
+    names = ["logprobs"] + (["entropy"] if entropy else []) + ["grad hidden", "grad weight"]
+    for name, a, b, r in zip(names, fused, full, ref):
+        err_fused, err_full = (a - r).abs().max().item(), (b - r).abs().max().item()
+        scale = r.abs().max().item()
+        assert err_fused <= 1.5 * err_full + 1e-3 * scale, (name, err_fused, err_full, scale)

@@ -41,7 +41,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300),
 
 LOGPROB_ATOL = 1e-4
 # The last prompt spans two KV blocks of 32: its first block lands in the prefix cache, so a
-# weight update that forgot reset_prefix_cache() would reuse stale KV and fail the greedy test.
+# weight update that kept the prompts' prefix-cache salt would reuse stale KV and fail the greedy test.
 PROMPTS = [[5, 60, 70], [5, 61, 62, 63, 64, 65, 66], [7], [40, 41, 42, 43], list(range(5, 45))]
 ENGINE_ARGS = dict(
     dtype="float32", enforce_eager=True, max_model_len=256, seed=0, in_process=True,

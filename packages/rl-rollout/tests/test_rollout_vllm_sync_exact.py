@@ -361,20 +361,27 @@ def test_an_in_process_engine_takes_the_tensors_without_packing(tmp_path, monkey
         assert engine.policy_version == 1
         assert logprob_gap(engine, hf) < LOGPROB_ATOL
 
-        # live=True: a trainer's own parameters, updated in place between syncs, sent in one group; the
-        # prefix cache is reset only when something was generated (and cached) since the last reset
-        resets = []
-        real_reset = engine._llm.reset_prefix_cache
-        monkeypatch.setattr(engine._llm, "reset_prefix_cache", lambda *a, **k: resets.append(1) or real_reset(*a, **k))
+        # live=True: a trainer's own parameters, updated in place between syncs, sent in one group. No sync
+        # walks vLLM's prefix cache to reset it: prompts are salted per weights, so the cache keeps serving
+        # within one version and never serves KV of the old weights after a sync
+        def no_reset(*a, **k):
+            raise AssertionError("a weight sync reset vLLM's prefix cache")
+
+        monkeypatch.setattr(engine._llm, "reset_prefix_cache", no_reset)
+        long_prompt = RolloutRequest(PROMPTS[-1], SamplingParams(temperature=0.0, n=1, max_new_tokens=4))  # 40 tokens
+
+        def cached_tokens():
+            return engine.generate([long_prompt])[0][0].info["prompt_cached_tokens"]
+
         live = [(n, p.detach()) for n, p in hf.named_parameters()]
         for version in (2, 3):
             perturb_(hf, torch.Generator().manual_seed(version))
             engine.update_weights(live, version=version, verify=True, live=True)
-            assert logprob_gap(engine, hf) < LOGPROB_ATOL, version  # generates: fills the prefix cache
-        assert len(resets) == 2  # each sync followed a generation
+            assert cached_tokens() == 0, version  # its KV of the old weights is not reused
+            assert cached_tokens() == 32, version  # one full block of 32, cached under these weights
+            assert logprob_gap(engine, hf) < LOGPROB_ATOL, version
         engine.update_weights(live, version=4, live=True)
-        assert len(resets) == 3
-        engine.update_weights(live, version=5, live=True)  # nothing generated since: nothing to reset
-        assert len(resets) == 3 and engine.policy_version == 5
+        engine.update_weights(live, version=5, live=True)
+        assert engine.policy_version == 5 and cached_tokens() == 0
     finally:
         engine.shutdown()

@@ -37,7 +37,8 @@ from rl_rollout.weights import weight_stats  # noqa: E402
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(300),
               pytest.mark.skipif(torch.cuda.is_available(), reason=VLLM_CPU_TESTS_ON_CUDA)]
 
-# The last prompt spans two KV blocks of 32: a sync that forgot reset_prefix_cache() would reuse stale KV.
+# The last prompt spans two KV blocks of 32: a sync whose prompts kept their prefix-cache
+# salt would reuse stale KV.
 PROMPTS = [[5, 60, 70], [5, 61, 62, 63, 64, 65, 66], [7], [40, 41, 42, 43], list(range(5, 45))]
 ENGINE_ARGS = dict(
     dtype="float32", enforce_eager=True, max_model_len=256, seed=0, in_process=True,

@@ -6,8 +6,12 @@ sampled from (logits / temperature, then top-k/top-p), the quantity a trainer
 recomputes as ``log_softmax(logits / T)`` when no top-k/top-p is set (the
 default ``raw_logprobs`` would ignore the temperature). Weights arrive through
 the worker extension :class:`rl_rollout.vllm_worker.WorkerExtension` in
-buckets (:mod:`rl_rollout.weights`) over ``collective_rpc``, then the prefix
-cache is reset so no KV computed with old weights is reused.
+buckets (:mod:`rl_rollout.weights`) over ``collective_rpc``. No KV computed with old
+weights is reused: every prompt carries vLLM's ``cache_salt`` naming the weights it runs
+with (a counter of update sessions), so a prefix cached before an update never matches
+one sent after it. That replaces vLLM's ``reset_prefix_cache()`` after each update, a
+Python walk over every KV block (13.6 ms per sync at 373,826 blocks on an H200), which
+also fails while requests are in flight; old entries are evicted as blocks are needed.
 
 Modes. ``sync`` holds an ``LLM``; ``agenerate`` calls queue up and run together
 in one ``LLM.generate`` on a helper thread. ``async`` holds an ``AsyncLLM`` on
@@ -135,10 +139,9 @@ class VLLMEngine(VLLMWeightsMixin):
         self.tensor_parallel_size = tensor_parallel_size
         self.pause_mode = pause_mode
         self.policy_version = 0
-        # sync mode: whether vLLM may hold prefix-cache entries of the current weights (then a weight update
-        # resets the cache); generation with caching on sets it, a reset or a sleep (it clears KV) clears it
+        # prefix caching: prompts are salted with the weights' epoch (one per update session, module docstring)
         self._prefix_caching = bool(enable_prefix_caching)
-        self._prefix_cached = False
+        self._weights_epoch = 0
         # partial rollouts (sync mode): responses sampled this many tokens at a time, updates landing in between
         self._partial_chunk_tokens: int | None = None
         self._updates_waiting = 0  # update sessions waiting for the lock (the chunk loop lets them in)
@@ -212,8 +215,7 @@ class VLLMEngine(VLLMWeightsMixin):
         with self._lock:
             self._check_usable()
             version = self.policy_version
-            prompts = [{"prompt_token_ids": list(r.prompt_token_ids)} for r in requests]
-            self._prefix_cached = self._prefix_cached or self._prefix_caching
+            prompts = [self._prompt(r) for r in requests]
             outputs = self._llm.generate(prompts, [_to_vllm_params(r.params) for r in requests], use_tqdm=False)
         return [_to_samples(r, o, version, version) for r, o in zip(requests, outputs, strict=True)], version
 
@@ -268,7 +270,7 @@ class VLLMEngine(VLLMWeightsMixin):
         _text_only([request])
         version = self.policy_version
         final = None
-        prompt = {"prompt_token_ids": list(request.prompt_token_ids)}
+        prompt = self._prompt(request)
         # vLLM needs ids unique among requests in flight; callers may reuse theirs.
         vllm_id = f"{request.request_id}-{next(self._ids)}"
         async for out in self._llm.generate(prompt, _to_vllm_params(request.params), request_id=vllm_id):
@@ -276,6 +278,12 @@ class VLLMEngine(VLLMWeightsMixin):
         if final is None:
             raise RuntimeError(f"vLLM returned no output for request {request.request_id!r}")
         return _to_samples(request, final, version, self.policy_version)
+
+    def _prompt(self, request: RolloutRequest) -> dict:
+        prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt_token_ids)}
+        if self._prefix_caching:  # cached KV is shared only among prompts run with the same weights
+            prompt["cache_salt"] = f"rl-weights-{self._weights_epoch}"
+        return prompt
 
     def _rpc(self, method: str, *args: Any) -> list[Any]:
         if self.mode == "async":
@@ -295,7 +303,7 @@ class VLLMEngine(VLLMWeightsMixin):
         else:
             with self._lock:
                 self._llm.sleep(level)
-                self._prefix_cached = False  # vLLM clears the prefix cache when it drops the KV cache
+        self._weights_epoch += 1  # the KV is gone (vLLM drops its prefix cache too); level 2 drops the weights
         self._asleep = {"weights", "kv_cache"}
 
     def wake_up(self, tags: list[str] | None = None) -> None:
@@ -410,6 +418,8 @@ def _to_samples(request: RolloutRequest, output, version: int, version_end: int)
         logprobs = [step[t].logprob for t, step in zip(ids, c.logprobs, strict=True)] if request.params.logprobs else []
         finish = c.finish_reason if c.finish_reason in ("stop", "length") else "abort"
         info = {"request_id": request.request_id, "sample_index": c.index}
+        if getattr(output, "num_cached_tokens", None) is not None:  # prompt tokens served from the prefix cache
+            info["prompt_cached_tokens"] = output.num_cached_tokens
         if finish == "abort":
             info["vllm_finish_reason"] = c.finish_reason
         if version_end != version:

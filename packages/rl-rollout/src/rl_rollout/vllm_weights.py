@@ -3,8 +3,8 @@
 A mixin of :class:`rl_rollout.vllm_engine.VLLMEngine` (it uses the engine's ``_rpc``,
 ``_lock``, ``_check_usable`` and state); the worker-side half is
 :mod:`rl_rollout.vllm_worker`. One update is one vLLM layerwise-reload session:
-``begin_weight_update`` -> loads -> ``finish_weight_update`` (which resets the prefix
-cache and sets ``policy_version``). The paths into a session:
+``begin_weight_update`` -> loads -> ``finish_weight_update`` (which moves the prompts' prefix-cache
+salt to the new weights and sets ``policy_version``). The paths into a session:
 
 - ``update_weights(named_tensors)``: an in-process engine (``hands_over_tensors``) takes
   the tensors as they are (a GPU trainer's stay on the GPU); otherwise they travel as
@@ -112,7 +112,8 @@ class VLLMWeightsMixin:
         self._rpc("load_weights", bucket.meta, bucket.payload)
 
     def finish_weight_update(self, version: int | None, *, expected: Mapping[str, TensorStats] | None = None) -> None:
-        """Close the session, drop the prefix cache (KV of old weights), set ``policy_version``.
+        """Close the session, set ``policy_version``; prompts sent from now on carry a new prefix-cache salt, so
+        no KV computed with the old weights is reused (a failed session too: part of the weights may be new).
 
         ``version=None`` closes a failed session and keeps the old version. Raises
         :class:`~rl_rollout.transport.WeightSyncError` (``policy_version`` unchanged) when a layer got
@@ -122,18 +123,13 @@ class VLLMWeightsMixin:
         try:
             reports = self._rpc("rl_finish_weight_update")
             self.last_sync_reports = reports  # one per worker: tensors, kept_old, partial (and copy_plan)
-            if self.mode == "async":
-                self._run(self._llm.reset_prefix_cache())
-            elif self._prefix_cached:  # vLLM's reset walks every KV block in Python (ms per 100k blocks):
-                # skipped when nothing was cached since the last one (caching off, or a sleep cleared it)
-                if self._llm.reset_prefix_cache() is not False:
-                    self._prefix_cached = False
             if version is not None:
                 _check_session(reports)
                 if expected is not None:
                     self.verify_weights(expected)
                 self.policy_version = version
         finally:
+            self._weights_epoch += 1  # before generation resumes: the module docstring of vllm_engine
             self._end_session()
 
     def _end_session(self) -> None:
