@@ -165,3 +165,37 @@ def test_an_empty_write_is_not_a_write():
     m2 = Padded()
     plan2 = CopyPlan.record(m2.load_weights, [("embed", torch.randn(12, H))], params_of(m2))
     assert "fill_" in plan2.skipped["embed"]  # real padding rows: a write the plan cannot replay
+
+
+def test_a_param_index_stays_current_until_something_is_replaced():
+    """ParamIndex: reused while every module, parameter and buffer is the registered one at the same address;
+    each kind of replacement makes it stale (then the worker looks the parameters up again)."""
+    from rl_rollout.copy_plan import ParamIndex
+
+    def model():
+        m = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Sequential(torch.nn.LayerNorm(4), torch.nn.Linear(4, 2)))
+        m.register_buffer("scale", torch.ones(2))
+        return m
+
+    m = model()
+    index = ParamIndex(m)
+    assert index.params.keys() == {"0.weight", "0.bias", "1.0.weight", "1.0.bias", "1.1.weight", "1.1.bias", "scale"}
+    with torch.no_grad():  # what a sync does: values change in place
+        for t in index.params.values():
+            t.mul_(2.0)
+    assert index.current()
+
+    def stale_after(change):
+        m = model()
+        index = ParamIndex(m)
+        change(m)
+        return not index.current()
+
+    def set_data(m):
+        m[0].weight.data = torch.zeros(4, 4)
+
+    assert stale_after(lambda m: setattr(m[0], "weight", torch.nn.Parameter(torch.zeros(4, 4))))
+    assert stale_after(set_data)  # same Parameter object, new storage
+    assert stale_after(lambda m: setattr(m, "scale", torch.zeros(2)))  # a buffer
+    assert stale_after(lambda m: m[1].__setitem__(1, torch.nn.Linear(4, 2)))  # a whole submodule
+    assert not stale_after(lambda m: m.add_module("extra", torch.nn.Linear(2, 2)))  # added: the old ones still hold

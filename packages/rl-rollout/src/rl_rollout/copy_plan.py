@@ -31,6 +31,32 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
 
+class ParamIndex:
+    """A model's parameters and buffers by name, looked up once and reused across syncs while :meth:`current`.
+
+    The lookup walks every module (``named_parameters`` + ``named_buffers``: 1.2 ms for a 24-layer vLLM Llama on a
+    2-core CPU, part of every sync when done per sync). :meth:`current` checks, in a tenth of that, that the lookup
+    would return the same: every submodule still registered under its name on its parent, every parameter and
+    buffer still the one registered on its module, at the same address (``p.data = ...`` moves it). Anything
+    replaced makes it ``False``; then look up again."""
+
+    def __init__(self, model: torch.nn.Module) -> None:
+        self.params: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
+        self.params.update(model.named_buffers(remove_duplicate=False))
+        self._modules = [(parent._modules, name, child) for _, parent in model.named_modules(remove_duplicate=False)
+                         for name, child in parent._modules.items() if child is not None]
+        self._tensors = []
+        for name, t in self.params.items():
+            owner, _, attr = name.rpartition(".")
+            module = model.get_submodule(owner)
+            registry = module._parameters if attr in module._parameters else module._buffers
+            self._tensors.append((registry, attr, t, t.data_ptr()))
+
+    def current(self) -> bool:
+        return (all(reg.get(name) is child for reg, name, child in self._modules)
+                and all(reg.get(attr) is t and t.data_ptr() == ptr for reg, attr, t, ptr in self._tensors))
+
+
 class CopyPlanStale(RuntimeError):
     """The plan no longer matches the inputs or the model (another shape, dtype, device or storage)."""
 

@@ -83,7 +83,7 @@ class WorkerExtension:
         # parameters stay one tensor. On CPU the linear weights are packed after loading, so never there.
         self._rl_direct = _direct_load(self.vllm_config.model_config)
         self._rl_seen: set[str] = set()  # HF names received in this session
-        self._rl_session_params = None  # the model's parameters by name, looked up once per session
+        self._rl_session_params = None  # the model's parameters by name for this session (from self._rl_index)
         if self._rl_direct:
             self._rl_ties = {}
             self._rl_plan_stats = {"recorded": 0, "copies": 0, "loader": 0, "load_s": 0.0}
@@ -152,21 +152,24 @@ class WorkerExtension:
     def _rl_load_planned(self, model, weights: list, live: bool = False) -> None:
         """Direct mode: the first sync records how ``load_weights`` copies each tensor (:mod:`rl_rollout.copy_plan`),
         later ones replay it as one fused copy; what the plan leaves out goes through ``load_weights``. The
-        model's parameters are looked up (and checked against the plan) once per session, not per group."""
+        model's parameters are looked up once (:class:`~rl_rollout.copy_plan.ParamIndex`), checked for
+        replacement once per session, and checked against the plan after every new lookup."""
         from vllm.config import set_current_vllm_config
 
-        from rl_rollout.copy_plan import CopyPlan, CopyPlanStale
+        from rl_rollout.copy_plan import CopyPlan, CopyPlanStale, ParamIndex
 
         def load(ws):
             with set_current_vllm_config(self.vllm_config):
                 model.load_weights(weights=ws)
 
         params = getattr(self, "_rl_session_params", None)
-        fresh = params is None
-        if fresh:
-            params = dict(model.named_parameters(remove_duplicate=False))
-            params.update(model.named_buffers(remove_duplicate=False))
-            self._rl_session_params = params
+        fresh = False
+        if params is None:
+            index = getattr(self, "_rl_index", None)
+            if index is None or not index.current():
+                self._rl_index = index = ParamIndex(model)
+                fresh = True
+            self._rl_session_params = params = index.params
         plan = getattr(self, "_rl_plan", None)
         if plan is not None:
             try:
