@@ -132,6 +132,13 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--micro_batch", type=int, default=16,
                     help="sequences per forward (ours: micro_train_batch_size; TRL: per_device_train_batch_size)")
     ap.add_argument("--zero_stage", type=int, default=2, help="ours: DeepSpeed ZeRO stage (rl ppo's default 2)")
+    ap.add_argument("--ours_packing", action="store_true",
+                    help="ours only: rl ppo --packing (each forward's rows packed into one, no padding)")
+    ap.add_argument("--ours_max_tokens_per_gpu", type=int, default=None,
+                    help="ours only: rl ppo --max_tokens_per_gpu (token-budget micro-batches instead of --micro_batch "
+                         "rows; TRL keeps --micro_batch). The report names every ours-only setting")
+    ap.add_argument("--ours_use_liger_kernel", action="store_true",
+                    help="ours only: rl ppo --use_liger_kernel (liger-kernel's RMSNorm, SwiGLU, RoPE)")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                     help="bf16 on both sides (--no-bf16: fp32). Default: cpu fp32, cuda bf16")
     ap.add_argument("--learning_rate", type=float, default=1e-6, help="both sides (TRL's default)")
@@ -179,6 +186,8 @@ def resolve_args(a: argparse.Namespace) -> argparse.Namespace:
         sys.exit("--rollout_engine vllm on --device cpu: TRL's colocated weight sync loads each parameter through "
                  "vLLM's model.load_weights, which vLLM's CPU build refuses once it has repacked the linear layers "
                  "for its CPU GEMM; use --device cuda, or --rollout_engine hf on CPU")
+    if a.ours_max_tokens_per_gpu is not None and a.ours_max_tokens_per_gpu < 1:
+        sys.exit(f"--ours_max_tokens_per_gpu {a.ours_max_tokens_per_gpu}: must be >= 1 (tokens per micro-batch)")
     if not 0 < a.vllm_gpu_memory_utilization <= 1:
         sys.exit(f"--vllm_gpu_memory_utilization {a.vllm_gpu_memory_utilization}: must be in (0, 1]")
     return a
@@ -231,6 +240,7 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
 
     from rl_core.data import DataConfig, PromptDataset, load_rows
     from rl_core.metrics import MetricsLogger
+    from rl_core.rl.batching import MicroBatchConfig
     from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
     from rl_core.strategy import StrategyConfig
     from rl_core.trainers.ppo import PPOConfig
@@ -265,7 +275,10 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
             c.step(record)
 
     counts = {"tokens": 0, "sequences": 0}
-    run = build_run(RunConfig(RLModelConfig(pretrain=cfg["model"]), strategy, ppo, engine, WeightSyncConfig()),
+    run = build_run(RunConfig(RLModelConfig(pretrain=cfg["model"], use_liger_kernel=cfg["ours_use_liger_kernel"]),
+                              strategy, ppo, engine, WeightSyncConfig(),
+                              batching=MicroBatchConfig(max_tokens_per_gpu=cfg["ours_max_tokens_per_gpu"]),
+                              packing=cfg["ours_packing"]),
                     LocalFactory(), prompts=prompts, tokenizer=tok,
                     reward_fn=RewardRunner(reward_ours, workers=0), metrics=StepLogger(None))
     rollout = run.trainer.rollout
@@ -545,7 +558,9 @@ def report(summary: dict, info: dict) -> None:
     print(f"\n== GRPO, {info['shape']}, {info['batch']}, {info['dtype']}, device {info['device']} ==")
     print(f"TRL {info['trl_version']} "
           f"({'vLLM colocate' if info['rollout_engine'] == 'vllm' else 'transformers generate'}) "
-          f"vs ours ({info['ours_engine']}); torch threads per side: {info['threads']}")
+          f"vs ours ({info['ours_engine']}, ZeRO-{info['zero_stage']}); torch threads per side: {info['threads']}")
+    if info.get("ours_only"):
+        print(f"ours only (TRL runs without them): {info['ours_only']}")
     for side in SIDES:
         print(f"engine, {side}: " + ", ".join(f"{k} {v}" for k, v in info["engine_config"][side].items()))
     dtypes = {side: info["engine_config"][side].get("vllm_dtype") for side in SIDES}
@@ -625,7 +640,10 @@ def main(argv: list[str] | None = None) -> int:
                       f"{mcfg.num_attention_heads} heads, {mcfg.num_key_value_heads} KV heads, intermediate "
                       f"{mcfg.intermediate_size}, vocab {mcfg.vocab_size}, {params / 1e6:.2f}M params"),
             "batch": f"{a.prompts} prompts x {a.samples} samples x {a.max_new_tokens} new tokens",
-            "params": params, "cpu_count": os.cpu_count()}
+            "params": params, "cpu_count": os.cpu_count(), "zero_stage": a.zero_stage,
+            "ours_only": ", ".join(f"{flag} {getattr(a, key)}" for flag, key in (
+                ("--packing", "ours_packing"), ("--max_tokens_per_gpu", "ours_max_tokens_per_gpu"),
+                ("--use_liger_kernel", "ours_use_liger_kernel")) if getattr(a, key) not in (None, False))}
 
     ctx = mp.get_context("spawn")
     procs, conns, ready = {}, {}, {}
