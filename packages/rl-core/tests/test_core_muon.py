@@ -38,6 +38,17 @@ def eager():
         yield
 
 
+@pytest.fixture(autouse=True)
+def fp32_newton_schulz(monkeypatch):
+    """DeepSpeed runs Newton-Schulz in fp16 or bf16 wherever its accelerator says they are supported
+    (``ns_compute_dtype``), on CPU too: a CPU with avx512_fp16 gets fp16, 6% off the float64 reference, one without
+    gets fp32. These tests check our wiring (groups, learning rates, momentum, decay, scaling) against float64, so
+    they pin the iteration to fp32 on every machine; DeepSpeed's half-precision iteration is DeepSpeed's to test."""
+    from deepspeed.runtime.zero.muon import original_muon
+
+    monkeypatch.setattr(original_muon, "ns_compute_dtype", lambda method: torch.float32)
+
+
 def newton_schulz64(g: torch.Tensor, steps: int = 5) -> torch.Tensor:
     """Muon's orthogonalisation (github.com/KellerJordan/Muon), in float64."""
     a, b, c = 3.4445, -4.7750, 2.0315
