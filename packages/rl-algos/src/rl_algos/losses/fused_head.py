@@ -37,17 +37,22 @@ from rl_algos.losses.logits import (
 
 Tensor = torch.Tensor
 
-# Logits per chunk (elements): 64M, 256 MiB in float32 (441 tokens of a 151,936-word vocabulary); the CPU
-# path's kernel re-chunks each one to what fits its cache.
-CHUNK_ELEMENTS = 1 << 26
+# Logits per chunk (elements) by default. CPU: 64M, 256 MiB in float32 (441 tokens of a 151,936-word vocabulary;
+# the CPU kernel re-chunks each one to what fits its cache). CUDA: 512M, 1 GiB in bf16 (3,533 tokens there): on one
+# H200 (benchmarks/fused_lm_head.py, 16,384 tokens, bf16) the forward+backward took 3.12x the full logits' time at
+# 441-token chunks, 1.81x at 2,048, 1.60x at 4,096, 1.46x at 8,192 (SFT's weighted sum: 2.65x, 1.42x, 1.24x, 1.13x)
+# against a peak of 1.5, 1.9, 2.9, 5.3 GiB (full logits: 9.5 GiB): small chunks leave the GPU idle between matmuls.
+CPU_CHUNK_ELEMENTS = 1 << 26
+CUDA_CHUNK_ELEMENTS = 1 << 29
 
 
-def _tokens_per_chunk(vocab: int, chunk_tokens: int | None) -> int:
+def _tokens_per_chunk(vocab: int, chunk_tokens: int | None, device: torch.device) -> int:
     if chunk_tokens is not None:
         if chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         return chunk_tokens
-    return max(1, CHUNK_ELEMENTS // max(vocab, 1))
+    budget = CUDA_CHUNK_ELEMENTS if device.type == "cuda" else CPU_CHUNK_ELEMENTS
+    return max(1, budget // max(vocab, 1))
 
 
 def _float(t: Tensor) -> torch.dtype:
@@ -159,11 +164,11 @@ def logprobs_from_hidden(
     ``labels`` ``[...]`` int64 -> ``[...]`` float32 (float64 for float64 inputs). ``return_entropy``: a
     :class:`LogprobsEntropy` of both (the entropy of the same tempered distribution). Differentiable w.r.t.
     ``hidden``, ``weight`` and ``bias``. ``chunk_tokens`` positions at a time; the default keeps a chunk's logits
-    near 64M elements.
+    near 64M elements on CPU, 512M on CUDA (where larger chunks keep the GPU busy: see the constants).
     """
     _check_inputs(hidden, weight, labels, bias, temperature)
     flat = hidden.reshape(-1, hidden.shape[-1])
-    chunk = _tokens_per_chunk(weight.shape[0], chunk_tokens)
+    chunk = _tokens_per_chunk(weight.shape[0], chunk_tokens, hidden.device)
     out = _FusedHeadFn.apply(flat, weight, bias, labels.reshape(-1).long(), float(temperature), chunk, return_entropy)
     if return_entropy:
         return LogprobsEntropy(out[0].view(labels.shape), out[1].view(labels.shape))
@@ -221,7 +226,7 @@ def weighted_logprob_sum_from_hidden(
     """
     _check_inputs(hidden, weight, labels, bias, temperature, token_weights)
     flat = hidden.reshape(-1, hidden.shape[-1])
-    chunk = _tokens_per_chunk(weight.shape[0], chunk_tokens)
+    chunk = _tokens_per_chunk(weight.shape[0], chunk_tokens, hidden.device)
     total, lp = _WeightedHeadFn.apply(flat, weight, bias, labels.reshape(-1).long(),
                                       token_weights.detach().reshape(-1), float(temperature), chunk)
     return total, lp.view(labels.shape)
