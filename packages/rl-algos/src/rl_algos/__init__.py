@@ -44,7 +44,7 @@ from rl_algos.losses import (
 from rl_algos.shaping import clip_rewards, kl_penalized_rewards, overlong_penalty, stop_properly_penalty
 from rl_algos._masked import masked_mean, masked_sum
 
-__version__ = "0.4.0"
+__version__ = "0.4.1"
 
 __all__ = [
     "POLICY_LOSSES", "EstimatorSpec", "GSPOLossConfig", "ISCorrectionConfig", "PPOLossConfig", "estimator_names",
