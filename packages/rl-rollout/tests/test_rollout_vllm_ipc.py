@@ -10,19 +10,13 @@ CUDA), and runs on the GPU machine (shared/gpu/vllm-on-device.sh carries vLLM th
 
 from __future__ import annotations
 
-import os
 
 import pytest
 import torch
 
-try:
-    import vllm  # noqa: F401
-except ImportError as e:
-    # CI sets RL_REQUIRE_VLLM=1 in .venv-vllm: there a missing vLLM is a failure, not a skip.
-    if os.environ.get("RL_REQUIRE_VLLM") == "1":
-        raise RuntimeError(f"RL_REQUIRE_VLLM=1 but vllm does not import ({e}); build .venv-vllm with "
-                           f"scripts/vllm-cpu-env.sh") from e
-    pytest.skip(f"vllm is not importable here ({e}); run with vLLM's GPU build on a GPU", allow_module_level=True)
+from rl_rollout.testing import require_modules
+
+require_modules("vllm", where="run with vLLM's GPU build on a GPU")
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600),
               pytest.mark.skipif(not torch.cuda.is_available(),

@@ -190,6 +190,24 @@ def make_tiny_vlm(
     return path
 
 
+def require_modules(*names: str, where: str = "run in .venv-vllm (scripts/vllm-cpu-env.sh)") -> None:
+    """At the top of a test module: import ``names`` (``"vllm"``, ``"ray"`` ...) or skip the module saying which one
+    is missing and ``where`` to run it. Under ``RL_REQUIRE_VLLM=1`` (CI's vLLM environment, where these tests must
+    run) a missing module is an error instead of a skip."""
+    import importlib
+
+    import pytest
+
+    for name in names:
+        try:
+            importlib.import_module(name)
+        except ImportError as e:
+            if os.environ.get("RL_REQUIRE_VLLM") == "1":
+                raise RuntimeError(f"RL_REQUIRE_VLLM=1 but {name} does not import ({e}); build .venv-vllm with "
+                                   "scripts/vllm-cpu-env.sh") from e
+            pytest.skip(f"{name} is not importable here ({e}); {where}", allow_module_level=True)
+
+
 def run_ranks(path: str | os.PathLike, func: str, world: int, *args: str, timeout: float = 600) -> list[str]:
     """Call ``func(rank, port, *args)`` of the Python file ``path`` in ``world`` fresh interpreters, one per rank
     of a torch.distributed world on this machine (``port``: a free one for MASTER_PORT; RANK, LOCAL_RANK,
