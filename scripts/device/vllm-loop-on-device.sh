@@ -6,7 +6,7 @@
 # 3.12, its 28 small dependency wheels, DeepSpeed 0.19.8 as a pure-Python wheel built here from its sdist
 # (DS_BUILD_OPS=0 DS_ACCELERATOR=cuda: no compile there), DeepSpeed's runtime deps, what `--run_dir` needs
 # (rl-core's MetricsLogger writes TensorBoard events and draws curves.png with matplotlib), pytest-timeout and
-# liger-kernel 0.8.5 (--use_liger_kernel and the benchmarks' liger sides).
+# liger-kernel 0.8.5 (--use_liger_kernel and the benchmarks' liger sides) and torchvision 0.26.0 (vLLM with images).
 #
 # 1. HERE, in the repo root (needs PyPI and .venv with torch, for DeepSpeed's setup.py; no GPU-machine time):
 #        bash scripts/device/vllm-loop-on-device.sh prepare
@@ -64,6 +64,9 @@ contourpy==1.3.3"
 TEST_DEPS="pytest-timeout==2.4.0"
 # liger-kernel (--use_liger_kernel, the benchmarks' liger sides): pure Python + Triton kernels; torch brings Triton
 KERNEL_DEPS="liger-kernel==0.8.5"
+# torchvision (vLLM's multimodal models import transformers' image processors, which import it): PyPI's 0.26.0 is
+# built for CUDA 13.0 and pins torch 2.11.0, the image's torch (7.5 MB); tests/test_rollout_vllm_vision_gpu.py
+VISION_DEPS="torchvision==0.26.0"
 PLATS="--platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
 # Where things go on the device (overridable only to simulate install elsewhere).
@@ -151,7 +154,7 @@ _vl_prepare() {
 
   echo "== small wheels (cp312)"
   rm -rf "$S/wheels" && mkdir -p "$S/wheels"
-  local specs="$VLLM_DEPS $DS_DEPS $METRICS_DEPS $TEST_DEPS $KERNEL_DEPS"
+  local specs="$VLLM_DEPS $DS_DEPS $METRICS_DEPS $TEST_DEPS $KERNEL_DEPS $VISION_DEPS"
   # shellcheck disable=SC2086
   $dl -d "$S/wheels" $specs 2> >(grep -v "$quiet" >&2)
   local nspec; nspec=$(echo $specs | wc -w)

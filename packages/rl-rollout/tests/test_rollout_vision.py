@@ -75,9 +75,47 @@ def test_hf_engine_generates_from_the_images_with_the_log_probs_of_a_forward_ove
     assert both["pixel_values"].shape[0] == 2
 
 
-def test_vllm_engine_refuses_images_in_one_line_instead_of_dropping_them():
-    from rl_rollout.vllm_engine import _text_only
+def test_vllm_prompts_carry_the_images_with_each_expanded_placeholder_collapsed_back():
+    """VLLMEngine's prompt for an image request (vLLM expands a token prompt's placeholders itself): one placeholder
+    per image, whether images are apart (Qwen-VL) or side by side (LLaVA: equal counts); bad shapes named."""
+    from rl_rollout.vllm_engine import _vllm_prompt
 
-    _text_only([RolloutRequest([1, 2])])
-    with pytest.raises(ValueError, match=r"VLLMEngine does not take images .*\(--rollout_engine hf\)"):
-        _text_only([RolloutRequest([1, 2]), RolloutRequest([1, 5], multi_modal_data={"image": []})])
+    P = 9
+
+    def prompt(ids, n_images, placeholders=(P,)):
+        images = [f"img{i}" for i in range(n_images)]
+        out = _vllm_prompt(RolloutRequest(ids, multi_modal_data={"image": images}), list(placeholders))
+        assert out["multi_modal_data"] == {"image": images}
+        return out["prompt_token_ids"]
+
+    assert prompt([1, P, P, P, P, 2], 1) == [1, P, 2]
+    assert prompt([1, P, P, P, 2, P, P, P, P, P, 3], 2) == [1, P, 2, P, 3]  # one run per image, any lengths
+    assert prompt([1, P, P, P, P, P, P, 3], 2) == [1, P, P, 3]  # side by side: 3 tokens each
+    assert prompt([1, P, P, 2, P, P, P, P, 3], 3) == [1, P, 2, P, P, 3]
+    assert _vllm_prompt(RolloutRequest([1, 2]), None) == {"prompt_token_ids": [1, 2]}  # text: as it is
+    assert _vllm_prompt(RolloutRequest([1, P, P], multi_modal_data={"image": []}), [P]) == {"prompt_token_ids": [1, P, P]}
+    with pytest.raises(ValueError, match=r"2 image\(s\) but its placeholder runs have \[3\] tokens"):
+        prompt([1, P, P, P, 2], 2)
+    with pytest.raises(ValueError, match=r"1 image\(s\) but its placeholder runs have \[\] tokens"):
+        prompt([1, 2], 1)
+    with pytest.raises(ValueError, match=r"carries 1 image\(s\) but the engine's model is not a vision-language"):
+        _vllm_prompt(RolloutRequest([1, P], multi_modal_data={"image": ["img"]}), None)
+
+
+@pytest.mark.vllm
+def test_vllm_engine_knows_a_vlm_folder_and_bans_its_placeholders(vlm):
+    """The engine reads whether its model takes images (and which tokens it never samples) from the folder;
+    vLLM's sampling parameters then carry the ban as a logit bias."""
+    pytest.importorskip("vllm", reason="vllm is not importable here (its SamplingParams build the ban)")
+    from transformers import AutoConfig
+
+    from rl_rollout.testing import make_tiny_model
+    from rl_rollout.vllm_engine import _placeholder_ids, _to_vllm_params
+
+    path, _ = vlm
+    ids = _placeholder_ids(path)
+    assert ids == placeholder_token_ids(AutoConfig.from_pretrained(path)) and ids
+    assert _placeholder_ids(make_tiny_model(path.parent / "text")) is None
+    params = _to_vllm_params(SamplingParams(max_new_tokens=3), banned=ids)
+    assert params.logit_bias == {ids[0]: -100.0}
+    assert _to_vllm_params(SamplingParams(max_new_tokens=3)).logit_bias is None

@@ -190,8 +190,12 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     tok = load_tokenizer(m.pretrain, use_fast=not d.disable_fast_tokenizer, chat_template=d.tokenizer_chat_template)
     proc = load_processor(m.pretrain) if d.image_key else None  # vision-language prompts
     if proc is not None and cfgs["rollout"].spec().name == "vllm":
-        raise UserError("prompts with images (--image_key) on vLLM engines are not built yet: add --rollout_engine "
-                        "hf (the transformers engine generates from the images)")
+        import importlib.util
+
+        if importlib.util.find_spec("torchvision") is None:  # vLLM's multimodal models import it: fail before loading
+            raise UserError("prompts with images (--image_key) on vLLM engines need torchvision (vLLM's multimodal "
+                            "models import it), which is not installed: install the torchvision built for your "
+                            "torch, or add --rollout_engine hf (the transformers engine generates from the images)")
     prompts = PromptDataset(training_rows(d, cfgs["strategy"].seed), tok, d, processor=proc)
     eval_prompts = None
     if d.eval_dataset:

@@ -24,6 +24,14 @@ process; ``in_process`` then only keeps the worker in that child (start about
 17 s). vLLM caches its environment once an engine runs, so the choice holds
 for the whole process.
 
+Images. A vision-language model's requests carry ``multi_modal_data={"image": [...]}`` (as for
+:class:`~rl_rollout.hf_engine.HFEngine`); their ``prompt_token_ids`` hold each image's placeholder expanded
+to its token count, which the engine collapses back to one placeholder per image for vLLM (vLLM expands a
+token prompt's placeholders itself); the samples keep the expanded ids the trainer's forward takes. The
+placeholder tokens are never sampled (a -100 logit bias, vLLM's floor). Images on a text model are
+refused in one line. vLLM's multimodal models import torchvision, which vLLM's CPU build here cannot
+have, so this path runs on the GPU only (tests/test_rollout_vllm_vision_gpu.py).
+
 Sleep. vLLM's sleep mode (``enable_sleep_mode``) exists on CUDA, ROCm and XPU.
 On CPU vLLM refuses ``enable_sleep_mode=True``; ``sleep``/``wake_up`` still
 pause and resume scheduling but keep all memory (the CPU worker logs
@@ -69,6 +77,7 @@ import itertools
 import logging
 import os
 import threading
+from collections.abc import Sequence
 from typing import Any, Literal
 
 import torch
@@ -165,6 +174,8 @@ class VLLMEngine(VLLMWeightsMixin):
             raise ValueError(f"engine_kwargs must not set {clash}: they are VLLMEngine arguments or fixed by it")
         args.update(engine_kwargs or {})
         args["dtype"] = vllm_dtype(args["dtype"])
+        # a vision-language model: requests may carry images; its placeholder tokens are never sampled
+        self._placeholders = _placeholder_ids(model)
         # in one process (sync mode, in_process): collective_rpc reaches the worker with our objects as they are
         self.hands_over_tensors = in_process and mode == "sync"
         self._lock = threading.RLock()  # LLM is not thread-safe; generate, rpc and sleep take turns
@@ -201,6 +212,11 @@ class VLLMEngine(VLLMWeightsMixin):
             raise ValueError(f"partial_chunk_tokens must be >= 1 (tokens per chunk) or None, got {value}")
         self._partial_chunk_tokens = value
 
+    @property
+    def takes_images(self) -> bool:
+        """Whether the model is a vision-language model (requests may carry ``multi_modal_data["image"]``)."""
+        return self._placeholders is not None
+
     def generate(self, requests: list[RolloutRequest]) -> list[list[RolloutSample]]:
         self._check_usable()
         if self.mode == "async":
@@ -211,12 +227,11 @@ class VLLMEngine(VLLMWeightsMixin):
         return self._generate_locked(requests)[0]
 
     def _generate_locked(self, requests: list[RolloutRequest]) -> tuple[list[list[RolloutSample]], int]:
-        _text_only(requests)
         with self._lock:
             self._check_usable()
             version = self.policy_version
             prompts = [self._prompt(r) for r in requests]
-            outputs = self._llm.generate(prompts, [_to_vllm_params(r.params) for r in requests], use_tqdm=False)
+            outputs = self._llm.generate(prompts, [self._params(r) for r in requests], use_tqdm=False)
         return [_to_samples(r, o, version, version) for r, o in zip(requests, outputs, strict=True)], version
 
     def _generate_partial(self, requests: list[RolloutRequest]) -> list[list[RolloutSample]]:
@@ -267,23 +282,25 @@ class VLLMEngine(VLLMWeightsMixin):
                 f.set_result(samples)
 
     async def _agenerate_on_loop(self, request: RolloutRequest) -> list[RolloutSample]:
-        _text_only([request])
         version = self.policy_version
         final = None
         prompt = self._prompt(request)
         # vLLM needs ids unique among requests in flight; callers may reuse theirs.
         vllm_id = f"{request.request_id}-{next(self._ids)}"
-        async for out in self._llm.generate(prompt, _to_vllm_params(request.params), request_id=vllm_id):
+        async for out in self._llm.generate(prompt, self._params(request), request_id=vllm_id):
             final = out
         if final is None:
             raise RuntimeError(f"vLLM returned no output for request {request.request_id!r}")
         return _to_samples(request, final, version, self.policy_version)
 
     def _prompt(self, request: RolloutRequest) -> dict:
-        prompt: dict[str, Any] = {"prompt_token_ids": list(request.prompt_token_ids)}
+        prompt = _vllm_prompt(request, self._placeholders)
         if self._prefix_caching:  # cached KV is shared only among prompts run with the same weights
             prompt["cache_salt"] = f"rl-weights-{self._weights_epoch}"
         return prompt
+
+    def _params(self, request: RolloutRequest):
+        return _to_vllm_params(request.params, banned=self._placeholders or ())
 
     def _rpc(self, method: str, *args: Any) -> list[Any]:
         if self.mode == "async":
@@ -381,15 +398,55 @@ def vllm_dtype(dtype: str | torch.dtype) -> str:
         raise ValueError(f"unknown dtype {dtype!r}: use auto, float32/fp32, bfloat16/bf16 or float16/fp16") from None
 
 
-def _text_only(requests: list[RolloutRequest]) -> None:
-    """Images in a request are not built here (vLLM's multimodal models import torchvision, which vLLM's CPU build
-    here lacks, so the path is untested): one line instead of generating without them."""
-    if any(r.multi_modal_data for r in requests):
-        raise ValueError("VLLMEngine does not take images (RolloutRequest.multi_modal_data) yet: generate "
-                         "vision-language prompts with the transformers engine (--rollout_engine hf)")
+def _placeholder_ids(model) -> list[int] | None:
+    """A vision-language model's image/video placeholder ids (:func:`rl_rollout.vision.placeholder_token_ids`), or
+    None for a text model (read from the folder's config; a model vLLM resolves otherwise counts as text)."""
+    from rl_rollout.vision import is_vision_config, placeholder_token_ids
+
+    try:
+        from transformers import AutoConfig
+
+        config = AutoConfig.from_pretrained(str(model))
+    except (OSError, ValueError):
+        return None
+    return placeholder_token_ids(config) if is_vision_config(config) else None
 
 
-def _to_vllm_params(p):
+def _vllm_prompt(request: RolloutRequest, placeholders: list[int] | None) -> dict:
+    """vLLM's prompt for a request. With images: ``multi_modal_data`` as given, and each image's expanded placeholder
+    collapsed back to one token. Our prompts hold each image's placeholder expanded to its token count (what the
+    model's processor makes and the trainer's forward takes); vLLM expands the placeholders of a token prompt
+    itself, and would find one image per expanded token. A run of placeholders is one image when there are as many
+    runs as images (Qwen-VL wraps each image in its own start/end tokens); otherwise (LLaVA's images side by side)
+    every image has the same count and a run of several is split by it. The samples keep the expanded ids."""
+    ids = list(request.prompt_token_ids)
+    images = (request.multi_modal_data or {}).get("image") or []
+    if not images:
+        return {"prompt_token_ids": ids}
+    if placeholders is None:
+        raise ValueError(f"request {request.request_id!r} carries {len(images)} image(s) but the engine's model is "
+                         "not a vision-language model (its config has no vision_config): drop the images or load a "
+                         "VLM")
+    marks = set(placeholders)
+    runs: list[list[int]] = []  # [token, length] of each run of one placeholder token, with text between as [t, 0]
+    for t in ids:
+        if t in marks and runs and runs[-1][0] == t and runs[-1][1]:
+            runs[-1][1] += 1
+        else:
+            runs.append([t, 1 if t in marks else 0])
+    lengths = [n for _, n in runs if n]
+    per = None  # tokens per image when runs hold several images; None: one run per image
+    if len(lengths) != len(images):
+        per, rest = divmod(sum(lengths), len(images))
+        if not per or rest or any(n % per for n in lengths):
+            raise ValueError(f"request {request.request_id!r}: {len(images)} image(s) but its placeholder runs have "
+                             f"{lengths} tokens, which do not split into one equal run per image: build the prompt "
+                             "with the model's processor (one expanded placeholder per image, in order)")
+    collapsed = [t for t, n in runs for _ in range((n // per if per else 1) if n else 1)]
+    return {"prompt_token_ids": collapsed, "multi_modal_data": {"image": list(images)}}
+
+
+def _to_vllm_params(p, banned: Sequence[int] = ()):
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -405,6 +462,8 @@ def _to_vllm_params(p):
         logprobs=0 if p.logprobs else None,  # 0: only the sampled token's logprob
         detokenize=False,  # token in, token out
         output_kind=RequestOutputKind.FINAL_ONLY,
+        # a VLM's placeholder tokens are never sampled (vLLM clamps a bias to -100: e^-100 of the mass)
+        **({"logit_bias": {int(t): -100.0 for t in banned}} if banned else {}),
     )
 
 
