@@ -17,9 +17,10 @@ import sys
 
 import pytest
 
-from rl_rollout.testing import require_modules
+from rl_rollout.testing import missing_modules
 
-require_modules("deepspeed", "ray", "vllm")
+if why := missing_modules("deepspeed", "ray", "vllm"):
+    pytest.skip(why, allow_module_level=True)
 
 import torch  # noqa: E402
 from rl_rollout.testing import VLLM_CPU_TESTS_ON_CUDA  # noqa: E402

@@ -18,9 +18,10 @@ import threading
 import pytest
 import torch
 
-from rl_rollout.testing import require_modules
+from rl_rollout.testing import missing_modules
 
-require_modules("ray", "vllm")
+if why := missing_modules("ray", "vllm"):
+    pytest.skip(why, allow_module_level=True)
 
 import ray  # noqa: E402 (after the check that it imports)
 

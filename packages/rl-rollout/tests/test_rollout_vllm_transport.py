@@ -19,9 +19,10 @@ import torch
 
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 
-from rl_rollout.testing import require_modules
+from rl_rollout.testing import missing_modules
 
-require_modules("vllm")
+if why := missing_modules("vllm"):
+    pytest.skip(why, allow_module_level=True)
 
 from rl_rollout import RolloutRequest, SamplingParams  # noqa: E402
 from rl_rollout.testing import VLLM_CPU_TESTS_ON_CUDA, greedy_reference, make_tiny_model, peaked_weights  # noqa: E402

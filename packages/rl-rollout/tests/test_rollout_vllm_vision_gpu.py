@@ -16,9 +16,10 @@ import importlib.util
 import pytest
 import torch
 
-from rl_rollout.testing import require_modules
+from rl_rollout.testing import missing_modules
 
-require_modules("vllm", where="run with vLLM's GPU build on a GPU")
+if why := missing_modules("vllm", where="run with vLLM's GPU build on a GPU"):
+    pytest.skip(why, allow_module_level=True)
 
 pytestmark = [
     pytest.mark.vllm, pytest.mark.timeout(600),

@@ -190,13 +190,12 @@ def make_tiny_vlm(
     return path
 
 
-def require_modules(*names: str, where: str = "run in .venv-vllm (scripts/vllm-cpu-env.sh)") -> None:
-    """At the top of a test module: import ``names`` (``"vllm"``, ``"ray"`` ...) or skip the module saying which one
-    is missing and ``where`` to run it. Under ``RL_REQUIRE_VLLM=1`` (CI's vLLM environment, where these tests must
-    run) a missing module is an error instead of a skip."""
+def missing_modules(*names: str, where: str = "run in .venv-vllm (scripts/vllm-cpu-env.sh)") -> str | None:
+    """For the top of a test module: why it must skip (the first of ``names``, e.g. ``"vllm"``, ``"ray"``, that does
+    not import, and ``where`` to run it), or None when all import: ``if why := missing_modules("vllm"):
+    pytest.skip(why, allow_module_level=True)``. Under ``RL_REQUIRE_VLLM=1`` (CI's vLLM environment, where these
+    tests must run) a missing module raises RuntimeError instead."""
     import importlib
-
-    import pytest
 
     for name in names:
         try:
@@ -205,7 +204,8 @@ def require_modules(*names: str, where: str = "run in .venv-vllm (scripts/vllm-c
             if os.environ.get("RL_REQUIRE_VLLM") == "1":
                 raise RuntimeError(f"RL_REQUIRE_VLLM=1 but {name} does not import ({e}); build .venv-vllm with "
                                    "scripts/vllm-cpu-env.sh") from e
-            pytest.skip(f"{name} is not importable here ({e}); {where}", allow_module_level=True)
+            return f"{name} is not importable here ({e}); {where}"
+    return None
 
 
 def run_ranks(path: str | os.PathLike, func: str, world: int, *args: str, timeout: float = 600) -> list[str]:
