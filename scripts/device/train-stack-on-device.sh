@@ -9,7 +9,7 @@
 # 2. THERE, one call carrying [".vcarry7"]:
 #        source .vcarry7/train-stack-on-device.sh install && python3 benchmarks/sft_throughput.py --device cuda ...
 #    install: checks the sha256 of every wheel, pip-installs them into /tmp/site (--no-deps --no-index) and sets
-#    PYTHONPATH and the environment as vllm-loop-on-device.sh's `env` does.
+#    PYTHONPATH and the environment with vllm-loop-on-device.sh's `env`.
 WHEELS="deepspeed-0.19.8 hjson-3.1.0 py_cpuinfo-9.0.0 einops-0.8.2 psutil-7.2.2 nvidia_ml_py-13.615.71
 pydantic-2.14.4 pydantic_core-2.50.5 typing_inspection-0.4.5 annotated_types-0.8.0 typing_extensions-4.16.0
 liger_kernel-0.8.5 pytest_timeout-2.4.0"
@@ -35,10 +35,7 @@ _ts_install() {  # from the repo root, in the call that carries .vcarry7
   (cd "$here" && sha256sum -c --quiet SHA256SUMS) || { echo "train-stack: wheels missing or corrupt in $here"; return 1; }
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site \
     "$here"/*.whl 2>&1 | grep -v "Running pip as the 'root' user" | tail -3
-  local src; src=$(ls -d "$PWD"/packages/*/src | paste -sd:)
-  export PYTHONPATH=/tmp/site:$src
-  export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 DO_NOT_TRACK=1 PYTHONUNBUFFERED=1
-  export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the device README's rule
+  source scripts/device/vllm-loop-on-device.sh env  # the same PYTHONPATH and environment (it travels with the repo)
   python3 -c "import deepspeed, liger_kernel, torch; print('train stack in', $((SECONDS - t0)), 's: deepspeed', deepspeed.__version__, 'torch', torch.__version__, torch.cuda.get_device_name() if torch.cuda.is_available() else 'no cuda')"
 }
 

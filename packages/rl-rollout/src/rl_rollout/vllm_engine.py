@@ -428,13 +428,8 @@ def _vllm_prompt(request: RolloutRequest, placeholders: list[int] | None) -> dic
                          "not a vision-language model (its config has no vision_config): drop the images or load a "
                          "VLM")
     marks = set(placeholders)
-    runs: list[list[int]] = []  # [token, length] of each run of one placeholder token, with text between as [t, 0]
-    for t in ids:
-        if t in marks and runs and runs[-1][0] == t and runs[-1][1]:
-            runs[-1][1] += 1
-        else:
-            runs.append([t, 1 if t in marks else 0])
-    lengths = [n for _, n in runs if n]
+    runs = [(t, len(list(g))) for t, g in itertools.groupby(ids)]  # consecutive equal tokens
+    lengths = [n for t, n in runs if t in marks]
     per = None  # tokens per image when runs hold several images; None: one run per image
     if len(lengths) != len(images):
         per, rest = divmod(sum(lengths), len(images))
@@ -442,7 +437,9 @@ def _vllm_prompt(request: RolloutRequest, placeholders: list[int] | None) -> dic
             raise ValueError(f"request {request.request_id!r}: {len(images)} image(s) but its placeholder runs have "
                              f"{lengths} tokens, which do not split into one equal run per image: build the prompt "
                              "with the model's processor (one expanded placeholder per image, in order)")
-    collapsed = [t for t, n in runs for _ in range((n // per if per else 1) if n else 1)]
+    collapsed = []
+    for t, n in runs:
+        collapsed += [t] * ((n // per if per else 1) if t in marks else n)
     return {"prompt_token_ids": collapsed, "multi_modal_data": {"image": list(images)}}
 
 
