@@ -110,32 +110,6 @@ def test_generate_n_samples(engine):
     assert [[s.response_ids for s in g] for g in again] == [[s.response_ids for s in g] for g in out]
 
 
-def test_sync_batch_samples_from_one_stream(engine):
-    """Sync mode seeds the batch, not each request: vLLM gets no per-request seed (a torch.Generator per row
-    costs one kernel per sequence per decode step), the same requests give the same samples, other seeds other
-    samples, and the caller's random state is left as it was (the worker runs in this process)."""
-    sent, generate = [], engine._llm.generate
-
-    def spy(prompts, sampling, **kw):
-        sent.extend(sampling)
-        return generate(prompts, sampling, **kw)
-
-    def run(seed):
-        params = SamplingParams(temperature=1.0, n=3, max_new_tokens=10, seed=seed, ignore_eos=True)
-        return [[s.response_ids for s in g] for g in engine.generate([RolloutRequest(p, params) for p in PROMPTS])]
-
-    engine._llm.generate = spy
-    try:
-        state = torch.get_rng_state()
-        a = run(7)
-        assert torch.equal(torch.get_rng_state(), state), "generate moved the caller's random state"
-        b, c = run(7), run(8)
-    finally:
-        engine._llm.generate = generate
-    assert sent and all(p.seed is None for p in sent), [p.seed for p in sent]
-    assert a == b and a != c
-
-
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0, 1.5])
 def test_logprobs_match_transformers(engine, ref, temperature):
     params = SamplingParams(temperature=temperature, n=2, max_new_tokens=16, seed=11, ignore_eos=True)

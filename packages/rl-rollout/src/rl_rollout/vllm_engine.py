@@ -32,15 +32,6 @@ placeholder tokens are never sampled (a -100 logit bias, vLLM's floor). Images o
 refused in one line. vLLM's multimodal models import torchvision, which vLLM's CPU build here cannot
 have, so this path runs on the GPU only (tests/test_rollout_vllm_vision_gpu.py).
 
-Seeds. In sync mode a batch is drawn from one random stream seeded from its requests' seeds (as
-:class:`~rl_rollout.hf_engine.HFEngine` does): the same requests in the same order give the same samples,
-and vLLM gets no per-request seed. A per-request seed makes vLLM's sampler draw each row's noise with
-its own ``torch.Generator``, one kernel per sequence per decode step (128 launches a step for the loop's
-16 prompts x 8 samples; benchmarks/vllm_generate.py measures it). In process the stream is forked
-around the call (the trainer's random state is left as it was); a worker in another process is
-reseeded over ``collective_rpc``. Async mode keeps per-request seeds: its requests join the running
-batch one at a time, so a batch stream would not make them reproducible.
-
 Sleep. vLLM's sleep mode (``enable_sleep_mode``) exists on CUDA, ROCm and XPU.
 On CPU vLLM refuses ``enable_sleep_mode=True``; ``sleep``/``wake_up`` still
 pause and resume scheduling but keep all memory (the CPU worker logs
@@ -81,13 +72,11 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import contextlib
 import dataclasses
 import itertools
 import logging
 import os
 import threading
-import zlib
 from collections.abc import Sequence
 from typing import Any, Literal
 
@@ -143,7 +132,6 @@ class VLLMEngine(VLLMWeightsMixin):
             )
         if in_process:
             _set_in_process_env()
-        self._in_process = in_process
         from vllm.platforms import current_platform
 
         sleep_available = current_platform.is_sleep_mode_available()
@@ -243,9 +231,7 @@ class VLLMEngine(VLLMWeightsMixin):
             self._check_usable()
             version = self.policy_version
             prompts = [self._prompt(r) for r in requests]
-            params = [self._params(r, per_request_seed=False) for r in requests]
-            with self._batch_stream(requests):
-                outputs = self._llm.generate(prompts, params, use_tqdm=False)
+            outputs = self._llm.generate(prompts, [self._params(r) for r in requests], use_tqdm=False)
         return [_to_samples(r, o, version, version) for r, o in zip(requests, outputs, strict=True)], version
 
     def _generate_partial(self, requests: list[RolloutRequest]) -> list[list[RolloutSample]]:
@@ -313,25 +299,8 @@ class VLLMEngine(VLLMWeightsMixin):
             prompt["cache_salt"] = f"rl-weights-{self._weights_epoch}"
         return prompt
 
-    def _params(self, request: RolloutRequest, per_request_seed: bool = True):
-        return _to_vllm_params(request.params, banned=self._placeholders or (), seed=per_request_seed)
-
-    @contextlib.contextmanager
-    def _batch_stream(self, requests: list[RolloutRequest]):
-        """Sync mode: the batch samples from one stream seeded from its requests' seeds (module docstring)."""
-        seeds = tuple(r.params.seed for r in requests)
-        if all(s is None for s in seeds):
-            yield
-            return
-        seed = zlib.crc32(repr(seeds).encode())  # stable across processes and Python runs
-        if not self._in_process:
-            self._llm.collective_rpc("rl_seed_sampling", args=(seed,))
-            yield
-            return
-        devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-        with torch.random.fork_rng(devices=devices):
-            torch.manual_seed(seed)
-            yield
+    def _params(self, request: RolloutRequest):
+        return _to_vllm_params(request.params, banned=self._placeholders or ())
 
     def _rpc(self, method: str, *args: Any) -> list[Any]:
         if self.mode == "async":
@@ -474,8 +443,7 @@ def _vllm_prompt(request: RolloutRequest, placeholders: list[int] | None) -> dic
     return {"prompt_token_ids": collapsed, "multi_modal_data": {"image": list(images)}}
 
 
-def _to_vllm_params(p, banned: Sequence[int] = (), seed: bool = True):
-    """vLLM's SamplingParams for ours; ``seed=False`` leaves the request's seed out (sync mode seeds the batch)."""
+def _to_vllm_params(p, banned: Sequence[int] = ()):
     from vllm import SamplingParams
     from vllm.sampling_params import RequestOutputKind
 
@@ -487,7 +455,7 @@ def _to_vllm_params(p, banned: Sequence[int] = (), seed: bool = True):
         max_tokens=p.max_new_tokens,
         stop_token_ids=list(p.stop_token_ids),
         ignore_eos=p.ignore_eos,
-        seed=p.seed if seed else None,
+        seed=p.seed,
         logprobs=0 if p.logprobs else None,  # 0: only the sampled token's logprob
         detokenize=False,  # token in, token out
         output_kind=RequestOutputKind.FINAL_ONLY,

@@ -279,10 +279,6 @@ class WorkerExtension:
             h.update(p.detach().float().cpu().contiguous().numpy().tobytes())
         return h.hexdigest()
 
-    def rl_seed_sampling(self, seed: int) -> None:
-        """Seed the stream the next batch samples from (a worker in its own process: only vLLM draws from it)."""
-        torch.manual_seed(seed)
-
     def rl_model_dtype(self) -> str:
         """The dtype the model's weights are held in (``"float32"``, ``"bfloat16"`` ...)."""
         return str(self.vllm_config.model_config.dtype).removeprefix("torch.")
