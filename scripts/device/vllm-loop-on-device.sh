@@ -6,7 +6,7 @@
 # 3.12, its 28 small dependency wheels, DeepSpeed 0.19.8 as a pure-Python wheel built here from its sdist
 # (DS_BUILD_OPS=0 DS_ACCELERATOR=cuda: no compile there), DeepSpeed's runtime deps, what `--run_dir` needs
 # (rl-core's MetricsLogger writes TensorBoard events and draws curves.png with matplotlib), pytest-timeout and
-# liger-kernel 0.8.5 (--use_liger_kernel and the benchmarks' liger sides) and torchvision 0.26.0 (vLLM with images).
+# liger-kernel 0.8.5 (--use_liger_kernel and the benchmarks' liger sides) torchvision 0.26.0 and mistral_common (vLLM with images).
 #
 # 1. HERE, in the repo root (needs PyPI and .venv with torch, for DeepSpeed's setup.py; no GPU-machine time):
 #        bash scripts/device/vllm-loop-on-device.sh prepare
@@ -67,6 +67,13 @@ KERNEL_DEPS="liger-kernel==0.8.5"
 # torchvision (vLLM's multimodal models import transformers' image processors, which import it): PyPI's 0.26.0 is
 # built for CUDA 13.0 and pins torch 2.11.0, the image's torch (7.5 MB); tests/test_rollout_vllm_vision_gpu.py
 VISION_DEPS="torchvision==0.26.0"
+# vLLM's llava module imports its Pixtral tower at the top, which imports mistral_common's protocol classes (seen on
+# the device: "No module named 'mistral_common'"); these five are what that import loads beyond the image (6.9 MB).
+# They do not fit the last call beside the other wheels: prepare puts them in .vcarry-images, one extra call
+# (carry [".vcarry-images"], command: mkdir -p /tmp/vparts-images && cp .vcarry-images/* /tmp/vparts-images/),
+# sent before the last; install then adds them. Only vLLM with images needs them.
+MM_DEPS="mistral_common==1.13.1 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0
+rpds-py==2026.9.1"
 PLATS="--platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
 # Where things go on the device (overridable only to simulate install elsewhere).
@@ -160,6 +167,10 @@ _vl_prepare() {
   local nspec; nspec=$(echo $specs | wc -w)
   [ "$(ls "$S/wheels"/*.whl | wc -l)" = "$nspec" ] || { echo "expected $nspec wheels: $(ls "$S/wheels")"; exit 1; }
 
+  rm -rf "$S/images" && mkdir -p "$S/images"
+  # shellcheck disable=SC2086
+  $dl -d "$S/images" $MM_DEPS 2> >(grep -v "$quiet" >&2)
+
   echo "== DeepSpeed $DS_VERSION wheel from its sdist (DS_BUILD_OPS=0 DS_ACCELERATOR=cuda, $build_py)"
   rm -rf "$S/ds" && mkdir -p "$S/ds/out"
   python3 -m pip download -q --no-deps --no-binary=:all: -d "$S/ds" "deepspeed==$DS_VERSION" 2> >(grep -v "$quiet" >&2)
@@ -201,7 +212,8 @@ _vl_prepare() {
     echo "VLOOP_XZ_SHA256=$xz_sha"
     echo "VLOOP_STORED_SHA256=$stored_sha"
   } > "$last/vloop-manifest.sh"
-  for d in .vcarry*/; do
+  mkdir -p .vcarry-images && cp "$S"/images/*.whl .vcarry-images/ && (cd .vcarry-images && sha256sum *.whl > SHA256SUMS)
+  for d in .vcarry[0-9]*/; do
     (cd "$d" && find . -maxdepth 1 \( -name 'vllm.whl.xz.part-*' -o -name '*.whl' \) -printf '%f\0' | sort -z |
       xargs -0 -r sha256sum)
   done > "$last/SHA256SUMS"
@@ -226,6 +238,7 @@ _vl_prepare() {
   for k in $(seq 1 $((n-1))); do
     echo "  $k: carry [\".vcarry$k\"]  command: mkdir -p /tmp/vparts && cp .vcarry$k/* /tmp/vparts/ && ls /tmp/vparts"
   done
+  echo "  (vLLM with images: one more call before the last, carry [\".vcarry-images\"]  command: mkdir -p /tmp/vparts-images && cp .vcarry-images/* /tmp/vparts-images/)"
   echo "  $n: carry [\"$last\"]  command: source $last/vllm-loop-on-device.sh install && <your command>"
   echo "     e.g. ... install && python3 benchmarks/rl_phases.py --rollout_engine vllm"
   echo "Later calls on the same warm machine (no carry): source /tmp/vllm-loop-on-device.sh env && <your command>"
@@ -268,6 +281,11 @@ _vl_install() {  # on the device, from the repo root, in the call that carries t
       --target "$VLOOP_SITE" "${files[@]}" || return 1
     rm -f "$whl"
     echo "$id" > "$stamp"
+  fi
+  if [ -f /tmp/vparts-images/SHA256SUMS ]; then  # vLLM with images (MM_DEPS), carried in a call of its own
+    (cd /tmp/vparts-images && sha256sum -c --quiet SHA256SUMS) || { echo "/tmp/vparts-images: corrupt"; return 1; }
+    "$VLOOP_PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target "$VLOOP_SITE" /tmp/vparts-images/*.whl 2>&1 | grep -v "already exists" | tail -2
   fi
   _vl_env
   echo "installed in $VLOOP_SITE in $((SECONDS - t0)) s; PYTHONPATH and env set"
