@@ -12,6 +12,8 @@ tested on CPU (test_rollout_vision.py).
 from __future__ import annotations
 
 import importlib.util
+import inspect
+import os
 
 import pytest
 import torch
@@ -76,6 +78,11 @@ def test_vllm_generates_from_the_images_with_the_log_probs_of_a_forward_over_the
 
     if added := stand_in_pixtral_names():
         print(f"\nstand-ins for Pixtral names this transformers lacks (vLLM's llava module imports them): {added}")
+        # vLLM inspects the model class in a subprocess: the stand-ins go there too, through sitecustomize
+        (tmp_path / "site").mkdir()
+        (tmp_path / "site" / "sitecustomize.py").write_text(
+            inspect.getsource(stand_in_pixtral_names) + "\n\nstand_in_pixtral_names()\n")
+        os.environ["PYTHONPATH"] = f"{tmp_path / 'site'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     path = make_tiny_vlm(tmp_path / "vlm")
     proc = AutoProcessor.from_pretrained(path)
     image_id = proc.tokenizer.convert_tokens_to_ids("<image>")
