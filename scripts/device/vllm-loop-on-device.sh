@@ -68,12 +68,14 @@ KERNEL_DEPS="liger-kernel==0.8.5"
 # built for CUDA 13.0 and pins torch 2.11.0, the image's torch (7.5 MB); tests/test_rollout_vllm_vision_gpu.py
 VISION_DEPS="torchvision==0.26.0"
 # vLLM's llava module imports its Pixtral tower at the top, which imports mistral_common's protocol classes (seen on
-# the device: "No module named 'mistral_common'"); these five are what that import loads beyond the image (6.9 MB).
+# the device: "No module named 'mistral_common'"); the first five are what that import loads beyond the image, the
+# last two what transformers' MistralCommonBackend needs once mistral_common is there (without them that lazy import
+# fails inside `from vllm import LLM`, seen on the device) (15 MB).
 # They do not fit the last call beside the other wheels: prepare puts them in .vcarry-images, one extra call
 # (carry [".vcarry-images"], command: mkdir -p /tmp/vparts-images && cp .vcarry-images/* /tmp/vparts-images/),
 # sent before the last; install then adds them. Only vLLM with images needs them.
 MM_DEPS="mistral_common==1.13.1 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0
-rpds-py==2026.9.1"
+rpds-py==2026.9.1 pydantic-extra-types==2.11.1 pycountry==26.2.16"
 PLATS="--platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
 # Where things go on the device (overridable only to simulate install elsewhere).
