@@ -125,3 +125,38 @@ def test_universal_checkpoints_need_a_zero_optimizer():
 
     with pytest.raises(ValueError, match=r"use_ds_universal_ckpt .*--zero_stage 1, 2 or 3"):
         StrategyConfig(zero_stage=0, use_ds_universal_ckpt=True)
+
+
+def _slow_conversion(rank: int, port: int, folder: str) -> None:
+    """Two gloo ranks whose collectives time out after 2 s; rank 0's conversion takes 5 s."""
+    import datetime
+    import time
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    import rl_core.checkpoint as ckpt
+
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=2))
+
+    def convert(path: Path, final: Path) -> None:
+        time.sleep(5)
+        final.mkdir()
+
+    ckpt._convert_to_universal = convert
+    assert ckpt.to_universal(Path(folder)) == Path(folder)
+    assert (Path(folder) / ckpt.UNIVERSAL_TAG).is_dir()
+    dist.barrier()  # the run's own group still works afterwards
+    dist.destroy_process_group()
+    print(f"rank {rank} waited through the conversion")
+
+
+def test_ranks_wait_for_a_conversion_longer_than_the_collective_timeout(tmp_path):
+    """A large model's conversion outlasts the run's collective timeout: the other ranks wait for rank 0 in a
+    group of their own (before: rank 1's broadcast timed out after 2 s while rank 0 was still converting)."""
+    from rl_rollout.testing import run_ranks
+
+    logs = run_ranks(__file__, "_slow_conversion", 2, str(tmp_path), timeout=120)
+    assert all("waited through the conversion" in log for log in logs)

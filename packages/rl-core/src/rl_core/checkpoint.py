@@ -58,6 +58,9 @@ logger = logging.getLogger(__name__)
 MARKER = "rl_state.json"
 DS_TAG = "ds"
 UNIVERSAL_TAG = "ds_universal"  # DS_TAG converted for --use_ds_universal_ckpt (to_universal)
+# how long the other ranks wait for rank 0's universal conversion (a large model's takes longer than the
+# collectives' timeout); seconds, RL_UNIVERSAL_CONVERT_TIMEOUT_S overrides
+UNIVERSAL_CONVERT_TIMEOUT_S = 6 * 3600.0
 
 
 def rng_state() -> dict:
@@ -241,20 +244,31 @@ def to_universal(path: Path) -> Path:
     ``universal_checkpoint_info``, which the converter would otherwise require. Returns ``path``.
 
     A failed conversion raises on every rank with rank 0's reason (the others would otherwise wait in a
-    collective until its timeout)."""
+    collective until its timeout). The others wait in a gloo group of their own whose timeout fits a
+    conversion (:data:`UNIVERSAL_CONVERT_TIMEOUT_S`, ``RL_UNIVERSAL_CONVERT_TIMEOUT_S``): the run's collective
+    timeout (DeepSpeed's default 30 minutes, less when set) can be shorter than converting a large model."""
+    import datetime
+
     import torch.distributed as dist
 
     final = path / UNIVERSAL_TAG
+    group = None
+    if dist.is_initialized() and dist.get_world_size() > 1:  # made by every rank before rank 0 starts converting
+        timeout = float(os.environ.get("RL_UNIVERSAL_CONVERT_TIMEOUT_S", UNIVERSAL_CONVERT_TIMEOUT_S))
+        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
     error = None
     if (not dist.is_initialized() or dist.get_rank() == 0) and not final.is_dir():
         try:
             _convert_to_universal(path, final)
         except Exception as e:  # noqa: BLE001 (told to every rank below, then raised)
             error = e
-    if dist.is_initialized() and dist.get_world_size() > 1:
+    if group is not None:
         said = [None if error is None else str(error) if isinstance(error, RuntimeError)
                 else f"{type(error).__name__}: {error}"]
-        dist.broadcast_object_list(said, src=0)
+        try:
+            dist.broadcast_object_list(said, src=0, group=group)
+        finally:
+            dist.destroy_process_group(group)
         if error is None and said[0] is not None:  # rank 0's reason, here
             raise RuntimeError(f"rank 0: {said[0]}")
     if error is not None:
