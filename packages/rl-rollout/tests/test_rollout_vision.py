@@ -119,3 +119,33 @@ def test_vllm_engine_knows_a_vlm_folder_and_bans_its_placeholders(vlm):
     params = _to_vllm_params(SamplingParams(max_new_tokens=3), banned=ids)
     assert params.logit_bias == {ids[0]: -100.0}
     assert _to_vllm_params(SamplingParams(max_new_tokens=3)).logit_bias is None
+
+
+def test_a_transformers_5_vision_tower_syncs_under_the_names_vllm_knows(vlm):
+    """transformers 5 names the tiny LLaVA's CLIP tower ``model.vision_tower.embeddings.*`` (no ``vision_model.``
+    level); vLLM's LLaVA keeps that level, as hub checkpoints do. The worker gives it back before loading and before
+    looking up what it holds; other names, and a model without such a tower, pass unchanged."""
+    from transformers import AutoModelForImageTextToText
+
+    from rl_rollout.vllm_worker import tower_names_for_vllm
+
+    trainer = AutoModelForImageTextToText.from_pretrained(vlm[0])
+    names = [n for n, _ in trainer.named_parameters()]
+    assert "model.vision_tower.embeddings.patch_embedding.weight" in names  # the names a sync sends
+
+    class Tower(torch.nn.Module):  # the module layout of vLLM's LLaVA: vision_tower.vision_model.*
+        def __init__(self):
+            super().__init__()
+            self.vision_model = torch.nn.Linear(2, 2)
+
+    vllm_like, text_only = torch.nn.Module(), torch.nn.Module()
+    vllm_like.vision_tower = Tower()
+    pairs = [(n, None) for n in names]
+    out = dict(zip(names, (n for n, _ in tower_names_for_vllm(vllm_like, pairs)), strict=True))
+    assert out["model.vision_tower.embeddings.patch_embedding.weight"] == \
+        "model.vision_tower.vision_model.embeddings.patch_embedding.weight"
+    assert all(v.startswith("model.vision_tower.vision_model.") for k, v in out.items() if "vision_tower" in k)
+    assert all(v == k for k, v in out.items() if "vision_tower" not in k)
+    legacy = [("vision_tower.vision_model.post_layernorm.weight", None)]  # hub names stay as they are
+    assert tower_names_for_vllm(vllm_like, legacy) == legacy
+    assert tower_names_for_vllm(text_only, pairs) == pairs

@@ -5,7 +5,8 @@ and a weight sync (language model, projector and vision tower under HF names) re
 Needs vLLM's GPU build, a GPU and torchvision: vLLM's multimodal model modules import transformers' image
 processors, which import torchvision, and vLLM's CPU build here has none (PyPI's torchvision is built for the
 CUDA torch). On CPU the test skips and says so; on the GPU machine PyPI's torchvision 0.26.0 (+cu130, for the
-image's torch 2.11.0) travels with scripts/device/train-stack-on-device.sh. The prompt building it relies on is
+image's torch 2.11.0) travels with scripts/device/vllm-loop-on-device.sh, and mistral_common with the wheels it
+needs (vLLM's llava module imports them) in that script's extra images part (.vcarry-images). The prompt building it relies on is
 tested on CPU (test_rollout_vision.py).
 """
 

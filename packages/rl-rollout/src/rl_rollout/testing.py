@@ -155,7 +155,9 @@ def make_tiny_vlm(
     what vLLM's CPU attention takes), ``num_layers`` layers, the character tokenizer plus ``<image>``. Vision
     tower: one CLIP layer (hidden 32) over ``image_size`` pixels in patches of ``patch_size``: every image is
     resized and cropped to ``image_size`` and becomes ``(image_size / patch_size) ** 2`` tokens (4 by default).
-    The chat template renders ``{"type": "image"}`` content parts as ``<image>``.
+    The chat template renders ``{"type": "image"}`` content parts as ``<image>``. The weights file holds the
+    vision tower under the hub checkpoints' names (``vision_tower.vision_model.*``, which transformers 5 reads and
+    vLLM's LLaVA needs), not transformers 5's own (``vision_tower.*``, which vLLM 0.26-0.32 cannot load).
     """
     import torch
     from transformers import CLIPVisionConfig, LlamaConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
@@ -187,7 +189,19 @@ def make_tiny_vlm(
     model.generation_config.pad_token_id = tok.pad_token_id
     model.save_pretrained(path)
     processor.save_pretrained(path)
+    _hub_tower_names(path / "model.safetensors")
     return path
+
+
+def _hub_tower_names(file: Path) -> None:
+    """Rewrite a LLaVA weights file saved by transformers 5 with its CLIP tower under the hub's names."""
+    from safetensors.torch import load_file, save_file
+
+    state = load_file(file)
+    renamed = {("vision_tower.vision_model." + k.removeprefix("vision_tower.")
+                if k.startswith("vision_tower.") and not k.startswith("vision_tower.vision_model.") else k): v
+               for k, v in state.items()}
+    save_file(renamed, file, metadata={"format": "pt"})
 
 
 def missing_modules(*names: str, where: str = "run in .venv-vllm (scripts/vllm-cpu-env.sh)") -> str | None:

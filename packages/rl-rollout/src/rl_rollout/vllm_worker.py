@@ -119,6 +119,7 @@ class WorkerExtension:
         from vllm.model_executor.model_loader.weight_utils import default_weight_loader
 
         model = self.model_runner.get_model()
+        weights = tower_names_for_vllm(model, weights)
         self._rl_seen.update(name for name, _ in weights)
         if self._rl_direct and os.environ.get("RL_VLLM_COPY_PLAN", "1") != "0":
             t0 = time.perf_counter()
@@ -298,9 +299,11 @@ class WorkerExtension:
         rows_cache: dict[str, tuple] = {}
         stats, missing = {}, {}
         with torch.no_grad():
+            lookup = dict(zip(names, (n for n, _ in tower_names_for_vllm(model, [(n, None) for n in names])),
+                              strict=True))
             for name in list(names) + [a for a in ties if a not in names]:
                 try:
-                    stats[name] = param_stats(model, name, mapper, packed, dtype, rows_cache)
+                    stats[name] = param_stats(model, lookup.get(name, name), mapper, packed, dtype, rows_cache)
                 except Unsupported as e:
                     missing[name] = str(e)
         return {"stats": stats, "ties": ties, "missing": missing}
@@ -342,6 +345,29 @@ def _tied_parameters(model) -> dict[str, str]:
             else:
                 seen[id(param)] = full
     return ties
+
+
+# transformers 5 names a CLIP/SigLIP vision tower without its ``vision_model.`` level (``model.vision_tower.embeddings.*``,
+# saved as ``vision_tower.embeddings.*``); vLLM's LLaVA-family models keep that level, as the hub checkpoints do
+# (``vision_tower.vision_model.embeddings.*``): "no module or parameter named 'vision_tower.embeddings'".
+TOWER_PREFIXES = ("model.vision_tower.", "vision_tower.")
+
+
+def tower_names_for_vllm(model, weights: list) -> list:
+    """``(hf_name, tensor)`` pairs with a vision tower's transformers-5 names given back the ``vision_model.`` level
+    that ``model`` (vLLM's) has under ``vision_tower``; everything else, and every model without such a tower,
+    unchanged."""
+    tower = getattr(model, "vision_tower", None)
+    if tower is None or not hasattr(tower, "vision_model"):
+        return weights
+    out = []
+    for name, tensor in weights:
+        for prefix in TOWER_PREFIXES:
+            if name.startswith(prefix) and not name.startswith(prefix + "vision_model."):
+                name = prefix + "vision_model." + name[len(prefix):]
+                break
+        out.append((name, tensor))
+    return out
 
 
 def _vllm_name(mapper, hf_name: str) -> str | None:
