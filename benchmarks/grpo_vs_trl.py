@@ -139,6 +139,10 @@ def arg_parser() -> argparse.ArgumentParser:
                          "rows; TRL keeps --micro_batch). The report names every ours-only setting")
     ap.add_argument("--ours_use_liger_kernel", action="store_true",
                     help="ours only: rl ppo --use_liger_kernel (liger-kernel's RMSNorm, SwiGLU, RoPE)")
+    ap.add_argument("--ours_profile_generate", action="store_true",
+                    help="cProfile our generate phase (prompts, engine, items, rewards) in the first measured step: "
+                         "top 30 by cumulative time, printed by our process; that step's time includes the "
+                         "profiler's overhead")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                     help="bf16 on both sides (--no-bf16: fp32). Default: cpu fp32, cuda bf16")
     ap.add_argument("--learning_rate", type=float, default=1e-6, help="both sides (TRL's default)")
@@ -274,7 +278,7 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
             counts.update(tokens=0, sequences=0)
             c.step(record)
 
-    counts = {"tokens": 0, "sequences": 0}
+    counts = {"tokens": 0, "sequences": 0, "calls": 0}
     run = build_run(RunConfig(RLModelConfig(pretrain=cfg["model"], use_liger_kernel=cfg["ours_use_liger_kernel"]),
                               strategy, ppo, engine, WeightSyncConfig(),
                               batching=MicroBatchConfig(max_tokens_per_gpu=cfg["ours_max_tokens_per_gpu"]),
@@ -294,6 +298,24 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
         return groups
 
     rollout.generate = full_length_generate
+    sample_round = run.trainer._sample_round  # the generate phase: prompts, the engine, the items, the rewards
+
+    def profiled_round(*args, **kwargs):
+        counts["calls"] += 1
+        if counts["calls"] != cfg["warmup"] + 1:
+            return sample_round(*args, **kwargs)
+        import cProfile
+        import pstats
+
+        prof = cProfile.Profile()
+        out = prof.runcall(sample_round, *args, **kwargs)
+        print(f"[grpo_vs_trl] ours: cProfile of the generate phase (rewards included) of step {counts['calls']}")
+        pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(30)
+        sys.stdout.flush()
+        return out
+
+    if cfg["ours_profile_generate"]:
+        run.trainer._sample_round = profiled_round
     llm = getattr(rollout, "_llm", None)  # VLLMEngine's vllm.LLM (in this process)
     c.ready({"engine": type(rollout).__name__, "torch_threads": torch.get_num_threads(),
              "prompt_tokens": [len(p["prompt_ids"]) for p in prompts],
