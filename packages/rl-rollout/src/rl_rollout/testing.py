@@ -197,11 +197,9 @@ def _hub_tower_names(file: Path) -> None:
     """Rewrite a LLaVA weights file saved by transformers 5 with its CLIP tower under the hub's names."""
     from safetensors.torch import load_file, save_file
 
-    state = load_file(file)
-    renamed = {("vision_tower.vision_model." + k.removeprefix("vision_tower.")
-                if k.startswith("vision_tower.") and not k.startswith("vision_tower.vision_model.") else k): v
-               for k, v in state.items()}
-    save_file(renamed, file, metadata={"format": "pt"})
+    from rl_rollout.vllm_worker import with_tower_level
+
+    save_file({with_tower_level(k): v for k, v in load_file(file).items()}, file, metadata={"format": "pt"})
 
 
 def missing_modules(*names: str, where: str = "run in .venv-vllm (scripts/vllm-cpu-env.sh)") -> str | None:

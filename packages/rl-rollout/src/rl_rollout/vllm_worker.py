@@ -299,11 +299,10 @@ class WorkerExtension:
         rows_cache: dict[str, tuple] = {}
         stats, missing = {}, {}
         with torch.no_grad():
-            lookup = dict(zip(names, (n for n, _ in tower_names_for_vllm(model, [(n, None) for n in names])),
-                              strict=True))
+            lookup = with_tower_level if _has_tower_level(model) else (lambda n: n)  # as _rl_load loaded them
             for name in list(names) + [a for a in ties if a not in names]:
                 try:
-                    stats[name] = param_stats(model, lookup.get(name, name), mapper, packed, dtype, rows_cache)
+                    stats[name] = param_stats(model, lookup(name), mapper, packed, dtype, rows_cache)
                 except Unsupported as e:
                     missing[name] = str(e)
         return {"stats": stats, "ties": ties, "missing": missing}
@@ -353,21 +352,25 @@ def _tied_parameters(model) -> dict[str, str]:
 TOWER_PREFIXES = ("model.vision_tower.", "vision_tower.")
 
 
+def with_tower_level(name: str) -> str:
+    """A transformers-5 vision tower name given back its ``vision_model.`` level; any other name unchanged."""
+    for prefix in TOWER_PREFIXES:
+        if name.startswith(prefix) and not name.startswith(prefix + "vision_model."):
+            return prefix + "vision_model." + name[len(prefix):]
+    return name
+
+
 def tower_names_for_vllm(model, weights: list) -> list:
     """``(hf_name, tensor)`` pairs with a vision tower's transformers-5 names given back the ``vision_model.`` level
     that ``model`` (vLLM's) has under ``vision_tower``; everything else, and every model without such a tower,
     unchanged."""
-    tower = getattr(model, "vision_tower", None)
-    if tower is None or not hasattr(tower, "vision_model"):
+    if not _has_tower_level(model):
         return weights
-    out = []
-    for name, tensor in weights:
-        for prefix in TOWER_PREFIXES:
-            if name.startswith(prefix) and not name.startswith(prefix + "vision_model."):
-                name = prefix + "vision_model." + name[len(prefix):]
-                break
-        out.append((name, tensor))
-    return out
+    return [(with_tower_level(name), tensor) for name, tensor in weights]
+
+
+def _has_tower_level(model) -> bool:
+    return hasattr(getattr(model, "vision_tower", None), "vision_model")
 
 
 def _vllm_name(mapper, hf_name: str) -> str | None:
