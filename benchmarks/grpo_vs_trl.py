@@ -111,6 +111,56 @@ def reward_trl(prompts, completions, label, **kwargs) -> list[float]:
     return [letter_reward(p, c, y) for p, c, y in zip(prompts, completions, label, strict=True)]
 
 
+class ThreadSampler:
+    """The other threads of this process while a phase runs: every ``interval`` seconds, each thread's innermost
+    Python frame (function, file:line, the line) is counted. A thread seen outside a wait (lock, queue, select,
+    sleep: by the function's name or the line's call; marked ``*``) competes with the engine's Python decode loop
+    for the GIL; cProfile sees only the calling thread."""
+
+    WAITS = ("wait", "select", "poll", "sleep", "acquire", "get", "recv", "accept", "join", "read")
+
+    def __init__(self, interval: float = 0.002) -> None:
+        import threading
+
+        self.interval, self.samples = interval, 0
+        self.seen: dict[tuple[str, str], int] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="thread-sampler", daemon=True)
+
+    def __enter__(self) -> ThreadSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import linecache
+        import threading
+
+        me, main = threading.get_ident(), threading.main_thread().ident
+        while not self._stop.wait(self.interval):
+            names = {t.ident: t.name for t in threading.enumerate()}
+            self.samples += 1
+            for ident, frame in sys._current_frames().items():
+                if ident in (me, main):
+                    continue
+                code = frame.f_code
+                line = linecache.getline(code.co_filename, frame.f_lineno).strip()
+                waits = any(w in code.co_name.lower() or f"{w}(" in line for w in self.WAITS)
+                key = (names.get(ident, str(ident)), f"{code.co_name} {Path(code.co_filename).name}:{frame.f_lineno}"
+                       f"{'' if waits else ' *'}  {line[:60]}")
+                self.seen[key] = self.seen.get(key, 0) + 1
+
+    def report(self, top: int = 20) -> str:
+        lines = [f"[grpo_vs_trl] other threads during the phase ({self.samples} samples, every "
+                 f"{self.interval * 1e3:.0f} ms; share of samples, innermost frame; * = not in a wait):"]
+        for (name, where), n in sorted(self.seen.items(), key=lambda kv: -kv[1])[:top]:
+            lines.append(f"  {n / max(self.samples, 1):6.1%}  {name:<28} {where}")
+        return "\n".join(lines)
+
+
 def arg_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"),
@@ -141,8 +191,8 @@ def arg_parser() -> argparse.ArgumentParser:
                     help="ours only: rl ppo --use_liger_kernel (liger-kernel's RMSNorm, SwiGLU, RoPE)")
     ap.add_argument("--ours_profile_generate", action="store_true",
                     help="cProfile our generate phase (prompts, engine, items, rewards) in the first measured step: "
-                         "top 30 by cumulative time, printed by our process; that step's time includes the "
-                         "profiler's overhead")
+                         "top 30 by cumulative time, and where this process's other threads were (sampled every 2 "
+                         "ms), printed by our process; that step's time includes the profiler's overhead")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                     help="bf16 on both sides (--no-bf16: fp32). Default: cpu fp32, cuda bf16")
     ap.add_argument("--learning_rate", type=float, default=1e-6, help="both sides (TRL's default)")
@@ -308,9 +358,11 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
         import pstats
 
         prof = cProfile.Profile()
-        out = prof.runcall(sample_round, *args, **kwargs)
+        with ThreadSampler() as threads:
+            out = prof.runcall(sample_round, *args, **kwargs)
         print(f"[grpo_vs_trl] ours: cProfile of the generate phase (rewards included) of step {counts['calls']}")
         pstats.Stats(prof, stream=sys.stdout).sort_stats("cumulative").print_stats(30)
+        print(threads.report())
         sys.stdout.flush()
         return out
 

@@ -15,7 +15,8 @@ out of the mean (it records the copy plan), then checks the engine holds the las
 - ``live``: as ``plan``, with ``update_weights(..., live=True)`` (what ``rl ppo`` sends under ZeRO-0/1/2: the
   trainer's own parameters, one group, the plan's source views kept between syncs).
 
-Then, apart: one prefix-cache reset after a generation (vLLM walks every KV block; the engine skips it
+Then, apart: the fixed cost of an update session that loads nothing (begin + finish), the worker's own host
+time per load call (its copy plan's ``load_s``), one prefix-cache reset after a generation (vLLM walks every KV block; the engine skips it
 when nothing was generated since the last), and with ``--profile`` a cProfile of one steady ``live`` sync
 (``--torch_profile``: torch.profiler's host ops and device kernels of one).
 
@@ -55,7 +56,7 @@ def main() -> None:
     ap.add_argument("--modes", default=None, help="comma-separated subset of layerwise,direct,plan,live")
     ap.add_argument("--gpu_memory_utilization", type=float, default=0.3,
                     help="the engine's share of the GPU (its KV blocks: what a prefix-cache reset walks)")
-    ap.add_argument("--profile", action="store_true", help="cProfile one steady live sync (top 25 by cumulative time)")
+    ap.add_argument("--profile", action="store_true", help="cProfile one steady live sync (top 25 by cumulative time, 15 by own time)")
     ap.add_argument("--torch_profile", action="store_true",
                     help="torch.profiler of one steady live sync: ops by self CPU time and by device time")
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
@@ -115,9 +116,14 @@ def main() -> None:
                 want = trainer.generate(ids, max_new_tokens=12, do_sample=False)[0, ids.shape[1]:].tolist()
             later = times[1:] or times
             mean = statistics.mean(later)
+            loads = [r["load_s"] for r in reports[1:] if r and "load_s" in r]
             results[mode] = {"first_s": times[0], "mean_s": mean, "min_s": min(later), "gb_per_s": nbytes / mean / 1e9,
                              "ratio_to_device_copy": copy / mean, "greedy_equal": got == want[:len(got)],
-                             "copy_plan": reports[-1]}
+                             "copy_plan": reports[-1],
+                             "worker_load_s": statistics.mean(loads) if loads else None}
+        # a session with nothing in it: in the direct modes only (a layerwise one warns for every layer left out)
+        session_s = time_empty_session(engine, version + 1) if {"plan", "live"} & set(modes) else None
+        version += 20
         reset_s = time_prefix_reset(engine, prompt)
         if args.profile:
             profile_sync(engine, params, version + 1)
@@ -135,11 +141,33 @@ def main() -> None:
     for mode, r in results.items():
         print(f"{mode:<11}{r['first_s']:>9.4f}{r['mean_s']:>9.4f}{r['gb_per_s']:>9.1f}{r['ratio_to_device_copy']:>8.3f}"
               f"  {str(r['greedy_equal']):<15}  {r['copy_plan']}")
+    if session_s is not None:
+        print(f"an update session with no tensors (begin + finish, the engine's lock, two worker calls): "
+              f"{session_s * 1e3:.3f} ms (median of 20)")
+    for mode, r in results.items():
+        if r["worker_load_s"] is not None:
+            print(f"{mode}: the worker's load call, host time until the copies are queued: "
+                  f"{r['worker_load_s'] * 1e3:.3f} ms (mean of syncs 2..{args.syncs}); the rest of "
+                  f"{r['mean_s'] * 1e3:.3f} ms is the session, the engine's side and the device's copy")
     print(f"prefix-cache reset after a generation ({reset_s['blocks']} KV blocks): {reset_s['seconds'] * 1e3:.2f} ms "
           "(skipped by the engine when nothing was generated since the last reset)")
     if args.out:
         Path(args.out).write_text(json.dumps({"device": name, "shape": shape, "bytes": nbytes, "device_copy_s": copy,
-                                              "modes": results, "prefix_reset": reset_s}, indent=1))
+                                              "modes": results, "prefix_reset": reset_s,
+                                              "empty_session_s": session_s}, indent=1))
+
+
+def time_empty_session(engine, version: int, n: int = 20) -> float:
+    """Median seconds of an update session that loads nothing: the fixed cost every sync pays around its copies."""
+    times = []
+    for k in range(n):
+        sync_device()
+        t0 = time.perf_counter()
+        engine.begin_weight_update()
+        engine.finish_weight_update(version + k)
+        sync_device()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def time_prefix_reset(engine, prompt) -> dict:
@@ -168,6 +196,7 @@ def profile_sync(engine, params, version: int) -> None:
     sync_device()
     prof.disable()
     pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(15)
 
 
 def torch_profile_sync(engine, params, version: int) -> None:
