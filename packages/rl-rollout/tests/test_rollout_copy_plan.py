@@ -138,6 +138,12 @@ def test_live_inputs_replay_through_kept_views_until_one_moves():
         ref.load_weights(live)
         assert all(torch.equal(a, state(ref)[n]) for n, a in state(m).items()), step
     kept = plan._live_views
+    plan.replay(live, live=True)
+    assert plan._live_views is kept  # the same tensors at the same addresses: the kept views
+    plan.replay([(n, t.detach()) for n, t in live], live=True)  # same memory, other tensor objects: not trusted
+    assert plan._live_views is not kept
+    plan.replay(live, live=True)
+    kept = plan._live_views
     moved = [(n, t.clone()) if n == "q" else (n, t) for n, t in live]  # one parameter got new storage
     m.load_weights(plan.replay(moved, live=True))
     ref.load_weights(moved)

@@ -181,15 +181,19 @@ class CopyPlan:
         Raises :class:`CopyPlanStale` when a planned input's layout (shape, strides, dtype, device)
         differs from the recorded one. Source views are rebuilt every time, unless ``live``: the inputs
         are a trainer's live parameters, the same storage at every sync (ZeRO-0/1/2, no cast), and then
-        the views of the last replay are kept and reused while every input has the same name, data
-        pointer, shape and strides (a sync is then one ``torch._foreach_copy_``). Never pass ``live`` for
+        the views of the last replay are kept and reused while the inputs are the same tensor objects under the same
+        names at the same data pointers (a sync is then one ``torch._foreach_copy_``). Never pass ``live`` for
         copies made for the sync (a ZeRO-3 gather): the kept views would keep them alive."""
         weights = list(weights)
         if live:
-            key = tuple((n, t.data_ptr(), t.shape, t.stride(), t.dtype) for n, t in weights)
-            if key == self._live_key and self._live_views is not None:
-                dsts, srcs = self._live_views
-                self._copy(dsts, srcs)
+            names, tensors = [n for n, _ in weights], [t for _, t in weights]
+            ptrs = [t.data_ptr() for t in tensors]
+            last = self._live_key
+            # the same tensor objects (not only equal ones) at the same addresses: a tensor object keeps its shape
+            # and strides unless resized in place, which a trainer's parameters never are
+            if (last is not None and self._live_views is not None and names == last[0] and ptrs == last[2]
+                    and all(a is b for a, b in zip(tensors, last[1], strict=True))):
+                self._copy(*self._live_views)
                 return [(n, t) for n, t in weights if n not in self.entries]
         self._live_key = self._live_views = None
         rest, planned = [], []
@@ -212,7 +216,7 @@ class CopyPlan:
             srcs.extend(tensor if v == whole else tensor.as_strided(v[0], v[1], base + v[2]) for v in e.srcs)
         self._copy(dsts, srcs)
         if live:
-            self._live_key, self._live_views = key, (dsts, srcs)
+            self._live_key, self._live_views = (names, tensors, ptrs), (dsts, srcs)
         return rest
 
     def _copy(self, dsts: list[torch.Tensor], srcs: list[torch.Tensor]) -> None:

@@ -213,12 +213,15 @@ class WorkerExtension:
         if isinstance(shared, IpcSync):
             if getattr(self, "_rl_ipc", None) is None:
                 self._rl_ipc = IpcReceiver()  # keeps an IpcSender's buckets open across syncs
-            groups = self._rl_ipc.load(shared, verify=verify)
-        else:
-            groups = (open_bucket(bucket, verify=verify) for bucket in shared)
+            # the receiver's views stay the same memory for the sender's whole generation: one load of all of them
+            # as live tensors, so the copy plan keeps its source views and a steady sync is one fused copy
+            weights = [pair for group in self._rl_ipc.load(shared, verify=verify) for pair in group]
+            self._rl_load(weights, live=True)
+            return len(weights)
         n = 0
-        for weights in groups:
-            self._rl_load(list(weights))
+        for bucket in shared:  # one-shot buckets: each handle is opened, loaded and dropped
+            weights = open_bucket(bucket, verify=verify)
+            self._rl_load(weights)
             n += len(weights)
         return n
 
