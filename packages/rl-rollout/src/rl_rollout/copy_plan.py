@@ -22,6 +22,7 @@ not read the parameters in place (vLLM's CPU build packs linear weights for oneD
 
 from __future__ import annotations
 
+import operator
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -187,12 +188,12 @@ class CopyPlan:
         weights = list(weights)
         if live:
             names, tensors = [n for n, _ in weights], [t for _, t in weights]
-            ptrs = [t.data_ptr() for t in tensors]
+            ptrs = list(map(torch.Tensor.data_ptr, tensors))
             last = self._live_key
             # the same tensor objects (not only equal ones) at the same addresses: a tensor object keeps its shape
             # and strides unless resized in place, which a trainer's parameters never are
             if (last is not None and self._live_views is not None and names == last[0] and ptrs == last[2]
-                    and all(a is b for a, b in zip(tensors, last[1], strict=True))):
+                    and all(map(operator.is_, tensors, last[1]))):
                 self._copy(*self._live_views)
                 return [(n, t) for n, t in weights if n not in self.entries]
         self._live_key = self._live_views = None
