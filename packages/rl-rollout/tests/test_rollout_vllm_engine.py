@@ -145,6 +145,30 @@ def test_update_weights_then_greedy_matches_transformers(engine, ref):
     assert engine.generate([RolloutRequest(PROMPTS[4], greedy())])[0][0].response_ids == ref.greedy(PROMPTS[4], 12)
 
 
+def test_a_sync_drops_the_image_embeddings_vllm_cached(engine, ref, monkeypatch):
+    """vLLM keeps a vision model's image embeddings by image hash; after a sync they were computed with old weights
+    (seen on an H100: a LLaVA synced with a new projector kept generating from the old embeddings of a repeated
+    image). Every session of an engine that takes images ends in vLLM's own reset_encoder_cache, a failed one too.
+    vLLM's CPU build runs no vision model (torchvision), so this text engine is made to say it takes images and
+    the real reset runs; the GPU test (test_rollout_vllm_vision_gpu.py) checks the generations."""
+    from rl_rollout.vllm_engine import VLLMEngine
+
+    calls = []
+    real = engine._llm.llm_engine.reset_encoder_cache
+    monkeypatch.setattr(engine._llm.llm_engine, "reset_encoder_cache", lambda: (calls.append(1), real())[1])
+    monkeypatch.setattr(VLLMEngine, "takes_images", property(lambda self: True))
+    state = {n: t.clone() for n, t in ref.hf.state_dict().items()}
+    engine.update_weights(state.items(), version=engine.policy_version)
+    assert calls == [1]
+    with pytest.raises(Exception, match="nope"):
+        engine.update_weights([("model.nope.weight", torch.zeros(2))], version=engine.policy_version + 1)
+    assert calls == [1, 1]
+    monkeypatch.undo()
+    engine.update_weights(state.items(), version=engine.policy_version)  # a text model: nothing to drop
+    assert calls == [1, 1]
+    assert engine.generate([RolloutRequest(PROMPTS[0], greedy(8))])[0][0].response_ids == ref.greedy(PROMPTS[0], 8)
+
+
 def test_agenerate_batches_concurrent_calls(engine, ref):
     async def many():
         return await asyncio.gather(*(engine.agenerate(RolloutRequest(p, greedy())) for p in PROMPTS * 2))

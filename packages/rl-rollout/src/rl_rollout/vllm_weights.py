@@ -113,7 +113,8 @@ class VLLMWeightsMixin:
 
     def finish_weight_update(self, version: int | None, *, expected: Mapping[str, TensorStats] | None = None) -> None:
         """Close the session, set ``policy_version``; prompts sent from now on carry a new prefix-cache salt, so
-        no KV computed with the old weights is reused (a failed session too: part of the weights may be new).
+        no KV computed with the old weights is reused, and a vision-language model's image embeddings cached by
+        vLLM are dropped (a failed session too: part of the weights may be new).
 
         ``version=None`` closes a failed session and keeps the old version. Raises
         :class:`~rl_rollout.transport.WeightSyncError` (``policy_version`` unchanged) when a layer got
@@ -130,7 +131,27 @@ class VLLMWeightsMixin:
                 self.policy_version = version
         finally:
             self._weights_epoch += 1  # before generation resumes: the module docstring of vllm_engine
-            self._end_session()
+            try:
+                if self.takes_images:
+                    self._reset_encoder_cache()
+            finally:
+                self._end_session()
+
+    def _reset_encoder_cache(self) -> None:
+        """Drop vLLM's encoder cache: the image embeddings it keeps by image hash (not by weights), which a new
+        vision tower or projector would otherwise never recompute for an image seen before the sync (the prompts'
+        prefix-cache salt does not reach that cache). Seen on an H100: a LLaVA synced with its projector scaled
+        8x kept generating from the old embeddings of a repeated image."""
+        engine = self._llm if self.mode == "async" else self._llm.llm_engine
+        reset = getattr(engine, "reset_encoder_cache", None)
+        if reset is None:
+            raise RuntimeError("this vLLM has no reset_encoder_cache (vLLM 0.26 and 0.32 have it): "
+                               "after a weight sync it would keep serving image embeddings computed with the old "
+                               "weights. Upgrade vLLM to use a vision-language model with weight syncs")
+        if self.mode == "async":
+            self._run(reset())
+        else:
+            reset()
 
     def _end_session(self) -> None:
         if self.mode == "async":
