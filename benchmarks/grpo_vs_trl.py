@@ -254,8 +254,19 @@ class _Conductor:
     """The child's end of the pipe: report a finished step, then wait for the next go."""
 
     def __init__(self, conn):
+        import gc
+
         self.conn = conn
         self.go_t = self.go_cpu = 0.0
+        self.gc_s, self.gc_full, self._gc_t0 = 0.0, 0, 0.0  # Python's garbage collector inside the step
+        gc.callbacks.append(self._gc)
+
+    def _gc(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._gc_t0 = time.perf_counter()
+        else:
+            self.gc_s += time.perf_counter() - self._gc_t0
+            self.gc_full += info["generation"] == 2
 
     def ready(self, info: dict) -> None:
         self.conn.send(("ready", info))
@@ -266,10 +277,12 @@ class _Conductor:
         if msg not in ("go", "stop"):
             raise RuntimeError(f"unexpected message from the conductor: {msg!r}")
         self.go_t, self.go_cpu = time.perf_counter(), time.process_time()
+        self.gc_s, self.gc_full = 0.0, 0
 
     def step(self, record: dict) -> None:
         record["go_to_done_s"] = time.perf_counter() - self.go_t  # the step as the conductor saw it
         record["cpu_s"] = time.process_time() - self.go_cpu  # CPU seconds of this process (all threads) in it
+        record["gc_s"], record["gc_full"] = self.gc_s, self.gc_full
         self.conn.send(("step", record))
         self.wait()
 
@@ -604,6 +617,9 @@ def summarize(records: dict[str, list[dict]], warmup: int, threads: dict[str, in
             "generated_tokens_per_step": _mean([r["generated_tokens"] for r in kept]),
             "sequences_per_step": _mean([r["sequences"] for r in kept]),
             "warmup_step_s": [r["step_s"] for r in records[side][:warmup]],
+            "generate_s": [r.get("generate_s", 0.0) for r in kept],
+            "gc_s": [r.get("gc_s", 0.0) for r in kept],
+            "gc_full": [r.get("gc_full", 0) for r in kept],
             "loadavg_1m_mean": _mean([r["loadavg_1m"] for r in kept]),
             "cpu_per_wall": [r["cpu_s"] / r["go_to_done_s"] for r in kept],
             "quiet_step_s": quiet,
@@ -671,6 +687,11 @@ def report(summary: dict, info: dict) -> None:
           " | TRL " + " ".join(f"{x:.2f}" for x in t["step_s"]) +
           f"  (warm-up left out: ours {[round(x, 2) for x in o['warmup_step_s']]}, "
           f"TRL {[round(x, 2) for x in t['warmup_step_s']]})")
+    print("generate (s):   ours " + " ".join(f"{x:.2f}" for x in o["generate_s"]) +
+          " | TRL " + " ".join(f"{x:.2f}" for x in t["generate_s"]))
+    print("Python GC (s):  ours " + " ".join(f"{x:.3f}" for x in o["gc_s"]) +
+          " | TRL " + " ".join(f"{x:.3f}" for x in t["gc_s"]) +
+          f"  (full collections: ours {o['gc_full']}, TRL {t['gc_full']})")
     print(f"machine load (1-min average, {info['cpu_count']} cores) after the measured steps: ours "
           f"{o['loadavg_1m_mean']:.1f}, TRL {t['loadavg_1m_mean']:.1f}; ours skips the old-logprob forward: "
           f"{info['ours_skips_old_logprob_forward']}")
