@@ -33,11 +33,19 @@ ENV_KEYS = ("MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE", "LOCAL_RANK", "L
 class Worker:
     """A small real actor: reports where it runs, echoes shards, sleeps, fails on demand."""
 
-    def __init__(self, marker_dir=None, fail_on_rank=None):
+    def __init__(self, marker_dir=None, fail_on_rank=None, mark=None, wait_for=None):
         if marker_dir is not None:
             open(os.path.join(marker_dir, f"started-{os.environ['RANK']}"), "w").close()
         if fail_on_rank is not None and int(os.environ["RANK"]) == fail_on_rank:
             raise RuntimeError("init failed on purpose")
+        if mark is not None:  # this __init__ is running
+            open(mark, "w").close()
+        if wait_for is not None:  # ... and finishes only once another group's __init__ runs too
+            deadline = time.monotonic() + 30
+            while not os.path.exists(wait_for):
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"{wait_for} never appeared: the other group's __init__ did not run meanwhile")
+                time.sleep(0.05)
 
     def where(self):
         return {"gpus": [int(g) for g in ray.get_gpu_ids()],
@@ -209,6 +217,31 @@ def test_failing_init_names_the_rank(tmp_path):
         RayActorGroup(Worker, "actor", 2, placement_group=pg, init_kwargs={"fail_on_rank": 1},
                       start_timeout_s=60, owns_placement_group=True)
     assert info.value.rank == 1 and "init failed on purpose" in str(info.value)
+
+
+def test_groups_made_without_waiting_start_their_inits_together(tmp_path):
+    """wait=False: the constructor returns with the __init__s under way, so a second group's __init__ runs while the
+    first one's does (each waits for the other's marker: made one after the other, the first would time out)."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    pga, pgb = create_placement_group(1, timeout_s=30), create_placement_group(1, timeout_s=30)
+    first = RayActorGroup(Worker, "actor", 1, placement_group=pga, init_kwargs={"mark": a, "wait_for": b},
+                          start_timeout_s=60, owns_placement_group=True, wait=False)
+    second = RayActorGroup(Worker, "critic", 1, placement_group=pgb, init_kwargs={"mark": b, "wait_for": a},
+                           start_timeout_s=60, owns_placement_group=True, wait=False)
+    try:
+        first.wait_ready()
+        assert second.call("where", timeout=30)[0]["env"]["WORLD_SIZE"] == "1"  # a call waits for the __init__
+    finally:
+        first.shutdown()
+        second.shutdown()
+    # a failing __init__ of a group made without waiting is reported when it is waited for, as in the constructor
+    pg = create_placement_group(2, timeout_s=30)
+    late = RayActorGroup(Worker, "ref", 2, placement_group=pg, init_kwargs={"fail_on_rank": 0}, start_timeout_s=60,
+                         owns_placement_group=True, wait=False)
+    with pytest.raises(ActorCallError, match=r"ref rank 0 failed in '__init__': its __init__ raised"):
+        late.call("where", timeout=30)
+    with pytest.raises(RuntimeError, match="was shut down"):  # and the group is gone
+        late.call("where", timeout=30)
 
 
 def test_killed_and_hung_actors_raise_instead_of_hanging():

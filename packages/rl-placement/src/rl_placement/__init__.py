@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     )
     from rl_placement.groups import ActorCallError, RankFailure, RankInfo, RayActorGroup
 
-__version__ = "0.2.1"
+__version__ = "0.3.0"
 
 # Ray names -> the submodule that defines them, imported on first use.
 _RAY_NAMES = {

@@ -192,6 +192,10 @@ class RayActorGroup:
     omitted); a rank that dies, raises or does not answer in time raises
     ActorCallError. After such an error the other ranks may still be busy or
     stuck in a collective: shut the group down rather than call it again.
+
+    The constructor waits for every rank's ``__init__`` (``start_timeout_s``); with ``wait=False`` it returns once
+    the actors are asked for, and :meth:`wait_ready` (or the first call) waits: make several groups that way to
+    load their models at the same time.
     """
 
     def __init__(self, cls: type, role: str, num_ranks: int, *, placement_group: PlacementGroup,
@@ -200,7 +204,7 @@ class RayActorGroup:
                  init_args: Sequence[Any] = (), init_kwargs: dict[str, Any] | None = None,
                  actor_options: dict[str, Any] | None = None, master_port: int | None = None,
                  start_timeout_s: float = 120.0, call_timeout_s: float = 3600.0,
-                 owns_placement_group: bool = False):
+                 owns_placement_group: bool = False, wait: bool = True):
         if isinstance(cls, ray.actor.ActorClass):
             raise TypeError(f"RayActorGroup({role!r}) needs the plain class, not a @ray.remote one: drop the "
                             f"decorator and pass its options as actor_options={{...}}")
@@ -208,6 +212,7 @@ class RayActorGroup:
             raise ValueError(f"{role}: num_ranks must be a positive integer, got {num_ranks!r}")
         self.role = str(role)
         self.call_timeout_s = call_timeout_s
+        self._init: tuple[dict[int, Any], float, float, float] | None = None  # pending __init__s (wait=False)
         self._pg = placement_group
         self._owns_pg = owns_placement_group
         self._closed = False
@@ -244,17 +249,30 @@ class RayActorGroup:
                 self.actors.append(remote_cls.options(**options).remote(
                     *init_args, **(init_kwargs or {}), **{_ENV_KWARG: rank_env}))
             refs = {r: a.__ray_ready__.remote() for r, a in enumerate(self.actors)}
-            try:
-                _gather(self.role, "__init__", refs, start_timeout_s, fail_fast=False)
-            except ActorCallError as err:
-                # An actor Ray cannot schedule looks like a hung __init__: say what it asked for.
-                lacks = (f"; or its bundle lacks the {num_gpus_per_actor:g} GPU / {num_cpus_per_actor:g} CPU "
-                         f"it asks for")
-                failures = [f if f.error else replace(f, cause=f.cause + lacks) for f in err.failures]
-                raise ActorCallError(self.role, "__init__", failures) from err.__cause__
+            self._init = (refs, time.monotonic() + start_timeout_s, num_gpus_per_actor, num_cpus_per_actor)
+            if wait:
+                self.wait_ready()
         except BaseException:
             self.shutdown()
             raise
+
+    def wait_ready(self) -> None:
+        """Wait for every rank's ``__init__`` (at most ``start_timeout_s`` from the group's creation); raise
+        :class:`ActorCallError` for the ranks that failed or did not start, and shut the group down then. A group
+        made with ``wait=False`` is waited for here, or at its first call: several groups made that way load
+        their models at the same time (OpenRLHF starts its models' ``__init__``s together the same way)."""
+        if self._init is None:
+            return
+        refs, deadline, gpus, cpus = self._init
+        try:
+            _gather(self.role, "__init__", refs, max(deadline - time.monotonic(), 0.0), fail_fast=False)
+        except ActorCallError as err:
+            # An actor Ray cannot schedule looks like a hung __init__: say what it asked for.
+            lacks = f"; or its bundle lacks the {gpus:g} GPU / {cpus:g} CPU it asks for"
+            failures = [f if f.error else replace(f, cause=f.cause + lacks) for f in err.failures]
+            self.shutdown()
+            raise ActorCallError(self.role, "__init__", failures) from err.__cause__
+        self._init = None
 
     @classmethod
     def from_plan(cls, actor_cls: type, placed: PlacementGroups, role: Role | str, **kwargs: Any) -> RayActorGroup:
@@ -276,6 +294,7 @@ class RayActorGroup:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError(f"the {self.role} group was shut down: make a new RayActorGroup")
+        self.wait_ready()
 
     def call(self, method: str, *args: Any, timeout: float | None = None, **kwargs: Any) -> list[Any]:
         """``method(*args, **kwargs)`` on every rank; results in rank order."""
@@ -343,6 +362,7 @@ class RayActorGroup:
         them asynchronously, and a PACK group made meanwhile would spread.
         """
         deadline = time.monotonic() + timeout
+        self._init = None  # nothing left to wait for
         for actor in self.actors:
             try:
                 ray.kill(actor, no_restart=True)
