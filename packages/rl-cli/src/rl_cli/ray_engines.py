@@ -146,7 +146,9 @@ def start_engines(placed, engine_cfg, model: str, *, gpus: dict[int, list[str]] 
                 RolloutEngineActor, f"engine{pe.engine}", 1, placement_group=pe.placement_group,
                 bundle_indices=[pe.bundle_indices[0]], num_gpus_per_actor=pe.gpu_share, env=env,
                 init_args=(cfg, model, ctx), init_kwargs={"extra": extra, "visible_devices": visible},
-                call_timeout_s=call_timeout_s, start_timeout_s=start_timeout_s))
+                call_timeout_s=call_timeout_s, start_timeout_s=start_timeout_s, wait=False))
+        for g in groups:  # the engines start together; each group's __init__ error is raised here
+            g.wait_ready()
     except BaseException:
         for g in groups:
             g.shutdown()

@@ -38,13 +38,19 @@ class RayFactory:
         self.device = "?"
 
     def role(self, name: str, worker_cls: type, *args: Any, **kwargs: Any):
+        """The role's actors, asked for without waiting for their ``__init__`` (model load, DeepSpeed): the roles
+        load at the same time, as OpenRLHF's do; the first call to a group, or :meth:`rollout`, waits."""
         ray_cls, plan_role = RAY_ROLES[worker_cls]
         g = RayActorGroup.from_plan(ray_cls, self.placed, plan_role, init_args=args, init_kwargs=kwargs,
-                                    call_timeout_s=self.call_timeout_s)
+                                    call_timeout_s=self.call_timeout_s, wait=False)
         self.groups.append(g)
         return g
 
     def rollout(self, engine_cfg: EngineConfig, model: str, *, dtype: str, seed: int, device: str) -> GroupRollout:
+        # the roles first: an engine sizes its KV cache from the GPU memory it finds free, so it starts after the
+        # models that share its GPUs are loaded (the engines then start together)
+        for g in self.groups:
+            g.wait_ready()
         # each engine actor builds its own options (its device is the GPU Ray gives it; seed + its index)
         self.engines = start_engines(self.placed, engine_cfg, model, gpus=self.gpus, dtype=dtype, seed=seed,
                                      env=self.engine_env, call_timeout_s=self.call_timeout_s)
