@@ -122,8 +122,9 @@ def main() -> None:
                              "copy_plan": reports[-1],
                              "worker_load_s": statistics.mean(loads) if loads else None}
         # a session with nothing in it: in the direct modes only (a layerwise one warns for every layer left out)
-        session_s = time_empty_session(engine, version + 1) if {"plan", "live"} & set(modes) else None
-        version += 20
+        session_s = None
+        if {"plan", "live"} & set(modes):
+            session_s, version = time_empty_session(engine, version)
         reset_s = time_prefix_reset(engine, prompt)
         if args.profile:
             profile_sync(engine, params, version + 1)
@@ -157,17 +158,19 @@ def main() -> None:
                                               "empty_session_s": session_s}, indent=1))
 
 
-def time_empty_session(engine, version: int, n: int = 20) -> float:
-    """Median seconds of an update session that loads nothing: the fixed cost every sync pays around its copies."""
+def time_empty_session(engine, version: int, n: int = 20) -> tuple[float, int]:
+    """Median seconds of an update session that loads nothing (the fixed cost every sync pays around its copies),
+    and the engine's version after the ``n`` sessions (each one after ``version``)."""
     times = []
-    for k in range(n):
+    for _ in range(n):
+        version += 1
         sync_device()
         t0 = time.perf_counter()
         engine.begin_weight_update()
-        engine.finish_weight_update(version + k)
+        engine.finish_weight_update(version)
         sync_device()
         times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return statistics.median(times), version
 
 
 def time_prefix_reset(engine, prompt) -> dict:
