@@ -145,6 +145,14 @@ def main() -> None:
     print(f"generate: {tokens / max(mean['generate_s'], 1e-9):.0f} tok/s")
     print(f"weight sync: {sync_rate:.1f} GB/s; device copy on one GPU {same:.1f} GB/s -> ratio {sync_rate / same:.3f}"
           + (f"; peer copy GPU 0 -> {args.actor_gpus} {peer:.1f} GB/s -> ratio {sync_rate / peer:.3f}" if peer else ""))
+    per_it = ", ".join(f"{r.get('rl/sync_s', 0.0) * 1e3:.1f}" for r in rows)
+    if "rl/sync_load_s" in rows[0]:
+        per_it += " (the policy's call + the engine's: " + ", ".join(
+            f"{r['rl/sync_share_s'] * 1e3:.1f} + {r['rl/sync_load_s'] * 1e3:.1f}" for r in rows) + ")"
+    print(f"sync per iteration (ms, wake excluded): {per_it}; a device copy of the same bytes "
+          f"{nbytes / same / 1e6:.2f} ms"
+          + (f"; in place (the engines read the policy's own memory): "
+             f"{[int(r['rl/sync_in_place']) for r in rows]}" if "rl/sync_in_place" in rows[0] else ""))
     print(f"engine vs policy logprobs: max gap {gap:.2e} (the engine samples from the synced weights)")
     if args.out:
         Path(args.out).write_text(json.dumps({"args": vars(args), "gpus": gpus, "bytes": nbytes, "phases": mean,

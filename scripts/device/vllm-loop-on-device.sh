@@ -76,6 +76,12 @@ VISION_DEPS="torchvision==0.26.0"
 # sent before the last; install then adds them. Only vLLM with images needs them.
 MM_DEPS="mistral_common==1.13.1 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0
 rpds-py==2026.9.1 pydantic-extra-types==2.11.1 pycountry==26.2.16"
+# Ray (rl ppo-ray's hybrid engine with vLLM: benchmarks/rl_ray_gpus.py --rollout_engine vllm): its 76 MiB wheel less
+# ray/jars (30.7 MiB of Java workers, never loaded by Python) is 45 MiB, one call of its own: prepare puts it, pruned,
+# and what its import needs beyond the image (jsonschema and its three) in .vcarry-ray; carry [".vcarry-ray"],
+# command: mkdir -p /tmp/vparts-ray && cp .vcarry-ray/* /tmp/vparts-ray/, sent before the last; install adds them.
+RAY_VERSION=2.60.0
+RAY_DEPS="jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1"
 PLATS="--platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
 # Where things go on the device (overridable only to simulate install elsewhere).
@@ -83,25 +89,29 @@ VLOOP_DIR=${VLOOP_DIR:-/tmp/vparts}
 VLOOP_SITE=${VLOOP_SITE:-/tmp/site}
 VLOOP_PY=${VLOOP_PY:-python3}
 
-_vl_prune() {  # SRC DST: the pruned wheel with every member stored (uncompressed), RECORD rewritten
-  python3 - "$1" "$2" <<'PY'
+# vLLM's members Hopper + Python 3.12 never load (see the header)
+VLLM_DROP='^vllm/(vllm_flash_attn/_vllm_fa2_C[^/]*\.so|vllm-rs|third_party/deep_gemm/_C\.cpython-3(?!12-)\d+-[^/]*\.so)$'
+RAY_DROP='^ray/jars/'  # Java workers
+
+_vl_prune() {  # SRC DST DROP_REGEX [deflate]: the wheel less DROP's members, stored (or deflated), RECORD rewritten
+  python3 - "$1" "$2" "$3" "${4:-stored}" <<'PY'
 import re, shutil, sys, zipfile
-src_path, dst_path = sys.argv[1:3]
-DROP = re.compile(r"^vllm/(vllm_flash_attn/_vllm_fa2_C[^/]*\.so|vllm-rs"
-                  r"|third_party/deep_gemm/_C\.cpython-3(?!12-)\d+-[^/]*\.so)$")
+src_path, dst_path, drop, how = sys.argv[1:5]
+DROP = re.compile(drop)
+method = zipfile.ZIP_DEFLATED if how == "deflate" else zipfile.ZIP_STORED
 src = zipfile.ZipFile(src_path)
 infos = src.infolist()
-record = next(i for i in infos if re.fullmatch(r"vllm-[^/]+\.dist-info/RECORD", i.filename))
+record = next(i for i in infos if re.fullmatch(r"[^/]+\.dist-info/RECORD", i.filename))
 dropped = {i.filename for i in infos if DROP.match(i.filename)}
 lines = src.read(record).decode().splitlines()
 kept = [ln for ln in lines if ln and ln.rsplit(",", 2)[0] not in dropped]
 assert len(lines) - len(kept) == len(dropped), "RECORD does not list every dropped file"
-with zipfile.ZipFile(dst_path, "w", zipfile.ZIP_STORED) as dst:
+with zipfile.ZipFile(dst_path, "w", method) as dst:
     for i in infos:
         if i.filename in dropped:
             continue
         zi = zipfile.ZipInfo(i.filename, i.date_time)
-        zi.external_attr, zi.compress_type = i.external_attr, zipfile.ZIP_STORED
+        zi.external_attr, zi.compress_type = i.external_attr, method
         if i is record:
             dst.writestr(zi, "\n".join(kept) + "\n")
             continue
@@ -153,7 +163,7 @@ _vl_prepare() {
 
   echo "== pruning (stored members) and xz"
   local stored="$S/$VLLM_WHEEL_NAME" xzf="$S/vllm.whl.xz"
-  _vl_prune "$full" "$stored"
+  _vl_prune "$full" "$stored" "$VLLM_DROP"
   local stored_sha; stored_sha=$(sha256sum "$stored" | cut -d' ' -f1)
   if [ ! -f "$xzf" ] || [ "$(cat "$xzf.of" 2>/dev/null)" != "$stored_sha" ]; then
     echo "xz -6 of $(( $(stat -c %s "$stored") / 1048576 )) MiB (about 3 minutes on 2 cores)"
@@ -168,6 +178,14 @@ _vl_prepare() {
   $dl -d "$S/wheels" $specs 2> >(grep -v "$quiet" >&2)
   local nspec; nspec=$(echo $specs | wc -w)
   [ "$(ls "$S/wheels"/*.whl | wc -l)" = "$nspec" ] || { echo "expected $nspec wheels: $(ls "$S/wheels")"; exit 1; }
+
+  echo "== Ray $RAY_VERSION, pruned of $RAY_DROP"
+  rm -rf "$S/ray" && mkdir -p "$S/ray/dl" "$S/ray/out"
+  # shellcheck disable=SC2086
+  $dl -d "$S/ray/dl" "ray==$RAY_VERSION" $RAY_DEPS 2> >(grep -v "$quiet" >&2)
+  local raywhl; raywhl=$(cd "$S/ray/dl" && ls ray-*.whl)
+  _vl_prune "$S/ray/dl/$raywhl" "$S/ray/out/$raywhl" "$RAY_DROP" deflate
+  rm "$S/ray/dl/$raywhl" && mv "$S"/ray/dl/*.whl "$S/ray/out/"
 
   rm -rf "$S/images" && mkdir -p "$S/images"
   # shellcheck disable=SC2086
@@ -215,6 +233,7 @@ _vl_prepare() {
     echo "VLOOP_STORED_SHA256=$stored_sha"
   } > "$last/vloop-manifest.sh"
   mkdir -p .vcarry-images && cp "$S"/images/*.whl .vcarry-images/ && (cd .vcarry-images && sha256sum *.whl > SHA256SUMS)
+  mkdir -p .vcarry-ray && cp "$S"/ray/out/*.whl .vcarry-ray/ && (cd .vcarry-ray && sha256sum *.whl > SHA256SUMS)
   for d in .vcarry[0-9]*/; do
     (cd "$d" && find . -maxdepth 1 \( -name 'vllm.whl.xz.part-*' -o -name '*.whl' \) -printf '%f\0' | sort -z |
       xargs -0 -r sha256sum)
@@ -241,6 +260,7 @@ _vl_prepare() {
     echo "  $k: carry [\".vcarry$k\"]  command: mkdir -p /tmp/vparts && cp .vcarry$k/* /tmp/vparts/ && ls /tmp/vparts"
   done
   echo "  (vLLM with images: one more call before the last, carry [\".vcarry-images\"]  command: mkdir -p /tmp/vparts-images && cp .vcarry-images/* /tmp/vparts-images/)"
+  echo "  (rl ppo-ray: one more call before the last, carry [\".vcarry-ray\"]  command: mkdir -p /tmp/vparts-ray && cp .vcarry-ray/* /tmp/vparts-ray/)"
   echo "  $n: carry [\"$last\"]  command: source $last/vllm-loop-on-device.sh install && <your command>"
   echo "     e.g. ... install && python3 benchmarks/rl_phases.py --rollout_engine vllm"
   echo "Later calls on the same warm machine (no carry): source /tmp/vllm-loop-on-device.sh env && <your command>"
@@ -251,7 +271,8 @@ _vl_env() {  # from the repo root
   [ -n "$src" ] || echo "vllm-loop-on-device.sh env: no packages/*/src under $PWD (source it from the repo root)" >&2
   export PYTHONPATH=$VLOOP_SITE${src:+:$src}
   export VLLM_USE_FLASHINFER_SAMPLER=0 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 VLLM_NO_USAGE_STATS=1 \
-         DO_NOT_TRACK=1 PYTHONUNBUFFERED=1 MPLBACKEND=Agg MPLCONFIGDIR=/tmp/mplconfig
+         DO_NOT_TRACK=1 PYTHONUNBUFFERED=1 MPLBACKEND=Agg MPLCONFIGDIR=/tmp/mplconfig \
+         RAY_USAGE_STATS_ENABLED=0 RAY_ENABLE_UV_RUN_RUNTIME_ENV=0
   export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1  # the device README's rule
 }
 
@@ -284,11 +305,15 @@ _vl_install() {  # on the device, from the repo root, in the call that carries t
     rm -f "$whl"
     echo "$id" > "$stamp"
   fi
-  if [ -f /tmp/vparts-images/SHA256SUMS ]; then  # vLLM with images (MM_DEPS), carried in a call of its own
-    (cd /tmp/vparts-images && sha256sum -c --quiet SHA256SUMS) || { echo "/tmp/vparts-images: corrupt"; return 1; }
+  local extra
+  for extra in /tmp/vparts-images /tmp/vparts-ray; do  # vLLM with images (MM_DEPS), Ray: calls of their own
+    [ -f "$extra/SHA256SUMS" ] || continue
+    [ -f "$extra/.installed" ] && continue
+    (cd "$extra" && sha256sum -c --quiet SHA256SUMS) || { echo "$extra: corrupt"; return 1; }
     "$VLOOP_PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target "$VLOOP_SITE" /tmp/vparts-images/*.whl 2>&1 | grep -v "already exists" | tail -2
-  fi
+      --target "$VLOOP_SITE" "$extra"/*.whl 2>&1 | grep -v "already exists" | tail -2
+    touch "$extra/.installed"
+  done
   _vl_env
   echo "installed in $VLOOP_SITE in $((SECONDS - t0)) s; PYTHONPATH and env set"
   "$VLOOP_PY" - <<'PY'
@@ -299,7 +324,7 @@ def v(p):
     except m.PackageNotFoundError:
         return "MISSING"
 print(", ".join(f"{p} {v(p)}" for p in ("vllm", "deepspeed", "liger-kernel", "torch", "transformers", "tensorboard",
-                                         "matplotlib")))
+                                         "matplotlib", "ray")))
 PY
 }
 

@@ -3,8 +3,9 @@
 The policy (DeepSpeed on cuda:0) runs in this process; the HFEngine runs in a child process on the same
 GPU, reached through a one-rank pipe group with the worker-group calls, as a Ray actor would be. PPO
 iterations then sync the weights with :class:`rl_core.rl.IpcWeightSync`: the engine reads them in place
-from the policy's IPC buckets, and its sampling logprobs must equal the policy's recomputation. With LoRA
-(``lora_rank`` 4) the buckets carry the merged weights under HF names."""
+from the policy's parameters (in place) or IPC buckets, and its sampling logprobs must equal the policy's
+recomputation. With LoRA (``lora_rank`` 4) the buckets carry the merged weights under HF names; with DeepSpeed
+sleep the weights move between syncs, so the sender switches from in place to buckets."""
 
 from __future__ import annotations
 
@@ -88,8 +89,8 @@ class ChildEngineFactory:
         return IpcWeightSync(policy, rollout, verify=sync_cfg.verify)
 
 
-@pytest.mark.parametrize("lora_rank", [0, 4])
-def test_ppo_over_cuda_ipc_keeps_the_engine_on_the_policy_weights(tmp_path, lora_rank):
+@pytest.mark.parametrize("lora_rank,ds_sleep", [(0, False), (4, False), (0, True)])
+def test_ppo_over_cuda_ipc_keeps_the_engine_on_the_policy_weights(tmp_path, lora_rank, ds_sleep):
     from transformers import AutoTokenizer
 
     from rl_core.data import DataConfig, PromptDataset, load_rows
@@ -104,7 +105,7 @@ def test_ppo_over_cuda_ipc_keeps_the_engine_on_the_policy_weights(tmp_path, lora
     tok = AutoTokenizer.from_pretrained(model)
     prompts = PromptDataset(load_rows(str(tmp_path / "p.jsonl")), tok, DataConfig(input_key="p", label_key="y"))
     c = PPOConfig(advantage_estimator="gae", init_kl_coef=0, n_samples_per_prompt=4, rollout_batch_size=4,
-                  generate_max_len=8, max_iterations=3)
+                  generate_max_len=8, max_iterations=3, deepspeed_enable_sleep=ds_sleep)
     s = StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=8, train_batch_size=16, learning_rate=1e-3,
                        lr_warmup_ratio=0.0, lr_scheduler="constant")
     from rl_core.rl.build import RLModelConfig, RunConfig, build_run
@@ -128,7 +129,12 @@ def test_ppo_over_cuda_ipc_keeps_the_engine_on_the_policy_weights(tmp_path, lora
         for name, v in trained.items():
             assert served[name] == pytest.approx(v, rel=1e-9, abs=1e-9), name
         assert engine.call_rank(0, "__getattribute__", "policy_version") == 3
-        # a second sender generation is not needed: every sync after the first sent keys only
-        assert policy.worker._ipc.generation == 1
+        sender = policy.worker._ipc
+        if ds_sleep:  # in place first; DeepSpeed's offload and reload moved the weights, so it packs from then on
+            assert sender.pack and sender.generation == 2, (sender.pack, sender.generation)
+            assert [m["sync_in_place"] for m in h] == [1.0, 0.0, 0.0], h
+        else:  # the live weights in place (LoRA: the merged copies, packed); keys only after the first sync
+            assert sender.pack is (lora_rank > 0) and sender.generation == 1, (sender.pack, sender.generation)
+            assert all(m["sync_in_place"] == float(lora_rank == 0) for m in h), h
     finally:
         engine.shutdown()

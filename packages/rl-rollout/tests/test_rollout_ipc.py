@@ -12,6 +12,7 @@ import pytest
 import torch
 
 from rl_rollout.ipc import IpcReceiver, IpcSender, IpcSync, share_buckets
+from rl_rollout.weights import unpack_tensors
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
                                 reason="CUDA IPC needs a GPU; this machine has none (run on the GPU machine)")
@@ -146,6 +147,42 @@ def test_repeated_syncs_reuse_opened_buckets(tmp_path, pack):
 @needs_cuda
 def test_memory_changed_after_sharing_fails_loudly(tmp_path):
     run_ipc(tmp_path, corrupt=True)
+
+
+def test_sender_refuses_an_unknown_pack_mode():
+    with pytest.raises(ValueError, match=r"IpcSender\(pack='yes'\): use True .*, False .* or 'auto'"):
+        IpcSender(pack="yes")
+
+
+@needs_cuda
+def test_auto_sender_shares_in_place_until_the_weights_move():
+    """pack="auto": the first syncs share the tensors' own memory (keys only after the first); a sync that finds
+    them at other addresses (offloaded and reloaded) starts a packed generation, and a non-contiguous tensor,
+    which cannot be shared in place, is packed from the start. The sender side only: a process cannot open its
+    own IPC handles (the engine side in another process: rl-core's test_core_ppo_gpu.py with DeepSpeed sleep)."""
+    w = {"a": torch.randn(64, 32, device="cuda"), "b": torch.randn(100, device="cuda")}
+    sender = IpcSender(pack="auto")
+    first = sender.share(list(w.items()))
+    assert not sender.pack and len(first.buckets) == 2
+    assert [b._payload.data_ptr() for b in first.buckets] == [w["a"].data_ptr(), w["b"].data_ptr()]  # no copy
+    w["a"].mul_(2)  # updated in place: same generation, keys only
+    second = sender.share(list(w.items()))
+    assert second.buckets is None and second.key == first.key and not sender.pack
+    w = {n: t.cpu().cuda() + 1 for n, t in w.items()}  # moved (DeepSpeed sleep's offload and reload)
+    third = sender.share(list(w.items()))
+    assert sender.pack and third.buckets is not None and third.key != first.key
+    assert sender._buckets[0]._payload.data_ptr() != w["a"].data_ptr()  # a bucket's copy now
+    views = dict(unpack_tensors(third.buckets[0].meta, sender._buckets[0]._payload))
+    torch.testing.assert_close(views["b"], w["b"], rtol=0, atol=0)
+    w["b"].add_(1)
+    fourth = sender.share(list(w.items()))  # packed: refilled in place, keys only
+    assert fourth.buckets is None and fourth.key == third.key
+    torch.testing.assert_close(views["b"], w["b"], rtol=0, atol=0)
+    strided = IpcSender(pack="auto")
+    strided.share([("t", torch.randn(8, 4, device="cuda").t())])
+    assert strided.pack
+    with pytest.raises(ValueError, match="'t' is not contiguous .* use pack=True"):
+        next(share_buckets([("t", torch.randn(8, 4, device="cuda").t())], pack=False))
 
 
 if __name__ == "__main__":  # the GPU machine has no pytest

@@ -1,8 +1,8 @@
 """CUDA IPC weight sync into VLLMEngine: the hybrid engine's path (trainer and engine on one GPU).
 
 A trainer process shares peaked weights through an :class:`~rl_rollout.ipc.IpcSender` three times
-(fresh handles, then keys only, then fresh handles after a reset); vLLM's worker opens each
-generation's handles once and loads the views through its layerwise reload. After every sync vLLM's
+(fresh handles, then keys only, then fresh handles after a reset), packed into buckets or in place (the
+trainer's own tensors); vLLM's worker opens each generation's handles once and loads the views. After every sync vLLM's
 greedy outputs must equal, token for token, those of a transformers model holding the same weights.
 Needs vLLM's GPU build and a GPU: on CPU it is skipped with the reason (vLLM's CPU build has no
 CUDA), and runs on the GPU machine (shared/gpu/vllm-on-device.sh carries vLLM there).
@@ -40,7 +40,8 @@ def reference_greedy(hf) -> list[list[int]]:
     return greedy_reference(hf, PROMPTS, N_TOKENS)
 
 
-def test_vllm_engine_takes_repeated_ipc_syncs_and_generates_from_them(tmp_path):
+@pytest.mark.parametrize("pack", [True, False], ids=["buckets", "in_place"])
+def test_vllm_engine_takes_repeated_ipc_syncs_and_generates_from_them(tmp_path, pack):
     import torch.multiprocessing as mp
     from transformers import AutoModelForCausalLM
 
@@ -55,7 +56,7 @@ def test_vllm_engine_takes_repeated_ipc_syncs_and_generates_from_them(tmp_path):
     assert before == reference_greedy(ref)  # the engine starts from the folder's weights
     ctx = mp.get_context("spawn")
     to_engine, from_engine = ctx.Queue(), ctx.Queue()
-    proc = ctx.Process(target=ipc_sender_process, args=(str(path), to_engine, from_engine, [1, 2, 3], True))
+    proc = ctx.Process(target=ipc_sender_process, args=(str(path), to_engine, from_engine, [1, 2, 3], pack))
     proc.start()
     outs, handles = [], []
     try:

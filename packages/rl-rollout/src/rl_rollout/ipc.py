@@ -34,6 +34,7 @@ and metadata per bucket (pickling a thousand of those cost more than the copy).
 from __future__ import annotations
 
 import hashlib
+import logging
 import pickle
 import uuid
 from collections.abc import Iterable, Iterator
@@ -43,6 +44,8 @@ import msgpack
 import torch
 
 from rl_rollout.weights import DEFAULT_BUCKET_BYTES, iter_groups, pack_tensors, unpack_tensors
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -84,7 +87,10 @@ def share_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], *, device: 
             if not t.is_cuda:
                 raise ValueError(f"share_buckets(pack=False): {name!r} is on {t.device}; only CUDA memory can be "
                                  "shared in place (use pack=True to copy it onto the GPU)")
-            flat_U8 = t.detach().contiguous().reshape(-1).view(torch.uint8)
+            if not t.is_contiguous():  # .contiguous() would share a copy the trainer never updates
+                raise ValueError(f"share_buckets(pack=False): {name!r} is not contiguous (strides {t.stride()}), "
+                                 "so it cannot be shared in place; use pack=True")
+            flat_U8 = t.detach().reshape(-1).view(torch.uint8)
             meta = msgpack.packb([[name, str(t.dtype).removeprefix("torch."), list(t.shape), 0, flat_U8.numel()]])
             yield IpcBucket(meta, pickle.dumps(reduce_tensor(flat_U8)), flat_U8.numel(),
                             _digest(flat_U8) if checksum else None, flat_U8)
@@ -153,12 +159,20 @@ class IpcSender:
     the previous one (its update call returned), since the buckets are overwritten in place.
     ``pack=False`` shares the tensors' own memory (each must be CUDA and contiguous and stay
     where it is; the trainer must not update it until the engine has loaded it): a sync is then
-    the engine's single copy.
+    the engine's single copy, and no second copy of the weights stays on the GPU.
+    ``pack="auto"`` shares in place when every tensor can be, and packs from the first sync that
+    finds them elsewhere than the last one did (weights offloaded and reloaded between syncs: in
+    place, every sync would open new handles, and the engine's open handles would keep the old
+    memory from being freed). ``pack`` then tells the mode in use.
     """
 
     def __init__(self, *, device: str | torch.device = "cuda", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 pack: bool = True, checksum: bool = False) -> None:
-        self.device, self.bucket_bytes, self.pack, self.checksum = torch.device(device), bucket_bytes, pack, checksum
+                 pack: bool | str = True, checksum: bool = False) -> None:
+        if pack not in (True, False, "auto"):
+            raise ValueError(f"IpcSender(pack={pack!r}): use True (copy into buckets), False (share in place) "
+                             "or 'auto'")
+        self.auto = pack == "auto"
+        self.device, self.bucket_bytes, self.pack, self.checksum = torch.device(device), bucket_bytes, pack is True, checksum
         if self.device.type != "cuda":
             raise ValueError(f"CUDA IPC shares CUDA memory; got device {self.device}. On CPU use the in-process "
                              "update_weights or the gloo transport (rl_rollout.transport)")
@@ -175,6 +189,14 @@ class IpcSender:
     @torch.no_grad()
     def share(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> IpcSync:
         named = list(named_tensors)
+        if self.auto and not self.pack:
+            movable = any(not (t.is_cuda and t.is_contiguous()) for _, t in named)
+            moved = self._layout is not None and _layout(named, True) != self._layout
+            if movable or moved:
+                logger.info("IpcSender %s: %s; packing into buckets from now on", self.id,
+                            "a tensor is not contiguous CUDA memory" if movable else
+                            "the weights moved since the last sync")
+                self.pack = True
         layout = _layout(named, not self.pack)
         fresh = layout != self._layout
         if fresh:

@@ -93,6 +93,15 @@ class VLLMWeightsMixin:
         sleeps (``sleep(2)`` -> ``wake_up(["weights"])`` -> update ->
         ``wake_up(["kv_cache"])``).
         """
+        self._hold_generation()
+        try:
+            self._rpc("rl_begin_weight_update")
+        except BaseException:
+            self._end_session()
+            raise
+
+    def _hold_generation(self) -> None:
+        """Generation waits from here to :meth:`_end_session`: the engine lock (sync mode), vLLM's pause (async)."""
         self._check_usable(need="weights")
         if self.mode == "async":
             self._run(self._llm.pause_generation(mode=self.pause_mode, clear_cache=False))
@@ -102,11 +111,6 @@ class VLLMWeightsMixin:
                 self._lock.acquire()
             finally:
                 self._updates_waiting -= 1
-        try:
-            self._rpc("rl_begin_weight_update")
-        except BaseException:
-            self._end_session()
-            raise
 
     def load_bucket(self, bucket: WeightBucket) -> None:
         self._rpc("load_weights", bucket.meta, bucket.payload)
@@ -123,7 +127,18 @@ class VLLMWeightsMixin:
         """
         try:
             reports = self._rpc("rl_finish_weight_update")
-            self.last_sync_reports = reports  # one per worker: tensors, kept_old, partial (and copy_plan)
+        except BaseException:
+            self._close_session(None, None, None)
+            raise
+        self._close_session(version, reports, expected)
+
+    def _close_session(self, version: int | None, reports: list | None,
+                       expected: Mapping[str, TensorStats] | None) -> None:
+        """After the workers closed their sessions (``reports``; None when that failed): check, set the version,
+        then let generation go on (the rest of :meth:`finish_weight_update`)."""
+        try:
+            if reports is not None:
+                self.last_sync_reports = reports  # one per worker: tensors, kept_old, partial (and copy_plan)
             if version is not None:
                 _check_session(reports)
                 if expected is not None:
@@ -174,14 +189,15 @@ class VLLMWeightsMixin:
         if self.tensor_parallel_size != 1:
             raise NotImplementedError(f"update_weights_ipc with tensor_parallel_size={self.tensor_parallel_size}: "
                                       "each TP worker needs the buckets of its own GPU; use the broadcast transport")
-        self.begin_weight_update()
+        # the worker opens, loads and closes its session in one RPC (rl_sync_ipc); generation waits meanwhile
+        self._hold_generation()
         try:
-            n = self._rpc("rl_load_ipc", pickle.dumps(sync), verify)[0]
+            reports = self._rpc("rl_sync_ipc", pickle.dumps(sync), verify)
         except BaseException:
-            self.finish_weight_update(version=None)
+            self._close_session(None, None, None)
             raise
-        self.finish_weight_update(version, expected=expected)
-        return n
+        self._close_session(version, reports, expected)
+        return reports[0]["tensors"]
 
     def init_weight_group(
         self,

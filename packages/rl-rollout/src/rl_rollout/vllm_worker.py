@@ -217,13 +217,29 @@ class WorkerExtension:
             # as live tensors, so the copy plan keeps its source views and a steady sync is one fused copy
             weights = [pair for group in self._rl_ipc.load(shared, verify=verify) for pair in group]
             self._rl_load(weights, live=True)
-            return len(weights)
-        n = 0
-        for bucket in shared:  # one-shot buckets: each handle is opened, loaded and dropped
-            weights = open_bucket(bucket, verify=verify)
-            self._rl_load(weights)
-            n += len(weights)
+            n = len(weights)
+        else:
+            n = 0
+            for bucket in shared:  # one-shot buckets: each handle is opened, loaded and dropped
+                weights = open_bucket(bucket, verify=verify)
+                self._rl_load(weights)
+                n += len(weights)
+        # the copies out of the trainer's memory are done before it may write there again (its next step, or
+        # its next sync's refill): this process's stream is not the trainer's
+        torch.cuda.current_stream().synchronize()
         return n
+
+    def rl_sync_ipc(self, sync: bytes, verify: bool) -> dict:
+        """A whole CUDA IPC sync in one call: begin, :meth:`rl_load_ipc`, finish (the session closed on failure
+        too); returns :meth:`rl_finish_weight_update`'s report. One RPC instead of three: with vLLM's engine core
+        in a process of its own (an engine in a Ray actor) each RPC is a round trip through it."""
+        self.rl_begin_weight_update()
+        try:
+            self.rl_load_ipc(sync, verify)
+        except BaseException:
+            self.rl_finish_weight_update()
+            raise
+        return self.rl_finish_weight_update()
 
     def rl_finish_weight_update(self) -> dict:
         """Re-process the remaining layers into kernel layout; returns ``{"tensors": n loaded in this

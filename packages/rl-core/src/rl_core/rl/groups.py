@@ -80,6 +80,11 @@ class LocalGroup:
 
 def settle(*calls: Callable[[], Any]) -> list[tuple[Any, BaseException | None]]:
     """Run blocking calls at once (threads), wait for all; ``(result, None)`` or ``(None, error)`` each, in order."""
+    if len(calls) == 1:  # one engine (the usual hybrid placement): no pool to start and join on the sync's path
+        try:
+            return [(calls[0](), None)]
+        except BaseException as e:  # noqa: BLE001 - the caller decides what to raise
+            return [(None, e)]
     with ThreadPoolExecutor(max_workers=max(len(calls), 1)) as pool:
         futures = [pool.submit(c) for c in calls]
         out: list[tuple[Any, BaseException | None]] = []
@@ -283,9 +288,11 @@ class BroadcastWeightSync:
 class IpcWeightSync:
     """Policy rank i -> engine i over CUDA IPC (hybrid engine, tensor parallel 1: one engine per policy rank).
 
-    Memory: each rank keeps one packed copy of the full weights in its IPC buckets between syncs
-    (so that later syncs send keys, not handles), and under ZeRO-3 a gathered copy as well while a
-    sync runs: plan for one to two extra model copies per GPU in the hybrid engine.
+    ZeRO-0/1/2 without LoRA: each engine reads its rank's parameters where they are (no extra copy of the
+    model on the GPU, the engine's load is the sync's one device copy), unless the weights move between
+    syncs (DeepSpeed sleep offloads them): then, as under ZeRO-3 and LoRA, each rank keeps one packed copy
+    of the full weights in its IPC buckets between syncs, and under ZeRO-3 a gathered copy as well while a
+    sync runs: plan for one to two extra model copies per GPU there.
     """
 
     def __init__(self, policy: WorkerGroup, rollout: GroupRollout, *, verify: bool = False):
@@ -300,13 +307,15 @@ class IpcWeightSync:
 
         t0 = time.perf_counter()
         shared = self.policy.call("share_weights_ipc", version, self.verify)
+        t1 = time.perf_counter()
         loaded = concurrently(*[(lambda g=g, s=s: g.call_rank(0, "update_weights_ipc", s["sync"], version,
                                                                verify=self.verify))
                                 for g, s in zip(self.rollout.engines, shared, strict=True)])
         sec = time.perf_counter() - t0
         nbytes = shared[0]["bytes"]  # what each engine loaded (every rank shares the full weights)
         out = {"version": version, "tensors": sum(int(n or 0) for n in loaded), "bytes": nbytes, "seconds": sec,
-               "gb_per_s": nbytes / max(sec, 1e-9) / 1e9}
+               "gb_per_s": nbytes / max(sec, 1e-9) / 1e9, "in_place": bool(shared[0].get("in_place")),
+               "share_s": t1 - t0, "load_s": sec - (t1 - t0)}  # the policy's call, then the engines'
         if self.verify:
             out["verify_s"] = verify_engines(self.policy, self.rollout.engines)
         return out

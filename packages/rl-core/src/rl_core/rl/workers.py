@@ -420,21 +420,23 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         return out if self.rank == 0 else None
 
     def share_weights_ipc(self, version: int, verify: bool = False) -> dict:
-        """Hybrid engine on this rank's GPU: every rank gathers the full weights (ZeRO-3) into its
-        persistent CUDA IPC buckets and returns ``{"sync": IpcSync, "bytes": n}`` for the engine it
-        shares the GPU with (a few hundred bytes cross the process boundary after the first sync).
+        """Hybrid engine on this rank's GPU: returns ``{"sync": IpcSync, "bytes": n, "in_place": bool}`` for the
+        engine it shares the GPU with (a few hundred bytes cross the process boundary after the first sync).
 
-        The buckets are refilled in place on the next call: call it again only after the engine
-        loaded this one (:class:`rl_core.rl.groups.IpcWeightSync` does)."""
+        ZeRO-0/1/2 without LoRA: the parameters' own memory is shared (rl-rollout's ``IpcSender(pack="auto")``):
+        no copy here, the engine's load is the sync's one device copy, no second copy of the model on the GPU.
+        If the weights moved since the last sync (DeepSpeed sleep offloads and reloads them), the sender packs
+        from then on. ZeRO-3 (gathered copies) and LoRA (merged ones): every rank copies the full weights into
+        persistent CUDA IPC buckets. Either way the trainer must not change what it shared until the engine
+        loaded it: call again only after the engine's load returned (:class:`rl_core.rl.groups.IpcWeightSync`)."""
         from rl_rollout.ipc import IpcSender
 
+        gathered = self.s.cfg.zero_stage == 3 or self._lora is not None
         if self._ipc is None:
-            self._ipc = IpcSender(device=self.s.device, pack=True, checksum=verify)
-        if self.s.cfg.zero_stage == 3 or self._lora is not None:  # gathered (or merged) copies, bucket by bucket
-            named = list(self._sync_named())
-        else:  # the live weights: the sender's one copy into its buckets is the only one
-            named = self._live_named()
-        return {"sync": self._ipc.share(named), "bytes": sum(t.numel() * t.element_size() for _, t in named)}
+            self._ipc = IpcSender(device=self.s.device, pack=True if gathered else "auto", checksum=verify)
+        named = list(self._sync_named()) if gathered else self._live_named()
+        return {"sync": self._ipc.share(named), "bytes": sum(t.numel() * t.element_size() for _, t in named),
+                "in_place": not self._ipc.pack}
 
     def weights_digest(self) -> dict[str, float]:
         """Per-parameter sums (HF names), to check an engine holds these weights. Collective under ZeRO-3."""

@@ -351,6 +351,11 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
                "sync_gb_per_s": float(stats.get("gb_per_s", 0.0))}
         if "verify_s" in stats:  # the engines checked they hold what was sent (part of sync_s)
             out["sync_verify_s"] = float(stats["verify_s"])
+        if "in_place" in stats:  # CUDA IPC: 1 when the engines read the policy's own memory, 0 from buckets
+            out["sync_in_place"] = float(stats["in_place"])
+        for part in ("share_s", "load_s"):  # CUDA IPC: the policy's call (packing, handles), the engines' load
+            if part in stats:
+                out[f"sync_{part}"] = float(stats[part])
         return out
 
     # ----- the loop --------------------------------------------------------------------------
