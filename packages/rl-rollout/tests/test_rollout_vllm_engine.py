@@ -110,6 +110,19 @@ def test_generate_n_samples(engine):
     assert [[s.response_ids for s in g] for g in again] == [[s.response_ids for s in g] for g in out]
 
 
+def test_seeded_prompts_over_one_steps_token_budget(engine):
+    """More prompt tokens than one engine step takes (max_num_batched_tokens), every request seeded: with chunked
+    prefill a prompt is split over two steps and vLLM's CPU worker crashed rewinding its generator ("CPU Generator
+    does not use offset", seen with rl demo --n_samples_per_prompt 64); the engine turns chunked prefill off on CPU."""
+    sched = engine._llm.llm_engine.vllm_config.scheduler_config
+    assert sched.enable_chunked_prefill is False
+    g = torch.Generator().manual_seed(0)
+    n = sched.max_num_batched_tokens // 200 + 2  # distinct 200-token prompts: more than one step's budget
+    prompts = [torch.randint(5, 120, (200,), generator=g).tolist() for _ in range(n)]
+    params = SamplingParams(temperature=1.0, max_new_tokens=2, seed=3, ignore_eos=True)
+    groups = engine.generate([RolloutRequest(p, params) for p in prompts])
+    assert [len(gr[0].response_ids) for gr in groups] == [2] * n
+
 @pytest.mark.parametrize("temperature", [0.0, 0.7, 1.0, 1.5])
 def test_logprobs_match_transformers(engine, ref, temperature):
     params = SamplingParams(temperature=temperature, n=2, max_new_tokens=16, seed=11, ignore_eos=True)

@@ -38,6 +38,11 @@ pause and resume scheduling but keep all memory (the CPU worker logs
 "sleep mode is not supported on CPU, ignore it"), so weights survive even
 ``sleep(level=2)``. ``sleep_frees_memory`` says which case holds.
 
+Chunked prefill is off on CPU (unless ``engine_kwargs`` sets it): vLLM's CPU worker fails with "CPU Generator
+does not use offset" when a seeded request's prompt is split over two steps (it rewinds the request's
+generator, which only CUDA generators can do), which any batch of prompts over ``max_num_batched_tokens``
+triggers (``rl demo --rollout_engine vllm --n_samples_per_prompt 64``).
+
 Collective broadcast (:mod:`rl_rollout.transport`): ``init_weight_group``
 makes every worker join the trainer's gloo/NCCL group, ``receive_weights``
 blocks in ``collective_rpc`` while the workers load the trainer's broadcast
@@ -172,6 +177,16 @@ class VLLMEngine(VLLMWeightsMixin):
         clash = sorted(set(args) & set(engine_kwargs or {}) - {"dtype", "max_model_len", "enforce_eager", "seed"})
         if clash:
             raise ValueError(f"engine_kwargs must not set {clash}: they are VLLMEngine arguments or fixed by it")
+        if current_platform.device_type == "cpu" and "enable_chunked_prefill" not in (engine_kwargs or {}):
+            # vLLM's CPU worker crashes ("CPU Generator does not use offset") when a seeded request's prefill is
+            # split over steps: it rewinds the request's generator, which only CUDA generators can do. A batch of
+            # prompts over max_num_batched_tokens (rl demo with 256 samples) is split; without chunked prefill no
+            # prompt is. On GPU chunked prefill stays on (vLLM's default). vLLM then warns that the model "does not
+            # officially support disabling chunked prefill": the CPU tests (logprobs against transformers, the RL
+            # loop's gap) run this way
+            logger.info("vLLM on CPU: chunked prefill off (its CPU worker cannot split a seeded prompt's prefill; "
+                        "engine_kwargs={'enable_chunked_prefill': True} turns it back on)")
+            args["enable_chunked_prefill"] = False
         args.update(engine_kwargs or {})
         args["dtype"] = vllm_dtype(args["dtype"])
         # a vision-language model: requests may carry images; its placeholder tokens are never sampled
