@@ -158,6 +158,19 @@ def test_update_weights_then_greedy_matches_transformers(engine, ref):
     assert engine.generate([RolloutRequest(PROMPTS[4], greedy())])[0][0].response_ids == ref.greedy(PROMPTS[4], 12)
 
 
+def test_a_vision_engine_on_a_vllm_without_the_encoder_cache_reset_is_refused_at_start(tmp_path, monkeypatch):
+    """Without vLLM's reset_encoder_cache a vision engine would serve stale image embeddings after a sync: refused
+    before vLLM starts (it used to be refused at the first sync, after the model had loaded)."""
+    from vllm.v1.engine.llm_engine import LLMEngine
+
+    from rl_rollout.testing import make_tiny_vlm
+
+    vlm = make_tiny_vlm(tmp_path / "vlm")
+    monkeypatch.delattr(LLMEngine, "reset_encoder_cache")
+    with pytest.raises(RuntimeError, match="this vLLM has no reset_encoder_cache .* Upgrade vLLM"):
+        VLLMEngine(vlm, **ENGINE_ARGS)
+
+
 def test_a_sync_drops_the_image_embeddings_vllm_cached(engine, ref, monkeypatch):
     """vLLM keeps a vision model's image embeddings by image hash; after a sync they were computed with old weights
     (seen on an H100: a LLaVA synced with a new projector kept generating from the old embeddings of a repeated

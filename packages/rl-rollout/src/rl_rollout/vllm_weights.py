@@ -159,10 +159,10 @@ class VLLMWeightsMixin:
         8x kept generating from the old embeddings of a repeated image."""
         engine = self._llm if self.mode == "async" else self._llm.llm_engine
         reset = getattr(engine, "reset_encoder_cache", None)
-        if reset is None:
-            raise RuntimeError("this vLLM has no reset_encoder_cache (vLLM 0.26 and 0.32 have it): "
-                               "after a weight sync it would keep serving image embeddings computed with the old "
-                               "weights. Upgrade vLLM to use a vision-language model with weight syncs")
+        if reset is None:  # the engine's start checks the class already (vllm_engine._check_encoder_cache_reset)
+            from rl_rollout.vllm_engine import ENCODER_CACHE_RESET_MISSING
+
+            raise RuntimeError(ENCODER_CACHE_RESET_MISSING)
         if self.mode == "async":
             self._run(reset())
         else:
