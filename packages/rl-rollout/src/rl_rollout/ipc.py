@@ -172,7 +172,8 @@ class IpcSender:
             raise ValueError(f"IpcSender(pack={pack!r}): use True (copy into buckets), False (share in place) "
                              "or 'auto'")
         self.auto = pack == "auto"
-        self.device, self.bucket_bytes, self.pack, self.checksum = torch.device(device), bucket_bytes, pack is True, checksum
+        self.pack = pack != "auto" and bool(pack)  # the mode in use ("auto" starts in place)
+        self.device, self.bucket_bytes, self.checksum = torch.device(device), bucket_bytes, checksum
         if self.device.type != "cuda":
             raise ValueError(f"CUDA IPC shares CUDA memory; got device {self.device}. On CPU use the in-process "
                              "update_weights or the gloo transport (rl_rollout.transport)")
