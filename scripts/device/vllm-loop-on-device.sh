@@ -74,14 +74,14 @@ VISION_DEPS="torchvision==0.26.0"
 # They do not fit the last call beside the other wheels: prepare puts them in .vcarry-images, one extra call
 # (carry [".vcarry-images"], command: mkdir -p /tmp/vparts-images && cp .vcarry-images/* /tmp/vparts-images/),
 # sent before the last; install then adds them. Only vLLM with images needs them.
-MM_DEPS="mistral_common==1.13.1 jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0
-rpds-py==2026.9.1 pydantic-extra-types==2.11.1 pycountry==26.2.16"
+JSONSCHEMA_DEPS="jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1"
+MM_DEPS="mistral_common==1.13.1 $JSONSCHEMA_DEPS pydantic-extra-types==2.11.1 pycountry==26.2.16"
 # Ray (rl ppo-ray's hybrid engine with vLLM: benchmarks/rl_ray_gpus.py --rollout_engine vllm): its 76 MiB wheel less
 # ray/jars (30.7 MiB of Java workers, never loaded by Python) is 45 MiB, one call of its own: prepare puts it, pruned,
 # and what its import needs beyond the image (jsonschema and its three) in .vcarry-ray; carry [".vcarry-ray"],
 # command: mkdir -p /tmp/vparts-ray && cp .vcarry-ray/* /tmp/vparts-ray/, sent before the last; install adds them.
 RAY_VERSION=2.60.0
-RAY_DEPS="jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1"
+RAY_DEPS="$JSONSCHEMA_DEPS"
 PLATS="--platform manylinux_2_31_x86_64 --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64
 --platform manylinux_2_24_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform manylinux1_x86_64"
 # Where things go on the device (overridable only to simulate install elsewhere).
@@ -305,14 +305,15 @@ _vl_install() {  # on the device, from the repo root, in the call that carries t
     rm -f "$whl"
     echo "$id" > "$stamp"
   fi
-  local extra
+  local extra sums
   for extra in /tmp/vparts-images /tmp/vparts-ray; do  # vLLM with images (MM_DEPS), Ray: calls of their own
     [ -f "$extra/SHA256SUMS" ] || continue
-    [ -f "$extra/.installed" ] && continue
+    sums=$(sha256sum "$extra/SHA256SUMS" | cut -d' ' -f1)
+    [ "$(cat "$extra/.installed" 2>/dev/null)" = "$sums" ] && continue  # these very wheels are in already
     (cd "$extra" && sha256sum -c --quiet SHA256SUMS) || { echo "$extra: corrupt"; return 1; }
     "$VLOOP_PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
       --target "$VLOOP_SITE" "$extra"/*.whl 2>&1 | grep -v "already exists" | tail -2
-    touch "$extra/.installed"
+    echo "$sums" > "$extra/.installed"
   done
   _vl_env
   echo "installed in $VLOOP_SITE in $((SECONDS - t0)) s; PYTHONPATH and env set"

@@ -88,7 +88,7 @@ from typing import Any, Literal
 import torch
 
 from rl_rollout.types import RolloutRequest, RolloutSample
-from rl_rollout.vllm_weights import VLLMWeightsMixin
+from rl_rollout.vllm_weights import VLLMWeightsMixin, check_encoder_cache_reset
 from rl_rollout.weights import DEFAULT_BUCKET_BYTES, as_torch_dtype
 
 logger = logging.getLogger(__name__)
@@ -192,7 +192,7 @@ class VLLMEngine(VLLMWeightsMixin):
         # a vision-language model: requests may carry images; its placeholder tokens are never sampled
         self._placeholders = _placeholder_ids(model)
         if self._placeholders is not None:  # refused now, not at the first sync after the model loaded
-            _check_encoder_cache_reset(mode)
+            check_encoder_cache_reset(mode)
         # in one process (sync mode, in_process): collective_rpc reaches the worker with our objects as they are
         self.hands_over_tensors = in_process and mode == "sync"
         self._lock = threading.RLock()  # LLM is not thread-safe; generate, rpc and sleep take turns
@@ -391,22 +391,6 @@ async def _build_async_llm(args: dict[str, Any]):
     from vllm.v1.engine.async_llm import AsyncLLM
 
     return AsyncLLM.from_engine_args(AsyncEngineArgs(**args))
-
-
-ENCODER_CACHE_RESET_MISSING = (
-    "this vLLM has no reset_encoder_cache (vLLM 0.26 and 0.32 have it): after a weight sync it would keep serving "
-    "image embeddings computed with the old weights. Upgrade vLLM to use a vision-language model with weight syncs")
-
-
-def _check_encoder_cache_reset(mode: str) -> None:
-    """A vision-language engine drops vLLM's encoder cache after every sync (:mod:`rl_rollout.vllm_weights`): a
-    vLLM whose engine class lacks the method is refused before the engine starts."""
-    if mode == "async":
-        from vllm.v1.engine.async_llm import AsyncLLM as engine_cls
-    else:
-        from vllm.v1.engine.llm_engine import LLMEngine as engine_cls
-    if not hasattr(engine_cls, "reset_encoder_cache"):
-        raise RuntimeError(ENCODER_CACHE_RESET_MISSING)
 
 
 def _set_in_process_env() -> None:

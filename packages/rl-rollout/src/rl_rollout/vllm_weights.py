@@ -37,6 +37,22 @@ from rl_rollout.weights import (
 logger = logging.getLogger(__name__)
 
 
+ENCODER_CACHE_RESET_MISSING = (
+    "this vLLM has no reset_encoder_cache (vLLM 0.26 and 0.32 have it): after a weight sync it would keep serving "
+    "image embeddings computed with the old weights. Upgrade vLLM to use a vision-language model with weight syncs")
+
+
+def check_encoder_cache_reset(mode: str) -> None:
+    """A vision-language engine drops vLLM's encoder cache after every sync (``_reset_encoder_cache``): a vLLM whose
+    engine class lacks the method is refused before the engine starts."""
+    if mode == "async":
+        from vllm.v1.engine.async_llm import AsyncLLM as engine_cls
+    else:
+        from vllm.v1.engine.llm_engine import LLMEngine as engine_cls
+    if not hasattr(engine_cls, "reset_encoder_cache"):
+        raise RuntimeError(ENCODER_CACHE_RESET_MISSING)
+
+
 class VLLMWeightsMixin:
     """Weight loading and checks for :class:`~rl_rollout.vllm_engine.VLLMEngine`."""
 
@@ -159,9 +175,7 @@ class VLLMWeightsMixin:
         8x kept generating from the old embeddings of a repeated image."""
         engine = self._llm if self.mode == "async" else self._llm.llm_engine
         reset = getattr(engine, "reset_encoder_cache", None)
-        if reset is None:  # the engine's start checks the class already (vllm_engine._check_encoder_cache_reset)
-            from rl_rollout.vllm_engine import ENCODER_CACHE_RESET_MISSING
-
+        if reset is None:  # the engine's start checks the class already (check_encoder_cache_reset)
             raise RuntimeError(ENCODER_CACHE_RESET_MISSING)
         if self.mode == "async":
             self._run(reset())
