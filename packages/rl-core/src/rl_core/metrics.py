@@ -141,26 +141,29 @@ class MetricsLogger:
         self._jsonl.close()
         if not self.history:
             return None
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        # Figure + the Agg canvas, not pyplot (no global state, no backend switch), and fixed margins instead of
+        # tight_layout: a run's ~35 curves drew in 2.4-3.5 s that way on 2 cores, 1.5 s this way
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
 
         names = sorted(self.history)
         cols = min(3, len(names))
         rows = math.ceil(len(names) / cols)
-        fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows), squeeze=False)
+        fig = Figure(figsize=(4 * cols, 2.6 * rows))
+        FigureCanvasAgg(fig)
+        fig.subplots_adjust(left=0.06, right=0.98, top=1 - 0.35 / rows, bottom=0.3 / rows, hspace=0.55, wspace=0.25)
+        axes = fig.subplots(rows, cols, squeeze=False)
         for ax, name in zip(axes.flat, names):
             steps, values = zip(*self.history[name], strict=True)
             ax.plot(steps, values)
-            ax.set_title(name)
-            ax.set_xlabel("step")
+            ax.set_title(name, fontsize=9)
+            ax.tick_params(labelsize=7)
+            ax.locator_params(nbins=5)
         for ax in list(axes.flat)[len(names):]:
             ax.axis("off")
-        fig.tight_layout()
+        fig.supxlabel("step", fontsize=9, y=0.05 / rows)
         out = self.run_dir / "curves.png"
         fig.savefig(out, dpi=80)
-        plt.close(fig)
         return out
 
 
