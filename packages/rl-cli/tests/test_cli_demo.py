@@ -24,3 +24,13 @@ def test_demo_reward_rises_and_the_run_is_written(tmp_path, capsys):
     rows = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert [x["step"] for x in rows] == list(range(1, 11))
     assert (tmp_path / "final" / "config.json").is_file()
+
+
+def test_demo_refuses_enforce_eager_without_vllm(tmp_path, capsys):
+    """A flag is used or refused: the HF engine compiles nothing, so --enforce_eager with it is an error."""
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--workdir", str(tmp_path), "--enforce_eager"])
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert "--enforce_eager" in err and "--rollout_engine vllm" in err, err
+    assert not (tmp_path / "run").exists()
