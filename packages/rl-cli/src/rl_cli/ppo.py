@@ -406,6 +406,7 @@ def run_ray(argv: list[str] | None = None) -> int:
             raise SystemExit(f"rl ppo-ray: the placement does not fit this cluster: {e}") from None
         factory = RayFactory(placed, colocated=a.colocate_all_models, call_timeout_s=a.call_timeout_s,
                              engine_env=DETERMINISTIC_VLLM_ENV if cfgs["strategy"].full_determinism else None)
+        factory.spawn_engines(r.kind)  # the engines' processes and imports start beside the models' loading
         try:
             run = build_run(run_config(cfgs), factory, prompts=prompts, tokenizer=tok,
                             reward_fn=cfgs["reward"].build(), metrics=metrics_logger(cfgs), eval_prompts=eval_prompts,

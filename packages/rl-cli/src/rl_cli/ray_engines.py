@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import time
 from typing import Any
 
 
@@ -31,16 +32,28 @@ def _one_visible_gpu() -> None:
 class RolloutEngineActor:
     """One rollout engine (rl-rollout's HFEngine or VLLMEngine) in a Ray actor, with the methods the loop calls.
 
-    ``visible_devices``: the GPU ids of a TP > 1 engine's bundles (its workers' devices)."""
+    ``visible_devices``: the GPU ids of a TP > 1 engine's bundles (its workers' devices). Without ``engine_cfg``
+    the actor starts empty (:func:`spawn_engines`): it imports ``engine_kind``'s libraries (vLLM's import takes
+    seconds) while the models load, and :meth:`start` builds the engine afterwards."""
 
-    def __init__(self, engine_cfg, model: str, context, extra: dict | None = None,
-                 visible_devices: list[str] | None = None):
+    def __init__(self, engine_cfg=None, model: str | None = None, context=None, extra: dict | None = None,
+                 visible_devices: list[str] | None = None, engine_kind: str | None = None):
         if visible_devices:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible_devices)
         else:
             _one_visible_gpu()
-        import dataclasses
+        self.visible_devices = list(visible_devices or [])
+        self.engine: Any = None
+        self.kind: str | None = None
+        if engine_cfg is not None:
+            self.start(engine_cfg, model, context, extra)
+        elif engine_kind is not None:
+            _preload(engine_kind)
 
+    def start(self, engine_cfg, model: str, context, extra: dict | None = None) -> str:
+        """Build the engine (once); returns its class name."""
+        if self.engine is not None:
+            raise RuntimeError(f"this engine actor already runs a {self.kind}")
         import torch
 
         # the actor's own device: Ray narrowed CUDA_VISIBLE_DEVICES to its GPU (none on a CPU cluster)
@@ -49,7 +62,7 @@ class RolloutEngineActor:
                                       in_process=context.in_process,
                                       tensor_parallel_size=context.tensor_parallel_size, extra=extra)
         self.kind = type(self.engine).__name__
-        self.visible_devices = list(visible_devices or [])
+        return self.kind
 
     def describe(self) -> dict:
         return {"kind": self.kind, "pid": os.getpid(), "policy_version": self.engine.policy_version,
@@ -68,8 +81,11 @@ class RolloutEngineActor:
     def update_weights(self, named_tensors: list, version: int) -> None:
         self.engine.update_weights(named_tensors, version)
 
-    def update_weights_ipc(self, sync, version: int, verify: bool = False) -> int:
-        return self.engine.update_weights_ipc(sync, version, verify=verify)
+    def update_weights_ipc(self, sync, version: int, verify: bool = False) -> dict:
+        """``{"tensors": n, "work_s": seconds in the engine's load}`` (the rest of the trainer's call is Ray's)."""
+        t0 = time.perf_counter()
+        n = self.engine.update_weights_ipc(sync, version, verify=verify)
+        return {"tensors": n, "work_s": time.perf_counter() - t0}
 
     def init_weight_group(self, master_addr: str, master_port: int, world_size: int, **kw):
         return self.engine.init_weight_group(master_addr, master_port, world_size, **kw)
@@ -95,7 +111,18 @@ class RolloutEngineActor:
         self.engine.wake_up(tags)
 
     def shutdown(self) -> None:
-        self.engine.shutdown()
+        if self.engine is not None:
+            self.engine.shutdown()
+
+
+def _preload(kind: str) -> None:
+    """Import the engine class of ``kind`` (``auto`` resolved here) and, for vLLM, vLLM itself: no CUDA yet."""
+    from rl_rollout.config import EngineConfig
+
+    spec = EngineConfig(kind=kind).spec()
+    spec.load()
+    if spec.name == "vllm":
+        import vllm  # noqa: F401
 
 
 def engine_gpus(placed) -> dict[int, list[str]]:
@@ -106,17 +133,45 @@ def engine_gpus(placed) -> dict[int, list[str]]:
             for pe in placed.engines() if len(pe.bundle_indices) > 1}
 
 
+def spawn_engines(placed, *, engine_kind: str | None = None, gpus: dict[int, list[str]] | None = None,
+                  env: dict[str, str] | None = None, call_timeout_s: float = 3600.0,
+                  start_timeout_s: float = 600.0) -> list[Any]:
+    """One empty :class:`RolloutEngineActor` group per engine of the plan, not waited for: the actors start and
+    import ``engine_kind``'s libraries while the models load; :func:`start_engines` with ``actors=`` builds the
+    engines in them later (an engine sizes its KV cache from the GPU memory the models left)."""
+    from rl_placement import RayActorGroup
+
+    groups = []
+    try:
+        for pe in placed.engines():
+            visible = (gpus or {}).get(pe.engine) if len(pe.bundle_indices) > 1 else None
+            groups.append(RayActorGroup(
+                RolloutEngineActor, f"engine{pe.engine}", 1, placement_group=pe.placement_group,
+                bundle_indices=[pe.bundle_indices[0]], num_gpus_per_actor=pe.gpu_share, env=env,
+                init_kwargs={"visible_devices": visible, "engine_kind": engine_kind},
+                call_timeout_s=call_timeout_s, start_timeout_s=start_timeout_s, wait=False))
+    except BaseException:
+        for g in groups:
+            g.shutdown()
+        raise
+    return groups
+
+
 def start_engines(placed, engine_cfg, model: str, *, gpus: dict[int, list[str]] | None = None,
                   dtype: str = "float32", seed: int = 0, extra: dict | None = None,
                   env: dict[str, str] | None = None, call_timeout_s: float = 3600.0,
-                  start_timeout_s: float = 600.0) -> list[Any]:
+                  start_timeout_s: float = 600.0, actors: list[Any] | None = None) -> list[Any]:
     """One :class:`RolloutEngineActor` group per engine of the plan; ``gpus`` from :func:`engine_gpus`.
 
     ``engine_cfg``: an :class:`rl_rollout.config.EngineConfig` (or a backend's name); each actor
     builds its engine through the backend's registry entry, engine e with seed ``seed + e``.
     ``extra``: keyword arguments for the engine class over the config's. A TP > 1 engine needs a
     backend whose entry has ``tensor_parallel`` (``auto`` takes the first such; vLLM's spans
-    ``gpus[e]`` with its multiprocessing executor)."""
+    ``gpus[e]`` with its multiprocessing executor). ``actors``: the groups :func:`spawn_engines` made
+    for this plan (with the same ``gpus``), to build the engines in instead of starting new actors.
+    On any failure every group is shut down, ``actors`` included."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from rl_placement import RayActorGroup
     from rl_rollout import engine_names, engine_spec
     from rl_rollout.config import EngineConfig
@@ -124,8 +179,9 @@ def start_engines(placed, engine_cfg, model: str, *, gpus: dict[int, list[str]] 
 
     if isinstance(engine_cfg, str):
         engine_cfg = EngineConfig(kind=engine_cfg)
-    groups = []
+    groups = list(actors or [])
     try:
+        todo = []
         for pe in placed.engines():
             tp = len(pe.bundle_indices)
             cfg, visible = engine_cfg, None
@@ -141,7 +197,18 @@ def start_engines(placed, engine_cfg, model: str, *, gpus: dict[int, list[str]] 
                 if not visible or len(visible) != tp:
                     raise ValueError(f"engine {pe.engine} (TP {tp}) needs the GPU ids of its {tp} bundles: "
                                      f"pass gpus=engine_gpus(placed), read before any actor started")
-            ctx = EngineContext(dtype=dtype, seed=seed + pe.engine, tensor_parallel_size=tp)
+            todo.append((pe, cfg, visible, EngineContext(dtype=dtype, seed=seed + pe.engine, tensor_parallel_size=tp)))
+        if actors is not None:
+            if len(actors) != len(todo):
+                raise ValueError(f"{len(actors)} spawned engine actors for a plan of {len(todo)} engines: pass "
+                                 f"the groups spawn_engines made for this plan")
+            with ThreadPoolExecutor(max_workers=len(todo)) as pool:  # the engines start together
+                done = [pool.submit(g.call_rank, 0, "start", cfg, model, ctx, extra, timeout=start_timeout_s)
+                        for g, (_, cfg, _, ctx) in zip(actors, todo, strict=True)]
+                for f in done:
+                    f.result()
+            return groups
+        for pe, cfg, visible, ctx in todo:
             groups.append(RayActorGroup(
                 RolloutEngineActor, f"engine{pe.engine}", 1, placement_group=pe.placement_group,
                 bundle_indices=[pe.bundle_indices[0]], num_gpus_per_actor=pe.gpu_share, env=env,

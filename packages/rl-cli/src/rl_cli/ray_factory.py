@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from rl_cli import ray_workers as rw
-from rl_cli.ray_engines import engine_gpus, start_engines
+from rl_cli.ray_engines import engine_gpus, spawn_engines, start_engines
 from rl_core.rl import BroadcastWeightSync, CriticWorker, GroupRollout, IpcWeightSync, PolicyWorker, ReferenceWorker
 from rl_core.rl import RewardModelWorker
 from rl_placement import RayActorGroup
@@ -36,6 +36,14 @@ class RayFactory:
         self.engines: list[Any] = []
         self.backend: str | None = None
         self.device = "?"
+        self._spawned: list[Any] | None = None  # empty engine actors (spawn_engines), filled by rollout()
+
+    def spawn_engines(self, engine_kind: str) -> None:
+        """Start the engine actors now, empty: their processes start and import ``engine_kind``'s libraries
+        while the models load (vLLM's import alone takes seconds); :meth:`rollout` builds the engines in them
+        after the models, as before. Call before :meth:`role`."""
+        self._spawned = spawn_engines(self.placed, engine_kind=engine_kind, gpus=self.gpus, env=self.engine_env,
+                                      call_timeout_s=self.call_timeout_s)
 
     def role(self, name: str, worker_cls: type, *args: Any, **kwargs: Any):
         """The role's actors, asked for without waiting for their ``__init__`` (model load, DeepSpeed): the roles
@@ -52,8 +60,13 @@ class RayFactory:
         for g in self.groups:
             g.wait_ready()
         # each engine actor builds its own options (its device is the GPU Ray gives it; seed + its index)
-        self.engines = start_engines(self.placed, engine_cfg, model, gpus=self.gpus, dtype=dtype, seed=seed,
-                                     env=self.engine_env, call_timeout_s=self.call_timeout_s)
+        spawned, self._spawned = self._spawned, None
+        try:
+            self.engines = start_engines(self.placed, engine_cfg, model, gpus=self.gpus, dtype=dtype, seed=seed,
+                                         env=self.engine_env, call_timeout_s=self.call_timeout_s, actors=spawned)
+        except BaseException:
+            self._spawned = None  # start_engines shut them down
+            raise
         self.groups.extend(self.engines)
         return GroupRollout(self.engines)
 
@@ -77,5 +90,5 @@ class RayFactory:
                 f"weight sync {self.backend}")
 
     def shutdown(self) -> None:
-        for g in reversed(self.groups):
+        for g in reversed(self.groups + (self._spawned or [])):
             g.shutdown()
