@@ -6,8 +6,8 @@ weight-sync rate against a device copy of the same bytes measured in the same ru
     python benchmarks/rl_ray_gpus.py --mode split --actor_gpus 2    # 3 GPUs: ZeRO-3 actor on 2, engine on a 3rd, NCCL
     python benchmarks/rl_ray_gpus.py --mode split --tp 2 --rollout_engine vllm   # 3 GPUs: vLLM tensor parallel 2
 
-It makes a random Llama of the chosen shape (``--shape 0.5b``: Qwen2.5-0.5B's layer sizes;
-``tiny`` for a smoke run) with a character tokenizer, a "repeat the letter" prompt set and
+It makes a random Llama of the chosen shape (``--shape 0.5b``: Qwen2.5-0.5B's layer sizes; ``1.5b`` and
+``3b`` Qwen2.5-1.5B's and -3B's, to see how the sync's fixed cost and its copy scale; ``tiny`` for a smoke run) with a character tokenizer, a "repeat the letter" prompt set and
 its reward file, runs ``python -m rl_cli.train_ppo_ray`` with OpenRLHF's flags (printed, so
 the run can be repeated by hand), and reads the run's ``metrics.jsonl``. Phase means are over
 the iterations after the first (the first pays for CUDA warm-up and the IPC handles).
@@ -34,7 +34,9 @@ from pathlib import Path
 import torch
 
 SHAPES = {"tiny": dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512),
-          "0.5b": dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864)}
+          "0.5b": dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864),
+          "1.5b": dict(hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960),
+          "3b": dict(hidden_size=2048, num_layers=36, num_heads=16, num_kv_heads=2, intermediate_size=11008)}
 PHASES = ["generate_s", "reward_s", "experience_s", "critic_train_s", "policy_train_s", "sync_s", "iteration_s"]
 REWARD = "def letter(prompt, response, label, **info):\n    return response.count(label) / max(len(response), 1)\n"
 
@@ -139,6 +141,8 @@ def main() -> None:
           f"({nbytes / 2**30:.2f} GiB bf16); {args.prompts} prompts x {args.n} samples x <= {args.generate_max_len} "
           f"tokens; ZeRO-{args.zero_stage}; engine {args.rollout_engine} TP {args.tp}; {len(rows)} iterations, "
           f"wall {wall:.0f} s with start-up (means over iterations 2..)")
+    outside = wall - sum(r["rl/iteration_s"] for r in rows)
+    print(f"outside the iterations (start-up: Ray, the models, the engines; shutdown): {outside:.1f} s")
     print(f"{'phase':<16}{'seconds':>10}{'share':>8}")
     for k in PHASES:
         print(f"{k[:-2]:<16}{mean[k]:>10.3f}{mean[k] / mean['iteration_s']:>8.1%}")
@@ -149,6 +153,9 @@ def main() -> None:
     if "rl/sync_load_s" in rows[0]:
         per_it += " (the policy's call + the engine's: " + ", ".join(
             f"{r['rl/sync_share_s'] * 1e3:.1f} + {r['rl/sync_load_s'] * 1e3:.1f}" for r in rows) + ")"
+    if "rl/sync_share_work_s" in rows[0] and "rl/sync_load_work_s" in rows[0]:
+        per_it += ("; inside the policy's method + inside the engine actor's (the rest is Ray's calls): " + ", ".join(
+            f"{r['rl/sync_share_work_s'] * 1e3:.1f} + {r['rl/sync_load_work_s'] * 1e3:.1f}" for r in rows))
     print(f"sync per iteration (ms, wake excluded): {per_it}; a device copy of the same bytes "
           f"{nbytes / same / 1e6:.2f} ms"
           + (f"; in place (the engines read the policy's own memory): "
@@ -158,6 +165,7 @@ def main() -> None:
         Path(args.out).write_text(json.dumps({"args": vars(args), "gpus": gpus, "bytes": nbytes, "phases": mean,
                                               "sync_gb_per_s": sync_rate, "device_copy_gb_per_s": same,
                                               "peer_copy_gb_per_s": peer, "max_logprob_gap": gap, "wall_s": wall,
+                                              "outside_iterations_s": outside,
                                               "command": cmd, "rows": rows}, indent=1))
 
 

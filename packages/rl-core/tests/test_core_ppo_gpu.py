@@ -123,6 +123,7 @@ def test_ppo_over_cuda_ipc_keeps_the_engine_on_the_policy_weights(tmp_path, lora
         for m in h:
             assert m["rollout_logprob_gap"] < 1e-4, m
             assert m["sync_gb_per_s"] > 0, m
+            assert 0 < m["sync_share_work_s"] <= m["sync_share_s"], m  # the policy's own time within its call
         served = engine.call_rank(0, "weights_digest")
         trained = policy.worker.weights_digest()  # LoRA: of the merged weights, under HF names
         assert set(trained) <= set(served)

@@ -129,9 +129,13 @@ def test_sleep_level_2_wakes_the_weights_syncs_then_wakes_the_cache(setup, tmp_p
     sleep, wake = engine.sleep, engine.wake_up
     engine.sleep = lambda level=1: calls.append(("sleep", level)) or sleep(level)
     engine.wake_up = lambda tags=None: calls.append(("wake", tags)) or wake(tags)
+    worker = run.policy.worker  # before the engines wake, the trainers give back torch's cached device memory
+    release = worker.release_device_cache
+    worker.release_device_cache = lambda: calls.append(("release", None)) or release()
     h = run.trainer.fit()
     run.close()
-    assert calls == [("sleep", 2), ("wake", ["weights"]), ("wake", ["kv_cache"])] * 2
+    assert calls == [("sleep", 2), ("release", None), ("wake", ["weights"]), ("wake", ["kv_cache"])] * 2
+    assert all("device_cache_freed_gb" not in m for m in h)  # CUDA only: nothing is cached on the CPU
     assert all(m["rollout_logprob_gap"] < 1e-4 for m in h)
 
 

@@ -160,6 +160,7 @@ class IpcSender:
     ``pack=False`` shares the tensors' own memory (each must be CUDA and contiguous and stay
     where it is; the trainer must not update it until the engine has loaded it): a sync is then
     the engine's single copy, and no second copy of the weights stays on the GPU.
+    ``nbytes``: the tensors' bytes in the current layout (set when the layout changes, not summed every sync).
     ``pack="auto"`` shares in place when every tensor can be, and packs from the first sync that
     finds them elsewhere than the last one did (weights offloaded and reloaded between syncs: in
     place, every sync would open new handles, and the engine's open handles would keep the old
@@ -182,6 +183,7 @@ class IpcSender:
         self._layout: list | None = None
         self._buckets: list[IpcBucket] = []
         self._views: list[torch.Tensor] = []  # every tensor's view in the buckets, in order (pack=True)
+        self.nbytes = 0  # the bytes one sync of the current layout carries
 
     def reset(self) -> None:
         """Forget the shared buckets: the next ``share`` starts a new generation with fresh handles."""
@@ -190,15 +192,17 @@ class IpcSender:
     @torch.no_grad()
     def share(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> IpcSync:
         named = list(named_tensors)
+        layout = None
         if self.auto and not self.pack:
             movable = any(not (t.is_cuda and t.is_contiguous()) for _, t in named)
-            moved = self._layout is not None and _layout(named, True) != self._layout
-            if movable or moved:
+            layout = _layout(named, True)  # in place: also the layout this sync keeps if nothing moved
+            if movable or (self._layout is not None and layout != self._layout):
                 logger.info("IpcSender %s: %s; packing into buckets from now on", self.id,
                             "a tensor is not contiguous CUDA memory" if movable else
                             "the weights moved since the last sync")
-                self.pack = True
-        layout = _layout(named, not self.pack)
+                self.pack, layout = True, None
+        if layout is None:
+            layout = _layout(named, not self.pack)
         fresh = layout != self._layout
         if fresh:
             self.generation += 1
@@ -206,6 +210,7 @@ class IpcSender:
                                                pack=self.pack))
             self._views = [t for b in self._buckets for _, t in unpack_tensors(b.meta, b._payload)] if self.pack else []
             self._layout = layout
+            self.nbytes = sum(t.numel() * t.element_size() for _, t in named)
         elif self.pack:
             torch._foreach_copy_(self._views, [t.reshape(v.shape) for v, (_, t) in zip(self._views, named, strict=True)])
         torch.cuda.current_stream(self.device).synchronize()  # written before another process reads

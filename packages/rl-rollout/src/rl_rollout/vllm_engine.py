@@ -351,7 +351,8 @@ class VLLMEngine(VLLMWeightsMixin):
             else:
                 with self._lock:
                     awake = self._llm.wake_up(tags)
-        except RuntimeError as e:
+        except Exception as e:  # in-process vLLM raises cumem's RuntimeError; an engine core of its own process
+            # answers a plain Exception ("Call to wake_up method failed: CUDA Error: out of memory ...")
             if "out of memory" not in str(e):
                 raise
             raise RuntimeError(
@@ -522,5 +523,6 @@ def _device_memory_note() -> str:
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return "no CUDA device in this process"
     free, total = torch.cuda.mem_get_info()
-    return (f"{free / 2**30:.2f} of {total / 2**30:.2f} GiB free, this process's torch tensors hold "
-            f"{torch.cuda.memory_allocated() / 2**30:.2f} GiB")
+    return (f"{free / 2**30:.2f} of {total / 2**30:.2f} GiB of the device free, this process's torch tensors hold "
+            f"{torch.cuda.memory_allocated() / 2**30:.2f} GiB (the trainer's ranks hold theirs in their own processes "
+            f"when the engine runs apart, as over Ray)")

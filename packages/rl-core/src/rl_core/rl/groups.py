@@ -313,9 +313,16 @@ class IpcWeightSync:
                                 for g, s in zip(self.rollout.engines, shared, strict=True)])
         sec = time.perf_counter() - t0
         nbytes = shared[0]["bytes"]  # what each engine loaded (every rank shares the full weights)
-        out = {"version": version, "tensors": sum(int(n or 0) for n in loaded), "bytes": nbytes, "seconds": sec,
+        # an engine actor answers {"tensors", "work_s"} (its own time in the load) or the tensor count alone
+        work = [n.get("work_s") if isinstance(n, dict) else None for n in loaded]
+        tensors = sum(int((n.get("tensors") if isinstance(n, dict) else n) or 0) for n in loaded)
+        out = {"version": version, "tensors": tensors, "bytes": nbytes, "seconds": sec,
                "gb_per_s": nbytes / max(sec, 1e-9) / 1e9, "in_place": bool(shared[0].get("in_place")),
                "share_s": t1 - t0, "load_s": sec - (t1 - t0)}  # the policy's call, then the engines'
+        if "work_s" in shared[0]:  # inside the policy's method; the rest of share_s is the Ray call
+            out["share_work_s"] = max(s["work_s"] for s in shared)
+        if all(w is not None for w in work):  # inside the engines' actors; the rest of load_s is the Ray call
+            out["load_work_s"] = max(work)
         if self.verify:
             out["verify_s"] = verify_engines(self.policy, self.rollout.engines)
         return out

@@ -32,6 +32,7 @@ from __future__ import annotations
 import logging
 import os
 import socket
+import time
 from dataclasses import replace
 
 import torch
@@ -67,6 +68,16 @@ class _Worker:
     @property
     def rank(self) -> int:
         return self.s.rank
+
+    def release_device_cache(self) -> dict[str, float]:
+        """Before engines on this GPU wake: hand the blocks torch's caching allocator keeps (a train step's freed
+        activations) back to the device, where the engines map their memory (OpenRLHF empties the cache there
+        too). ``{"freed_bytes"}`` on CUDA, ``{}`` elsewhere."""
+        if self.s.device.type != "cuda":
+            return {}
+        before = torch.cuda.memory_reserved(self.s.device)
+        torch.cuda.empty_cache()
+        return {"freed_bytes": float(before - torch.cuda.memory_reserved(self.s.device))}
 
     def world(self) -> dict:
         """This rank's place: rank, world size, device (for the controller's log and checks)."""
@@ -365,8 +376,6 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         (``live=True``); ZeRO-3 gathers bucket by bucket. LoRA: the merged weights, fresh copies (never
         ``live``). ``verify``: the engine then checks it holds what was sent (count, sum and sum of squares
         per tensor; raises WeightSyncError)."""
-        import time
-
         from rl_rollout.weights import tensor_stats
 
         cuda = torch.device(self.s.device).type == "cuda"
@@ -431,12 +440,16 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         loaded it: call again only after the engine's load returned (:class:`rl_core.rl.groups.IpcWeightSync`)."""
         from rl_rollout.ipc import IpcSender
 
+        t0 = time.perf_counter()
         gathered = self.s.cfg.zero_stage == 3 or self._lora is not None
         if self._ipc is None:
             self._ipc = IpcSender(device=self.s.device, pack=True if gathered else "auto", checksum=verify)
         named = list(self._sync_named()) if gathered else self._live_named()
-        return {"sync": self._ipc.share(named), "bytes": sum(t.numel() * t.element_size() for _, t in named),
-                "in_place": not self._ipc.pack}
+        sync = self._ipc.share(named)
+        # work_s: this method's own time (the stream wait, the layout check; a pack's copy): the rest of the
+        # trainer's call is Ray's
+        return {"sync": sync, "bytes": self._ipc.nbytes, "in_place": not self._ipc.pack,
+                "work_s": time.perf_counter() - t0}
 
     def weights_digest(self) -> dict[str, float]:
         """Per-parameter sums (HF names), to check an engine holds these weights. Collective under ZeRO-3."""

@@ -336,11 +336,25 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
             out["budget/longest"] = float(max(lengths))
         return out
 
+    def _release_device_caches(self) -> dict[str, float]:
+        """Every model role's ranks empty torch's CUDA cache before the sleeping engines wake into that memory
+        (part of ``wake_s``); on CUDA ``device_cache_freed_gb``, what they gave back (all ranks)."""
+        from rl_core.rl.groups import concurrently
+
+        groups = [g for g in (self.policy, self.critic, self.ref, self.reward_model) if g is not None]
+        calls = [lambda g=g: g.call("release_device_cache") for g in groups]
+        ranks = [r for rs in (concurrently(*calls) if self.parallel else [f() for f in calls]) for r in rs]
+        if ranks and all("freed_bytes" in r for r in ranks):
+            return {"device_cache_freed_gb": sum(r["freed_bytes"] for r in ranks) / 1e9}
+        return {}
+
     def _sync(self, version: int) -> dict[str, float]:
         """Wake the engines (timed apart: ``wake_s``), then push this version's weights (``sync_s``)."""
         t0 = time.perf_counter()
         level2 = self.sleep_engines and self.sleep_level == 2
+        released = {}
         if self.sleep_engines:  # level 2: only the weights' memory first; the sync refills every tensor
+            released = self._release_device_caches()
             self.rollout.wake_up(["weights"] if level2 else None)
         t1 = time.perf_counter()
         stats = self.weight_sync(version) or {}
@@ -348,12 +362,13 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         if level2:
             self.rollout.wake_up(["kv_cache"])
         out = {"wake_s": t1 - t0 + time.perf_counter() - t2, "sync_s": t2 - t1,
-               "sync_gb_per_s": float(stats.get("gb_per_s", 0.0))}
+               "sync_gb_per_s": float(stats.get("gb_per_s", 0.0)), **released}
         if "verify_s" in stats:  # the engines checked they hold what was sent (part of sync_s)
             out["sync_verify_s"] = float(stats["verify_s"])
         if "in_place" in stats:  # CUDA IPC: 1 when the engines read the policy's own memory, 0 from buckets
             out["sync_in_place"] = float(stats["in_place"])
-        for part in ("share_s", "load_s"):  # CUDA IPC: the policy's call (packing, handles), the engines' load
+        # CUDA IPC: the policy's call (packing, handles), the engines' load, and the time inside each (the rest Ray's)
+        for part in ("share_s", "load_s", "share_work_s", "load_work_s"):
             if part in stats:
                 out[f"sync_{part}"] = float(stats[part])
         return out
