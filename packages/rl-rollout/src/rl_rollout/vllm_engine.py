@@ -189,6 +189,7 @@ class VLLMEngine(VLLMWeightsMixin):
             args["enable_chunked_prefill"] = False
         args.update(engine_kwargs or {})
         args["dtype"] = vllm_dtype(args["dtype"])
+        self._memory_share = args.get("gpu_memory_utilization")  # None: vLLM's default
         # a vision-language model: requests may carry images; its placeholder tokens are never sampled
         self._placeholders = _placeholder_ids(model)
         if self._placeholders is not None:  # refused now, not at the first sync after the model loaded
@@ -358,8 +359,7 @@ class VLLMEngine(VLLMWeightsMixin):
             raise RuntimeError(
                 f"VLLMEngine.wake_up({tags}): the engine's memory no longer fits on the device ({e}); "
                 f"{_device_memory_note()}. What the trainer holds while the engine is awake must fit beside the "
-                "engine's share: lower --vllm_gpu_memory_utilization, or free the trainer's memory before the engine "
-                "wakes (--deepspeed_enable_sleep)") from e
+                f"engine's share: {wake_oom_hint(self._memory_share, *_device_free_total())}") from e
         self._asleep = set() if awake else self._asleep - set(tags or self._asleep)
 
     def shutdown(self) -> None:
@@ -517,6 +517,25 @@ def _release_cached_device_memory() -> None:
     freed activations) back to the driver, where vLLM's allocator maps the engine's memory (as OpenRLHF does)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         torch.cuda.empty_cache()
+
+
+def _device_free_total() -> tuple[int | None, int | None]:
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return None, None
+    return torch.cuda.mem_get_info()
+
+
+def wake_oom_hint(share: float | None, free: int | None, total: int | None) -> str:
+    """The fix for an engine that cannot wake: a ``--vllm_gpu_memory_utilization`` that fits in what is ``free``
+    now (bytes of ``total``, with the trainers' caches emptied), or ``--deepspeed_enable_sleep`` where none does."""
+    now = f"{share:.2f}" if share is not None else "vLLM's default"
+    sleep = "free the trainer's memory before the engine wakes (--deepspeed_enable_sleep)"
+    if not free or not total:
+        return f"lower --vllm_gpu_memory_utilization (now {now}), or {sleep}"
+    fits = int(free / total * 20) / 20  # down to a multiple of 0.05: the engine also keeps some memory asleep
+    if fits < 0.05:
+        return f"no share of the device is free beside the trainer: {sleep}"
+    return f"set --vllm_gpu_memory_utilization {fits:.2f} or lower (what is free now; it is {now}), or {sleep}"
 
 
 def _device_memory_note() -> str:
