@@ -202,7 +202,7 @@ def start_engines(placed, engine_cfg, model: str, *, gpus: dict[int, list[str]] 
             if len(actors) != len(todo):
                 raise ValueError(f"{len(actors)} spawned engine actors for a plan of {len(todo)} engines: pass "
                                  f"the groups spawn_engines made for this plan")
-            with ThreadPoolExecutor(max_workers=len(todo)) as pool:  # the engines start together
+            with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:  # the engines start together
                 done = [pool.submit(g.call_rank, 0, "start", cfg, model, ctx, extra, timeout=start_timeout_s)
                         for g, (_, cfg, _, ctx) in zip(actors, todo, strict=True)]
                 for f in done:
