@@ -102,8 +102,8 @@ def main(argv: list[str] | None = None) -> int:
                     max_epochs=args.max_epochs)
     reward = RewardRunner(partial(letter_reward, max_new_tokens=args.max_new_tokens), workers=0)
     # verify: after every sync the engine checks it holds the policy's weights (about 5 ms here)
-    run = build_run(RunConfig(RLModelConfig(pretrain=str(model)), strategy, cfg, EngineConfig(kind=args.rollout_engine, enforce_eager=args.enforce_eager),
-                              WeightSyncConfig(verify=True)),
+    engine = EngineConfig(kind=args.rollout_engine, enforce_eager=args.enforce_eager)
+    run = build_run(RunConfig(RLModelConfig(pretrain=str(model)), strategy, cfg, engine, WeightSyncConfig(verify=True)),
                     LocalFactory(), prompts=prompts, tokenizer=tok, reward_fn=reward)
     trainer = run.trainer
     print(f"[rl demo] {len(prompts)} prompts x {cfg.n_samples_per_prompt} samples, {trainer.num_iterations} iterations; "

@@ -32,12 +32,11 @@ def _one_visible_gpu() -> None:
 class RolloutEngineActor:
     """One rollout engine (rl-rollout's HFEngine or VLLMEngine) in a Ray actor, with the methods the loop calls.
 
-    ``visible_devices``: the GPU ids of a TP > 1 engine's bundles (its workers' devices). Without ``engine_cfg``
-    the actor starts empty (:func:`spawn_engines`): it imports ``engine_kind``'s libraries (vLLM's import takes
-    seconds) while the models load, and :meth:`start` builds the engine afterwards."""
+    ``visible_devices``: the GPU ids of a TP > 1 engine's bundles (its workers' devices). The actor starts empty
+    (:func:`spawn_engines`), importing ``engine_kind``'s libraries if given (vLLM's import takes seconds) while the
+    models load; :meth:`start` builds the engine afterwards (:func:`start_engines`)."""
 
-    def __init__(self, engine_cfg=None, model: str | None = None, context=None, extra: dict | None = None,
-                 visible_devices: list[str] | None = None, engine_kind: str | None = None):
+    def __init__(self, visible_devices: list[str] | None = None, engine_kind: str | None = None):
         if visible_devices:
             os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(visible_devices)
         else:
@@ -45,9 +44,7 @@ class RolloutEngineActor:
         self.visible_devices = list(visible_devices or [])
         self.engine: Any = None
         self.kind: str | None = None
-        if engine_cfg is not None:
-            self.start(engine_cfg, model, context, extra)
-        elif engine_kind is not None:
+        if engine_kind is not None:
             _preload(engine_kind)
 
     def start(self, engine_cfg, model: str, context, extra: dict | None = None) -> str:
@@ -117,9 +114,9 @@ class RolloutEngineActor:
 
 def _preload(kind: str) -> None:
     """Import the engine class of ``kind`` (``auto`` resolved here) and, for vLLM, vLLM itself: no CUDA yet."""
-    from rl_rollout.config import EngineConfig
+    from rl_rollout.engine import resolve_engine
 
-    spec = EngineConfig(kind=kind).spec()
+    spec = resolve_engine(kind)
     spec.load()
     if spec.name == "vllm":
         import vllm  # noqa: F401
@@ -168,11 +165,10 @@ def start_engines(placed, engine_cfg, model: str, *, gpus: dict[int, list[str]] 
     ``extra``: keyword arguments for the engine class over the config's. A TP > 1 engine needs a
     backend whose entry has ``tensor_parallel`` (``auto`` takes the first such; vLLM's spans
     ``gpus[e]`` with its multiprocessing executor). ``actors``: the groups :func:`spawn_engines` made
-    for this plan (with the same ``gpus``), to build the engines in instead of starting new actors.
+    for this plan (with the same ``gpus``), to build the engines in; without, they are spawned here.
     On any failure every group is shut down, ``actors`` included."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from rl_placement import RayActorGroup
     from rl_rollout import engine_names, engine_spec
     from rl_rollout.config import EngineConfig
     from rl_rollout.engine import EngineContext
@@ -184,7 +180,7 @@ def start_engines(placed, engine_cfg, model: str, *, gpus: dict[int, list[str]] 
         todo = []
         for pe in placed.engines():
             tp = len(pe.bundle_indices)
-            cfg, visible = engine_cfg, None
+            cfg = engine_cfg
             if tp > 1:
                 if cfg.kind == "auto":
                     sharded = [n for n in engine_names() if engine_spec(n).tensor_parallel]
@@ -197,25 +193,19 @@ def start_engines(placed, engine_cfg, model: str, *, gpus: dict[int, list[str]] 
                 if not visible or len(visible) != tp:
                     raise ValueError(f"engine {pe.engine} (TP {tp}) needs the GPU ids of its {tp} bundles: "
                                      f"pass gpus=engine_gpus(placed), read before any actor started")
-            todo.append((pe, cfg, visible, EngineContext(dtype=dtype, seed=seed + pe.engine, tensor_parallel_size=tp)))
-        if actors is not None:
-            if len(actors) != len(todo):
-                raise ValueError(f"{len(actors)} spawned engine actors for a plan of {len(todo)} engines: pass "
-                                 f"the groups spawn_engines made for this plan")
-            with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:  # the engines start together
-                done = [pool.submit(g.call_rank, 0, "start", cfg, model, ctx, extra, timeout=start_timeout_s)
-                        for g, (_, cfg, _, ctx) in zip(actors, todo, strict=True)]
-                for f in done:
-                    f.result()
-            return groups
-        for pe, cfg, visible, ctx in todo:
-            groups.append(RayActorGroup(
-                RolloutEngineActor, f"engine{pe.engine}", 1, placement_group=pe.placement_group,
-                bundle_indices=[pe.bundle_indices[0]], num_gpus_per_actor=pe.gpu_share, env=env,
-                init_args=(cfg, model, ctx), init_kwargs={"extra": extra, "visible_devices": visible},
-                call_timeout_s=call_timeout_s, start_timeout_s=start_timeout_s, wait=False))
-        for g in groups:  # the engines start together; each group's __init__ error is raised here
-            g.wait_ready()
+            todo.append((cfg, EngineContext(dtype=dtype, seed=seed + pe.engine, tensor_parallel_size=tp)))
+        if actors is None:
+            groups = actors = spawn_engines(placed, gpus=gpus, env=env, call_timeout_s=call_timeout_s,
+                                            start_timeout_s=start_timeout_s)
+        elif len(actors) != len(todo):
+            raise ValueError(f"{len(actors)} spawned engine actors for a plan of {len(todo)} engines: pass "
+                             f"the groups spawn_engines made for this plan")
+        # the engines start together; an actor that could not start (its __init__, its bundle) is named here
+        with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
+            done = [pool.submit(g.call_rank, 0, "start", cfg, model, ctx, extra, timeout=start_timeout_s)
+                    for g, (cfg, ctx) in zip(actors, todo, strict=True)]
+            for f in done:
+                f.result()
     except BaseException:
         for g in groups:
             g.shutdown()

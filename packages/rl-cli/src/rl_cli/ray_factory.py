@@ -60,13 +60,9 @@ class RayFactory:
         for g in self.groups:
             g.wait_ready()
         # each engine actor builds its own options (its device is the GPU Ray gives it; seed + its index)
-        spawned, self._spawned = self._spawned, None
-        try:
-            self.engines = start_engines(self.placed, engine_cfg, model, gpus=self.gpus, dtype=dtype, seed=seed,
-                                         env=self.engine_env, call_timeout_s=self.call_timeout_s, actors=spawned)
-        except BaseException:
-            self._spawned = None  # start_engines shut them down
-            raise
+        spawned, self._spawned = self._spawned, None  # start_engines owns them now (shuts them down on a failure)
+        self.engines = start_engines(self.placed, engine_cfg, model, gpus=self.gpus, dtype=dtype, seed=seed,
+                                     env=self.engine_env, call_timeout_s=self.call_timeout_s, actors=spawned)
         self.groups.extend(self.engines)
         return GroupRollout(self.engines)
 
