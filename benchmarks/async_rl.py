@@ -49,7 +49,7 @@ def run(args, work: Path, async_train: bool) -> dict:
     tok = AutoTokenizer.from_pretrained(model)
     prompts = PromptDataset(load_rows(str(work / "prompts.jsonl")), tok, DataConfig(input_key="p", label_key="y"))
     G = args.prompts * args.n
-    cfg = PPOConfig(advantage_estimator="group_norm", n_samples_per_prompt=args.n, rollout_batch_size=args.prompts,
+    cfg = PPOConfig.from_flat(advantage_estimator="group_norm", n_samples_per_prompt=args.n, rollout_batch_size=args.prompts,
                     generate_max_len=args.max_new_tokens, max_iterations=args.iterations, init_kl_coef=0.0,
                     async_train=async_train, run_dir=str(work / ("async" if async_train else "sync")))
     s = StrategyConfig(zero_stage=0, bf16=args.device == "cuda", micro_train_batch_size=args.micro or G // 2, train_batch_size=G,

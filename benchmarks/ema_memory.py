@@ -28,7 +28,7 @@ def build(model: str, args, ema: bool):
 
     s = StrategyConfig(zero_stage=args.zero_stage, bf16=not args.small, micro_train_batch_size=args.items,
                        train_batch_size=args.items, learning_rate=1e-6, lr_warmup_ratio=0.0)
-    return PolicyWorker(s, model, PPOConfig(enable_ema=ema), 100, load_kw={"dtype": "fp32" if args.small else "bf16"})
+    return PolicyWorker(s, model, PPOConfig.from_flat(enable_ema=ema), 100, load_kw={"dtype": "fp32" if args.small else "bf16"})
 
 
 def timed(fn, device, n: int) -> float:

@@ -323,7 +323,7 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
                               micro_train_batch_size=cfg["micro_batch"], train_batch_size=n_seq,
                               learning_rate=cfg["learning_rate"], lr_warmup_ratio=0.0, lr_scheduler="constant",
                               adam_betas=(0.9, 0.95), weight_decay=0.0, max_norm=1.0, seed=cfg["seed"])
-    ppo = PPOConfig(advantage_estimator="group_norm", init_kl_coef=0.0, n_samples_per_prompt=cfg["samples"],
+    ppo = PPOConfig.from_flat(advantage_estimator="group_norm", init_kl_coef=0.0, n_samples_per_prompt=cfg["samples"],
                     rollout_batch_size=cfg["prompts"], generate_max_len=cfg["max_new_tokens"], temperature=1.0,
                     max_epochs=1, max_iterations=cfg["warmup"] + cfg["steps"])
     engine = (EngineConfig(kind="vllm", gpu_memory_utilization=cfg["vllm_gpu_memory_utilization"],

@@ -117,7 +117,7 @@ def main() -> None:
     prompts = PromptDataset(rows, tok, DataConfig(input_key="prompt", label_key="label", max_len=256))
     n, P = args.n_samples_per_prompt, args.rollout_batch_size
     G = P * n
-    cfg = PPOConfig(advantage_estimator="gae", n_samples_per_prompt=n, rollout_batch_size=P,
+    cfg = PPOConfig.from_flat(advantage_estimator="gae", n_samples_per_prompt=n, rollout_batch_size=P,
                     generate_max_len=args.generate_max_len, max_iterations=args.iterations, init_kl_coef=0.01)
     s = StrategyConfig(zero_stage=args.zero_stage, bf16=bf16, micro_train_batch_size=args.micro_train_batch_size,
                        train_batch_size=G, learning_rate=1e-6, lr_warmup_ratio=0.0, lr_scheduler="constant")

@@ -180,7 +180,7 @@ def test_numbers_out_of_range_are_refused_by_the_configs():
                        ({"critic_learning_rate": -1.0}, r"critic_learning_rate .* > 0"),
                        ({"init_kl_coef": float("inf")}, r"init_kl_coef .* finite")):
         with pytest.raises(ValueError, match=match):
-            PPOConfig(**bad)
+            PPOConfig.from_flat(**bad)
     with pytest.raises(ValueError, match=r"beta .* finite"):
         DPOConfig(beta=float("nan"))
 

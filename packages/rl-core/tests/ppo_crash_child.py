@@ -67,7 +67,7 @@ def main(spec_path: str) -> None:
 
     tok = AutoTokenizer.from_pretrained(spec["model"])
     prompts = PromptDataset(load_rows(spec["prompts"]), tok, DataConfig(input_key="p", label_key="y"))
-    ppo = PPOConfig(advantage_estimator="gae", n_samples_per_prompt=4, rollout_batch_size=4, generate_max_len=8,
+    ppo = PPOConfig.from_flat(advantage_estimator="gae", n_samples_per_prompt=4, rollout_batch_size=4, generate_max_len=8,
                     init_kl_coef=0.01, kl_target=0.1, max_iterations=spec["max_iterations"],
                     save_steps=1 if spec["ckpt_path"] else -1, ckpt_path=spec["ckpt_path"],
                     max_ckpt_num=spec["max_ckpt_num"],

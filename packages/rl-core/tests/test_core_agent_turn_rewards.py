@@ -69,12 +69,12 @@ def test_step_rewards_land_on_each_turns_last_token_and_the_returns_follow():
 
 
 def test_the_flag_is_refused_by_group_estimators_and_without_an_agent():
-    PPOConfig(agent_func_path="a.py", agent_turn_rewards=True, advantage_estimator="reinforce")
-    PPOConfig(agent_func_path="a.py", agent_turn_rewards=True, advantage_estimator="reinforce_baseline",
+    PPOConfig.from_flat(agent_func_path="a.py", agent_turn_rewards=True, advantage_estimator="reinforce")
+    PPOConfig.from_flat(agent_func_path="a.py", agent_turn_rewards=True, advantage_estimator="reinforce_baseline",
               n_samples_per_prompt=2)
     for est in ("group_norm", "rloo", "dr_grpo"):
         with pytest.raises(ValueError, match=f"--advantage_estimator {est} .*use gae, reinforce, reinforce_baseline"):
-            PPOConfig(agent_func_path="a.py", agent_turn_rewards=True, advantage_estimator=est,
+            PPOConfig.from_flat(agent_func_path="a.py", agent_turn_rewards=True, advantage_estimator=est,
                       n_samples_per_prompt=2)
     with pytest.raises(ValueError, match="add --agent_func_path"):
-        PPOConfig(agent_turn_rewards=True, advantage_estimator="reinforce")
+        PPOConfig.from_flat(agent_turn_rewards=True, advantage_estimator="reinforce")

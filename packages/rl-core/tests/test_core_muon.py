@@ -134,7 +134,7 @@ def test_the_policy_and_the_critic_take_their_own_optimizer(tiny):
     assert lrs(PolicyWorker(s, tiny, PPOConfig(), 4, **kw)) == (MuonWithAuxAdam, [(False, 1e-3), (True, 0.01)])
     assert lrs(CriticWorker(s, tiny, PPOConfig(), 4, **kw)) == (torch.optim.AdamW, [(False, 1e-3)])
     adam = StrategyConfig(zero_stage=2, bf16=False, train_batch_size=1, learning_rate=1e-3)
-    critic = CriticWorker(adam, tiny, PPOConfig(critic_optim="muon", critic_muon_lr=0.03, critic_learning_rate=2e-3),
+    critic = CriticWorker(adam, tiny, PPOConfig.from_flat(critic_optim="muon", critic_muon_lr=0.03, critic_learning_rate=2e-3),
                           4, **kw)
     assert lrs(critic) == (MuonWithAuxAdam, [(False, 2e-3), (True, 0.03)])
     head = [p for n, p in critic.engine.module.named_parameters() if n.startswith("head.")]
@@ -142,7 +142,7 @@ def test_the_policy_and_the_critic_take_their_own_optimizer(tiny):
     with pytest.raises(ValueError, match=r"critic_muon_lr=0.01 \(--critic_muon_lr\) is a setting of the Muon "
                                          r"optimizer, not of --critic_optim adam; add --critic_optim muon or drop "
                                          r"--critic_muon_lr"):
-        PPOConfig(critic_muon_lr=0.01)
+        PPOConfig.from_flat(critic_muon_lr=0.01)
 
 
 @pytest.mark.parametrize(("kw", "message"), [

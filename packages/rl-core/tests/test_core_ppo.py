@@ -51,7 +51,7 @@ def make(setup, tmp_path, *, reward=letter_reward, lr=2e-3, zero_stage=0, batchi
     kw = dict(n_samples_per_prompt=4, rollout_batch_size=4, generate_max_len=8, max_iterations=2,
               run_dir=str(tmp_path / "run"))
     kw.update(cfg)
-    c = PPOConfig(**kw)
+    c = PPOConfig.from_flat(**kw)
     G = c.rollout_batch_size * c.n_samples_per_prompt
     s = StrategyConfig(zero_stage=zero_stage, bf16=False, micro_train_batch_size=G // 2, train_batch_size=G,
                        learning_rate=lr, lr_warmup_ratio=0.0, lr_scheduler="constant")
@@ -133,7 +133,7 @@ def test_the_critics_own_optimizer_settings_reach_its_engine_and_leave_the_actor
     model, tok, _ = setup
     s = StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=2, train_batch_size=4, learning_rate=1e-3,
                        lr_warmup_ratio=0.0, lr_scheduler="constant", weight_decay=0.0, max_norm=1.0)
-    c = PPOConfig(advantage_estimator="gae", critic_learning_rate=4e-3, critic_adam_betas=(0.8, 0.9),
+    c = PPOConfig.from_flat(advantage_estimator="gae", critic_learning_rate=4e-3, critic_adam_betas=(0.8, 0.9),
                   critic_adam_eps=1e-6, critic_weight_decay=0.1, critic_lr_scheduler="cosine_with_min_lr",
                   critic_lr_warmup_ratio=0.5, critic_min_lr_ratio=0.2, critic_max_norm=0.5)
     kw = {"load_kw": {"dtype": "fp32"}, "pad_id": tok.pad_token_id}
@@ -154,7 +154,7 @@ def test_the_critics_own_optimizer_settings_reach_its_engine_and_leave_the_actor
                        ({"critic_lr_warmup_ratio": 1.0}, r"critic_lr_warmup_ratio .* \[0, 1\)"),
                        ({"critic_max_norm": -1.0}, r"critic_max_norm .* >= 0")):
         with pytest.raises(ValueError, match=match):
-            PPOConfig(**bad)
+            PPOConfig.from_flat(**bad)
 
 
 def test_grpo_reward_rises_with_kl_as_a_loss(setup, tmp_path):
@@ -224,24 +224,24 @@ def test_bad_settings_fail_before_training_with_the_fix(setup, tmp_path):
     with pytest.raises(ValueError, match=r"--n_samples_per_prompt >= 2"):
         PPOConfig(advantage_estimator="rloo", n_samples_per_prompt=1)
     with pytest.raises(ValueError, match=r"needs ckpt_path"):
-        PPOConfig(load_checkpoint=True)
+        PPOConfig.from_flat(load_checkpoint=True)
     with pytest.raises(ValueError, match=r"kl_estimator .* k1, k2 or k3"):
-        PPOConfig(kl_estimator="k4")
+        PPOConfig.from_flat(kl_estimator="k4")
     model, tok, prompts = setup
-    c = PPOConfig(advantage_estimator="gae", init_kl_coef=0, rollout_batch_size=4, n_samples_per_prompt=2)
+    c = PPOConfig.from_flat(advantage_estimator="gae", init_kl_coef=0, rollout_batch_size=4, n_samples_per_prompt=2)
     s = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=3, train_batch_size=3)
     policy = LocalGroup(PolicyWorker(s, model, c, 1, load_kw={"dtype": "fp32"}), "policy")
     base = dict(policy=policy, rollout=None, weight_sync=None, prompts=prompts, tokenizer=tok, reward_fn=letter_reward)
     with pytest.raises(ValueError, match=r"gae \(PPO\) needs a critic"):
         PPOTrainer(c, train_batch_size=8, **base)
     with pytest.raises(ValueError, match=r"8 samples per iteration is not a multiple of train_batch_size 3"):
-        PPOTrainer(PPOConfig(advantage_estimator="rloo", init_kl_coef=0, rollout_batch_size=4, n_samples_per_prompt=2),
+        PPOTrainer(PPOConfig.from_flat(advantage_estimator="rloo", init_kl_coef=0, rollout_batch_size=4, n_samples_per_prompt=2),
                    train_batch_size=3, **base)
     with pytest.raises(ValueError, match=r"init_kl_coef=0.1 needs a reference model"):
-        PPOTrainer(PPOConfig(advantage_estimator="rloo", init_kl_coef=0.1, rollout_batch_size=4,
+        PPOTrainer(PPOConfig.from_flat(advantage_estimator="rloo", init_kl_coef=0.1, rollout_batch_size=4,
                              n_samples_per_prompt=2), train_batch_size=8, **base)
     with pytest.raises(ValueError, match=r"no reward"):
-        PPOTrainer(PPOConfig(advantage_estimator="rloo", init_kl_coef=0, rollout_batch_size=4, n_samples_per_prompt=2),
+        PPOTrainer(PPOConfig.from_flat(advantage_estimator="rloo", init_kl_coef=0, rollout_batch_size=4, n_samples_per_prompt=2),
                    train_batch_size=8, **{**base, "reward_fn": None})
 
 
@@ -251,7 +251,7 @@ def test_cuda_ipc_sync_refuses_what_it_cannot_pair_or_share(setup):
     from rl_core.rl import GroupRollout, IpcWeightSync
 
     model, tok, _ = setup
-    c = PPOConfig(advantage_estimator="rloo", init_kl_coef=0, rollout_batch_size=4, n_samples_per_prompt=2)
+    c = PPOConfig.from_flat(advantage_estimator="rloo", init_kl_coef=0, rollout_batch_size=4, n_samples_per_prompt=2)
     s = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=4, train_batch_size=8)
     policy = LocalGroup(PolicyWorker(s, model, c, 1, load_kw={"dtype": "fp32"}), "policy")
     two_engines = GroupRollout([LocalGroup(object(), "e0"), LocalGroup(object(), "e1")])

@@ -89,7 +89,7 @@ def build(setup, tmp_path, agent, **cfg):
     kw.update(cfg)
     s = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=16, train_batch_size=32, learning_rate=3e-3,
                        lr_warmup_ratio=0.0, lr_scheduler="constant", seed=0)
-    return build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, PPOConfig(**kw), engine=EngineConfig(),
+    return build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, PPOConfig.from_flat(**kw), engine=EngineConfig(),
                                sync=WeightSyncConfig(verify=True)),
                      LocalFactory(engine_kind="hf"), prompts=prompts, tokenizer=tok)
 

@@ -12,6 +12,7 @@ import time
 import pytest
 import torch
 
+from rl_core.configs import AsyncConfig
 from rl_core.data import DataConfig, PromptDataset, load_rows
 from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
 from rl_core.rl.pipeline import AsyncRollout
@@ -46,7 +47,7 @@ def build(setup, tmp_path, zero_stage=0, reward=letter_reward, **cfg):
     kw = dict(advantage_estimator="group_norm", n_samples_per_prompt=8, rollout_batch_size=4, generate_max_len=8,
               max_iterations=3, init_kl_coef=0.0, max_epochs=2, async_train=True, run_dir=str(tmp_path / "run"))
     kw.update(cfg)
-    c = PPOConfig(**kw)
+    c = PPOConfig.from_flat(**kw)
     s = StrategyConfig(zero_stage=zero_stage, bf16=False, micro_train_batch_size=16, train_batch_size=32,
                        learning_rate=3e-3, lr_warmup_ratio=0.0, lr_scheduler="constant", seed=0)
     return build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, c, engine=EngineConfig(),
@@ -183,25 +184,25 @@ def test_oversampling_with_dynamic_filtering_buffers_what_passes(setup, tmp_path
 
 def test_oversampling_flags_are_checked():
     with pytest.raises(ValueError, match="--generate_batch_size 2 is below --rollout_batch_size 4"):
-        PPOConfig(rollout_batch_size=4, generate_batch_size=2, async_train=True)
-    with pytest.raises(ValueError, match="needs --async_train"):
-        PPOConfig(rollout_batch_size=4, generate_batch_size=8)
-    assert PPOConfig(rollout_batch_size=4, generate_batch_size=4).staleness_bound == 1  # no over-sampling
-    assert PPOConfig(rollout_batch_size=4, generate_batch_size=6, async_train=True).staleness_bound == 3
+        PPOConfig.from_flat(rollout_batch_size=4, generate_batch_size=2, async_train=True)
+    with pytest.raises(ValueError, match="generate_batch_size set async_train's settings: add async_train=True"):
+        PPOConfig.from_flat(rollout_batch_size=4, generate_batch_size=8)  # over-sampling is async's: refused without
+    assert PPOConfig(rollout_batch_size=4, async_rl=AsyncConfig(generate_batch_size=4)).staleness_bound == 1
+    assert PPOConfig.from_flat(rollout_batch_size=4, generate_batch_size=6, async_train=True).staleness_bound == 3
 
 
 def test_async_refuses_sleeping_engines_and_a_bound_without_async(setup, tmp_path):
     with pytest.raises(ValueError, match="cannot sleep"):
         model, tok, prompts = setup
-        c = PPOConfig(advantage_estimator="group_norm", n_samples_per_prompt=8, rollout_batch_size=4,
+        c = PPOConfig.from_flat(advantage_estimator="group_norm", n_samples_per_prompt=8, rollout_batch_size=4,
                       init_kl_coef=0.0, async_train=True, run_dir=str(tmp_path / "run"))
         s = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=16, train_batch_size=32)
         build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, c, engine=EngineConfig(enable_sleep=True)),
                   LocalFactory(engine_kind="hf"), prompts=prompts, tokenizer=tok, reward_fn=letter_reward)
-    with pytest.raises(ValueError, match="--max_staleness 2 bounds --async_train"):
-        PPOConfig(max_staleness=2)
+    with pytest.raises(ValueError, match="max_staleness set async_train's settings: add async_train=True"):
+        PPOConfig.from_flat(max_staleness=2)
     with pytest.raises(ValueError, match="must be >= 0"):
-        PPOConfig(async_train=True, max_staleness=-1)
+        PPOConfig.from_flat(async_train=True, max_staleness=-1)
 
 
 @pytest.mark.parametrize("bound", [0, 1, 2])
@@ -271,5 +272,5 @@ def test_partial_rollouts_let_the_sync_land_mid_batch_with_every_token_tagged(se
             assert v == sorted(v) and it - 2 <= v[0] and v[-1] <= it - 1, (it, v)  # trains version it - 1
     assert sum(x["rl/partial_fraction"] > 0 for x in r) >= 2, [x["rl/partial_fraction"] for x in r]
     assert any(len(set(s.info["token_versions"])) > 1 for _, b in batches for s in b)
-    with pytest.raises(ValueError, match="add --async_train"):
-        PPOConfig(partial_rollout=True)
+    with pytest.raises(ValueError, match="partial_rollout set async_train's settings: add async_train=True"):
+        PPOConfig.from_flat(partial_rollout=True)

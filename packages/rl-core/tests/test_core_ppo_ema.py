@@ -39,7 +39,7 @@ def test_ema_is_the_step_by_step_average_it_is_exported_and_a_resume_goes_on_wit
 
     s = StrategyConfig(zero_stage=zero_stage, bf16=False, micro_train_batch_size=2, train_batch_size=4,
                        learning_rate=1e-2, lr_warmup_ratio=0.0, lr_scheduler="constant")
-    c = PPOConfig(enable_ema=True, ema_beta=BETA)
+    c = PPOConfig.from_flat(enable_ema=True, ema_beta=BETA)
 
     def worker():
         return PolicyWorker(s, tiny, c, 3, load_kw={"dtype": "fp32"})
@@ -78,7 +78,7 @@ def test_ema_is_the_step_by_step_average_it_is_exported_and_a_resume_goes_on_wit
 
 
 def test_ema_beta_without_enable_ema_is_refused():
-    with pytest.raises(ValueError, match=r"ema_beta=0.9 .*add --enable_ema, or drop --ema_beta"):
-        PPOConfig(ema_beta=0.9)
+    with pytest.raises(ValueError, match=r"ema_beta set enable_ema's settings: add enable_ema=True, or drop them"):
+        PPOConfig.from_flat(ema_beta=0.9)
     with pytest.raises(ValueError, match=r"ema_beta .* in \[0, 1\]"):
-        PPOConfig(enable_ema=True, ema_beta=1.5)
+        PPOConfig.from_flat(enable_ema=True, ema_beta=1.5)

@@ -104,7 +104,7 @@ def test_ppo_over_cuda_ipc_keeps_the_engine_on_the_policy_weights(tmp_path, lora
                                              for c in "abcd"))
     tok = AutoTokenizer.from_pretrained(model)
     prompts = PromptDataset(load_rows(str(tmp_path / "p.jsonl")), tok, DataConfig(input_key="p", label_key="y"))
-    c = PPOConfig(advantage_estimator="gae", init_kl_coef=0, n_samples_per_prompt=4, rollout_batch_size=4,
+    c = PPOConfig.from_flat(advantage_estimator="gae", init_kl_coef=0, n_samples_per_prompt=4, rollout_batch_size=4,
                   generate_max_len=8, max_iterations=3, deepspeed_enable_sleep=ds_sleep)
     s = StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=8, train_batch_size=16, learning_rate=1e-3,
                        lr_warmup_ratio=0.0, lr_scheduler="constant")

@@ -47,7 +47,7 @@ def build(setup, tmp_path, *, lr=3e-3, seed=0, engine=None, **cfg):
     kw = dict(n_samples_per_prompt=8, rollout_batch_size=4, generate_max_len=8, max_iterations=2, init_kl_coef=0.0,
               run_dir=str(tmp_path / "run"))
     kw.update(cfg)
-    c = PPOConfig(**kw)
+    c = PPOConfig.from_flat(**kw)
     G = c.rollout_batch_size * c.n_samples_per_prompt
     s = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=G // 2, train_batch_size=G, learning_rate=lr,
                        lr_warmup_ratio=0.0, lr_scheduler="constant", seed=seed)
@@ -71,7 +71,7 @@ def test_dr_grpo_divides_by_the_generation_budget_not_the_padded_length(setup):
     """ratio 1 (old log-probs = current), one advantage a_i per sequence of L_i response tokens:
     seq-mean-token-sum-norm = -mean_i(a_i * L_i) / generate_max_len, whatever the padded batch length."""
     model, tok, _ = setup
-    c = PPOConfig(advantage_estimator="dr_grpo", n_samples_per_prompt=2, generate_max_len=16, init_kl_coef=0,
+    c = PPOConfig.from_flat(advantage_estimator="dr_grpo", n_samples_per_prompt=2, generate_max_len=16, init_kl_coef=0,
                   loss_agg_mode="seq-mean-token-sum-norm")
     s = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=4, train_batch_size=4, learning_rate=0.0,
                        lr_warmup_ratio=0.0, lr_scheduler="constant")

@@ -47,7 +47,7 @@ def setup(tmp_path_factory):
 
 def run(setup, run_dir, **cfg):
     model, tok, prompts = setup
-    c = PPOConfig(advantage_estimator="group_norm", n_samples_per_prompt=4, rollout_batch_size=4, generate_max_len=8,
+    c = PPOConfig.from_flat(advantage_estimator="group_norm", n_samples_per_prompt=4, rollout_batch_size=4, generate_max_len=8,
                   max_iterations=2, init_kl_coef=0, run_dir=str(run_dir), **cfg)
     s = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=8, train_batch_size=16, learning_rate=1e-3,
                        lr_warmup_ratio=0.0, lr_scheduler="constant")

@@ -76,7 +76,7 @@ def run_roles(s: StrategyConfig, tiny: str, rm: str, attn: str | None, packing: 
     kw = {"load_kw": {"dtype": "fp32", "attn_implementation": attn}, "packing": packing,
           "batching": MicroBatchConfig(max_tokens_per_gpu=40 if packing else None)}
     items = items_of()
-    c = PPOConfig(max_epochs=1, loss_agg_mode="seq-mean-token-mean", init_kl_coef=0.01, use_kl_loss=True)
+    c = PPOConfig.from_flat(max_epochs=1, loss_agg_mode="seq-mean-token-mean", init_kl_coef=0.01, use_kl_loss=True)
     policy = PolicyWorker(s, tiny, c, 1, **kw)
     out = {"logprobs": policy.logprobs(items)}  # [] on a ring group's second rank
     full = policy._forward_items(lambda **x: policy.engine(**x).logprobs, items)  # every rank: the whole rows

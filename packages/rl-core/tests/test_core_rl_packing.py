@@ -103,7 +103,7 @@ def test_a_packed_budgeted_train_step_gives_the_padded_loss_and_weights(tiny, lo
     either way: at lr 1e-3 one element in 32k differed by 1.1e-5; lr 1e-4 keeps that under the 1e-5 bound,
     while a wrong mask or normaliser moves whole tensors by ~lr."""
     items = items_of()
-    c = PPOConfig(max_epochs=1, loss_agg_mode=loss_agg_mode, init_kl_coef=0.01, use_kl_loss=True)
+    c = PPOConfig.from_flat(max_epochs=1, loss_agg_mode=loss_agg_mode, init_kl_coef=0.01, use_kl_loss=True)
     s = strategy(len(items), lr=1e-4)
     out, before = {}, None
     for packing, budget in ((False, None), (True, 64), (True, 32), (False, 32)):
@@ -177,7 +177,7 @@ def test_the_kl_loss_without_a_reference_is_not_measured(tiny):
     items = items_of()[:4]
     out = {}
     for kl in (True, False):
-        w = PolicyWorker(strategy(4, lr=1e-4), tiny, PPOConfig(max_epochs=1, use_kl_loss=kl, init_kl_coef=0), 1,
+        w = PolicyWorker(strategy(4, lr=1e-4), tiny, PPOConfig.from_flat(max_epochs=1, use_kl_loss=kl, init_kl_coef=0), 1,
                          load_kw={"dtype": "fp32"})
         for it, lp in zip(items, w.logprobs(items), strict=True):
             it["old_logprobs"] = lp.clone()

@@ -19,7 +19,7 @@ from rl_algos.advantages import (
     masked_whiten,
 )
 from rl_algos.filters import GroupFilterResult, filter_groups
-from rl_algos.kl import AdaptiveKLController, FixedKLController, approx_kl
+from rl_algos.kl import AdaptiveKLController, FixedKLController, KLConfig, KLEstimator, approx_kl
 from rl_algos.losses import (
     aggregate_loss,
     dpo_loss,
@@ -44,11 +44,12 @@ from rl_algos.losses import (
 from rl_algos.shaping import clip_rewards, kl_penalized_rewards, overlong_penalty, stop_properly_penalty
 from rl_algos._masked import masked_mean, masked_sum
 
-__version__ = "0.4.1"
+__version__ = "0.5.0"
 
 __all__ = [
     "POLICY_LOSSES", "EstimatorSpec", "GSPOLossConfig", "ISCorrectionConfig", "PPOLossConfig", "estimator_names",
     "policy_loss_config",
+    "KLConfig", "KLEstimator",
     "ESTIMATORS", "AdaptiveKLController", "AdvantageEstimator", "Advantages", "FixedKLController",
     "GroupFilterResult", "advantages", "aggregate_loss", "approx_kl", "clip_rewards", "compute_advantages",
     "dpo_loss", "entropy_from_logits", "filter_groups", "filters", "get_estimator", "kl", "kl_penalized_rewards",

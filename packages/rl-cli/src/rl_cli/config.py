@@ -13,6 +13,16 @@ groups is also accepted bare (``--zero_stage 3``), which is how OpenRLHF's flat 
 Types come from the annotations: ``int``, ``float``, ``str``, optional ones, booleans
 (``--bf16``, ``--bf16 false``) and tuples (``--adam_betas 0.9 0.95``). The dataclasses'
 own checks run on the result, so a bad value fails with their message.
+
+Configs are trees: a field whose type is a dataclass is a *node* (``ppo.kl``, ``ppo.ckpt``), its
+fields flags dotted by the path (``--ppo.kl.target``); a node field's leaf name is accepted bare
+when unique and the field names no flat spelling of its own (``flags``). An optional node
+(``AsyncConfig | None``) is absent unless turned on: by its switch when its field's metadata says
+``switch=True`` (``--async_train`` turns ``ppo.async_rl`` on; its fields given without it are refused,
+naming the switch), else by any of its fields being given (the node's own constructor then checks
+what it needs, e.g. ``--agent_max_turns`` without ``--agent_func_path``). In YAML a node is a nested
+mapping (present), ``null``/``false`` (absent) or ``true`` (present with its defaults), so
+``--print_config``'s YAML reads back through ``--config`` to the same run.
 """
 
 from __future__ import annotations
@@ -20,6 +30,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import difflib
+import enum
 import types
 import typing
 from pathlib import Path
@@ -62,8 +73,16 @@ def _unwrap_optional(tp):
     return tp, False
 
 
+def node_type(tp) -> tuple[type, bool] | None:
+    """``(cls, optional)`` when a field's type is a config node (a dataclass, or one or None), else None."""
+    base, optional = _unwrap_optional(tp)
+    return (base, optional) if isinstance(base, type) and dataclasses.is_dataclass(base) else None
+
+
 def _field_kwargs(tp) -> dict:
     base, optional = _unwrap_optional(tp)
+    if isinstance(base, type) and issubclass(base, enum.Enum):  # a StrEnum-like field: its values are the choices
+        return {"type": base, "choices": list(base), "metavar": "|".join(str(e.value) for e in base)}
     if base is bool:
         return {"type": parse_bool, "nargs": "?", "const": True, "metavar": "BOOL"}
     if typing.get_origin(base) is tuple:
@@ -80,11 +99,41 @@ def _field_kwargs(tp) -> dict:
 
 @dataclasses.dataclass
 class Flag:
-    dotted: str  # group.field
+    dotted: str  # group.field, or group.node.field for a field of a config node
     group: str
     field: str
     kwargs: dict
     aliases: tuple[str, ...] = ()  # other names from the field's metadata: ours ("flags"), OpenRLHF's ("openrlhf")
+    nested: bool = False  # a field of a node below the group (bare only when it has no flat name of its own)
+    switch: bool = False  # turns an optional node on (dotted = the node's path)
+    shown: str = ""  # the spelling errors name (set by build_parser: a flat name where there is one)
+
+
+@dataclasses.dataclass(frozen=True)
+class Node:
+    """A config node below a group: ``path`` (``ppo.async_rl``), its class, whether it may be absent and
+    whether a switch flag turns it on."""
+
+    path: str
+    cls: type
+    optional: bool
+    switch: bool
+
+
+def collect_nodes(groups: dict[str, type]) -> list[Node]:
+    out: list[Node] = []
+
+    def walk(prefix: str, cls: type) -> None:
+        hints = typing.get_type_hints(cls)
+        for f in dataclasses.fields(cls):
+            node = node_type(hints[f.name])
+            if node is not None and not f.name.startswith("_"):
+                out.append(Node(f"{prefix}.{f.name}", node[0], node[1], bool(f.metadata.get("switch"))))
+                walk(f"{prefix}.{f.name}", node[0])
+
+    for group, cls in groups.items():
+        walk(group, cls)
+    return out
 
 
 def _default(f: dataclasses.Field):
@@ -97,18 +146,52 @@ def _default(f: dataclasses.Field):
 
 def collect_flags(groups: dict[str, type]) -> list[Flag]:
     flags = []
-    for group, cls in groups.items():
+
+    def walk(group: str, prefix: str, cls: type) -> None:
         hints = typing.get_type_hints(cls)
         for f in dataclasses.fields(cls):
             if f.name.startswith("_"):
                 continue
-            kw = _field_kwargs(hints[f.name])
-            note = f.metadata.get("help", "")  # the field's own metadata is the one source of help
-            kw["help"] = f"{note + '; ' if note else ''}default: {_default(f)!r}".replace("%", "%%")
-            kw.setdefault("metavar", f.name.upper())
             aliases = tuple(f.metadata.get("flags", ())) + tuple(f.metadata.get("openrlhf", ()))
-            flags.append(Flag(f"{group}.{f.name}", group, f.name, kw, aliases))
+            note = f.metadata.get("help", "")  # the field's own metadata is the one source of help
+            node = node_type(hints[f.name])
+            if node is not None:
+                if node[1] and f.metadata.get("switch"):  # the switch that turns the optional node on
+                    kw = _field_kwargs(bool)
+                    kw["help"] = f"{note + '; ' if note else ''}default: off".replace("%", "%%")
+                    flags.append(Flag(f"{prefix}.{f.name}", group, f.name, kw, aliases, prefix != group, True))
+                walk(group, f"{prefix}.{f.name}", node[0])
+                continue
+            kw = _field_kwargs(hints[f.name])
+            default = _default(f)
+            shown = default.value if isinstance(default, enum.Enum) else default
+            kw["help"] = f"{note + '; ' if note else ''}default: {shown!r}".replace("%", "%%")
+            kw.setdefault("metavar", f.name.upper())
+            flags.append(Flag(f"{prefix}.{f.name}", group, f.name, kw, aliases, prefix != group))
+
+    for group, cls in groups.items():
+        walk(group, group, cls)
     return flags
+
+
+def field_at(groups: dict[str, type], dotted: str) -> dataclasses.Field:
+    """The dataclass field a dotted name sets (``ppo.kl.target`` -> KLConfig's ``target``)."""
+    group, *path = dotted.split(".")
+    cls = groups[group]
+    for i, name in enumerate(path):
+        f = next(f for f in dataclasses.fields(cls) if f.name == name)
+        if i == len(path) - 1:
+            return f
+        cls = node_type(typing.get_type_hints(cls)[name])[0]
+    raise KeyError(dotted)
+
+
+def shown_name(flag: Flag) -> str:
+    """The spelling errors name: our flat name, else the bare field name, else the dotted one."""
+    if flag.shown:
+        return flag.shown
+    ours = [a for a in flag.aliases if "." not in a]
+    return f"--{ours[0]}" if ours else f"--{flag.dotted}" if flag.nested else f"--{flag.field}"
 
 
 class _Parser(argparse.ArgumentParser):
@@ -131,9 +214,13 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(prog: str, description: str, groups: dict[str, type]) -> tuple[argparse.ArgumentParser, list[Flag]]:
     flags = collect_flags(groups)
+    def bare_ok(f: Flag) -> bool:  # a node's field with a flat name of its own takes that, not its bare name
+        return not ((f.nested or f.switch) and any("." not in a for a in f.aliases))
+
     counts: dict[str, int] = {}
     for f in flags:
-        counts[f.field] = counts.get(f.field, 0) + 1
+        if bare_ok(f):
+            counts[f.field] = counts.get(f.field, 0) + 1
     parser = _Parser(prog=prog, description=description, argument_default=argparse.SUPPRESS)
     parser.add_argument("--config", metavar="FILE.yaml", help="read settings from YAML first; flags override it")
     parser.add_argument("--print_config", action="store_true",
@@ -151,7 +238,7 @@ def build_parser(prog: str, description: str, groups: dict[str, type]) -> tuple[
         g = parser.add_argument_group(group)
         for f in (f for f in flags if f.group == group):
             names = [f"--{f.dotted}"]
-            if counts[f.field] == 1 and f.field not in ALIASES:
+            if bare_ok(f) and counts[f.field] == 1 and f.field not in ALIASES:
                 names.append(f"--{f.field}")
             names += [f"--{a}" for a in reverse_alias.get(f.dotted, []) + list(f.aliases)]
             names = [n for n in dict.fromkeys(names) if n == f"--{f.dotted}" or n not in converted]
@@ -160,6 +247,7 @@ def build_parser(prog: str, description: str, groups: dict[str, type]) -> tuple[
                     raise TypeError(f"{prog}: flag {n} would set both {owner[n]} and {f.dotted}; rename one "
                                     f"(field metadata 'flags'/'openrlhf' or ALIASES)")
                 owner[n] = f.dotted
+            f.shown = next((n for n in names[1:] if "." not in n), names[0])
             g.add_argument(*names, dest=f.dotted, **f.kwargs)
             known += names
     known += openrlhf.install(parser, command, owner, {f.dotted: f.kwargs for f in flags})
@@ -173,6 +261,7 @@ def _flatten_yaml(data: dict, groups: dict[str, type], flags: list[Flag], source
     for f in flags:
         by_field.setdefault(f.field, []).append(f)
     by_alias = {a: f.dotted for f in flags for a in f.aliases}
+    nodes = {n.path: n for n in collect_nodes(groups)}
     out: dict[str, object] = {}
 
     def coerce(dotted: str, value):  # YAML reads 1e-5 as text; apply the flag's own parser
@@ -201,13 +290,63 @@ def _flatten_yaml(data: dict, groups: dict[str, type], flags: list[Flag], source
             hint = f"; did you mean {', '.join(close)}?" if close else ""
             raise ValueError(f"{source}: unknown setting {key!r}{hint}")
 
+    def put_node(node: Node, value) -> None:
+        """A node's value: a mapping (present, with these settings), null/false (absent), true (present)."""
+        if isinstance(value, dict):
+            if node.switch:
+                out[node.path] = True
+            for k, v in value.items():
+                at = f"{node.path}.{k}"
+                put_node(nodes[at], v) if at in nodes else put(at, v)
+        elif value is None or isinstance(value, bool):
+            if node.switch:
+                out[node.path] = bool(value)
+            elif value:
+                out.setdefault(f"{node.path}.", True)  # present with its defaults (the marker resolve reads)
+        else:
+            raise ValueError(f"{source}: {node.path} is a group of settings: write a mapping, true, or null "
+                             f"(absent), got {value!r}")
+
     for key, value in (data or {}).items():
         if key in groups and isinstance(value, dict):
             for k, v in value.items():
-                put(f"{key}.{k}", v)
+                at = f"{key}.{k}"
+                put_node(nodes[at], v) if at in nodes else put(at, v)
         else:
             put(str(key), value)
     return out
+
+
+def _build(cls: type, prefix: str, values: dict[str, object], names: dict[str, str]):
+    """One instance of ``cls`` from the dotted ``values`` under ``prefix``, its nodes built (or left absent)
+    first; the dataclasses validate."""
+    hints = typing.get_type_hints(cls)
+    kw = {}
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}.{f.name}"
+        node = node_type(hints[f.name])
+        if node is None:
+            if key in values:
+                v = values[key]
+                kw[f.name] = tuple(v) if isinstance(v, list) else v
+            continue
+        sub_cls, optional = node
+        given = sorted(k for k in values if k.startswith(key + ".") and k != key + ".")
+        if optional:
+            switch = bool(f.metadata.get("switch"))
+            on = bool(values.get(key)) if switch else bool(given) or (key + ".") in values
+            if switch and not on and given:
+                shown = ", ".join(names.get(k, f"--{k}") for k in given)
+                raise ValueError(f"{shown} set{'s' if len(given) == 1 else ''} {names.get(key, '--' + key)}'s "
+                                 f"settings: add {names.get(key, '--' + key)}, or drop "
+                                 f"{'it' if len(given) == 1 else 'them'}")
+            if not on:
+                if key in values or given or (key + ".") in values:
+                    kw[f.name] = None
+                continue
+        if given or (key + ".") in values or (optional and values.get(key)):
+            kw[f.name] = _build(sub_cls, key, values, names)
+    return cls(**kw)
 
 
 def resolve(groups: dict[str, type], args: argparse.Namespace, flags: list[Flag]) -> dict[str, object]:
@@ -229,27 +368,41 @@ def resolve(groups: dict[str, type], args: argparse.Namespace, flags: list[Flag]
             raise ValueError(f"--config {cfg_file}: expected a mapping of settings, got {type(data).__name__}")
         values.update(_flatten_yaml(data, groups, flags, f"--config {cfg_file}"))
     values.update({k: v for k, v in vars(args).items() if "." in k})
+    names = {f.dotted: shown_name(f) for f in flags}
     out = {}
     for group, cls in groups.items():
-        kw = {}
-        for f in dataclasses.fields(cls):
-            key = f"{group}.{f.name}"
-            if key in values:
-                v = values[key]
-                if isinstance(v, list):
-                    v = tuple(v)
-                kw[f.name] = v
         try:
-            out[group] = cls(**kw)
+            out[group] = _build(cls, group, values, names)
         except TypeError as e:
             raise ValueError(f"{group} settings: {e}") from None
     return out
 
 
+def as_plain(cfg) -> dict:
+    """A config tree as plain data (nodes as mappings, absent ones as None, enums as their values, tuples as
+    lists): what ``--print_config`` writes and ``--config`` reads back."""
+    def plain(v):
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v) if not f.name.startswith("_")}
+        if isinstance(v, enum.Enum):
+            return v.value
+        if isinstance(v, (tuple, list)):
+            return [plain(x) for x in v]
+        return v
+
+    return plain(cfg)
+
+
 def describe(configs: dict[str, object]) -> str:
     lines = []
+
+    def walk(prefix: str, value) -> None:
+        if isinstance(value, dict):
+            for k, v in value.items():
+                walk(f"{prefix}.{k}", v)
+        else:
+            lines.append(f"  {prefix} = {value!r}")
+
     for group, obj in configs.items():
-        for f in dataclasses.fields(obj):
-            if not f.name.startswith("_"):
-                lines.append(f"  {group}.{f.name} = {getattr(obj, f.name)!r}")
+        walk(group, as_plain(obj))
     return "\n".join(lines)

@@ -1,7 +1,9 @@
 """``--print_config``: a dry run of any training command.
 
 It prints what the flags (ours and OpenRLHF's, both dialects), the YAML file and the
-defaults resolved to, as JSON (one object per config group), then the batch arithmetic
+defaults resolved to, as YAML (the config tree: one mapping per group, a node per sub-config,
+``null`` for an optional one that is off), which ``--config`` reads back to the same run;
+then, as YAML comments (``# [rl ppo] ...``), the batch arithmetic
 the run would use (global batch = micro batch x accumulation x data-parallel ranks;
 for RL: prompts x samples per prompt per iteration, optimizer steps per iteration) and,
 for ``rl ppo-ray``, the placement plan's GPU map. It reads no model, no tokenizer and no
@@ -12,12 +14,26 @@ Arithmetic that cannot work ends it with exit code 2 and the line saying why.
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
+
+import yaml
+
+from rl_cli.config import as_plain
 
 
 def as_dict(cfgs: dict[str, object]) -> dict[str, dict]:
-    return {group: dataclasses.asdict(cfg) for group, cfg in cfgs.items() if dataclasses.is_dataclass(cfg)}
+    return {group: as_plain(cfg) for group, cfg in cfgs.items() if dataclasses.is_dataclass(cfg)}
+
+
+def as_yaml(cfgs: dict[str, object]) -> str:
+    """The config tree as YAML that ``--config`` reads back."""
+    return yaml.safe_dump(as_dict(cfgs), sort_keys=False, default_flow_style=False, width=120)
+
+
+def _say(command: str, text: str) -> None:
+    """A line (or lines) of the dry run's report, as YAML comments so the whole output reads back."""
+    for line in text.splitlines():
+        print(f"# [rl {command}] {line}", flush=True)
 
 
 def _offline_batches(cfgs: dict) -> list[str]:
@@ -64,15 +80,15 @@ def _rl_batches(cfgs: dict, ray: bool) -> list[str]:
 
 def print_config(command: str, cfgs: dict) -> None:
     """Print the resolved config, the batch arithmetic and (ppo-ray) the GPU map; SystemExit(2) if it cannot work."""
-    print(json.dumps(as_dict(cfgs), indent=2, default=str))
+    print(as_yaml(cfgs), end="")
     ray = command == "ppo-ray"
     try:
         lines = _rl_batches(cfgs, ray) if "ppo" in cfgs else _offline_batches(cfgs)
     except ValueError as e:
-        print(f"[rl {command}] the batch arithmetic cannot work: {e}", flush=True)
+        _say(command, f"the batch arithmetic cannot work: {e}")
         raise SystemExit(2) from None
     for line in lines:
-        print(f"[rl {command}] {line}")
+        _say(command, line)
     if ray:
         from rl_cli.ppo import plan_from
         from rl_placement import PlacementError
@@ -80,7 +96,7 @@ def print_config(command: str, cfgs: dict) -> None:
         try:
             plan = plan_from(cfgs["ray"], cfgs["ppo"], cfgs["model"])
         except PlacementError as e:
-            print(f"[rl {command}] the placement cannot work: {e}", flush=True)
+            _say(command, f"the placement cannot work: {e}")
             raise SystemExit(2) from None
-        print(f"[rl {command}] placement:\n{plan.describe()}")
-    print(f"[rl {command}] dry run (--print_config): nothing loaded, nothing started", flush=True)
+        _say(command, f"placement:\n{plan.describe()}")
+    _say(command, "dry run (--print_config): nothing loaded, nothing started")

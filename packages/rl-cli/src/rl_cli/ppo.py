@@ -141,9 +141,10 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     if ring > 1 and not ray:
         parser.error(f"--ring_attn_size {ring} splits each packed row over {ring} ranks of a role; rl ppo runs every "
                      f"role as one process: use rl ppo-ray with --actor_num_gpus_per_node a multiple of {ring}")
-    if p.save_hf_ckpt and p.save_steps <= 0:  # OpenRLHF's run then writes no checkpoint to put an export in either
+    ck = p.ckpt
+    if ck.save_hf_ckpt and ck.save_steps <= 0:  # OpenRLHF's run then writes no checkpoint to put an export in either
         print(f"[rl {name}] --ckpt.save_hf: no checkpoints are written without --ckpt.save_steps; the final model "
-              f"goes to --save_path ({p.save_path or 'not set: the run saves nothing'})", flush=True)
+              f"goes to --save_path ({ck.save_path or 'not set: the run saves nothing'})", flush=True)
     if getattr(args, "print_config", False):  # a dry run: before any path is read, model loaded or Ray started
         from rl_cli.dry_run import print_config
 
@@ -154,13 +155,13 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         parser.error("--pretrain is required: a local HF model folder (config.json, weights, tokenizer)")
     if not d.dataset:
         parser.error("--prompt_data (or --dataset) is required: prompts as .jsonl/.json/.parquet or a datasets folder")
-    if not (cfgs["reward"].given or m.reward_pretrain or p.agent_func_path):
+    if not (cfgs["reward"].given or m.reward_pretrain or p.agent):
         parser.error("no reward: give --reward_fn SPEC (file.py:func, builtin:math ...), --remote_rm_url URL, "
                      "--reward_pretrain FOLDER or --agent_func_path FILE.py (an environment's rewards)")
     _refuse_unused(cfgs, parser)
-    if p.eval_steps > 0 and not d.eval_dataset:
-        parser.error(f"--eval_steps {p.eval_steps} needs --eval_dataset PATH (the prompts to evaluate on)")
-    if d.eval_dataset and p.async_train:
+    if p.eval.steps > 0 and not d.eval_dataset:
+        parser.error(f"--eval_steps {p.eval.steps} needs --eval_dataset PATH (the prompts to evaluate on)")
+    if d.eval_dataset and p.async_rl:
         parser.error("--eval_dataset with --async_train is not built (the eval pass would share the engines with "
                      "the sampling that runs ahead): drop one of them")
     cfgs["model"] = m = _local_models(f"rl {name}", m)  # hub ids -> local HF cache folders, before any model loads
@@ -207,9 +208,10 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         if len(eval_prompts) == 0:
             raise UserError(f"the eval set (--eval_dataset {d.eval_dataset}) has no usable prompts; fix the file or "
                             "drop the flag")
-        when = f"every {p.eval_steps} iterations and " if p.eval_steps > 0 else ""
-        print(f"[rl {name}] eval: {len(eval_prompts)} prompts x {p.eval_n_samples_per_prompt} samples at "
-              f"temperature {p.eval_temperature}, {when}after the last iteration", flush=True)
+        e = p.eval
+        when = f"every {e.steps} iterations and " if e.steps > 0 else ""
+        print(f"[rl {name}] eval: {len(eval_prompts)} prompts x {e.n_samples_per_prompt} samples at "
+              f"temperature {e.temperature}, {when}after the last iteration", flush=True)
     s = cfgs["strategy"]
     samples = p.rollout_batch_size * p.n_samples_per_prompt
     steps = p.optimizer_steps(len(prompts), s.train_batch_size) if samples % s.train_batch_size == 0 else 1
@@ -218,7 +220,7 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
           f"{p.n_samples_per_prompt} samples = {samples} samples each; train_batch_size {s.train_batch_size}, "
           f"micro {s.micro_train_batch_size}, {p.max_epochs} epoch(s) -> {steps} optimizer steps per model; "
           f"estimator {p.advantage_estimator}{', critic' if p.needs_critic else ''}, loss {p.policy_loss_type}"
-          f"{', reference (kl ' + str(p.init_kl_coef) + (' loss' if p.use_kl_loss else ' penalty') + ')' if p.needs_reference else ''}",
+          f"{', reference (kl ' + str(p.kl.init_coef) + (' loss' if p.kl.use_loss else ' penalty') + ')' if p.needs_reference else ''}",
           flush=True)
     if getattr(args, "print_config", False):
         print(describe(cfgs))
@@ -232,20 +234,20 @@ def pretrain_items(cfgs: dict, tok, n_prompts: int):
     without the flag. As OpenRLHF: at most max_epochs x prompts x n_samples_per_prompt rows, cut at the prompt
     plus the response length."""
     p, d = cfgs["ppo"], cfgs["data"]
-    if not p.pretrain_data:
+    if p.ptx is None:
         return None
     from dataclasses import replace
 
     from rl_core.data import DataError, PretrainDataset, training_rows
 
-    cfg = replace(d, dataset=p.pretrain_data, dataset_probs=p.pretrain_data_probs, split=p.pretrain_split,
+    cfg = replace(d, dataset=p.ptx.data, dataset_probs=p.ptx.data_probs, split=p.ptx.split,
                   max_len=d.max_len + p.generate_max_len, max_samples=p.max_epochs * n_prompts * p.n_samples_per_prompt,
                   apply_chat_template=False, tokenizer_chat_template=None, input_template=None, image_key=None,
                   eval_dataset=None, packing=False)
     try:
         return PretrainDataset(training_rows(cfg, cfgs["strategy"].seed), tok, cfg)
     except DataError as e:  # say which set is bad
-        raise type(e)(f"pretraining set (--pretrain_data {p.pretrain_data}): {e}") from None
+        raise type(e)(f"pretraining set (--pretrain_data {p.ptx.data}): {e}") from None
 
 
 def run_config(cfgs: dict):
@@ -271,8 +273,9 @@ def _finish(name: str, trainer, cfgs) -> int:
         k = max(1, len(h) // 5)
         first = sum(x["reward_mean"] for x in h[:k]) / k
         last = sum(x["reward_mean"] for x in h[-k:]) / k
-        where = {f: v for f, v in dataclasses.asdict(cfgs["ppo"]).items()
-                 if f in ("save_path", "ckpt_path", "run_dir") and v}
+        p = cfgs["ppo"]
+        where = {f: v for f, v in (("save_path", p.ckpt.save_path), ("ckpt_path", p.ckpt.ckpt_path),
+                                   ("run_dir", p.run_dir)) if v}
         print(f"[rl {name}] done: {len(h)} iterations, reward {first:.3f} (first {k}) -> {last:.3f} (last {k}); "
               f"{where}", flush=True)
     if trainer.eval_history:

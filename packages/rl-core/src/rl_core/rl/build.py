@@ -213,7 +213,7 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
     m, s, p = cfg.model, cfg.strategy, cfg.ppo
     if not m.pretrain:
         raise ValueError("RLModelConfig.pretrain (--pretrain) is required: a local HF model folder")
-    if reward_fn is None and not m.reward_pretrain and not p.agent_func_path:
+    if reward_fn is None and not m.reward_pretrain and not p.agent:
         raise ValueError("no reward: give a reward function (--reward_fn / --remote_rm_url), a reward model "
                          "(--reward_pretrain) or an environment (--agent_func_path)")
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

@@ -184,6 +184,9 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         self._ptx = [{k: torch.as_tensor(it[k]).tolist() for k in ("input_ids", "loss_mask")}
                      for it in (ptx or [])[self.s.dp_rank::self.s.dp_size]]
         self._ptx_next = 0
+        if ptx and ppo_cfg.ptx is None:
+            raise ValueError("pretraining items (ptx=...) train with PPOConfig.ptx's coefficient: set "
+                             "PPOConfig(ptx=PtxConfig(data=...)) (--pretrain_data), or pass no items")
         if ptx and not self._ptx:
             raise ValueError(f"--pretrain_data has {len(ptx)} usable rows, fewer than the {self.s.dp_size} "
                              f"data-parallel ranks of the policy; add rows or drop --pretrain_data")
@@ -195,11 +198,11 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         self._lora = getattr(actor.model, "peft_config", None)
         self.engine = self.s.prepare(actor, total_steps=total_steps)
         self._ema = None
-        if ppo_cfg.enable_ema:
+        if ppo_cfg.ema is not None:
             from rl_core.rl.ema import EmaWeights
 
-            self._ema = EmaWeights(self.engine.module, ppo_cfg.ema_beta)
-            logger.info("policy EMA (beta %g): %.3f GB on %s, rank %d", ppo_cfg.ema_beta, self._ema.nbytes / 1e9,
+            self._ema = EmaWeights(self.engine.module, ppo_cfg.ema.beta)
+            logger.info("policy EMA (beta %g): %.3f GB on %s, rank %d", ppo_cfg.ema.beta, self._ema.nbytes / 1e9,
                         self.s.device, self.rank)
         self._sender = None
         self._ipc = None  # an rl_rollout.ipc.IpcSender after the first share_weights_ipc
@@ -230,7 +233,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         variant = c.policy_loss  # chosen once: ppo | gspo, with its clip, dual clip, correction and aggregation
         has_rollout = all(it.get("rollout_logprobs") is not None for it in items)
         use_rollout = variant.needs_rollout_logprobs or (on_policy and has_rollout)
-        kl_loss = c.use_kl_loss and c.needs_reference  # no reference (--init_kl_coef 0): no KL to measure, 0 logged
+        kl_loss = c.kl.use_loss and c.needs_reference  # no reference (--init_kl_coef 0): no KL to measure, 0 logged
         keys = ([] if on_policy else ["old_logprobs"]) + ["advantages"] + (["ref_logprobs"] if kl_loss else []) \
             + (["rollout_logprobs"] if use_rollout else [])
         sums = {"policy_loss": 0.0, "clip_fraction": 0.0, "kl_loss": 0.0}
@@ -273,7 +276,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                                    global_tokens=total, global_seqs=G, dp_size=world, norm_len=c.loss_norm_len)
                 loss = out.loss
                 if kl_loss:
-                    kl = approx_kl(lp, b["ref_logprobs"], c.kl_estimator, mask=m)
+                    kl = approx_kl(lp, b["ref_logprobs"], c.kl.estimator, mask=m)
                     kl_term = aggregate_loss(kl, m, "token-mean", global_tokens=total, dp_size=world)
                     loss = loss + kl_coef * kl_term
                     sums["kl_loss"] += kl_term.item() / world
@@ -288,7 +291,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                     sums["aux_loss"] += aux[0].item() * share_n / world
                 if self._ptx:  # one backward for both: the policy micro-batch and a pretraining one
                     nll = self._ptx_nll()
-                    loss = loss + c.ptx_coef * nll / len(groups)
+                    loss = loss + c.ptx.coef * nll / len(groups)
                     sums["ptx_loss"] += nll.item() / len(groups) / world
                 self.s.backward(loss, self.engine)
                 if self.s.optimizer_step(self.engine) and self._ema is not None:
@@ -502,7 +505,7 @@ class CriticWorker(DeepSpeedSleep, _Worker):
 
     def __init__(self, strategy_cfg, pretrain: str, ppo_cfg, total_steps: int, *, load_kw: dict | None = None,
                  pad_id: int = 0, batching: MicroBatchConfig | None = None, packing: bool = False):
-        strategy_cfg = replace(strategy_cfg, **ppo_cfg.critic_optimizer())  # its own optimizer, schedule, clipping
+        strategy_cfg = replace(strategy_cfg, **ppo_cfg.critic_optimizer.overrides())  # its own optimizer, schedule, clipping
         super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
         from rl_core.models import Critic
 

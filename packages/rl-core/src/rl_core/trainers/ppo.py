@@ -118,30 +118,30 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         self.eval_prompts = eval_prompts
         if eval_prompts is not None and len(eval_prompts) == 0:
             raise ValueError("the eval set has no rows; pass --eval_dataset a file with usable rows, or leave it unset")
-        if eval_prompts is None and cfg.eval_steps > 0:
-            raise ValueError(f"eval_steps={cfg.eval_steps} needs an eval set (--eval_dataset PATH) to evaluate on")
-        if eval_prompts is not None and cfg.async_train:
+        if eval_prompts is None and cfg.eval.steps > 0:
+            raise ValueError(f"eval_steps={cfg.eval.steps} needs an eval set (--eval_dataset PATH) to evaluate on")
+        if eval_prompts is not None and cfg.async_rl:
             raise ValueError("--eval_dataset with --async_train is not built (the eval pass would share the engines "
                              "with the producer thread's sampling): drop one of them")
-        if reward_fn is None and reward_model is None and not cfg.agent_func_path:
+        if reward_fn is None and reward_model is None and not cfg.agent:
             raise ValueError("no reward: give a reward function (--reward_fn / --remote_rm_url), a reward model "
                              "(--reward_pretrain) or an environment (--agent_func_path)")
         self.agent = None  # a factory of fresh environments, one per episode
-        if cfg.agent_func_path:
+        if cfg.agent:
             from rl_rollout.agents.openrlhf import load_agent
 
             if not callable(getattr(rollout, "agenerate", None)):
                 raise ValueError(f"--agent_func_path plays episodes turn by turn through the engine's agenerate, "
                                  f"which this rollout ({type(rollout).__name__}) lacks: use an engine, an EnginePool "
                                  "or a GroupRollout (rl ppo, rl ppo-ray)")
-            self.agent = load_agent(cfg.agent_func_path)
+            self.agent = load_agent(cfg.agent.func_path)
             if hasattr(rollout, "batch_agenerate"):  # the HF engine: one generate per turn of all episodes
                 rollout.batch_agenerate = True
         if cfg.needs_critic and critic is None:
             raise ValueError("--advantage_estimator gae (PPO) needs a critic (--critic_pretrain); or pick a "
                              f"critic-free estimator: {', '.join(estimator_names(critic_free=True))}")
         if cfg.needs_reference and ref is None:
-            raise ValueError(f"init_kl_coef={cfg.init_kl_coef} needs a reference model; or set --init_kl_coef 0")
+            raise ValueError(f"init_kl_coef={cfg.kl.init_coef} needs a reference model; or set --init_kl_coef 0")
         samples = cfg.rollout_batch_size * cfg.n_samples_per_prompt
         if samples % train_batch_size:
             raise ValueError(f"rollout_batch_size x n_samples_per_prompt = {samples} samples per iteration is not a "
@@ -163,35 +163,32 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos = [t for t in {tokenizer.eos_token_id} if t is not None]
         self.metrics = metrics or MetricsLogger(cfg.run_dir)
-        self.ckpt = RLCheckpoints(cfg.ckpt_path, cfg.max_ckpt_num, cfg.max_ckpt_mem) if cfg.ckpt_path else None
+        ck = cfg.ckpt
+        self.ckpt = RLCheckpoints(ck.ckpt_path, ck.max_ckpt_num, ck.max_ckpt_mem) if ck.ckpt_path else None
         self._best_key = self._best_metric_key(eval_prompts)  # --best_metric_key as eval/NAME (None: no best)
         self._best: dict | None = None  # {"key", "value", "iteration"} of the best checkpoint so far
-        if self.ckpt and cfg.save_steps > 0 and not cfg.load_checkpoint and self.ckpt.complete():
-            raise ValueError(f"--ckpt_path {cfg.ckpt_path} already holds checkpoints of a run "
+        if self.ckpt and ck.save_steps > 0 and not ck.load_checkpoint and self.ckpt.complete():
+            raise ValueError(f"--ckpt_path {ck.ckpt_path} already holds checkpoints of a run "
                              f"({', '.join(d.name for d in self.ckpt.complete())}) that this run would mix with its "
                              f"own: resume it with --load_checkpoint, or point --ckpt_path at a new folder")
         self.history: list[dict[str, float]] = []
         self.eval_history: list[dict[str, float]] = []  # the eval passes' metrics, with their iteration
         self.cursor = 0  # prompts consumed so far (over epochs of seeded permutations)
         self._group_buffer: list[tuple] = []  # over-sampled groups waiting for a batch (generate_batch_size)
-        self.kl = None
-        if cfg.needs_reference and not cfg.use_kl_loss:
-            from rl_algos import AdaptiveKLController, FixedKLController
-
-            self.kl = (AdaptiveKLController(cfg.init_kl_coef, cfg.kl_target, cfg.kl_horizon) if cfg.kl_target
-                       else FixedKLController(cfg.init_kl_coef))
+        self.kl = cfg.kl.controller()  # the reward penalty's coefficient (None: KL as a loss, or off)
         # One epoch and one global batch per iteration, no KL reward penalty: the policy trains once on weights
         # the engine sampled with, so its old log-probs are its train forward's (detached): skip that forward.
         # Asynchronous training samples with older weights than the ones that train: never on-policy.
         self.on_policy = (cfg.max_epochs == 1 and samples == train_batch_size and self.kl is None
-                          and cfg.freezing_actor_steps == 0 and not cfg.async_train)
-        if cfg.partial_rollout:
+                          and cfg.freezing_actor_steps == 0 and not cfg.async_rl)
+        self._generate_batch_size = cfg.async_rl.generate_batch_size if cfg.async_rl else None
+        if cfg.async_rl and cfg.async_rl.partial_rollout:
             if not hasattr(rollout, "partial_chunk_tokens"):
                 raise ValueError(f"--partial_rollout needs an engine that samples in chunks a weight update can "
                                  f"land between; {type(rollout).__name__} does not: use --rollout_engine hf in "
                                  "rl ppo, or drop --partial_rollout")
-            rollout.partial_chunk_tokens = cfg.partial_rollout_tokens
-        if cfg.async_train and sleep_engines:
+            rollout.partial_chunk_tokens = cfg.async_rl.partial_rollout_tokens
+        if cfg.async_rl and sleep_engines:
             raise ValueError("--async_train generates while the policy trains, so the engines cannot sleep "
                              "meanwhile: drop --vllm_enable_sleep (or --async_train)")
         self._ckpt_cursor = None  # async: the prompt cursor after the batch trained last (the producer runs ahead)
@@ -226,18 +223,18 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
 
         c = self.cfg
         keys = ("old_logprobs", "ref_logprobs", "values", "rollout_logprobs")
-        turns = ("turn_rewards",) if c.agent_turn_rewards else ()
+        turns = ("turn_rewards",) if c.agent and c.agent.turn_rewards else ()
         b = collate(items, self.pad_id, (keys[1:] if self.on_policy else keys) + turns)
         mask = b["loss_mask"].float()
         out: dict[str, float] = {}
         token_rewards = None
         if self.ref is not None and not self.on_policy:  # on-policy: the KL is a loss, measured in training
-            kl = approx_kl(b["old_logprobs"], b["ref_logprobs"], c.kl_estimator, mask=mask)
+            kl = approx_kl(b["old_logprobs"], b["ref_logprobs"], c.kl.estimator, mask=mask)
             out["kl"] = masked_mean(kl, mask).item()
             if self.kl is not None:
                 out["kl_coef"] = self.kl.value
                 token_rewards = -self.kl.value * kl * mask
-        if c.agent_turn_rewards:  # each policy turn's step reward on its last token (ppo_rollout.place_turn_rewards)
+        if turns:  # each policy turn's step reward on its last token (ppo_rollout.place_turn_rewards)
             token_rewards = b["turn_rewards"] if token_rewards is None else token_rewards + b["turn_rewards"]
             for it in items:
                 it.pop("turn_rewards", None)  # not the workers' to train on
@@ -302,7 +299,7 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         t1 = time.perf_counter()
         out["critic_train_s"] = t1 - t0
         if it > self.cfg.freezing_actor_steps:
-            kl_coef = self.cfg.init_kl_coef if self.cfg.use_kl_loss else 0.0
+            kl_coef = self.cfg.kl.init_coef if self.cfg.kl.use_loss else 0.0
             out.update(self._sharded(self.policy, "train", ordered(self.policy), kl_coef, self.on_policy)[0])
             if "rollout_logprob_gap" in out:
                 out.update(self._check_gap(out["rollout_logprob_gap"]))
@@ -427,12 +424,12 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         if m.get("reward/failures"):
             post["reward_failed"] = f"{m['reward/failures']}/{m['reward/failures'] + m['reward/ok']}"
         bar.set_postfix(**post)
-        if c.save_steps > 0 and (it % c.save_steps == 0 or it == self.num_iterations):
+        if c.ckpt.save_steps > 0 and (it % c.ckpt.save_steps == 0 or it == self.num_iterations):
             self.save_checkpoint(it)
 
     def fit(self) -> list[dict[str, float]]:
         c = self.cfg
-        start = self.load_checkpoint() if c.load_checkpoint else 0
+        start = self.load_checkpoint() if c.ckpt.load_checkpoint else 0
         if start:
             dropped = self.metrics.rewind(start)
             logger.info("resumed at iteration %d of %d; pushing its weights to the engines (%d metrics rows logged "
@@ -441,9 +438,9 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
             self._sync(start)
         bar = tqdm(total=self.num_iterations, initial=start, desc=f"rl {c.advantage_estimator}")
         pipeline = None
-        if c.async_train:  # the producer thread collects batch k+1.. while this thread trains on batch k
+        if c.async_rl:  # the producer thread collects batch k+1.. while this thread trains on batch k
             pipeline = AsyncRollout(self._collect_with_cursor, start + 1, self.num_iterations,
-                                    max_staleness=c.max_staleness, version=start)
+                                    max_staleness=c.async_rl.max_staleness, version=start)
         try:
             for it in range(start + 1, self.num_iterations + 1):
                 self._iteration(it, bar, pipeline)
@@ -456,9 +453,9 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
             pipeline.close()
         bar.close()
         self.metrics.close()
-        if c.save_path:
+        if c.ckpt.save_path:
             tok_path = getattr(self.tokenizer, "name_or_path", None)
-            self.policy.call("export", c.save_path, tok_path)
+            self.policy.call("export", c.ckpt.save_path, tok_path)
             if c.save_value_network and self.critic is not None:
-                self.critic.call("export", f"{c.save_path.rstrip('/')}/critic")
+                self.critic.call("export", f"{c.ckpt.save_path.rstrip('/')}/critic")
         return self.history

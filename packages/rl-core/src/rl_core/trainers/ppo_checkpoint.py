@@ -31,23 +31,21 @@ class CheckpointPhase:
         state = {"iteration": it, "cursor": cursor, "kl_coef": self.kl.value if self.kl is not None else None,
                  "history": self.history, "gap_warned": self._gap_warned, "rng": rng_state_json(),
                  "best": self._best}
-        roles = {} if self.cfg.disable_ds_ckpt else self._roles_with_state()
-        exports = self._hf_exports() if self.cfg.save_hf_ckpt else None
+        roles = {} if self.cfg.ckpt.disable_ds_ckpt else self._roles_with_state()
+        exports = self._hf_exports() if self.cfg.ckpt.save_hf_ckpt else None
         if not roles and not exports:  # --disable_ds_ckpt without --save_hf_ckpt: OpenRLHF writes nothing either
             return
         self.ckpt.save(it, roles, state, exports, best=best)
 
     def _best_metric_key(self, eval_prompts) -> str | None:
         """``--best_metric_key`` checked at start: the ``eval/NAME`` it follows, None when no best is kept."""
-        from rl_core.trainers.ppo_eval import best_metric_name
-
         c = self.cfg
-        name = best_metric_name(c.best_metric_key, c.eval_n_samples_per_prompt)
-        if name is None or (c.ckpt_path and eval_prompts is not None):
+        name = c.eval.best_metric
+        if name is None or (c.ckpt.ckpt_path and eval_prompts is not None):
             return name
-        if not c.best_metric_key:  # the default follows OpenRLHF's auto choice only where there is an eval pass
+        if not c.eval.best_metric_key:  # the default follows OpenRLHF's auto choice only where there is an eval pass
             return None
-        raise ValueError(f"--best_metric_key {c.best_metric_key!r} needs an eval pass and a folder to keep the "
+        raise ValueError(f"--best_metric_key {c.eval.best_metric_key!r} needs an eval pass and a folder to keep the "
                          f"checkpoint in: add --eval_dataset and --ckpt_path, or drop the flag")
 
     def save_best_checkpoint(self, it: int, evaluated: dict[str, float]) -> None:
@@ -75,7 +73,7 @@ class CheckpointPhase:
 
         state = self.ckpt.load(self._roles_with_state())
         if state is None:
-            logger.info("no checkpoint under %s: starting fresh", self.cfg.ckpt_path)
+            logger.info("no checkpoint under %s: starting fresh", self.cfg.ckpt.ckpt_path)
             return 0
         self.cursor = state["cursor"]
         if self.kl is not None and state["kl_coef"] is not None:

@@ -20,17 +20,17 @@ engines fork the RNG for a seeded request), it trains nothing, and it runs betwe
 sync and the next iteration's sampling. Not here: per-datasource metrics (OpenRLHF's
 ``eval_{datasource}_*``).
 
-Best checkpoint (OpenRLHF's ``best_metric_key``, :func:`best_metric_name`): the metric it follows,
+Best checkpoint (OpenRLHF's ``best_metric_key``, :func:`rl_core.configs.eval.best_metric_name`): the metric it follows,
 higher is better; the loop's checkpoints (:mod:`rl_core.trainers.ppo_checkpoint`) save it.
 """
 
 from __future__ import annotations
 
-import re
 import time
 
 import torch
 
+from rl_core.configs.eval import best_metric_name, eval_metric_names  # noqa: F401  (re-exported)
 from rl_core.rl.experience import make_item
 
 EVAL_SEED_OFFSET = 1_000_003  # eval requests' seeds: apart from the training rounds' seed + 1000 x it + round
@@ -48,48 +48,21 @@ def eval_metrics(rewards_PN: torch.Tensor, lengths: list[int], truncated: list[b
     return out
 
 
-def eval_metric_names(n: int) -> list[str]:
-    """The ``eval/`` metrics of a pass with ``n`` samples per prompt, without the prefix."""
-    return ["reward_mean", *([f"pass@{n}"] if n > 1 else []), "response_length", "truncated", "samples",
-            "reward_failures", "seconds"]
-
-
-_OPENRLHF_PASS = re.compile(r"^eval_.+_pass(\d+)$")  # OpenRLHF's eval_{datasource}_pass{k}
-
-
-def best_metric_name(key: str, n: int) -> str | None:
-    """``--best_metric_key`` as the logged ``eval/NAME`` (None: off). Empty: ``eval/reward_mean``, what
-    OpenRLHF's auto choice (its first ``*_pass1``) is here; ``none``: off; OpenRLHF's ``eval_X_pass1`` /
-    ``eval_X_passN`` name ``reward_mean`` / ``pass@N`` (one data source here). A name the pass never logs
-    is a ValueError listing those it does."""
-    if key == "none":
-        return None
-    name = key.removeprefix("eval/") or "reward_mean"
-    if m := _OPENRLHF_PASS.match(name):
-        name = "reward_mean" if m.group(1) == "1" else f"pass@{m.group(1)}"
-    names = eval_metric_names(n)
-    if name not in names:
-        raise ValueError(f"--best_metric_key {key!r}: the eval pass logs {', '.join('eval/' + x for x in names)} "
-                         f"(with --eval_n_samples_per_prompt {n}); pick one of them, or none to keep no best "
-                         f"checkpoint")
-    return "eval/" + name
-
-
 class EvalPhase:
     def _eval_due(self, it: int) -> bool:
-        steps = self.cfg.eval_steps
+        steps = self.cfg.eval.steps
         return self.eval_prompts is not None and (it == self.num_iterations or (steps > 0 and it % steps == 0))
 
     def _evaluate(self, it: int) -> dict[str, float]:
         """The eval set at iteration ``it``'s weights: ``{"eval/NAME": value}``."""
         c, t0 = self.cfg, time.perf_counter()
-        n, k = c.eval_n_samples_per_prompt, c.rollout_batch_size
+        n, k = c.eval.n_samples_per_prompt, c.rollout_batch_size
         rewards, lengths, truncated, failures = [], [], [], 0
         rows = [self.eval_prompts[i] for i in range(len(self.eval_prompts))]
         for chunk, start in enumerate(range(0, len(rows), k)):
             prompts = rows[start:start + k]
             samples = self._generate(prompts, self.seed + EVAL_SEED_OFFSET + 1000 * it + chunk, n=n,
-                                     temperature=c.eval_temperature)
+                                     temperature=c.eval.temperature)
             items = [make_item(s.prompt_ids, s.response_ids, s.loss_mask, s.rollout_logprobs) for s in samples]
             scores, _ = self._score(prompts, samples, items, n)
             counts = self._reward_counts if self.reward_fn is not None else None  # this chunk's, set by _score

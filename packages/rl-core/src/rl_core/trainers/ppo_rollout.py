@@ -102,8 +102,8 @@ class RolloutPhase:
         from rl_rollout.agents import AgentExecutor, AgentRequest
 
         c = self.cfg
-        executor = AgentExecutor(self.rollout, self.tokenizer, self.agent, max_turns=c.agent_max_turns,
-                                 max_len=c.agent_max_len, params=params)
+        executor = AgentExecutor(self.rollout, self.tokenizer, self.agent, max_turns=c.agent.max_turns,
+                                 max_len=c.agent.max_len, params=params)
         return executor.run([AgentRequest(list(p["prompt_ids"]), prompt=p.get("prompt"), label=p.get("label"))
                              for p in prompts])
 
@@ -135,7 +135,7 @@ class RolloutPhase:
         if self._filter_scores is None:
             self._filter_scores = scores
         c = self.cfg
-        if c.agent_turn_rewards:  # earlier turns' rewards go on their own last tokens; the last turn's stays here
+        if c.agent and c.agent.turn_rewards:  # earlier turns' rewards go on their own last tokens; the last turn's stays here
             scores = scores - place_turn_rewards(samples, items)
         if c.overlong_buffer_len is not None:
             lengths = torch.tensor([len(s.response_ids) for s in samples])
@@ -223,12 +223,12 @@ class RolloutPhase:
         stats = {"generate_s": 0.0, "reward_s": 0.0, "rounds": 0, "groups_seen": 0}
         counts = []  # the reward scorer's counts, one per round
         kept_new = 0
-        for r in range(c.dynamic_filtering_max_rounds if c.dynamic_filtering else 1):
+        for r in range(c.dynamic_filtering.max_rounds if c.dynamic_filtering else 1):
             if len(kept) >= want:
                 break
             t0 = time.perf_counter()
             need = want - len(kept)
-            size = max(need, c.generate_batch_size or 0) if r == 0 else need  # refill rounds: the shortfall only
+            size = max(need, self._generate_batch_size or 0) if r == 0 else need  # refill rounds: the shortfall only
             first = self.cursor
             prompts, samples, items, scores, info, reward_s = self._sample_round(size, self.seed + 1000 * it + r)
             stats["generate_s"] += time.perf_counter() - t0 - reward_s
@@ -245,7 +245,7 @@ class RolloutPhase:
                 kept_new += size
                 break
             by = self._filter_scores  # raw rewards or the scorer's scores (_rewards)
-            keep = filter_groups(by, n, mean_range=tuple(c.dynamic_filtering_reward_range)).keep_groups.tolist()
+            keep = filter_groups(by, n, mean_range=tuple(c.dynamic_filtering.reward_range)).keep_groups.tolist()
             kept += [g for g, k in zip(groups, keep, strict=True) if k]
             kept_new += sum(keep)
             dropped += [g for g, k in zip(groups, keep, strict=True) if not k]
@@ -261,7 +261,7 @@ class RolloutPhase:
             kept += dropped[:filled]
         buffer[:0] = kept[want:]  # over-sampled groups, oldest first, for the next iterations
         kept = kept[:want]
-        if c.generate_batch_size is not None and c.generate_batch_size > want:
+        if self._generate_batch_size is not None and self._generate_batch_size > want:
             stats["oversample/buffered"] = len(buffer)
         stats["dynamic/rounds"] = stats.pop("rounds")
         stats.pop("groups_seen")
@@ -285,7 +285,7 @@ class RolloutPhase:
             from rl_rollout.rewards import RewardError
 
             self.metrics.log(it, {"rl/" + k: v for k, v in stats.items() if k.startswith("reward/")})
-            if not self.cfg.async_train:  # async: the trainer thread, still logging, closes it when it re-raises
+            if not self.cfg.async_rl:  # async: the trainer thread, still logging, closes it when it re-raises
                 self.metrics.close()
             raise RewardError(f"iteration {it}: {summary}, more than --reward_max_failure_rate {limit} allows; "
                               f"first: {counts.first_failure}. Fix the reward function or the data it reads, or "

@@ -1,0 +1,73 @@
+"""The RL loop's eval pass (``--eval_dataset``, :mod:`rl_core.trainers.ppo_eval`) and the best checkpoint it
+picks: the :class:`EvalConfig` node of :class:`~rl_core.trainers.ppo_config.PPOConfig` (``eval``). The eval set
+itself is data (``--eval_dataset``); the run refuses eval settings without one."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from rl_rollout.config import meta
+
+_OPENRLHF_PASS = re.compile(r"^eval_.+_pass(\d+)$")  # OpenRLHF's eval_{datasource}_pass{k}
+
+
+def eval_metric_names(n: int) -> list[str]:
+    """The ``eval/`` metrics of a pass with ``n`` samples per prompt, without the prefix."""
+    return ["reward_mean", *([f"pass@{n}"] if n > 1 else []), "response_length", "truncated", "samples",
+            "reward_failures", "seconds"]
+
+
+def best_metric_name(key: str, n: int) -> str | None:
+    """``--best_metric_key`` as the logged ``eval/NAME`` (None: off). Empty: ``eval/reward_mean``, what
+    OpenRLHF's auto choice (its first ``*_pass1``) is here; ``none``: off; OpenRLHF's ``eval_X_pass1`` /
+    ``eval_X_passN`` name ``reward_mean`` / ``pass@N`` (one data source here). A name the pass never logs
+    is a ValueError listing those it does."""
+    if key == "none":
+        return None
+    name = key.removeprefix("eval/") or "reward_mean"
+    if m := _OPENRLHF_PASS.match(name):
+        name = "reward_mean" if m.group(1) == "1" else f"pass@{m.group(1)}"
+    names = eval_metric_names(n)
+    if name not in names:
+        raise ValueError(f"--best_metric_key {key!r}: the eval pass logs {', '.join('eval/' + x for x in names)} "
+                         f"(with --eval_n_samples_per_prompt {n}); pick one of them, or none to keep no best "
+                         f"checkpoint")
+    return "eval/" + name
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """When the eval pass runs, how it samples, and which of its metrics picks the best checkpoint."""
+
+    steps: int = field(default=-1, metadata=meta(
+        "with --eval_dataset: evaluate every N iterations and after the last one (-1: only after the last one)",
+        flags=("eval_steps",), openrlhf=("eval.steps",)))
+    n_samples_per_prompt: int = field(default=4, metadata=meta(
+        "samples per eval prompt; eval/pass@N is the mean over prompts of the best sample's reward",
+        flags=("eval_n_samples_per_prompt",), openrlhf=("eval.n_samples_per_prompt",)))
+    temperature: float = field(default=0.6, metadata=meta(
+        "sampling temperature of the eval pass (0: greedy)", flags=("eval_temperature",),
+        openrlhf=("eval.temperature",)))
+    best_metric_key: str = field(default="", metadata=meta(
+        "with --ckpt_path and --eval_dataset: keep the checkpoint of the best eval so far (higher is better) in "
+        "best_iter_N/ beside the iter_N/ ones, replacing the previous best, never pruned; the key is an eval "
+        "metric (reward_mean, pass@N, ...; eval/ prefix optional). Empty: eval/reward_mean (OpenRLHF's auto "
+        "choice, its pass1); none: off", flags=("best_metric_key",), openrlhf=("ckpt.best_metric_key",)))
+
+    def __post_init__(self) -> None:
+        if self.steps == 0 or self.steps < -1:
+            raise ValueError(f"eval_steps (--eval_steps) must be >= 1, or -1 to evaluate only after the last "
+                             f"iteration, got {self.steps}")
+        if self.n_samples_per_prompt < 1:
+            raise ValueError(f"eval_n_samples_per_prompt (--eval_n_samples_per_prompt) must be >= 1, got "
+                             f"{self.n_samples_per_prompt}")
+        if not self.temperature >= 0 or self.temperature == float("inf"):
+            raise ValueError(f"eval_temperature (--eval_temperature) must be a finite number >= 0 (0: greedy), got "
+                             f"{self.temperature}")
+        best_metric_name(self.best_metric_key, self.n_samples_per_prompt)  # a metric the eval never logs fails
+
+    @property
+    def best_metric(self) -> str | None:
+        """The logged ``eval/NAME`` the best checkpoint follows (None: off)."""
+        return best_metric_name(self.best_metric_key, self.n_samples_per_prompt)
