@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import yaml
 
 from rl_cli.config import build_parser, resolve
 from rl_cli.main import main
@@ -151,7 +152,7 @@ def test_rl_ppo_packed_with_a_token_budget_trains_like_the_padded_run(task, caps
     capsys.readouterr()
     assert main(["ppo", *argv, "--print_config"]) == 0
     out = capsys.readouterr().out
-    shown = json.loads(out[:out.index("\n[rl ppo]")])
+    shown = yaml.safe_load(out[:out.index("\n# [rl ppo]")])  # the config as YAML, then the arithmetic as comments
     assert shown["data"]["packing"] and shown["batching"] == {
         "max_tokens_per_gpu": 64, "forward_max_tokens_per_gpu": 200, "forward_micro_batch_size": None}
     assert "micro-batches per rank: packed rows; training at most 64 tokens, experience forwards at most 200" in out

@@ -129,7 +129,7 @@ def test_preference_commands_train_on_packed_pairs(files, name, flag, extra, cap
     monkeypatch.chdir(files)
     argv = ["--pretrain", "tiny", *extra, *COMMON, flag]
     assert run(name, [*argv, "--print_config"]) == 0
-    assert '"packing": true' in capsys.readouterr().out
+    assert 'packing: true' in capsys.readouterr().out
     out = files / f"out-packed-{name}"
     assert run(name, [*argv, "--save_path", str(out), "--run_dir", f"run-packed-{name}"]) == 0
     losses = losses_of(files / f"run-packed-{name}")

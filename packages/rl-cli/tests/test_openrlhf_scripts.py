@@ -226,26 +226,26 @@ def test_openrlhf_checkpoint_flags_bring_its_default_folder(fixtures, capsys):
     """train_sft.sh resumes with --ckpt.load_enable and no --ckpt.path: OpenRLHF's ./ckpt/checkpoints_sft."""
     argv = SCRIPTS["train_sft.sh"].args(fixtures)
     code, out, _ = _dry_run("sft", argv, capsys)
-    assert code == 0 and '"ckpt_path": "./ckpt/checkpoints_sft"' in out and '"load_checkpoint": true' in out
+    assert code == 0 and 'ckpt_path: ./ckpt/checkpoints_sft' in out and 'load_checkpoint: true' in out
     code, out, _ = _dry_run("sft", ["--ckpt.path", "/mine", *argv], capsys)  # given before or after: it wins
-    assert code == 0 and '"ckpt_path": "/mine"' in out
+    assert code == 0 and 'ckpt_path: /mine' in out
     code, out, _ = _dry_run("ppo-ray", [*SCRIPTS["train_ppo_ray_slurm.sh"].args(fixtures), "--ckpt.save_steps", "5"],
                             capsys)
-    assert code == 0 and '"ckpt_path": "./ckpt/checkpoints_ppo_ray"' in out and '"save_steps": 5' in out
+    assert code == 0 and 'ckpt_path: ./ckpt/checkpoints_ppo_ray' in out and 'save_steps: 5' in out
     code, out, _ = _dry_run("ppo-ray", [*SCRIPTS["train_ppo_ray_slurm.sh"].args(fixtures), "--ckpt.save_steps", "-1"],
                             capsys)
-    assert code == 0 and '"ckpt_path": null' in out  # no checkpoints: no folder
+    assert code == 0 and 'ckpt_path: null' in out  # no checkpoints: no folder
 
 
 def test_save_hf_without_save_steps_saves_the_final_model_only_as_openrlhf_does(fixtures, capsys):
     """train_ppo_ray_hybrid_engine.sh gives --ckpt.save_hf and no --ckpt.save_steps: OpenRLHF then writes no
     checkpoint (so no HF export into one) and saves the final model to --ckpt.output_dir. Ours too, saying so."""
     code, out, _ = _dry_run("ppo-ray", SCRIPTS["train_ppo_ray_hybrid_engine.sh"].args(fixtures), capsys)
-    assert code == 0 and '"save_hf_ckpt": true' in out and '"save_steps": -1' in out
+    assert code == 0 and 'save_hf_ckpt: true' in out and 'save_steps: -1' in out
     assert ("[rl ppo-ray] --ckpt.save_hf: no checkpoints are written without --ckpt.save_steps; the final model goes "
             f"to --save_path ({fixtures['out']})") in out
     code, out, _ = _dry_run("ppo-ray", SCRIPTS["train_dapo_ray_hybrid_engine.sh"].args(fixtures), capsys)
-    assert code == 0 and '"save_hf_ckpt": true' in out and "no checkpoints are written" not in out  # save_steps 20
+    assert code == 0 and 'save_hf_ckpt: true' in out and "no checkpoints are written" not in out  # save_steps 20
 
 
 def test_deepspeed_sleep_is_taken_under_zero_and_refused_without_a_zero_optimizer(fixtures, capsys):
@@ -253,7 +253,7 @@ def test_deepspeed_sleep_is_taken_under_zero_and_refused_without_a_zero_optimize
     --adam_offload are refused in one line before anything loads."""
     argv = SCRIPTS["train_dapo_ray_hybrid_engine.sh"].args(fixtures)
     code, out, _ = _dry_run("ppo-ray", argv, capsys)
-    assert code == 0 and '"deepspeed_enable_sleep": true' in out
+    assert code == 0 and 'deepspeed_enable_sleep: true' in out
     code, _, line = _dry_run("ppo-ray", [*argv, "--ds.zero_stage", "0"], capsys)
     assert (code, line) == (2, "rl ppo-ray: error: --deepspeed_enable_sleep needs --zero_stage 1, 2 or 3 (DeepSpeed "
                                "offloads the states of a ZeRO optimizer), got --zero_stage 0")
@@ -265,7 +265,7 @@ def test_openrlhf_checkpoint_folder_stays_below_yaml(fixtures, capsys, tmp_path)
     cfg = tmp_path / "c.yaml"
     cfg.write_text("train:\n  ckpt_path: /from/yaml\n")
     code, out, _ = _dry_run("sft", [*SCRIPTS["train_sft.sh"].args(fixtures), "--config", str(cfg)], capsys)
-    assert code == 0 and '"ckpt_path": "/from/yaml"' in out
+    assert code == 0 and 'ckpt_path: /from/yaml' in out
 
 
 def test_readme_lists_each_script_with_its_status():

@@ -154,8 +154,9 @@ def _default_gap(command: str, dest: str, shape: dict) -> str:
         theirs = False
     if isinstance(theirs, str) and ("(" in theirs or "%" in theirs):  # an expression or a run-name pattern
         return ""
-    group, field = dest.split(".", 1)
-    f = next(f for f in dataclasses.fields(groups_of(command)[group]) if f.name == field)
+    from rl_cli.config import field_at
+
+    f = field_at(groups_of(command), dest)
     ours = f.default if f.default is not dataclasses.MISSING else (
         f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
     same = theirs == ours or (isinstance(theirs, list) and ours is not None and tuple(theirs) == tuple(ours))

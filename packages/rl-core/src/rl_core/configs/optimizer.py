@@ -55,8 +55,9 @@ class CriticOptimizerConfig:
         try:
             check_numbers(self, positive=("learning_rate", "adam_eps"), unit=("min_lr_ratio",),
                           non_negative=("weight_decay", "max_norm"))
-        except ValueError as e:  # name our flat flags (--critic_X), not the node's field names
-            raise ValueError("critic_" + str(e).replace("(--", "(--critic_")) from None
+        except ValueError as e:  # name our flat flags (critic_ + the field), not the node's field names
+            prefix = "critic_"
+            raise ValueError(prefix + str(e).replace("(--", "(--" + prefix)) from None
         check_optimizer(self.optim, self.muon_lr, self.muon_momentum, prefix="critic_")
         if self.adam_betas is not None and not all(0 <= b < 1 for b in self.adam_betas):
             raise ValueError(f"critic_adam_betas (--critic_adam_betas) must be two numbers in [0, 1), got "
