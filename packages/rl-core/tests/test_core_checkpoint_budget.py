@@ -49,13 +49,14 @@ def test_a_disk_budget_keeps_the_newest_steps_that_fit_and_always_the_newest(tmp
 
 @pytest.mark.parametrize("config", ["TrainerConfig", "PPOConfig"])
 def test_an_infinite_disk_budget_is_no_budget_and_other_non_positive_ones_fail(config):
-    """OpenRLHF's train_ppo_ray defaults --ckpt.max_mem to inf: accepted as no budget, in every trainer's config."""
+    """OpenRLHF's train_ppo_ray defaults --ckpt.max_mem to inf: accepted as no budget, in every trainer's config
+    (one CheckpointConfig node, shared)."""
     from rl_core.trainers.base import TrainerConfig
     from rl_core.trainers.ppo_config import PPOConfig
 
     cls = {"TrainerConfig": TrainerConfig, "PPOConfig": PPOConfig}[config]
-    assert cls(max_ckpt_mem=float("inf")).max_ckpt_mem is None
-    assert cls(max_ckpt_mem=2.5).max_ckpt_mem == 2.5
+    assert cls.from_flat(max_ckpt_mem=float("inf")).ckpt.max_ckpt_mem is None
+    assert cls.from_flat(max_ckpt_mem=2.5).ckpt.max_ckpt_mem == 2.5
     for bad, says in ((0.0, "must be > 0"), (-1.0, "must be > 0"), (float("nan"), "finite")):
         with pytest.raises(ValueError, match=says):
-            cls(max_ckpt_mem=bad)
+            cls.from_flat(max_ckpt_mem=bad)

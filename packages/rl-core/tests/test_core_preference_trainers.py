@@ -67,7 +67,7 @@ def test_reward_model_learns_the_preference_and_stores_its_statistics(setup, tmp
     root, model, tok = setup
     ds = pref_data(setup)
     trainer = RewardModelTrainer(strategy(), RewardModel.from_pretrained(model, dtype="fp32"), tok, ds,
-                                 RMConfig(max_epochs=4, run_dir=str(tmp_path / "run"), save_path=str(tmp_path / "rm")))
+                                 RMConfig.from_flat(max_epochs=4, run_dir=str(tmp_path / "run"), save_path=str(tmp_path / "rm")))
     losses = trainer.fit()
     assert len(losses) == 12
     assert sum(losses[-3:]) < 0.5 * sum(losses[:3]), losses
@@ -92,7 +92,7 @@ def run_dpo(setup, tmp_path, eval_dataset=None, **cfg):
     _, model, tok = setup
     trainer = DPOTrainer(strategy(), Actor.from_pretrained(model, dtype="fp32"),
                          frozen(Actor.from_pretrained(model, dtype="fp32")), tok, pref_data(setup),
-                         DPOConfig(**{"max_epochs": 3, "run_dir": str(tmp_path), **cfg}), eval_dataset=eval_dataset)
+                         DPOConfig.from_flat(**{"max_epochs": 3, "run_dir": str(tmp_path), **cfg}), eval_dataset=eval_dataset)
     losses = trainer.fit()
     return losses, {k[len("train/"):]: [v for _, v in h] for k, h in trainer.metrics.history.items()}
 
@@ -309,4 +309,4 @@ def test_configs_reject_bad_values():
     with pytest.raises(ValueError, match="sigmoid or logexp"):
         RMConfig(loss="hinge")
     with pytest.raises(ValueError, match="save_steps=5 needs ckpt_path"):
-        RMConfig(save_steps=5)
+        RMConfig.from_flat(save_steps=5)

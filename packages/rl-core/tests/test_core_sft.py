@@ -48,7 +48,7 @@ def run(setup, tmp, *, lora=None, zero_stage=2, lr=3e-3, eval_dataset=None, fit=
                                          train_batch_size=4, learning_rate=lr, lr_warmup_ratio=0.0))
     torch.manual_seed(0)  # peft draws the LoRA A init from the global RNG: the same adapter in every run
     trainer = SFTTrainer(s, Actor.from_pretrained(model, dtype="fp32", lora=lora), tok, ds,
-                         SFTConfig(max_epochs=5, **cfg), eval_dataset=eval_dataset)
+                         SFTConfig.from_flat(max_epochs=5, **cfg), eval_dataset=eval_dataset)
     return trainer, (trainer.fit() if fit else None)
 
 
@@ -77,7 +77,7 @@ def test_resume_continues_with_the_same_batches(setup, tmp_path):
 
 def test_resume_without_a_checkpoint_folder_fails_early():
     with pytest.raises(ValueError, match=r"load_checkpoint needs ckpt_path"):
-        SFTConfig(load_checkpoint=True)
+        SFTConfig.from_flat(load_checkpoint=True)
 
 
 def test_lora_trains_the_adapter_only_and_exports_merged(setup, tmp_path):
@@ -94,7 +94,7 @@ def test_lora_trains_the_adapter_only_and_exports_merged(setup, tmp_path):
     assert all(not p.requires_grad for k, p in actor.named_parameters() if "lora_" not in k)
     s = DeepSpeedStrategy(StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=2, train_batch_size=4,
                                          learning_rate=1e-2, lr_warmup_ratio=0.0))
-    trainer = SFTTrainer(s, actor, tok, ds, SFTConfig(max_epochs=2, save_path=str(tmp_path / "out")))
+    trainer = SFTTrainer(s, actor, tok, ds, SFTConfig.from_flat(max_epochs=2, save_path=str(tmp_path / "out")))
     losses = trainer.fit()
     assert losses[-1] < losses[0], losses
     trained = trainer.engine.module

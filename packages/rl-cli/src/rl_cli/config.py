@@ -273,7 +273,16 @@ def _flatten_yaml(data: dict, groups: dict[str, type], flags: list[Flag], source
                 raise ValueError(f"{source}: {dotted} = {value!r}: {e}") from None
         return value
 
+    def below(prefix: str, name: str) -> str | None:
+        """A flat name given inside a group's or node's mapping (``ppo: {max_staleness: 2}``, the layout of
+        files written before that setting moved into a node): the one setting of that name below it."""
+        hits = {d for d in ([by_alias[name]] if name in by_alias else []) + [f.dotted for f in by_field.get(name, [])]
+                if d.startswith(prefix + ".")}
+        return hits.pop() if len(hits) == 1 else None
+
     def put(key: str, value):
+        if key not in by_dotted and "." in key and (moved := below(*key.rsplit(".", 1))):
+            key = moved
         if key in by_dotted:
             out[key] = coerce(key, value)
         elif key in ALIASES and ALIASES[key] in by_dotted:

@@ -66,9 +66,9 @@ ALIAS: dict[str, tuple[str, ...]] = {
     "model.nll_loss_coef": ("train.nll_loss_coef",),
     "model.loss_type": ("train.loss",),
     "model.margin_loss_enable": ("train.margin_loss",),
-    "ckpt.output_dir": ("train.save_path", "ppo.ckpt.save_path"),
-    "ckpt.path": ("train.ckpt_path", "ppo.ckpt.ckpt_path"),
-    "ckpt.max_num": ("train.max_ckpt_num", "ppo.ckpt.max_ckpt_num"),
+    "ckpt.output_dir": ("train.ckpt.save_path", "ppo.ckpt.save_path"),
+    "ckpt.path": ("train.ckpt.ckpt_path", "ppo.ckpt.ckpt_path"),
+    "ckpt.max_num": ("train.ckpt.max_ckpt_num", "ppo.ckpt.max_ckpt_num"),
     "logger.logging_steps": ("train.logging_steps", "ppo.logging_steps"),
     "ds.packing_samples": ("data.packing",),
     "packing_samples": ("data.packing",),
@@ -227,7 +227,7 @@ def _ckpt(group: str, folder: str, field: str):
 
 def _ckpt_converts(command: str) -> dict[str, Convert]:
     folder = flags_of(command)["flat"]["ckpt_path"]["default"]
-    group = "ppo.ckpt" if command in ("ppo", "ppo-ray") else "train"
+    group = "ppo.ckpt" if command in ("ppo", "ppo-ray") else "train.ckpt"
     return {"ckpt.load_enable": Convert(f"{group}.load_checkpoint (no --ckpt.path: {folder})",
                                         _ckpt(group, folder, "load_checkpoint"), 0),
             "ckpt.save_steps": Convert(f"{group}.save_steps (N > 0, no --ckpt.path: {folder})",

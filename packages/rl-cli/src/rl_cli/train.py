@@ -308,8 +308,9 @@ def run(name: str, argv: list[str] | None = None) -> int:
     trainer = cmd.build(strategy, cfgs, tok, ds, cfgs["train"], eval_ds)
     losses = trainer.fit()
     if rank0:
-        where = {k: v for k, v in dataclasses.asdict(cfgs["train"]).items()
-                 if k in ("save_path", "ckpt_path", "run_dir") and v}
+        t = cfgs["train"]
+        where = {k: v for k, v in (("save_path", t.ckpt.save_path), ("ckpt_path", t.ckpt.ckpt_path),
+                                   ("run_dir", t.run_dir)) if v}
         first, last = (f"{losses[0]:.4f}", f"{losses[-1]:.4f}") if losses else ("-", "-")
         evals = trainer.eval_history
         ev = f", eval loss {evals[0]['loss']:.4f} -> {evals[-1]['loss']:.4f}" if evals else ""

@@ -37,7 +37,7 @@ from rl_core.trainers import (
 
 from rl_core.rl.build import LocalFactory, RLModelConfig, Run, RunConfig, build_run
 
-__version__ = "0.15.0"
+__version__ = "0.16.0"
 
 __all__ = [
     "LocalFactory", "RLModelConfig", "Run", "RunConfig", "build_run",

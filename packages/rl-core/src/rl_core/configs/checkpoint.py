@@ -47,6 +47,8 @@ class CheckpointConfig:
     def __post_init__(self) -> None:
         if self.max_ckpt_mem is not None and self.max_ckpt_mem == float("inf"):  # OpenRLHF's PPO default: no budget
             object.__setattr__(self, "max_ckpt_mem", None)
+        if self.max_ckpt_mem is not None and self.max_ckpt_mem != self.max_ckpt_mem:
+            raise ValueError("max_ckpt_mem (--max_ckpt_mem) must be a finite number, got nan")
         check_max_gb(self.max_ckpt_mem)
         if self.max_ckpt_num < 1:
             raise ValueError(f"max_ckpt_num (--max_ckpt_num) must be >= 1, got {self.max_ckpt_num}")

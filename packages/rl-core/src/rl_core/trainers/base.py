@@ -26,6 +26,7 @@ Leaves out: early stopping and best-checkpoint selection on eval metrics.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -34,7 +35,8 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from rl_core.checkpoint import CheckpointManager, check_max_gb, export_hf
+from rl_core.checkpoint import CheckpointManager, export_hf
+from rl_core.configs import CheckpointConfig, from_flat
 from rl_core.data import pack_collate, pad_collate
 from rl_core.metrics import LoggerConfig, MetricsLogger
 from rl_rollout.config import check_numbers, meta
@@ -44,28 +46,12 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class TrainerConfig:
-    """Loop settings shared by the offline trainers (OpenRLHF flag names in comments)."""
+    """Loop settings shared by the offline trainers (OpenRLHF flag names in comments); checkpoints are the
+    :class:`~rl_core.configs.CheckpointConfig` node every trainer shares (``ckpt``)."""
 
     max_epochs: int = field(default=1, metadata=meta("passes over the dataset"))
-    save_path: str | None = field(default=None, metadata=meta("final HF export"))
-    ckpt_path: str | None = field(default=None, metadata=meta("DeepSpeed checkpoints for resume"))
-    save_steps: int = field(default=-1, metadata=meta("checkpoint every N optimizer steps (-1: none)"))
-    max_ckpt_num: int = field(default=3, metadata=meta("checkpoints kept (oldest removed)"))
-    max_ckpt_mem: float | None = field(default=None, metadata=meta(
-        "disk budget of --ckpt_path in GB: after each save the oldest checkpoints go while the folder without the "
-        "newest one holds more (as OpenRLHF, which prunes before each save); the newest is never removed (unset: "
-        "no budget; inf, OpenRLHF's PPO default, is no budget too)", openrlhf=("ckpt.max_mem",)))
-    disable_ds_ckpt: bool = field(default=False, metadata=meta(
-        "write no DeepSpeed checkpoint at --save_steps, as OpenRLHF's flag (only the --save_hf_ckpt exports, if "
-        "asked for): there is nothing to resume from; the final model still goes to --save_path",
-        openrlhf=("ckpt.disable_ds",)))
-    save_hf_ckpt: bool = field(default=False, metadata=meta(
-        "at every --save_steps also write the model as an HF folder to --ckpt_path/step_N_hf (OpenRLHF's "
-        "global_stepN_hf; kept, not pruned), with --disable_ds_ckpt too", openrlhf=("ckpt.save_hf",)))
-    load_checkpoint: bool = field(default=False, metadata=meta(
-        "resume from the latest complete checkpoint under --ckpt_path. Trusted checkpoints only: DeepSpeed reads "
-        "them with torch.load(weights_only=False), so loading one runs any code it holds; for weights from "
-        "elsewhere start from their HF export (safetensors) with --pretrain"))
+    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, metadata=meta(
+        "checkpoints (every --save_steps optimizer steps), resume and the final export"))
     logging_steps: int = field(default=1, metadata=meta("log metrics every N optimizer steps"))
     run_dir: str | None = field(default=None, metadata=meta("metrics.jsonl, tensorboard/, curves.png"))
     max_steps: int | None = field(default=None, metadata=meta(
@@ -74,20 +60,12 @@ class TrainerConfig:
         "evaluate on the eval set every N optimizer steps (-1: only after the last)"))
 
     def __post_init__(self) -> None:
-        from rl_core.checkpoint import unset_infinite_budget
-
-        unset_infinite_budget(self)  # inf: no budget
-        check_numbers(self, at_least_1=("max_ckpt_num",))  # every float finite (beta, loss weights ...)
+        check_numbers(self)  # every float finite (beta, loss weights ...)
         if self.max_epochs < 1:
             raise ValueError(f"max_epochs must be >= 1, got {self.max_epochs}")
         if self.logging_steps < 1:
             raise ValueError(f"logging_steps must be >= 1, got {self.logging_steps}")
-        if self.load_checkpoint and not self.ckpt_path:
-            raise ValueError("load_checkpoint needs ckpt_path (--ckpt_path DIR) to find checkpoints in")
-        check_max_gb(self.max_ckpt_mem)
-        if self.save_steps > 0 and not self.ckpt_path:
-            raise ValueError(f"save_steps={self.save_steps} needs ckpt_path (--ckpt_path DIR) to write them to")
-        if self.save_hf_ckpt and self.save_steps <= 0:
+        if self.ckpt.save_hf_ckpt and self.ckpt.save_steps <= 0:  # the RL loop only notes it (as OpenRLHF)
             raise ValueError("save_hf_ckpt (--save_hf_ckpt) writes an HF export at every --save_steps; add "
                              "--save_steps N (and --ckpt_path DIR), or drop it: the final model goes to --save_path")
         if self.max_steps is not None and self.max_steps < 1:
@@ -95,6 +73,11 @@ class TrainerConfig:
         if self.eval_steps == 0 or self.eval_steps < -1:
             raise ValueError(f"eval_steps (--eval_steps) must be >= 1, or -1 to evaluate only after the last step, "
                              f"got {self.eval_steps}")
+
+    @classmethod
+    def from_flat(cls, **flat):
+        """The tree from flat names (``save_steps=5, ckpt_path="ck"`` land in ``ckpt``): rl-core 0.15's keywords."""
+        return from_flat(cls, **flat)
 
 
 @dataclass(frozen=True)
@@ -143,10 +126,11 @@ class Trainer:
             raise ValueError(f"the dataset has {len(dataset)} rows, fewer than one global batch "
                              f"({self.plan.global_batch}); lower --train_batch_size or add data")
         self.engine = strategy.prepare(model, total_steps=self.plan.total_steps)
-        self.ckpt = (CheckpointManager(cfg.ckpt_path, strategy, cfg.max_ckpt_num, cfg.max_ckpt_mem)
-                     if cfg.ckpt_path else None)
+        ck = cfg.ckpt
+        self.ckpt = (CheckpointManager(ck.ckpt_path, strategy, ck.max_ckpt_num, ck.max_ckpt_mem)
+                     if ck.ckpt_path else None)
         self.metrics = MetricsLogger.from_config(cfg.run_dir, logger or LoggerConfig(), enabled=strategy.is_rank_0(),
-                                                 run_config=dict(vars(cfg)))  # ``logger``: wandb, TensorBoard
+                                                 run_config=dataclasses.asdict(cfg))  # ``logger``: wandb, TensorBoard
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if self.pad_id is None:
             raise ValueError("the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token")
@@ -271,7 +255,8 @@ class Trainer:
         """Train; returns the loss of every optimizer step this call ran."""
         start_epoch, start_index, step = 0, 0, 0
         self.step = 0
-        if self.cfg.load_checkpoint:
+        ck = self.cfg.ckpt
+        if ck.load_checkpoint:
             meta = self.ckpt.load(self.engine)
             if meta is not None:
                 step, start_epoch, start_index = meta["step"], meta["epoch"], meta["batch_in_epoch"]
@@ -279,10 +264,10 @@ class Trainer:
         if self.s.is_rank_0():
             logger.info("%s: %d rows, %s%s", self.name, len(self.dataset), self.plan.describe(),
                         "" if self.eval_dataset is None else f"; eval set {len(self.eval_dataset)} rows")
-        if self.cfg.disable_ds_ckpt and self.cfg.save_steps > 0 and self.s.is_rank_0():
+        if ck.disable_ds_ckpt and ck.save_steps > 0 and self.s.is_rank_0():
             logger.warning("%s: --disable_ds_ckpt: --save_steps %d writes no checkpoint (nothing to resume from)%s; "
-                           "the final model goes to --save_path", self.name, self.cfg.save_steps,
-                           ", only the HF exports" if self.cfg.save_hf_ckpt else "")
+                           "the final model goes to --save_path", self.name, ck.save_steps,
+                           ", only the HF exports" if ck.save_hf_ckpt else "")
         self.before_fit()
         losses: list[float] = []
         bar = tqdm(total=self.plan.total_steps, initial=step, desc=self.name, disable=not self.s.is_rank_0() or os.environ.get("TQDM_DISABLE") == "1")
@@ -300,12 +285,11 @@ class Trainer:
                 bar.set_postfix({k: f"{v:.4g}" for k, v in m.items() if k in self.progress_keys})
                 if step % self.cfg.logging_steps == 0:
                     self.metrics.log(step, {"train/" + k: v for k, v in m.items()})
-                if self.ckpt and self.cfg.save_steps > 0 and not self.cfg.disable_ds_ckpt \
-                        and step % self.cfg.save_steps == 0:
+                if self.ckpt and ck.save_steps > 0 and not ck.disable_ds_ckpt and step % ck.save_steps == 0:
                     nxt_epoch, nxt_index = (epoch, index + 1) if index + 1 < self.steps_per_epoch else (epoch + 1, 0)
                     self.ckpt.save(self.engine, step, {"epoch": nxt_epoch, "batch_in_epoch": nxt_index})
-                if self.cfg.save_hf_ckpt and step % self.cfg.save_steps == 0:  # collective (ZeRO-3 gathers)
-                    export_hf(self.s, self.engine, os.path.join(self.cfg.ckpt_path, f"step_{step:08d}_hf"),
+                if ck.save_hf_ckpt and step % ck.save_steps == 0:  # collective (ZeRO-3 gathers)
+                    export_hf(self.s, self.engine, os.path.join(ck.ckpt_path, f"step_{step:08d}_hf"),
                               tokenizer=self.tokenizer)
                 if self.eval_dataset is not None and self.cfg.eval_steps > 0 and step % self.cfg.eval_steps == 0:
                     self._evaluate_and_log(step)
@@ -314,8 +298,8 @@ class Trainer:
             self._evaluate_and_log(step)  # the final model's metrics, unless the last step just measured them
         self.before_export()
         self.metrics.close()
-        if self.cfg.save_path:
-            export_hf(self.s, self.engine, self.cfg.save_path, tokenizer=self.tokenizer)
+        if ck.save_path:
+            export_hf(self.s, self.engine, ck.save_path, tokenizer=self.tokenizer)
         return losses
 
     progress_keys = ("loss",)
