@@ -99,8 +99,8 @@ def test_the_flags_in_both_dialects(task, capsys):
     parser, flags = build_parser("rl ppo", "", groups)
     p = resolve(groups, parser.parse_args(["--agent_func_path", "a.py", "--async_train", "--max_staleness", "2",
                                            "--partial_rollout", "--partial_rollout_tokens", "4"]), flags)["ppo"]
-    assert (p.agent_func_path, p.async_train, p.max_staleness) == ("a.py", True, 2)
-    assert (p.partial_rollout, p.partial_rollout_tokens) == (True, 4)
+    assert (p.agent.func_path, p.async_rl is not None, p.async_rl.max_staleness) == ("a.py", True, 2)
+    assert (p.async_rl.partial_rollout, p.async_rl.partial_rollout_tokens) == (True, 4)
     root, model = task
     with pytest.raises(SystemExit):  # group_norm compares one scalar per sample: no per-turn rewards
         main(argv(root, model, "turns", "--agent_turn_rewards"))

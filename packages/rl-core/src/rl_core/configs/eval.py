@@ -63,7 +63,7 @@ class EvalConfig:
             raise ValueError(f"eval_n_samples_per_prompt (--eval_n_samples_per_prompt) must be >= 1, got "
                              f"{self.n_samples_per_prompt}")
         if not self.temperature >= 0 or self.temperature == float("inf"):
-            raise ValueError(f"eval_temperature (--eval_temperature) must be a finite number >= 0 (0: greedy), got "
+            raise ValueError(f"eval_temperature (--eval_temperature) must be >= 0 (0: greedy) and finite, got "
                              f"{self.temperature}")
         best_metric_name(self.best_metric_key, self.n_samples_per_prompt)  # a metric the eval never logs fails
 
