@@ -47,7 +47,7 @@ def test_flat_dotted_and_openrlhf_names_reach_the_same_node():
     (["--dynamic_filtering_max_rounds", "3"], "add --dynamic_filtering"),
     (["--agent_max_turns", "2"], "add --agent_func_path"),
     (["--ptx_coef", "0.1"], "add --pretrain_data"),
-    (["--kl_estimator", "k4"], "argument --ppo.kl.estimator"),
+    (["--kl_estimator", "k4"], "argument --kl_estimator: 'k4' is not one of k1, k2, k3"),
 ])
 def test_a_node_setting_without_its_node_stops_the_parse_naming_the_switch(argv, says, capsys):
     with pytest.raises(SystemExit) as e:

@@ -82,7 +82,14 @@ def node_type(tp) -> tuple[type, bool] | None:
 def _field_kwargs(tp) -> dict:
     base, optional = _unwrap_optional(tp)
     if isinstance(base, type) and issubclass(base, enum.Enum):  # a StrEnum-like field: its values are the choices
-        return {"type": base, "choices": list(base), "metavar": "|".join(str(e.value) for e in base)}
+        def member(text: str, cls=base):
+            try:
+                return cls(text)
+            except ValueError:
+                raise argparse.ArgumentTypeError(
+                    f"{text!r} is not one of {', '.join(str(e.value) for e in cls)}") from None
+
+        return {"type": member, "metavar": "|".join(str(e.value) for e in base)}
     if base is bool:
         return {"type": parse_bool, "nargs": "?", "const": True, "metavar": "BOOL"}
     if typing.get_origin(base) is tuple:
@@ -221,7 +228,11 @@ def build_parser(prog: str, description: str, groups: dict[str, type]) -> tuple[
     for f in flags:
         if bare_ok(f):
             counts[f.field] = counts.get(f.field, 0) + 1
-    parser = _Parser(prog=prog, description=description, argument_default=argparse.SUPPRESS)
+    parser = _Parser(prog=prog, description=description, argument_default=argparse.SUPPRESS,
+                     usage="%(prog)s [--config FILE.yaml] [--print_config] [--SETTING VALUE ...]",
+                     epilog="Each setting is listed once, by its flat name (or dotted, where a flat one would be "
+                            "ambiguous); its dotted name (--GROUP.NODE.NAME) and OpenRLHF's names (both dialects) "
+                            "are accepted too: docs/openrlhf.md lists them.")
     parser.add_argument("--config", metavar="FILE.yaml", help="read settings from YAML first; flags override it")
     parser.add_argument("--print_config", action="store_true",
                         help="print the resolved settings and the batch arithmetic, then exit")
@@ -234,8 +245,27 @@ def build_parser(prog: str, description: str, groups: dict[str, type]) -> tuple[
     owner: dict[str, str] = {}
     command = prog.removeprefix("rl ")  # the rl_cli.openrlhf tables are per command
     converted = {f"--{n}" for n in openrlhf.converted_names(command)}  # value reshaped: rl_cli.openrlhf's action
+    # --help: one spelling per setting (our flat name where it has one, else the dotted name), in a section per
+    # group and per config node; the other spellings (dotted, OpenRLHF's) are accepted but listed only in
+    # docs/openrlhf.md, through hidden twins of each action.
+    nodes = {n.path: n for n in collect_nodes(groups)}
+    sections: dict[str, argparse._ArgumentGroup] = {}
+    hidden = parser.add_argument_group("aliases")  # no visible action: argparse prints no empty section
+
+    def section(path: str) -> argparse._ArgumentGroup:
+        if path not in sections:
+            node = nodes.get(path)
+            if node is None:
+                sections[path] = parser.add_argument_group(path)
+            else:
+                note = field_at(groups, path).metadata.get("help", "")
+                how = "Off unless its switch below is given. " if node.switch else ""
+                sections[path] = parser.add_argument_group(
+                    path, f"{note}. {how}Each setting is also --{path}.NAME; in YAML, a mapping at {path}.")
+        return sections[path]
+
     for group in groups:
-        g = parser.add_argument_group(group)
+        section(group)
         for f in (f for f in flags if f.group == group):
             names = [f"--{f.dotted}"]
             if bare_ok(f) and counts[f.field] == 1 and f.field not in ALIASES:
@@ -248,7 +278,11 @@ def build_parser(prog: str, description: str, groups: dict[str, type]) -> tuple[
                                     f"(field metadata 'flags'/'openrlhf' or ALIASES)")
                 owner[n] = f.dotted
             f.shown = next((n for n in names[1:] if "." not in n), names[0])
-            g.add_argument(*names, dest=f.dotted, **f.kwargs)
+            where = f.dotted if f.switch else f.dotted.rsplit(".", 1)[0]
+            section(where).add_argument(f.shown, dest=f.dotted, **f.kwargs)
+            others = [n for n in names if n != f.shown]
+            if others:
+                hidden.add_argument(*others, dest=f.dotted, **{**f.kwargs, "help": argparse.SUPPRESS})
             known += names
     known += openrlhf.install(parser, command, owner, {f.dotted: f.kwargs for f in flags})
     parser.known = known

@@ -112,10 +112,10 @@ def install(parser: argparse.ArgumentParser, command: str | None, owner: dict[st
         if refuse is None and conv is not None:
             meta = {} if conv.nargs == 0 else {"metavar": name.split(".")[-1].upper()}
             group.add_argument(opt, action=_Converted, conv=conv, dest=argparse.SUPPRESS,
-                               help=f"OpenRLHF's flag; sets {conv.ours}", **meta)
+                               help=argparse.SUPPRESS, **meta)  # docs/openrlhf.md: "sets {conv.ours}"
             owner[opt] = f"openrlhf:{name}"
         elif refuse is None and target is not None:
-            group.add_argument(opt, dest=target, **{**kwargs_of[target], "help": f"OpenRLHF's name of --{target}"})
+            group.add_argument(opt, dest=target, **{**kwargs_of[target], "help": argparse.SUPPRESS})
             owner[opt] = target
         elif refuse is not None:
             group.add_argument(opt, action=_Refused, refuse=refuse, switch=shape.get("action") == "store_true",

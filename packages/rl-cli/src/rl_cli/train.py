@@ -163,8 +163,8 @@ def _wandb_key(argv: list[str], parser=None) -> list[str]:
     """
     from rl_cli.config import FALSE, TRUE
 
-    names = next((a.option_strings for a in getattr(parser, "_actions", ()) if a.dest == "logger.use_wandb"),
-                 ("--use_wandb", "--logger.use_wandb", "--logger.wandb.key"))
+    names = {n for a in getattr(parser, "_actions", ()) if a.dest == "logger.use_wandb" for n in a.option_strings} \
+        or {"--use_wandb", "--logger.use_wandb", "--logger.wandb.key"}  # (the flag and its hidden aliases)
     out = list(argv)
     for i, a in enumerate(out):
         flag, eq, value = a.partition("=")
