@@ -8,6 +8,7 @@ distributed calls) and imports nothing but torch.
 """
 
 from rl_algos import advantages, filters, kl, losses, shaping
+from rl_algos._masked import masked_mean, masked_sum
 from rl_algos.advantages import (
     ESTIMATORS,
     AdvantageEstimator,
@@ -21,28 +22,27 @@ from rl_algos.advantages import (
 from rl_algos.filters import GroupFilterResult, filter_groups
 from rl_algos.kl import AdaptiveKLController, FixedKLController, KLConfig, KLEstimator, approx_kl
 from rl_algos.losses import (
+    POLICY_LOSSES,
+    GSPOLossConfig,
+    ISCorrectionConfig,
+    LogprobsEntropy,
+    PPOLossConfig,
     aggregate_loss,
     dpo_loss,
     entropy_from_logits,
     kto_loss,
     kto_reference_kl,
-    LogprobsEntropy,
     logprobs_and_entropy_from_logits,
     logprobs_from_hidden,
     logprobs_from_logits,
-    POLICY_LOSSES,
-    GSPOLossConfig,
-    ISCorrectionConfig,
-    PPOLossConfig,
-    policy_loss_config,
     pairwise_loss,
     policy_loss,
+    policy_loss_config,
     sft_loss,
     value_loss,
     weighted_logprob_sum_from_hidden,
 )
 from rl_algos.shaping import clip_rewards, kl_penalized_rewards, overlong_penalty, stop_properly_penalty
-from rl_algos._masked import masked_mean, masked_sum
 
 __version__ = "0.5.0"
 

@@ -38,8 +38,9 @@ Token rewards are the shaped score on the last response token plus
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Protocol
+from typing import Protocol
 
 import torch
 

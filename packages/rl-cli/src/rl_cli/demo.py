@@ -76,11 +76,11 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
+    from rl_algos import KLConfig
+    from rl_core.configs import CheckpointConfig
     from rl_core.data import DataConfig, PromptDataset, load_rows
     from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
     from rl_core.strategy import StrategyConfig
-    from rl_algos import KLConfig
-    from rl_core.configs import CheckpointConfig
     from rl_core.trainers.ppo import PPOConfig
     from rl_rollout import EngineConfig, RewardRunner, WeightSyncConfig
     from rl_rollout.testing import make_tiny_model

@@ -384,7 +384,6 @@ def run_ray(argv: list[str] | None = None) -> int:
     except ValueError as e:
         raise SystemExit(f"rl ppo-ray: {e}") from None
 
-    import os
 
     import ray
 

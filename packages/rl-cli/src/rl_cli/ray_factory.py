@@ -14,8 +14,15 @@ from typing import Any
 
 from rl_cli import ray_workers as rw
 from rl_cli.ray_engines import engine_gpus, spawn_engines, start_engines
-from rl_core.rl import BroadcastWeightSync, CriticWorker, GroupRollout, IpcWeightSync, PolicyWorker, ReferenceWorker
-from rl_core.rl import RewardModelWorker
+from rl_core.rl import (
+    BroadcastWeightSync,
+    CriticWorker,
+    GroupRollout,
+    IpcWeightSync,
+    PolicyWorker,
+    ReferenceWorker,
+    RewardModelWorker,
+)
 from rl_placement import RayActorGroup
 from rl_rollout.config import EngineConfig, WeightSyncConfig
 

@@ -12,7 +12,6 @@ Works alone (one process) and under ``torchrun`` / ``deepspeed`` (several ranks)
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import os
 import sys

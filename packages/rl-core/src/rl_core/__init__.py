@@ -17,8 +17,9 @@ It never imports Ray or rl-placement: its loops talk to worker-group protocols.
 
 from rl_core.attention import attention_implementation
 from rl_core.checkpoint import CheckpointManager, export_hf
-from rl_core.models import Actor, ActorOutput, Critic, LoraSpec, RewardModel, frozen
 from rl_core.metrics import MetricsLogger
+from rl_core.models import Actor, ActorOutput, Critic, LoraSpec, RewardModel, frozen
+from rl_core.rl.build import LocalFactory, RLModelConfig, Run, RunConfig, build_run
 from rl_core.strategy import BatchPlan, DeepSpeedStrategy, StrategyConfig
 from rl_core.trainers import (
     DPOConfig,
@@ -34,8 +35,6 @@ from rl_core.trainers import (
     Trainer,
     TrainerConfig,
 )
-
-from rl_core.rl.build import LocalFactory, RLModelConfig, Run, RunConfig, build_run
 
 __version__ = "0.16.0"
 

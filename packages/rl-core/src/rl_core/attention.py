@@ -25,7 +25,7 @@ def _cuda() -> bool:
     return torch.cuda.is_available()
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _log_choice(choice: str, reason: str) -> None:
     logger.info("attention implementation: %s (%s)", choice, reason)
 

@@ -153,7 +153,7 @@ class MetricsLogger:
         FigureCanvasAgg(fig)
         fig.subplots_adjust(left=0.06, right=0.98, top=1 - 0.35 / rows, bottom=0.3 / rows, hspace=0.55, wspace=0.25)
         axes = fig.subplots(rows, cols, squeeze=False)
-        for ax, name in zip(axes.flat, names):
+        for ax, name in zip(axes.flat, names, strict=False):  # the grid may have spare cells
             steps, values = zip(*self.history[name], strict=True)
             ax.plot(steps, values)
             ax.set_title(name, fontsize=9)

@@ -229,7 +229,7 @@ def ring_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_off
                      kv_offset=kv_offset, attention_mask=attention_mask, **kwargs)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def register() -> str:
     """Register :data:`NAME` with transformers (attention function and mask); returns the name."""
     from transformers import AttentionInterface

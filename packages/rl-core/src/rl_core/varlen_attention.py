@@ -63,7 +63,7 @@ def _cached_cu_seqlens(position_ids: torch.Tensor, batch: int) -> tuple[torch.Te
     return _last[1]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _params() -> frozenset[str]:
     from torch.nn.attention.varlen import varlen_attn
 
@@ -135,7 +135,7 @@ def varlen_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_o
                      kv_offset=kv_offset, attention_mask=attention_mask, **kwargs)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def register() -> str:
     """Register :data:`NAME` with transformers (attention function and mask); returns the name."""
     from transformers import AttentionInterface

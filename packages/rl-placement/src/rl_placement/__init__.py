@@ -67,6 +67,6 @@ def __getattr__(name: str):
 __all__ = [
     "STRATEGIES", "ActorCallError", "BundleGroup", "Colocation", "EngineBundles", "EngineSpec", "PlacedEngine",
     "PlacedRole", "PlacementError", "PlacementGroups", "PlacementPlan", "RankFailure", "RankInfo", "RayActorGroup",
-    "Role", "RolePlacement", "RoleSpec", "Slot", "bundle_node_ids", "cluster_gpus", "create_placement_group",
+    "Role", "RolePlacement", "RoleSpec", "Slot", "bundle_gpu_ids", "bundle_node_ids", "cluster_gpus", "create_placement_group",
     "create_placement_groups", "gpu_share", "node_ordered_bundles",
 ]

@@ -32,7 +32,6 @@ from rl_placement.bundles import (
     PlacedRole,
     PlacementGroups,
     _remove_and_wait,
-    bundle_gpu_ids,
     bundle_node_ids,
     cluster_gpus,
     create_placement_group,

@@ -314,16 +314,16 @@ class SummedRewards:
         if self._last is None:
             return None
         records = []
-        for f, rewards in zip(self.fns, self._last):
+        for f, rewards in zip(self.fns, self._last, strict=True):
             rec = f.last_record() if callable(getattr(f, "last_record", None)) else None
             records.append(rec if rec is not None else RewardRecord(list(rewards)))
         scored = any(r.scores is not None for r in records)
-        scores = [sum(x) for x in zip(*((r.rewards if r.scores is None else r.scores) for r in records))]
+        scores = [sum(x) for x in zip(*((r.rewards if r.scores is None else r.scores) for r in records), strict=True)]
         logs: dict[str, list[float]] = {}
         for i, r in enumerate(records):
             for k, v in r.extra_logs.items():
                 logs[k if k not in logs else f"{k}_{i}"] = v
-        return RewardRecord([sum(x) for x in zip(*self._last)], scores if scored else None, logs)
+        return RewardRecord([sum(x) for x in zip(*self._last, strict=True)], scores if scored else None, logs)
 
     def _sum(self, attr: str):
         from rl_rollout.rewards.runner import RewardCounts

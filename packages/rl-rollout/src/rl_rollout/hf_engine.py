@@ -326,7 +326,6 @@ class HFEngine:
         each name's element count, sum and sum of squares; a tied head is the embedding's tensor itself.
         Raises :class:`~rl_rollout.transport.WeightSyncError` naming every tensor that differs or is missing;
         returns ``{"tensors": n checked, "seconds": s}`` (the same contract as ``VLLMEngine.verify_weights``)."""
-        import time
 
         from rl_rollout.transport import WeightSyncError
         from rl_rollout.weights import DEFAULT_STATS_RTOL, compare_weight_stats, tensor_stats

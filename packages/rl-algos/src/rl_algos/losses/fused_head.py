@@ -131,7 +131,7 @@ class _FusedHeadFn(torch.autograd.Function):
             def pairs(logits, s=s, lab=lab):
                 if ctx.with_entropy:
                     outs = logprobs_and_entropy_from_logits(logits, lab, T)
-                    return [(o, g[s : s + chunk]) for o, g in zip(outs, (grad_lp, grad_ent)) if g is not None]
+                    return [(o, g[s : s + chunk]) for o, g in zip(outs, (grad_lp, grad_ent), strict=True) if g is not None]
                 return [(logprobs_from_logits(logits, lab, T), grad_lp[s : s + chunk])]
 
             grads.add(s, h, _chunk_grad(lambda h=h: F.linear(h, weight_VH, bias_V), pairs))

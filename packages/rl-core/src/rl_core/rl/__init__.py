@@ -14,8 +14,16 @@
 from rl_core.rl.batching import MicroBatchConfig, plan_micro_batches
 from rl_core.rl.experience import collate, dp_order, make_item, rows
 from rl_core.rl.frozen_workers import ReferenceWorker, RewardModelWorker
-from rl_core.rl.groups import (BroadcastWeightSync, DirectWeightSync, EngineFailure, GroupRollout, IpcWeightSync,
-                               LocalGroup, WorkerGroup, concurrently)
+from rl_core.rl.groups import (
+                               BroadcastWeightSync,
+                               DirectWeightSync,
+                               EngineFailure,
+                               GroupRollout,
+                               IpcWeightSync,
+                               LocalGroup,
+                               WorkerGroup,
+                               concurrently,
+)
 from rl_core.rl.workers import CriticWorker, PolicyWorker, hf_names
 
 __all__ = ["BroadcastWeightSync", "CriticWorker", "DirectWeightSync", "EngineFailure", "GroupRollout", "IpcWeightSync",

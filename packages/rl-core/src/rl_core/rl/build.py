@@ -31,8 +31,8 @@ from rl_core.attention import requested_attention
 from rl_core.metrics import MetricsLogger
 from rl_core.rl.batching import MicroBatchConfig
 from rl_core.rl.ds_sleep import check_ds_sleep
-from rl_core.rl.groups import DirectWeightSync, LocalGroup, WorkerGroup
 from rl_core.rl.frozen_workers import ReferenceWorker, RewardModelWorker
+from rl_core.rl.groups import DirectWeightSync, LocalGroup, WorkerGroup
 from rl_core.rl.workers import CriticWorker, PolicyWorker
 from rl_core.strategy import StrategyConfig
 from rl_core.trainers.ppo import PPOTrainer

@@ -137,7 +137,7 @@ class Trainer:
 
     # ----- batches ---------------------------------------------------------------------------
 
-    @functools.lru_cache(maxsize=1)  # one permutation per epoch, not per step
+    @functools.lru_cache(maxsize=1)  # noqa: B019 - one permutation per epoch, not per step; one trainer per run
     def _permutation(self, epoch: int) -> list[int]:
         g = torch.Generator().manual_seed(self.s.cfg.seed + epoch)
         return torch.randperm(len(self.dataset), generator=g).tolist()

@@ -69,9 +69,9 @@ import math
 import time
 
 import torch
-from rl_algos import estimator_names
 from tqdm import tqdm
 
+from rl_algos import estimator_names
 from rl_core.metrics import MetricsLogger
 from rl_core.rl import ds_sleep
 from rl_core.rl.batching import MicroBatchConfig, over_budget

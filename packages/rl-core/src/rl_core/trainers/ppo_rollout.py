@@ -16,8 +16,8 @@ import logging
 import time
 
 import torch
-from rl_algos import clip_rewards, overlong_penalty, stop_properly_penalty
 
+from rl_algos import clip_rewards, overlong_penalty, stop_properly_penalty
 from rl_core.rl.experience import make_item
 
 logger = logging.getLogger(__name__)

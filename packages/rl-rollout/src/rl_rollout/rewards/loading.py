@@ -47,7 +47,7 @@ import sys
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol, Union
+from typing import Any, Protocol
 
 SPEC_FORMS = "'path/to/file.py:func', 'package.module:func' or 'builtin:NAME' (exact_match, math, format:REGEX)"
 
@@ -56,7 +56,7 @@ class RewardFn(Protocol):
     def __call__(self, prompt: str, response: str, label: str | None, **info: Any) -> float: ...
 
 
-RewardSpec = Union[str, RewardFn]
+RewardSpec = str | RewardFn
 
 
 class RewardLoadError(ValueError):
@@ -191,7 +191,7 @@ def _check_signature(fn: Any, where: str) -> None:
     try:
         sig.bind("prompt", "response", None)
     except TypeError as e:
-        raise RewardLoadError(f"reward function {where} cannot be called as fn(prompt, response, label): {e}; {fix}")
+        raise RewardLoadError(f"reward function {where} cannot be called as fn(prompt, response, label): {e}; {fix}") from e
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
         raise RewardLoadError(
             f"reward function {where} has signature {sig} without **info (the per-sample extra fields); {fix}"

@@ -128,7 +128,7 @@ class RemoteRewardClient:
             return RewardRecord([])
         labels = [None] * n if labels is None else list(labels)
         size = max(1, -(-n // k))  # OpenRLHF's sharding: contiguous, ceil(n / servers) each
-        shards = [(u, i, min(i + size, n)) for u, i in zip(self.urls, range(0, n, size))]
+        shards = [(u, i, min(i + size, n)) for u, i in zip(self.urls, range(0, n, size), strict=False)]  # fewer shards than servers: some idle
         if len(shards) == 1:
             parts = [self._post(shards[0][0], prompts, responses, labels)]
         else:
