@@ -278,7 +278,7 @@ def test_bad_eval_settings_fail_with_the_fix(setup, tmp_path):
                    DataConfig(input_key="q", output_key="a", max_len=16))
     tok, ds = AutoTokenizer.from_pretrained(model), sft_data(setup)
     s = DeepSpeedStrategy(StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=2, train_batch_size=4))
-    with pytest.raises(ValueError, match=r"eval_steps=2 needs an eval set \(--eval_dataset PATH\)"):
+    with pytest.raises(ValueError, match=r"--eval_steps 2 needs --eval_dataset PATH"):
         SFTTrainer(s, None, tok, ds, SFTConfig(eval_steps=2))
     with pytest.raises(ValueError, match="the eval set has no rows"):
         SFTTrainer(s, None, tok, ds, SFTConfig(), eval_dataset=[])

@@ -19,6 +19,7 @@ import os
 import yaml
 
 from rl_cli.config import as_plain
+from rl_core.rl.roles import run_roles
 
 
 def as_dict(cfgs: dict[str, object]) -> dict[str, dict]:
@@ -62,8 +63,7 @@ def _rl_batches(cfgs: dict, ray: bool) -> list[str]:
                          f"actor rank(s) = {micro * world}")
     iters = (f"{p.max_iterations} (--max_iterations)" if p.max_iterations
              else f"{p.num_episodes} episode(s) x prompts // {p.rollout_batch_size}")
-    roles = ["policy"] + (["critic"] if p.needs_critic else []) + (["reference"] if p.needs_reference else []) \
-        + (["reward model"] if cfgs["model"].reward_pretrain else [])
+    roles = run_roles(p, reward_model=bool(cfgs["model"].reward_pretrain)).names()
     b, rows = cfgs["batching"], "packed rows" if cfgs["data"].packing else "padded rows"
     budget, _ = b.forward_budget()
     train_mb = f"at most {b.max_tokens_per_gpu} tokens" if b.max_tokens_per_gpu else f"{micro} samples"

@@ -32,7 +32,7 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
-from rl_cli.config import build_parser, describe, resolve
+from rl_cli.config import build_parser, resolve
 from rl_cli.errors import CliArgs, UserError, set_debug, user_errors
 from rl_cli.train import _local_models, _wandb_installed, _wandb_key, check_moe
 from rl_rollout import engine_spec
@@ -115,17 +115,27 @@ def _refuse_unused(cfgs: dict, parser) -> None:
             parser.error(f"--{name}: {why}; drop the flag")
 
 
+def _role_counts(ray_args: RayArgs, ppo, model) -> dict[str, tuple[int, int]]:
+    """``{role: (nodes, GPUs per node)}`` of an ``rl ppo-ray`` run: the roles rl-core's :func:`run_roles` decides
+    the run has (0, 0 for the others), each defaulting to the actor's counts."""
+    from rl_core.rl.roles import run_roles
+
+    a, roles = ray_args, run_roles(ppo, reward_model=bool(model.reward_pretrain))
+
+    def counts(prefix: str, needed: bool) -> tuple[int, int]:
+        nodes, gpus = getattr(a, f"{prefix}_num_nodes"), getattr(a, f"{prefix}_num_gpus_per_node")
+        if not needed:
+            return 0, 0
+        return (a.actor_num_nodes if nodes is None else nodes), (a.actor_num_gpus_per_node if gpus is None else gpus)
+
+    return {"actor": (a.actor_num_nodes, a.actor_num_gpus_per_node), "critic": counts("critic", roles.critic),
+            "ref": counts("ref", roles.ref), "reward": counts("reward", roles.reward_model)}
+
+
 def _world_sizes(cfgs: dict) -> dict[str, int]:
     """Ranks of each model role of an ``rl ppo-ray`` run, from the flags (the plan's own checks come later)."""
-    a, p = cfgs["ray"], cfgs["ppo"]
-
-    def ranks(prefix: str, needed: bool) -> int:
-        nodes, gpus = getattr(a, f"{prefix}_num_nodes"), getattr(a, f"{prefix}_num_gpus_per_node")
-        nodes = a.actor_num_nodes if nodes is None else nodes
-        return (nodes * (a.actor_num_gpus_per_node if gpus is None else gpus)) if needed else 0
-
-    return {"policy": a.actor_num_nodes * a.actor_num_gpus_per_node, "critic": ranks("critic", p.needs_critic),
-            "ref": ranks("ref", p.needs_reference), "reward": ranks("reward", bool(cfgs["model"].reward_pretrain))}
+    c = _role_counts(cfgs["ray"], cfgs["ppo"], cfgs["model"])
+    return {"policy" if role == "actor" else role: nodes * gpus for role, (nodes, gpus) in c.items()}
 
 
 def _prepare(name: str, argv: list[str] | None, ray: bool):
@@ -155,12 +165,15 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         parser.error("--pretrain is required: a local HF model folder (config.json, weights, tokenizer)")
     if not d.dataset:
         parser.error("--prompt_data (or --dataset) is required: prompts as .jsonl/.json/.parquet or a datasets folder")
-    if not (cfgs["reward"].given or m.reward_pretrain or p.agent):
-        parser.error("no reward: give --reward_fn SPEC (file.py:func, builtin:math ...), --remote_rm_url URL, "
-                     "--reward_pretrain FOLDER or --agent_func_path FILE.py (an environment's rewards)")
+    from rl_core.configs import check_eval_set
+    from rl_core.rl.roles import require_reward
+
+    try:
+        require_reward(reward_fn=cfgs["reward"].given, reward_model=bool(m.reward_pretrain), agent=bool(p.agent))
+        check_eval_set(p.eval.steps, bool(d.eval_dataset))
+    except ValueError as e:
+        parser.error(str(e))
     _refuse_unused(cfgs, parser)
-    if p.eval.steps > 0 and not d.eval_dataset:
-        parser.error(f"--eval_steps {p.eval.steps} needs --eval_dataset PATH (the prompts to evaluate on)")
     if d.eval_dataset and p.async_rl:
         parser.error("--eval_dataset with --async_train is not built (the eval pass would share the engines with "
                      "the sampling that runs ahead): drop one of them")
@@ -222,9 +235,6 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
           f"estimator {p.advantage_estimator}{', critic' if p.needs_critic else ''}, loss {p.policy_loss_type}"
           f"{', reference (kl ' + str(p.kl.init_coef) + (' loss' if p.kl.use_loss else ' penalty') + ')' if p.needs_reference else ''}",
           flush=True)
-    if getattr(args, "print_config", False):
-        print(describe(cfgs))
-        return None
     check_rl_batches(p, s, len(prompts), _world_sizes(cfgs) if ray else None)  # before any model loads
     return cfgs, tok, prompts, eval_prompts
 
@@ -320,21 +330,11 @@ def plan_from(ray_args: RayArgs, ppo, model):
     """The placement plan: roles the run needs (critic for gae, ref for KL, reward for a reward model)."""
     from rl_placement import PlacementPlan
 
-    a = ray_args
-
-    def counts(prefix: str, needed: bool):
-        nodes, gpus = getattr(a, f"{prefix}_num_nodes"), getattr(a, f"{prefix}_num_gpus_per_node")
-        if not needed:
-            return 0, 0
-        return (a.actor_num_nodes if nodes is None else nodes), (a.actor_num_gpus_per_node if gpus is None else gpus)
-
-    critic = counts("critic", ppo.needs_critic)
-    ref = counts("ref", ppo.needs_reference)
-    reward = counts("reward", bool(model.reward_pretrain))
+    a, c = ray_args, _role_counts(ray_args, ppo, model)
     return PlacementPlan.from_flags(
         actor_num_nodes=a.actor_num_nodes, actor_num_gpus_per_node=a.actor_num_gpus_per_node,
-        critic_num_nodes=critic[0], critic_num_gpus_per_node=critic[1], ref_num_nodes=ref[0],
-        ref_num_gpus_per_node=ref[1], reward_num_nodes=reward[0], reward_num_gpus_per_node=reward[1],
+        critic_num_nodes=c["critic"][0], critic_num_gpus_per_node=c["critic"][1], ref_num_nodes=c["ref"][0],
+        ref_num_gpus_per_node=c["ref"][1], reward_num_nodes=c["reward"][0], reward_num_gpus_per_node=c["reward"][1],
         vllm_num_engines=a.vllm_num_engines, vllm_tensor_parallel_size=a.vllm_tensor_parallel_size,
         colocate_actor_ref=a.colocate_actor_ref, colocate_critic_reward=a.colocate_critic_reward,
         colocate_all_models=a.colocate_all_models)

@@ -254,8 +254,12 @@ def run(name: str, argv: list[str] | None = None) -> int:
             cfgs["strategy"].check_param_offload("--ref_offload")
         except ValueError as e:
             parser.error(str(e))
-    if cfgs["train"].eval_steps > 0 and not cfgs["data"].eval_dataset:
-        parser.error(f"--eval_steps {cfgs['train'].eval_steps} needs --eval_dataset PATH (the rows to evaluate on)")
+    from rl_core.configs import check_eval_set  # rl-core loads torch: after the parse, as the trainers are
+
+    try:
+        check_eval_set(cfgs["train"].eval_steps, bool(cfgs["data"].eval_dataset))
+    except ValueError as e:
+        parser.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from rl_core.data import DataError, load_rows, training_rows

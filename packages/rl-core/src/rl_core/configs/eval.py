@@ -36,6 +36,13 @@ def best_metric_name(key: str, n: int) -> str | None:
     return "eval/" + name
 
 
+def check_eval_set(steps: int, has_eval_set: bool) -> None:
+    """Evaluating every ``steps`` steps needs an eval set (the one check of it, for every trainer)."""
+    if steps > 0 and not has_eval_set:
+        raise ValueError(f"--eval_steps {steps} needs --eval_dataset PATH (the rows to evaluate on), or drop "
+                         f"--eval_steps")
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """When the eval pass runs, how it samples, and which of its metrics picks the best checkpoint."""

@@ -7,6 +7,7 @@
 - :mod:`rl_core.rl.ds_sleep`: DeepSpeed sleep, the trained roles' states in host memory while the engines generate.
 - :mod:`rl_core.rl.groups`: the worker-group protocol, the in-process group, generation over
   engine groups and the weight syncs (collective broadcast, CUDA IPC, in-process).
+- :mod:`rl_core.rl.roles`: which roles a run has (decided once) and the check that it has a reward.
 - :mod:`rl_core.rl.build` (import it by name: it needs the trainers): the one builder: a run config and a group factory in, the roles, engines,
   weight sync and loop of a run out (``rl ppo``, ``rl ppo-ray``, ``rl demo``, benchmarks, tests).
 """

@@ -33,6 +33,7 @@ from rl_core.rl.batching import MicroBatchConfig
 from rl_core.rl.ds_sleep import check_ds_sleep
 from rl_core.rl.frozen_workers import ReferenceWorker, RewardModelWorker
 from rl_core.rl.groups import DirectWeightSync, LocalGroup, WorkerGroup
+from rl_core.rl.roles import require_reward, run_roles
 from rl_core.rl.workers import CriticWorker, PolicyWorker
 from rl_core.strategy import StrategyConfig
 from rl_core.trainers.ppo import PPOTrainer
@@ -213,15 +214,14 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
     m, s, p = cfg.model, cfg.strategy, cfg.ppo
     if not m.pretrain:
         raise ValueError("RLModelConfig.pretrain (--pretrain) is required: a local HF model folder")
-    if reward_fn is None and not m.reward_pretrain and not p.agent:
-        raise ValueError("no reward: give a reward function (--reward_fn / --remote_rm_url), a reward model "
-                         "(--reward_pretrain) or an environment (--agent_func_path)")
+    require_reward(reward_fn=reward_fn is not None, reward_model=bool(m.reward_pretrain), agent=bool(p.agent))
+    roles = run_roles(p, reward_model=bool(m.reward_pretrain))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     samples = p.rollout_batch_size * p.n_samples_per_prompt
     steps = p.optimizer_steps(len(prompts), s.train_batch_size) if samples % s.train_batch_size == 0 else 1
     kw = cfg.load_kw()
     mb = {"batching": cfg.batching, "packing": cfg.packing}
-    if p.needs_critic and _is_vlm(m.pretrain):
+    if roles.critic and _is_vlm(m.pretrain):
         raise ValueError(f"a critic for a vision-language policy ({m.pretrain}) is not built: pick an estimator "
                          f"without one (--advantage_estimator reinforce_baseline, rloo, group_norm ...), as OpenRLHF")
     actor_kw = {**kw, "fused_lm_head": m.fused_lm_head}  # the policy and the reference: the critic has no LM head
@@ -231,11 +231,11 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
                           ptx=ptx_items, **mb)
     head = {"value_head_prefix": m.value_head_prefix}  # where an OpenRLHF-format folder keeps its head
     critic = factory.role("critic", CriticWorker, s, m.critic_path, p, steps, load_kw={**kw, **head},
-                          pad_id=pad, **mb) if p.needs_critic else None
+                          pad_id=pad, **mb) if roles.critic else None
     ref = factory.role("ref", ReferenceWorker, s, m.ref_path, load_kw=actor_kw, pad_id=pad,
-                       temperature=p.temperature, offload=m.ref_offload, **mb) if p.needs_reference else None
+                       temperature=p.temperature, offload=m.ref_offload, **mb) if roles.ref else None
     rm = factory.role("reward", RewardModelWorker, s, m.reward_pretrain, load_kw={**kw, **head}, pad_id=pad,
-                      normalize=m.normalize_reward, offload=m.reward_offload, **mb) if m.reward_pretrain else None
+                      normalize=m.normalize_reward, offload=m.reward_offload, **mb) if roles.reward_model else None
     device = policy.call_rank(0, "world")["device"]
     rollout = factory.rollout(cfg.engine, m.pretrain, dtype=cfg.dtype, seed=s.seed, device=device)
     sync = factory.weight_sync(policy, rollout, cfg.sync)

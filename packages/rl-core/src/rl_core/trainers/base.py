@@ -36,7 +36,7 @@ import torch
 from tqdm import tqdm
 
 from rl_core.checkpoint import CheckpointManager, export_hf
-from rl_core.configs import CheckpointConfig, from_flat
+from rl_core.configs import CheckpointConfig, check_eval_set, from_flat
 from rl_core.data import pack_collate, pad_collate
 from rl_core.metrics import LoggerConfig, MetricsLogger
 from rl_rollout.config import check_numbers, meta
@@ -106,8 +106,7 @@ class Trainer:
         self.eval_dataset = eval_dataset
         if eval_dataset is not None and len(eval_dataset) == 0:
             raise ValueError("the eval set has no rows; pass --eval_dataset a file with usable rows, or leave it unset")
-        if eval_dataset is None and cfg.eval_steps > 0:
-            raise ValueError(f"eval_steps={cfg.eval_steps} needs an eval set (--eval_dataset PATH) to evaluate on")
+        check_eval_set(cfg.eval_steps, eval_dataset is not None)
         self.eval_history: list[dict[str, float]] = []  # {"step": N, NAME: value, ...} per evaluation of fit()
         self.packing = bool(getattr(getattr(dataset, "cfg", None), "packing", False))
         if self.packing and not self.supports_packing:

@@ -72,6 +72,7 @@ import torch
 from tqdm import tqdm
 
 from rl_algos import estimator_names
+from rl_core.configs import check_eval_set
 from rl_core.metrics import MetricsLogger
 from rl_core.rl import ds_sleep
 from rl_core.rl.batching import MicroBatchConfig, over_budget
@@ -79,6 +80,7 @@ from rl_core.rl.checkpoint import RLCheckpoints
 from rl_core.rl.experience import collate, dp_order, ring_shards, rows
 from rl_core.rl.groups import LocalGroup, concurrently
 from rl_core.rl.pipeline import AsyncRollout
+from rl_core.rl.roles import require_reward
 from rl_core.trainers.ppo_checkpoint import CheckpointPhase
 from rl_core.trainers.ppo_config import PPOConfig
 from rl_core.trainers.ppo_eval import EvalPhase
@@ -118,14 +120,11 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         self.eval_prompts = eval_prompts
         if eval_prompts is not None and len(eval_prompts) == 0:
             raise ValueError("the eval set has no rows; pass --eval_dataset a file with usable rows, or leave it unset")
-        if eval_prompts is None and cfg.eval.steps > 0:
-            raise ValueError(f"eval_steps={cfg.eval.steps} needs an eval set (--eval_dataset PATH) to evaluate on")
+        check_eval_set(cfg.eval.steps, eval_prompts is not None)
         if eval_prompts is not None and cfg.async_rl:
             raise ValueError("--eval_dataset with --async_train is not built (the eval pass would share the engines "
                              "with the producer thread's sampling): drop one of them")
-        if reward_fn is None and reward_model is None and not cfg.agent:
-            raise ValueError("no reward: give a reward function (--reward_fn / --remote_rm_url), a reward model "
-                             "(--reward_pretrain) or an environment (--agent_func_path)")
+        require_reward(reward_fn=reward_fn is not None, reward_model=reward_model is not None, agent=bool(cfg.agent))
         self.agent = None  # a factory of fresh environments, one per episode
         if cfg.agent:
             from rl_rollout.agents.openrlhf import load_agent

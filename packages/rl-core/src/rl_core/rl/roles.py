@@ -1,0 +1,38 @@
+"""Which roles an RL run has, decided once: :func:`run_roles` (read by :func:`~rl_core.rl.build.build_run`, by
+rl-cli's placement plan and GPU counts, and by ``--print_config``), and :func:`require_reward`, the one check that
+a run has something to score its samples with.
+
+A run always has the policy; a critic when the estimator's rl-algos registry entry needs one (``gae``), a
+reference when KL to it is on (``kl.init_coef > 0``), a reward-model role when a reward model is given.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Roles:
+    """The model roles of a run besides the policy."""
+
+    critic: bool
+    ref: bool
+    reward_model: bool
+
+    def names(self) -> list[str]:
+        return ["policy"] + [n for n, on in (("critic", self.critic), ("reference", self.ref),
+                                             ("reward model", self.reward_model)) if on]
+
+
+def run_roles(ppo, *, reward_model: bool) -> Roles:
+    """``ppo``: the run's :class:`~rl_core.trainers.ppo_config.PPOConfig`; ``reward_model``: a reward model is
+    given (``--reward_pretrain``)."""
+    return Roles(critic=ppo.needs_critic, ref=ppo.needs_reference, reward_model=bool(reward_model))
+
+
+def require_reward(*, reward_fn: bool, reward_model: bool, agent: bool) -> None:
+    """A run scores its samples with a reward function, a reward model or an environment's rewards."""
+    if not (reward_fn or reward_model or agent):
+        raise ValueError("no reward: give a reward function (--reward_fn file.py:func, builtin:math ..., or "
+                         "--remote_rm_url URL), a reward model (--reward_pretrain FOLDER) or an environment "
+                         "(--agent_func_path FILE.py, whose step rewards score the episodes)")
