@@ -42,14 +42,14 @@ from rl_algos.losses import (
     value_loss,
     weighted_logprob_sum_from_hidden,
 )
-from rl_algos.shaping import clip_rewards, kl_penalized_rewards, overlong_penalty, stop_properly_penalty
+from rl_algos.shaping import ShapingConfig, clip_rewards, kl_penalized_rewards, overlong_penalty, stop_properly_penalty
 
 __version__ = "0.5.0"
 
 __all__ = [
     "POLICY_LOSSES", "EstimatorSpec", "GSPOLossConfig", "ISCorrectionConfig", "PPOLossConfig", "estimator_names",
     "policy_loss_config",
-    "KLConfig", "KLEstimator",
+    "KLConfig", "KLEstimator", "ShapingConfig",
     "ESTIMATORS", "AdaptiveKLController", "AdvantageEstimator", "Advantages", "FixedKLController",
     "GroupFilterResult", "advantages", "aggregate_loss", "approx_kl", "clip_rewards", "compute_advantages",
     "dpo_loss", "entropy_from_logits", "filter_groups", "filters", "get_estimator", "kl", "kl_penalized_rewards",

@@ -1,8 +1,8 @@
 """The RL loop's settings (:class:`PPOConfig`): the root of the run's config tree, and what follows from them.
 
 The tree: the loop's own fields here, and one node per concern, each owned by the package whose code reads
-it: rl-algos' :class:`~rl_algos.KLConfig` (``kl``), rl-core's :mod:`rl_core.configs` (``ckpt``, ``eval``,
-``critic_optimizer``, and the optional features, present when on: ``async_rl``, ``agent``, ``ptx``, ``ema``,
+it: rl-algos' :class:`~rl_algos.KLConfig` (``kl``) and :class:`~rl_algos.ShapingConfig` (``shaping``),
+rl-core's :mod:`rl_core.configs` (``ckpt``, ``eval``, ``critic_optimizer``, and the optional features, present when on: ``async_rl``, ``agent``, ``ptx``, ``ema``,
 ``dynamic_filtering``). Each node checks its own fields; the rules that cross nodes are here, in
 ``__post_init__``, once. Migrating from the flat config of rl-core 0.15: ``PPOConfig(init_kl_coef=0)`` is
 ``PPOConfig(kl=KLConfig(init_coef=0))``, ``async_train=True, max_staleness=2`` is
@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from rl_algos import ESTIMATORS, ISCorrectionConfig, KLConfig, get_estimator, policy_loss_config
+from rl_algos import ESTIMATORS, ISCorrectionConfig, KLConfig, ShapingConfig, get_estimator, policy_loss_config
 from rl_core.configs import (
     AgentConfig,
     AsyncConfig,
@@ -100,17 +100,8 @@ class PPOConfig:
         "calls fail (raise, time out, return a non-number, NaN or inf; each gets --reward_fallback); in [0, 1), so "
         "an iteration whose calls all fail always stops; 0: any failure stops. Default 0.5: past half, fallback "
         "rewards outweigh real ones and the advantages mostly measure the failures"))
-    reward_clip_range: tuple[float, float] | None = field(default=None, metadata=meta(
-        "clip rewards to LOW HIGH", openrlhf=("reward.clip_range",)))
-    overlong_buffer_len: int | None = field(default=None, metadata=meta(
-        "DAPO overlong penalty: the last N tokens before generate_max_len ramp the penalty up",
-        openrlhf=("reward.overlong_buffer_len",)))
-    overlong_penalty_factor: float = field(default=1.0, metadata=meta(
-        "DAPO overlong penalty at generate_max_len", openrlhf=("reward.overlong_penalty_factor",)))
-    stop_properly_penalty_coef: float | None = field(default=None, metadata=meta(
-        "ProRL stop-properly penalty on samples cut at --generate_max_len (finish reason length, no EOS): their "
-        "reward is scaled by this coefficient in [0, 1], or, when negative, replaced by it (a fixed reward)",
-        openrlhf=("reward.stop_properly_penalty_coef",)))
+    shaping: ShapingConfig = field(default_factory=ShapingConfig, metadata=meta(
+        "reward shaping before the advantages: length penalties and clipping (rl-algos)"))
     whiten_advantages: bool | None = field(default=None, metadata=meta(
         "batch-whiten the advantages (default: what the estimator's registry entry says)"))
     no_advantage_std_norm: bool = field(default=False, metadata=meta(
@@ -150,7 +141,7 @@ class PPOConfig:
     def __post_init__(self) -> None:
         spec = get_estimator(self.advantage_estimator)  # an unknown name fails listing the valid ones
         check_numbers(self, positive=("eps_clip", "top_p"), non_negative=(
-            "value_clip", "overlong_penalty_factor", "freezing_actor_steps", "aux_loss_coef"),
+            "value_clip", "freezing_actor_steps", "aux_loss_coef"),
             unit=("gamma", "lambd", "top_p"))
         for name in ("n_samples_per_prompt", "rollout_batch_size", "generate_max_len", "num_episodes", "max_epochs",
                      "logging_steps"):
@@ -163,18 +154,12 @@ class PPOConfig:
         if self.entropy_loss_coef is not None and not math.isfinite(self.entropy_loss_coef):
             raise ValueError(f"entropy_loss_coef (--entropy_loss_coef) must be a finite number, got "
                              f"{self.entropy_loss_coef}")
-        if self.overlong_buffer_len is not None and not 0 < self.overlong_buffer_len <= self.generate_max_len:
-            raise ValueError(f"overlong_buffer_len (--overlong_buffer_len) must be in 1..generate_max_len="
-                             f"{self.generate_max_len}, got {self.overlong_buffer_len}")
         if not 0 <= self.reward_max_failure_rate < 1:
             raise ValueError(f"reward_max_failure_rate (--reward_max_failure_rate) must be in [0, 1), got "
                              f"{self.reward_max_failure_rate}: an iteration whose reward calls all fail always "
                              "stops the run (0: any failure stops it)")
         if self.logprob_gap_alarm is not None and self.logprob_gap_alarm < 0:
             raise ValueError(f"logprob_gap_alarm must be >= 0 (0: off), got {self.logprob_gap_alarm}")
-        if self.stop_properly_penalty_coef is not None and self.stop_properly_penalty_coef > 1:
-            raise ValueError(f"stop_properly_penalty_coef (--stop_properly_penalty_coef) must be in [0, 1] (a "
-                             f"scale) or negative (a fixed reward), got {self.stop_properly_penalty_coef}")
         self._check_across(spec)
         try:
             self.policy_loss  # noqa: B018 - builds (and so validates) the variant
@@ -187,6 +172,10 @@ class PPOConfig:
         if self.n_samples_per_prompt < spec.min_group_size:
             raise ValueError(f"--advantage_estimator {self.advantage_estimator} compares the samples of a prompt: "
                              f"set --n_samples_per_prompt >= {spec.min_group_size} (got {self.n_samples_per_prompt})")
+        buffer = self.shaping.overlong_buffer_len
+        if buffer is not None and buffer > self.generate_max_len:
+            raise ValueError(f"overlong_buffer_len (--overlong_buffer_len) must be in 1..generate_max_len="
+                             f"{self.generate_max_len}, got {buffer}")
         if self.dynamic_filtering and self.n_samples_per_prompt < 2:
             raise ValueError("--dynamic_filtering judges groups of samples: set --n_samples_per_prompt >= 2")
         if self.agent and self.agent.turn_rewards and not spec.turn_rewards:

@@ -137,17 +137,18 @@ class RolloutPhase:
         c = self.cfg
         if c.agent and c.agent.turn_rewards:  # earlier turns' rewards go on their own last tokens; the last turn's stays here
             scores = scores - place_turn_rewards(samples, items)
-        if c.overlong_buffer_len is not None:
+        sh = c.shaping
+        if sh.overlong_buffer_len is not None:
             lengths = torch.tensor([len(s.response_ids) for s in samples])
-            penalty = overlong_penalty(lengths, c.generate_max_len, c.overlong_buffer_len, c.overlong_penalty_factor)
+            penalty = overlong_penalty(lengths, c.generate_max_len, sh.overlong_buffer_len, sh.overlong_penalty_factor)
             scores = scores + penalty
             info["overlong_penalty_mean"] = penalty.mean().item()
-        if c.stop_properly_penalty_coef is not None:  # ProRL, as OpenRLHF: cut samples (no EOS) lose their reward
+        if sh.stop_properly_penalty_coef is not None:  # ProRL, as OpenRLHF: cut samples (no EOS) lose their reward
             cut = torch.tensor([s.finish_reason == "length" for s in samples])
-            scores = stop_properly_penalty(scores, cut, c.stop_properly_penalty_coef)
+            scores = stop_properly_penalty(scores, cut, sh.stop_properly_penalty_coef)
             info["stop_properly_penalized"] = cut.float().mean().item()
-        if c.reward_clip_range is not None:
-            scores = clip_rewards(scores, *c.reward_clip_range)
+        if sh.clip_range is not None:
+            scores = clip_rewards(scores, *sh.clip_range)
         return scores, info
 
     def _score(self, prompts: list[dict], samples, items: list[dict], n: int) -> tuple[torch.Tensor, dict]:
