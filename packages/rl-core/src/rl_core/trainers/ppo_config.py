@@ -2,8 +2,8 @@
 
 The tree: the loop's own fields here, and one node per concern, each owned by the package whose code reads
 it: rl-algos' :class:`~rl_algos.KLConfig` (``kl``) and :class:`~rl_algos.ShapingConfig` (``shaping``),
-rl-core's :mod:`rl_core.configs` (``ckpt``, ``eval``, ``critic_optimizer``, and the optional features, present when on: ``async_rl``, ``agent``, ``ptx``, ``ema``,
-``dynamic_filtering``). Each node checks its own fields; the rules that cross nodes are here, in
+rl-core's :mod:`rl_core.configs` (``ckpt``, ``eval``, ``critic_optimizer``, and the optional features, present
+when on: ``async_rl``, ``agent``, ``ptx``, ``ema``, ``dynamic_filtering``). Each node checks its own fields; the rules that cross nodes are here, in
 ``__post_init__``, once. Migrating from the flat config of rl-core 0.15: ``PPOConfig(init_kl_coef=0)`` is
 ``PPOConfig(kl=KLConfig(init_coef=0))``, ``async_train=True, max_staleness=2`` is
 ``async_rl=AsyncConfig(max_staleness=2)``, ``save_steps=..., ckpt_path=...`` is ``ckpt=CheckpointConfig(...)``
