@@ -14,7 +14,7 @@ from ray.cluster_utils import Cluster
 
 from rl_placement import (
     Colocation,
-    EngineSpec,
+    EngineLayout,
     PlacementError,
     PlacementPlan,
     RayActorGroup,
@@ -54,7 +54,7 @@ def test_cluster_shape_feeds_validation():
                                              r"actor_num_nodes=2 and actor_num_gpus_per_node=2"):
         create_placement_groups(PlacementPlan(actor=RoleSpec(1, 4)))
     with pytest.raises(PlacementError, match=r"vllm_tensor_parallel_size=4 but the cluster's nodes have 2 GPUs"):
-        create_placement_groups(PlacementPlan(actor=RoleSpec(1, 1), engines=EngineSpec(1, 4)))
+        create_placement_groups(PlacementPlan(actor=RoleSpec(1, 1), engines=EngineLayout(1, 4)))
 
 
 def test_spread_and_pack_choose_the_nodes():
@@ -72,7 +72,7 @@ def test_spread_and_pack_choose_the_nodes():
 def test_multinode_hybrid_keeps_tp_groups_on_one_node():
     # 2 nodes x 2 GPUs of actor, two TP=2 engines on the same GPUs. SPREAD interleaves the
     # bundles over the nodes (0 and 2 on one, 1 and 3 on the other); ranks must still run node-major.
-    plan = PlacementPlan(actor=RoleSpec(2, 2), engines=EngineSpec(2, 2), colocation=Colocation.ALL)
+    plan = PlacementPlan(actor=RoleSpec(2, 2), engines=EngineLayout(2, 2), colocation=Colocation.ALL)
     placed = create_placement_groups(plan, strategy="SPREAD", timeout_s=30)
     try:
         nodes = bundle_node_ids(placed.placement_group("hybrid"))

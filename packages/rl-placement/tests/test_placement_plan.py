@@ -11,7 +11,7 @@ import pytest
 
 from rl_placement import (
     Colocation,
-    EngineSpec,
+    EngineLayout,
     PlacementError,
     PlacementPlan,
     Role,
@@ -102,7 +102,7 @@ def test_hybrid_engine_puts_everything_on_the_actor_gpus():
 
 def test_hybrid_with_all_five_roles_takes_a_fifth_each():
     spec = RoleSpec(1, 4)
-    plan = PlacementPlan(actor=spec, critic=spec, ref=spec, reward=spec, engines=EngineSpec(4, 1),
+    plan = PlacementPlan(actor=spec, critic=spec, ref=spec, reward=spec, engines=EngineLayout(4, 1),
                          colocation=Colocation.ALL)
     assert gpu_map(plan)["hybrid"][3] == ["actor r3", "critic r3", "ref r3", "reward r3", "vllm e3/tp0"]
     assert {plan.placement(r).gpu_share for r in plan.roles} == {0.2}
@@ -129,7 +129,7 @@ def test_from_flags_matches_the_constructor_and_drops_absent_roles():
 
 
 def test_exact_fit_validates():
-    plan = PlacementPlan(actor=RoleSpec(2, 4), critic=RoleSpec(1, 4), engines=EngineSpec(2, 2))
+    plan = PlacementPlan(actor=RoleSpec(2, 4), critic=RoleSpec(1, 4), engines=EngineLayout(2, 2))
     plan.validate(cluster_gpus=16, gpus_per_node=4)
     plan.validate()  # without a cluster only the plan's own consistency is checked
 
@@ -146,7 +146,7 @@ def test_plan_needs_no_ray():
 @pytest.mark.parametrize("make, message", [
     (lambda: RoleSpec(0, 4), "RoleSpec.num_nodes must be a positive integer, got 0"),
     (lambda: RoleSpec(1, 2.5), "RoleSpec.num_gpus_per_node must be a positive integer, got 2.5"),
-    (lambda: EngineSpec(2, 0), "EngineSpec.tensor_parallel_size must be a positive integer, got 0"),
+    (lambda: EngineLayout(2, 0), "EngineLayout.tensor_parallel_size must be a positive integer, got 0"),
     (lambda: PlacementPlan(actor=None), "actor must be a RoleSpec (the actor is required), got None"),
 ])
 def test_spec_errors(make, message):
@@ -208,12 +208,12 @@ def test_hybrid_needs_actor_gpus_equal_engines_times_tp():
         "vllm_num_engines x vllm_tensor_parallel_size: actor has 1 node x 8 GPUs = 8, engines have 2 engines x TP 2 "
         "= 4; set vllm_num_engines=4 (with vllm_tensor_parallel_size=2), or resize the actor to 4 GPUs")
     with pytest.raises(PlacementError, match=r"choose a vllm_tensor_parallel_size that divides 4"):
-        PlacementPlan(actor=RoleSpec(1, 4), engines=EngineSpec(1, 3), colocation=Colocation.ALL)
+        PlacementPlan(actor=RoleSpec(1, 4), engines=EngineLayout(1, 3), colocation=Colocation.ALL)
 
 
 def test_hybrid_tp_may_not_span_nodes():
     with pytest.raises(PlacementError) as info:
-        PlacementPlan(actor=RoleSpec(2, 2), engines=EngineSpec(1, 4), colocation=Colocation.ALL)
+        PlacementPlan(actor=RoleSpec(2, 2), engines=EngineLayout(1, 4), colocation=Colocation.ALL)
     assert str(info.value) == (
         "vllm_tensor_parallel_size=4 does not divide actor_num_gpus_per_node=2: in the hybrid engine an engine's "
         "TP ranks would span two nodes; use a TP that divides 2")
@@ -222,7 +222,7 @@ def test_hybrid_tp_may_not_span_nodes():
 def test_hybrid_needs_every_model_the_actor_shape():
     with pytest.raises(PlacementError) as info:
         PlacementPlan(actor=RoleSpec(1, 4), critic=RoleSpec(1, 2), ref=RoleSpec(1, 4), reward=RoleSpec(1, 1),
-                      engines=EngineSpec(4), colocation=Colocation.ALL)
+                      engines=EngineLayout(4), colocation=Colocation.ALL)
     assert len(info.value.problems) == 2
     assert "critic has 1 node x 2 GPUs = 2; set critic_num_nodes=1 and critic_num_gpus_per_node=4" in str(info.value)
     assert "reward has 1 node x 1 GPU = 1; set reward_num_nodes=1 and reward_num_gpus_per_node=4" in str(info.value)
@@ -241,7 +241,7 @@ def test_role_larger_than_the_cluster():
 
 
 def test_total_larger_than_the_cluster_lists_each_group():
-    plan = PlacementPlan(actor=RoleSpec(1, 4), ref=RoleSpec(1, 4), critic=RoleSpec(1, 2), engines=EngineSpec(2, 1),
+    plan = PlacementPlan(actor=RoleSpec(1, 4), ref=RoleSpec(1, 4), critic=RoleSpec(1, 2), engines=EngineLayout(2, 1),
                          colocation=Colocation.ACTOR_REF)
     with pytest.raises(PlacementError) as info:
         plan.validate(cluster_gpus=6)
@@ -251,7 +251,7 @@ def test_total_larger_than_the_cluster_lists_each_group():
 
 
 def test_roles_and_tp_wider_than_a_node():
-    plan = PlacementPlan(actor=RoleSpec(1, 8), critic=RoleSpec(1, 6), engines=EngineSpec(1, 8))
+    plan = PlacementPlan(actor=RoleSpec(1, 8), critic=RoleSpec(1, 6), engines=EngineLayout(1, 8))
     with pytest.raises(PlacementError) as info:
         plan.validate(gpus_per_node=4)
     assert info.value.problems == (

@@ -18,7 +18,7 @@ from ray.util.placement_group import placement_group_table
 from rl_placement import (
     ActorCallError,
     Colocation,
-    EngineSpec,
+    EngineLayout,
     PlacementError,
     PlacementPlan,
     RayActorGroup,
@@ -153,7 +153,7 @@ def test_every_colocation_mode_gets_the_planned_gpus():
 def test_hybrid_engine_gpus_and_engine_bundles():
     # Hybrid: the actor and a TP=2 engine on the same two GPUs, half each; engine TP rank i on actor rank i's
     # GPU. (More roles on the bundle only shrink the share: see test_placement_plan.py.)
-    plan = PlacementPlan(actor=RoleSpec(1, 2), engines=EngineSpec(1, 2), colocation=Colocation.ALL)
+    plan = PlacementPlan(actor=RoleSpec(1, 2), engines=EngineLayout(1, 2), colocation=Colocation.ALL)
     placed, groups = start_roles(plan, ["actor"])
     try:
         (engine,) = placed.engines()

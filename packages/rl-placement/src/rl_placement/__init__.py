@@ -23,7 +23,7 @@ from rl_placement.specs import (
     BundleGroup,
     Colocation,
     EngineBundles,
-    EngineSpec,
+    EngineLayout,
     PlacementError,
     Role,
     RolePlacement,
@@ -47,7 +47,7 @@ if TYPE_CHECKING:
     )
     from rl_placement.groups import ActorCallError, RankFailure, RankInfo, RayActorGroup
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"
 
 # Ray names -> the submodule that defines them, imported on first use.
 _RAY_NAMES = {
@@ -65,7 +65,7 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "STRATEGIES", "ActorCallError", "BundleGroup", "Colocation", "EngineBundles", "EngineSpec", "PlacedEngine",
+    "STRATEGIES", "ActorCallError", "BundleGroup", "Colocation", "EngineBundles", "EngineLayout", "PlacedEngine",
     "PlacedRole", "PlacementError", "PlacementGroups", "PlacementPlan", "RankFailure", "RankInfo", "RayActorGroup",
     "Role", "RolePlacement", "RoleSpec", "Slot", "bundle_gpu_ids", "bundle_node_ids", "cluster_gpus", "create_placement_group",
     "create_placement_groups", "gpu_share", "node_ordered_bundles",

@@ -35,7 +35,7 @@ from rl_placement.specs import (
     BundleGroup,
     Colocation,
     EngineBundles,
-    EngineSpec,
+    EngineLayout,
     PlacementError,
     Role,
     RolePlacement,
@@ -49,7 +49,7 @@ __all__ = [
     "BundleGroup",
     "Colocation",
     "EngineBundles",
-    "EngineSpec",
+    "EngineLayout",
     "PlacementError",
     "PlacementPlan",
     "Role",
@@ -76,7 +76,7 @@ class PlacementPlan:
     critic: RoleSpec | None = None
     ref: RoleSpec | None = None
     reward: RoleSpec | None = None
-    engines: EngineSpec | None = None
+    engines: EngineLayout | None = None
     colocation: Colocation = Colocation.NONE
 
     def __post_init__(self) -> None:
@@ -143,7 +143,7 @@ class PlacementPlan:
                 or vllm_tensor_parallel_size < 1:
             problems.append(f"vllm_tensor_parallel_size must be a positive integer, got {vllm_tensor_parallel_size!r}")
         elif n_engines:
-            engines = EngineSpec(n_engines, vllm_tensor_parallel_size)
+            engines = EngineLayout(n_engines, vllm_tensor_parallel_size)
         if problems:
             raise PlacementError(problems)
         colocation = Colocation.NONE

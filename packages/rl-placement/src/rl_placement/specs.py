@@ -3,7 +3,7 @@
 This module owns the value types every other part of rl-placement speaks in:
 :class:`PlacementError`, the model roles (:class:`Role`, ``MODEL_ROLES``), the
 colocation modes (:class:`Colocation`), what a role or the vLLM engines ask for
-(:class:`RoleSpec`, :class:`EngineSpec`), and what a layout is made of: a
+(:class:`RoleSpec`, :class:`EngineLayout`), and what a layout is made of: a
 process on a bundle (:class:`Slot`), a future placement group
 (:class:`BundleGroup`), where a role's ranks or an engine's TP ranks go
 (:class:`RolePlacement`, :class:`EngineBundles`), and :func:`gpu_share`.
@@ -30,7 +30,7 @@ __all__ = [
     "BundleGroup",
     "Colocation",
     "EngineBundles",
-    "EngineSpec",
+    "EngineLayout",
     "PlacementError",
     "Role",
     "RolePlacement",
@@ -116,15 +116,15 @@ class RoleSpec:
 
 
 @dataclass(frozen=True)
-class EngineSpec:
+class EngineLayout:
     """vLLM engines: ``num_engines`` engines of ``tensor_parallel_size`` GPUs each."""
 
     num_engines: int
     tensor_parallel_size: int = 1
 
     def __post_init__(self) -> None:
-        _check_count(self.num_engines, "EngineSpec.num_engines")
-        _check_count(self.tensor_parallel_size, "EngineSpec.tensor_parallel_size")
+        _check_count(self.num_engines, "EngineLayout.num_engines")
+        _check_count(self.tensor_parallel_size, "EngineLayout.tensor_parallel_size")
 
     @property
     def num_gpus(self) -> int:
