@@ -65,7 +65,7 @@ def test_engine_actors_play_agent_episodes_turn_by_turn(task):
     root, model = task
     tok = AutoTokenizer.from_pretrained(model)
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
-    ray.init(num_cpus=2, num_gpus=3, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, num_gpus=3, include_dashboard=False)  # never a cluster another test left
     placed, engines = None, []
     try:
         placed = create_placement_groups(PlacementPlan.from_flags(actor_num_gpus_per_node=1, vllm_num_engines=2))

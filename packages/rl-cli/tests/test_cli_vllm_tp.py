@@ -53,7 +53,7 @@ def greedy(engine, n_tokens=12):
 @pytest.mark.skipif(len(CORES) < 2, reason=f"vLLM's CPU workers each bind a core; TP 2 needs 2, this has {CORES}")
 def test_tp2_engine_on_its_bundles_gpus_takes_a_broadcast_into_both_workers(model_path):
     os.environ.setdefault("RAY_memory_monitor_refresh_ms", "0")
-    ray.init(num_cpus=2, num_gpus=3, include_dashboard=False, log_to_driver=True)
+    ray.init(address="local", num_cpus=2, num_gpus=3, include_dashboard=False, log_to_driver=True)  # never a cluster another test left
     placed, engines = None, []
     try:
         plan = PlacementPlan.from_flags(actor_num_nodes=1, actor_num_gpus_per_node=1, vllm_num_engines=1,

@@ -88,7 +88,7 @@ class Worker:
 
 @pytest.fixture(scope="module", autouse=True)
 def ray_session(ray_worker_env):
-    ray.init(num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False)
+    ray.init(address="local", num_cpus=2, num_gpus=4, include_dashboard=False, log_to_driver=False)  # not a concurrent cluster
     yield
     ray.shutdown()
 
