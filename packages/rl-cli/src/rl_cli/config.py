@@ -384,11 +384,10 @@ def _build(cls: type, prefix: str, values: dict[str, object], names: dict[str, s
                                  f"settings: add {names.get(key, '--' + key)}, or drop "
                                  f"{'it' if len(given) == 1 else 'them'}")
             if not on:
-                if key in values or given or (key + ".") in values:
-                    kw[f.name] = None
-                continue
-        if given or (key + ".") in values or (optional and values.get(key)):
-            kw[f.name] = _build(sub_cls, key, values, names)
+                continue  # an optional node's default: absent
+        elif not given and (key + ".") not in values:
+            continue  # the node's default
+        kw[f.name] = _build(sub_cls, key, values, names)
     return cls(**kw)
 
 

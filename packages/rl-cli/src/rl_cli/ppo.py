@@ -128,14 +128,14 @@ def _role_counts(ray_args: RayArgs, ppo, model) -> dict[str, tuple[int, int]]:
             return 0, 0
         return (a.actor_num_nodes if nodes is None else nodes), (a.actor_num_gpus_per_node if gpus is None else gpus)
 
-    return {"actor": (a.actor_num_nodes, a.actor_num_gpus_per_node), "critic": counts("critic", roles.critic),
+    return {"policy": (a.actor_num_nodes, a.actor_num_gpus_per_node), "critic": counts("critic", roles.critic),
             "ref": counts("ref", roles.ref), "reward": counts("reward", roles.reward_model)}
 
 
 def _world_sizes(cfgs: dict) -> dict[str, int]:
     """Ranks of each model role of an ``rl ppo-ray`` run, from the flags (the plan's own checks come later)."""
     c = _role_counts(cfgs["ray"], cfgs["ppo"], cfgs["model"])
-    return {"policy" if role == "actor" else role: nodes * gpus for role, (nodes, gpus) in c.items()}
+    return {role: nodes * gpus for role, (nodes, gpus) in c.items()}
 
 
 def _prepare(name: str, argv: list[str] | None, ray: bool):

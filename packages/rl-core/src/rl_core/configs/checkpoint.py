@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rl_core.checkpoint import check_max_gb
-from rl_rollout.config import meta
+from rl_core.checkpoint import check_max_gb, unset_infinite_budget
+from rl_rollout.config import check_numbers, meta
 
 
 @dataclass(frozen=True)
@@ -45,13 +45,9 @@ class CheckpointConfig:
         "elsewhere start from their HF export (safetensors) with --pretrain", openrlhf=("ckpt.load_enable",)))
 
     def __post_init__(self) -> None:
-        if self.max_ckpt_mem is not None and self.max_ckpt_mem == float("inf"):  # OpenRLHF's PPO default: no budget
-            object.__setattr__(self, "max_ckpt_mem", None)
-        if self.max_ckpt_mem is not None and self.max_ckpt_mem != self.max_ckpt_mem:
-            raise ValueError("max_ckpt_mem (--max_ckpt_mem) must be a finite number, got nan")
+        unset_infinite_budget(self)  # inf, OpenRLHF's PPO default: no budget
+        check_numbers(self, at_least_1=("max_ckpt_num",))  # a nan budget fails here, as not finite
         check_max_gb(self.max_ckpt_mem)
-        if self.max_ckpt_num < 1:
-            raise ValueError(f"max_ckpt_num (--max_ckpt_num) must be >= 1, got {self.max_ckpt_num}")
         if self.load_checkpoint and not self.ckpt_path:
             raise ValueError("load_checkpoint needs ckpt_path (--ckpt_path DIR) to find checkpoints in")
         if self.save_steps > 0 and not self.ckpt_path:
