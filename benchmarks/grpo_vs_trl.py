@@ -89,7 +89,13 @@ SHAPES = {
             "max_position_embeddings": 1024},
     "0.5b": {"hidden_size": 896, "num_layers": 24, "num_heads": 14, "num_kv_heads": 2, "intermediate_size": 4864,
              "max_position_embeddings": 2048},
+    # Qwen2.5-0.5B's real shape: its vocabulary (151,936, tied embeddings: 494M parameters); the tokenizer stays the
+    # character one, padded with <extra_N> tokens to that size, so sampled ids beyond ASCII decode as such
+    "qwen2.5-0.5b": {"hidden_size": 896, "num_layers": 24, "num_heads": 14, "num_kv_heads": 2,
+                     "intermediate_size": 4864, "max_position_embeddings": 4096, "vocab_size": 151_936},
 }
+for _shape in SHAPES.values():
+    _shape.setdefault("vocab_size", 128)
 # What a flag left unset means on each device (the CPU run of docs/performance.md; the GPU run of issue 16's table).
 DEVICE_DEFAULTS = {
     "cpu": {"shape": "11m", "bf16": False, "prompts": 8, "samples": 8, "max_new_tokens": 64, "rollout_engine": "hf"},
@@ -97,6 +103,20 @@ DEVICE_DEFAULTS = {
              "rollout_engine": "vllm"},
 }
 
+
+
+def _auto_int(text: str) -> int | None:
+    """A number, or auto (unset: rl ppo decides)."""
+    return None if text.strip().lower() == "auto" else int(text)
+
+
+def _auto_bool(text: str) -> bool | None:
+    t = text.strip().lower()
+    if t == "auto":
+        return None
+    if t in ("1", "true", "yes", "on", "0", "false", "no", "off"):
+        return t in ("1", "true", "yes", "on")
+    raise argparse.ArgumentTypeError(f"expected true, false or auto, got {text!r}")
 
 def letter_reward(prompt: str, response: str, label: str | None) -> float:
     """Share of the response's characters that are the prompt's letter (cheap, varies across samples)."""
@@ -169,7 +189,7 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rollout_engine", default=None, choices=("hf", "vllm"),
                     help="hf: transformers generate on both sides (TRL use_vllm=False); vllm: TRL's colocated vLLM "
                          "vs ours on VLLMEngine in-process (GPU only). Default: cpu hf, cuda vllm")
-    ap.add_argument("--shape", default=None, choices=sorted(SHAPES),
+    ap.add_argument("--shape", default=None, choices=list(SHAPES),
                     help="the random Llama's layer sizes (11m: hidden 512, 4 layers; 0.5b: Qwen2.5-0.5B's). "
                          "Default: cpu 11m, cuda 0.5b; the --hidden_size ... flags override single sizes")
     ap.add_argument("--steps", type=int, default=5, help="measured steps per side (after the warm-up)")
@@ -181,14 +201,21 @@ def arg_parser() -> argparse.ArgumentParser:
                     help="generated tokens per sample (forced full length). Default: cpu 64, cuda 128")
     ap.add_argument("--micro_batch", type=int, default=16,
                     help="sequences per forward (ours: micro_train_batch_size; TRL: per_device_train_batch_size)")
-    ap.add_argument("--zero_stage", type=int, default=2, help="ours: DeepSpeed ZeRO stage (rl ppo's default 2)")
-    ap.add_argument("--ours_packing", action="store_true",
-                    help="ours only: rl ppo --packing (each forward's rows packed into one, no padding)")
-    ap.add_argument("--ours_max_tokens_per_gpu", type=int, default=None,
-                    help="ours only: rl ppo --max_tokens_per_gpu (token-budget micro-batches instead of --micro_batch "
-                         "rows; TRL keeps --micro_batch). The report names every ours-only setting")
-    ap.add_argument("--ours_use_liger_kernel", action="store_true",
-                    help="ours only: rl ppo --use_liger_kernel (liger-kernel's RMSNorm, SwiGLU, RoPE)")
+    ap.add_argument("--zero_stage", type=_auto_int, default=None,
+                    help="ours: DeepSpeed ZeRO stage; default auto, as rl ppo (0 on one GPU, else 2)")
+    ap.add_argument("--ours_packing", type=_auto_bool, nargs="?", const=True, default=None,
+                    help="ours only: rl ppo --packing true|false (each forward's rows packed into one, no padding); "
+                         "default auto, as rl ppo (packed on CUDA)")
+    ap.add_argument("--ours_max_tokens_per_gpu", default="auto",
+                    help="ours only: rl ppo --max_tokens_per_gpu N|auto|none (token-budget micro-batches instead of "
+                         "--micro_batch rows; TRL keeps --micro_batch); default auto, as rl ppo (from free memory on "
+                         "CUDA with packed rows, else rows). The report names every ours-only setting")
+    ap.add_argument("--ours_use_liger_kernel", type=_auto_bool, nargs="?", const=True, default=None,
+                    help="ours only: rl ppo --use_liger_kernel true|false (liger-kernel's RMSNorm, SwiGLU, RoPE); "
+                         "default auto, as rl ppo (on with CUDA and liger-kernel installed)")
+    ap.add_argument("--ours_rows", action="store_true",
+                    help="ours only: --micro_batch rows even where rl ppo would size micro-batches from free memory "
+                         "(as a user passing --micro_train_batch_size)")
     ap.add_argument("--ours_profile_generate", action="store_true",
                     help="cProfile our generate phase (prompts, engine, items, rewards) in the first measured step: "
                          "top 30 by cumulative time, and where this process's other threads were (sampled every 2 "
@@ -198,11 +225,15 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--learning_rate", type=float, default=1e-6, help="both sides (TRL's default)")
     ap.add_argument("--model", default=None, help="a local HF model folder (default: build the random Llama of "
                                                   "--shape)")
-    for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size"):
+    for name in ("hidden_size", "num_layers", "num_heads", "num_kv_heads", "intermediate_size", "vocab_size"):
         ap.add_argument(f"--{name}", type=int, default=None, help="overrides --shape's")
     ap.add_argument("--vllm_gpu_memory_utilization", type=float, default=0.3,
                     help="vllm: each side's vLLM share of the GPU (both engines live at once; TRL's "
                          "vllm_gpu_memory_utilization, ours --vllm_gpu_memory_utilization)")
+    ap.add_argument("--memory_share", type=float, default=0.5,
+                    help="cuda: each side's process may hold at most this share of the GPU (torch's per-process "
+                         "memory fraction, its vLLM engine included): the two sides share one GPU, and our "
+                         "token budget from free memory would otherwise take what the other side is not using yet")
     ap.add_argument("--vllm_sleep", action="store_true",
                     help="vllm: both engines sleep while the policy trains (TRL's vllm_enable_sleep_mode, level 2; "
                          "ours --vllm_enable_sleep --vllm_sleep_level 2)")
@@ -240,8 +271,12 @@ def resolve_args(a: argparse.Namespace) -> argparse.Namespace:
         sys.exit("--rollout_engine vllm on --device cpu: TRL's colocated weight sync loads each parameter through "
                  "vLLM's model.load_weights, which vLLM's CPU build refuses once it has repacked the linear layers "
                  "for its CPU GEMM; use --device cuda, or --rollout_engine hf on CPU")
-    if a.ours_max_tokens_per_gpu is not None and a.ours_max_tokens_per_gpu < 1:
-        sys.exit(f"--ours_max_tokens_per_gpu {a.ours_max_tokens_per_gpu}: must be >= 1 (tokens per micro-batch)")
+    from rl_core.rl.batching import MicroBatchConfig
+
+    try:
+        MicroBatchConfig(max_tokens_per_gpu=a.ours_max_tokens_per_gpu)
+    except ValueError as e:
+        sys.exit(f"--ours_max_tokens_per_gpu: {e}")
     if not 0 < a.vllm_gpu_memory_utilization <= 1:
         sys.exit(f"--vllm_gpu_memory_utilization {a.vllm_gpu_memory_utilization}: must be in (0, 1]")
     return a
@@ -293,6 +328,8 @@ def _child(side: str, conn, cfg: dict) -> None:
     c = _Conductor(conn)
     try:
         torch.manual_seed(cfg["seed"])
+        if cfg["device"] == "cuda" and cfg["memory_share"] < 1:  # the same cap for both sides' processes
+            torch.cuda.set_per_process_memory_fraction(cfg["memory_share"])
         (_run_ours if side == "ours" else _run_trl)(c, cfg)
         conn.send(("done", {}))
     except BaseException:  # noqa: BLE001 - everything goes back to the conductor, which prints it
@@ -307,6 +344,8 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
 
     from rl_core.data import DataConfig, PromptDataset, load_rows
     from rl_core.metrics import MetricsLogger
+    from rl_core.rl.auto import Hardware
+    from rl_core.rl.auto import resolve as resolve_auto
     from rl_core.rl.batching import MicroBatchConfig
     from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
     from rl_core.strategy import StrategyConfig
@@ -342,11 +381,14 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
             c.step(record)
 
     counts = {"tokens": 0, "sequences": 0, "calls": 0}
-    run = build_run(RunConfig(RLModelConfig(pretrain=cfg["model"], use_liger_kernel=cfg["ours_use_liger_kernel"]),
-                              strategy, ppo, engine, WeightSyncConfig(),
-                              batching=MicroBatchConfig(max_tokens_per_gpu=cfg["ours_max_tokens_per_gpu"]),
-                              packing=cfg["ours_packing"]),
-                    LocalFactory(), prompts=prompts, tokenizer=tok,
+    run_cfg = RunConfig(RLModelConfig(pretrain=cfg["model"], use_liger_kernel=cfg["ours_use_liger_kernel"]),
+                        strategy, ppo, engine, WeightSyncConfig(),
+                        batching=MicroBatchConfig(max_tokens_per_gpu=cfg["ours_max_tokens_per_gpu"]),
+                        packing=cfg["ours_packing"])
+    # rl ppo's auto choices, as its banner prints them (build_run resolves the same way)
+    run_cfg, chosen = resolve_auto(run_cfg, Hardware.here(), given=frozenset(
+        {"strategy.micro_train_batch_size"} if cfg["ours_rows"] else ()))  # --micro_batch is TRL's unless --ours_rows
+    run = build_run(run_cfg, LocalFactory(), prompts=prompts, tokenizer=tok,
                     reward_fn=RewardRunner(reward_ours, workers=0), metrics=StepLogger(None))
     rollout = run.trainer.rollout
     generate = rollout.generate
@@ -383,6 +425,7 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
         run.trainer._sample_round = profiled_round
     llm = getattr(rollout, "_llm", None)  # VLLMEngine's vllm.LLM (in this process)
     c.ready({"engine": type(rollout).__name__, "torch_threads": torch.get_num_threads(),
+             "auto": [str(x) for x in chosen],
              "prompt_tokens": [len(p["prompt_ids"]) for p in prompts],
              "on_policy": bool(getattr(run.trainer, "on_policy", False)), "roles": run.roles(),
              "engine_config": engine_config(engine, llm),
@@ -650,7 +693,9 @@ def report(summary: dict, info: dict) -> None:
           f"({'vLLM colocate' if info['rollout_engine'] == 'vllm' else 'transformers generate'}) "
           f"vs ours ({info['ours_engine']}, ZeRO-{info['zero_stage']}); torch threads per side: {info['threads']}")
     if info.get("ours_only"):
-        print(f"ours only (TRL runs without them): {info['ours_only']}")
+        print(f"ours only, set by hand (TRL runs without them): {info['ours_only']}")
+    for line in info.get("ours_auto", []):
+        print(f"ours, chosen by rl ppo's auto: {line}")
     for side in SIDES:
         print(f"engine, {side}: " + ", ".join(f"{k} {v}" for k, v in info["engine_config"][side].items()))
     dtypes = {side: info["engine_config"][side].get("vllm_dtype") for side in SIDES}
@@ -711,8 +756,9 @@ def main(argv: list[str] | None = None) -> int:
         from rl_rollout.testing import make_tiny_model
 
         name = (f"llama_h{a.hidden_size}_l{a.num_layers}_a{a.num_heads}_kv{a.num_kv_heads}_i{a.intermediate_size}"
-                f"_p{a.max_position_embeddings}_{'bf16' if a.bf16 else 'fp32'}")
+                f"_p{a.max_position_embeddings}_v{a.vocab_size}_{'bf16' if a.bf16 else 'fp32'}")
         a.model = str(make_tiny_model(work / name, hidden_size=a.hidden_size, num_layers=a.num_layers,
+                                      vocab_size=a.vocab_size,
                                       num_heads=a.num_heads, num_kv_heads=a.num_kv_heads,
                                       intermediate_size=a.intermediate_size, seed=a.seed,
                                       max_position_embeddings=a.max_position_embeddings,
@@ -734,11 +780,13 @@ def main(argv: list[str] | None = None) -> int:
             "shape": (f"{mcfg.model_type} hidden {mcfg.hidden_size}, {mcfg.num_hidden_layers} layers, "
                       f"{mcfg.num_attention_heads} heads, {mcfg.num_key_value_heads} KV heads, intermediate "
                       f"{mcfg.intermediate_size}, vocab {mcfg.vocab_size}, {params / 1e6:.2f}M params"),
-            "batch": f"{a.prompts} prompts x {a.samples} samples x {a.max_new_tokens} new tokens",
-            "params": params, "cpu_count": os.cpu_count(), "zero_stage": a.zero_stage,
+            "batch": f"{a.prompts} prompts x {a.samples} samples x {a.max_new_tokens} new tokens"
+                     + (f", each side capped at {a.memory_share} of the GPU" if a.device == "cuda" else ""),
+            "params": params, "cpu_count": os.cpu_count(), "zero_stage": "auto" if a.zero_stage is None else a.zero_stage,
             "ours_only": ", ".join(f"{flag} {getattr(a, key)}" for flag, key in (
-                ("--packing", "ours_packing"), ("--max_tokens_per_gpu", "ours_max_tokens_per_gpu"),
-                ("--use_liger_kernel", "ours_use_liger_kernel")) if getattr(a, key) not in (None, False))}
+                ("--zero_stage", "zero_stage"), ("--packing", "ours_packing"),
+                ("--max_tokens_per_gpu", "ours_max_tokens_per_gpu"), ("--use_liger_kernel", "ours_use_liger_kernel"),
+                ("--micro_train_batch_size rows", "ours_rows")) if getattr(a, key) not in (None, "auto", False))}
 
     ctx = mp.get_context("spawn")
     procs, conns, ready = {}, {}, {}
@@ -782,7 +830,7 @@ def main(argv: list[str] | None = None) -> int:
     info.update(trl_version=ready["trl"]["trl"], ours_engine=ready["ours"]["engine"],
                 threads={s: ready[s]["torch_threads"] for s in SIDES}, wall_s=time.perf_counter() - t_start,
                 prompt_tokens={s: ready[s]["prompt_tokens"] for s in SIDES},
-                ours_skips_old_logprob_forward=ready["ours"]["on_policy"])
+                ours_skips_old_logprob_forward=ready["ours"]["on_policy"], ours_auto=ready["ours"].get("auto", []))
     if info["prompt_tokens"]["ours"] != info["prompt_tokens"]["trl"]:
         print(f"[grpo_vs_trl] WARNING: the prompts tokenize differently: {info['prompt_tokens']}", flush=True)
     info["quiet_util"] = a.quiet_util if a.device == "cpu" else None

@@ -71,8 +71,16 @@ def test_print_config_yaml_reads_back_to_the_same_run(tmp_path, capsys):
     saved = tmp_path / "run.yaml"
     saved.write_text(out)
     again, out_again = printed(["--config", str(saved)], capsys)
-    assert again == first and out_again == out
-    assert parse(["--config", str(saved)]) == parse(argv)  # the same config objects, node for node
+    # what the builder chose itself is marked as chosen; read back, the file sets it (the same value)
+    chosen = [line for line in out.splitlines() if line.startswith("# [rl ppo] chosen (auto): ")]
+    assert {c.split(": ")[1].split(" = ")[0] for c in chosen} == {
+        "strategy.zero_stage", "data.packing", "model.use_liger_kernel", "batching.max_tokens_per_gpu"}
+    assert again == first and out_again.splitlines() == [line for line in out.splitlines() if line not in chosen]
+    from rl_cli.ppo import _auto
+
+    resolved = parse(argv)
+    _auto(resolved, frozenset(), ray=False)
+    assert parse(["--config", str(saved)]) == resolved  # the same config objects, node for node
     # a flag on the command line still wins over the file, into a node too
     assert printed(["--config", str(saved), "--max_staleness", "3"], capsys)[0]["ppo"]["async_rl"]["max_staleness"] == 3
 

@@ -57,7 +57,7 @@ def test_bad_settings_fail_with_the_fix(tmp_path, capsys):
     with pytest.raises(SystemExit):
         parse("sft", ["--micro_train_batchsize", "2"])
     assert "did you mean --micro_train_batch_size" in capsys.readouterr().err
-    with pytest.raises(ValueError, match=r"zero_stage must be 0, 1, 2 or 3, got 5"):
+    with pytest.raises(ValueError, match=r"zero_stage must be 0, 1, 2 or 3 \(or unset: auto\), got 5"):
         parse("sft", ["--zero_stage", "5"])
     with pytest.raises(SystemExit):
         parse("sft", ["--bf16", "maybe"])

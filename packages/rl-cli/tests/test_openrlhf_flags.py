@@ -101,11 +101,11 @@ def test_docs_table_is_generated_from_the_parsers():
     ("ppo", ["--algo.advantage.is_correction_enable"], {"ppo.is_correction": "tis"}),
     ("ppo", ["--ring_attn_size", "1", "--zpg", "1", "--dataloader_num_workers", "0"], {}),  # "off" values: no-ops
     ("ppo-ray", ["--packing_samples", "--micro_rollout_batch_size", "4"],
-     {"data.packing": True, "batching.forward_micro_batch_size": 4, "batching.max_tokens_per_gpu": None}),
+     {"data.packing": True, "batching.forward_micro_batch_size": 4, "batching.max_tokens_per_gpu": "auto"}),
     ("ppo", ["--ds.packing_samples", "--rollout.micro_batch_size", "2"],
      {"data.packing": True, "batching.forward_micro_batch_size": 2}),
     # OpenRLHF's budgets act only with its dynamic-batch switch, which also packs (either order)
-    ("ppo", ["--train_max_tokens_per_gpu", "8000"], {"batching.max_tokens_per_gpu": None, "data.packing": False}),
+    ("ppo", ["--train_max_tokens_per_gpu", "8000"], {"batching.max_tokens_per_gpu": "auto", "data.packing": None}),
     ("ppo", ["--use_dynamic_batch"], {"batching.max_tokens_per_gpu": 16192, "data.packing": True,
                                       "batching.forward_max_tokens_per_gpu": None}),
     ("ppo-ray", ["--train_max_tokens_per_gpu", "8000", "--rollout_max_tokens_per_gpu", "20000", "--use_dynamic_batch"],

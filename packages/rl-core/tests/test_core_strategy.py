@@ -160,7 +160,7 @@ def test_batch_arithmetic_errors():
     with pytest.raises(ValueError, match=r"train_batch_size 8 is not divisible by micro_train_batch_size 3 x "
                                          r"data-parallel size 1 = 3; use train_batch_size 9"):
         s.batch_plan()
-    with pytest.raises(ValueError, match=r"zero_stage must be 0, 1, 2 or 3, got 4"):
+    with pytest.raises(ValueError, match=r"zero_stage must be 0, 1, 2 or 3 \(or unset: auto\), got 4"):
         StrategyConfig(zero_stage=4)
     with pytest.raises(ValueError, match=r"unknown lr_scheduler 'linear'; valid: cosine_with_min_lr"):
         StrategyConfig(lr_scheduler="linear")

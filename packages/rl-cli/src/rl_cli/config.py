@@ -52,6 +52,7 @@ ALIASES = {
     "prompt_max_len": "data.max_len",
 }
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+AUTO = {"auto", "none", "null"}  # an optional setting left unset: its default, auto where the field says so
 
 
 def parse_bool(text: str) -> bool:
@@ -91,6 +92,9 @@ def _field_kwargs(tp) -> dict:
 
         return {"type": member, "metavar": "|".join(str(e.value) for e in base)}
     if base is bool:
+        if optional:  # unset means auto (rl_core.rl.auto): "auto" says so explicitly
+            return {"type": lambda s: None if s.strip().lower() in AUTO else parse_bool(s), "nargs": "?",
+                    "const": True, "metavar": "BOOL|auto"}
         return {"type": parse_bool, "nargs": "?", "const": True, "metavar": "BOOL"}
     if typing.get_origin(base) is tuple:
         args = typing.get_args(base)
@@ -99,7 +103,8 @@ def _field_kwargs(tp) -> dict:
         return {"type": inner, "nargs": n}
     if base in (int, float, str):
         if optional:
-            return {"type": lambda s, b=base: None if s.lower() in ("none", "null") else b(s)}
+            unset = AUTO if base is not str else {"none", "null"}  # a text field may take "auto" as a value
+            return {"type": lambda s, b=base: None if s.lower() in unset else b(s)}
         return {"type": base}
     raise TypeError(f"config field type {tp!r} has no command-line form")
 
@@ -172,7 +177,8 @@ def collect_flags(groups: dict[str, type]) -> list[Flag]:
             kw = _field_kwargs(hints[f.name])
             default = _default(f)
             shown = default.value if isinstance(default, enum.Enum) else default
-            kw["help"] = f"{note + '; ' if note else ''}default: {shown!r}".replace("%", "%%")
+            shown = "auto" if shown is None and "(auto)" in note else repr(shown)  # unset: the hardware decides
+            kw["help"] = f"{note + '; ' if note else ''}default: {shown}".replace("%", "%%")
             kw.setdefault("metavar", f.name.upper())
             flags.append(Flag(f"{prefix}.{f.name}", group, f.name, kw, aliases, prefix != group))
 
@@ -394,7 +400,18 @@ def _build(cls: type, prefix: str, values: dict[str, object], names: dict[str, s
 def resolve(groups: dict[str, type], args: argparse.Namespace, flags: list[Flag]) -> dict[str, object]:
     """Defaults < OpenRLHF's defaults its flags bring < YAML < command line -> one instance per group (the
     dataclasses validate)."""
-    values: dict[str, object] = dict(getattr(args, openrlhf.DEFAULTS, {}))
+    return build(groups, settings(groups, args, flags), flags)
+
+
+def given(groups: dict[str, type], args: argparse.Namespace, flags: list[Flag]) -> frozenset[str]:
+    """The dotted settings the user set, in YAML or on the command line (what auto choices must not touch)."""
+    return frozenset(k for k in settings(groups, args, flags, openrlhf_defaults=False) if not k.endswith("."))
+
+
+def settings(groups: dict[str, type], args: argparse.Namespace, flags: list[Flag], *,
+             openrlhf_defaults: bool = True) -> dict[str, object]:
+    """``{dotted: value}`` of every setting given: OpenRLHF's defaults its flags bring, YAML, command line."""
+    values: dict[str, object] = dict(getattr(args, openrlhf.DEFAULTS, {})) if openrlhf_defaults else {}
     cfg_file = getattr(args, "config", None)
     if cfg_file:
         import yaml
@@ -410,6 +427,11 @@ def resolve(groups: dict[str, type], args: argparse.Namespace, flags: list[Flag]
             raise ValueError(f"--config {cfg_file}: expected a mapping of settings, got {type(data).__name__}")
         values.update(_flatten_yaml(data, groups, flags, f"--config {cfg_file}"))
     values.update({k: v for k, v in vars(args).items() if "." in k})
+    return values
+
+
+def build(groups: dict[str, type], values: dict[str, object], flags: list[Flag]) -> dict[str, object]:
+    """One instance per group from :func:`settings`' values (the dataclasses validate)."""
     names = {f.dotted: shown_name(f) for f in flags}
     out = {}
     for group, cls in groups.items():

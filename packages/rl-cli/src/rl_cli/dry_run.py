@@ -66,8 +66,12 @@ def _rl_batches(cfgs: dict, ray: bool) -> list[str]:
     roles = run_roles(p, reward_model=bool(cfgs["model"].reward_pretrain)).names()
     b, rows = cfgs["batching"], "packed rows" if cfgs["data"].packing else "padded rows"
     budget, _ = b.forward_budget()
-    train_mb = f"at most {b.max_tokens_per_gpu} tokens" if b.max_tokens_per_gpu else f"{micro} samples"
-    fwd_mb = f"at most {budget} tokens" if budget else f"{b.forward_micro_batch_size or micro} samples"
+
+    def tokens(n) -> str:
+        return "a token budget from free device memory" if n == "memory" else f"at most {n} tokens"
+
+    train_mb = tokens(b.max_tokens_per_gpu) if b.max_tokens_per_gpu else f"{micro} samples"
+    fwd_mb = tokens(budget) if budget else f"{b.forward_micro_batch_size or micro} samples"
     return [f"per iteration: {p.rollout_batch_size} prompts x {p.n_samples_per_prompt} samples = {samples} samples",
             f"global batch {g} = micro batch {micro} x accumulation {g // (micro * world)} x data parallel {world}",
             f"micro-batches per rank: {rows}; training {train_mb}, experience forwards {fwd_mb}"
@@ -78,9 +82,12 @@ def _rl_batches(cfgs: dict, ray: bool) -> list[str]:
             f"estimator {p.advantage_estimator}, policy loss {p.policy_loss_type}; models: {', '.join(roles)}"]
 
 
-def print_config(command: str, cfgs: dict) -> None:
-    """Print the resolved config, the batch arithmetic and (ppo-ray) the GPU map; SystemExit(2) if it cannot work."""
+def print_config(command: str, cfgs: dict, chosen=()) -> None:
+    """Print the resolved config, the settings the builder chose itself (``chosen``: rl_core.rl.auto's choices),
+    the batch arithmetic and (ppo-ray) the GPU map; SystemExit(2) if it cannot work."""
     print(as_yaml(cfgs), end="")
+    for choice in chosen:
+        _say(command, f"chosen (auto): {choice}")
     ray = command == "ppo-ray"
     try:
         lines = _rl_batches(cfgs, ray) if "ppo" in cfgs else _offline_batches(cfgs)

@@ -160,7 +160,8 @@ def _default_gap(command: str, dest: str, shape: dict) -> str:
     ours = f.default if f.default is not dataclasses.MISSING else (
         f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
     same = theirs == ours or (isinstance(theirs, list) and ours is not None and tuple(theirs) == tuple(ours))
-    return "" if same else f"{theirs!r} / {ours!r}"
+    auto = ours is None and "auto" in f.metadata.get("help", "")  # unset: the hardware decides (rl_core.rl.auto)
+    return "" if same else f"{theirs!r} / {'auto' if auto else repr(ours)}"
 
 
 @dataclass(frozen=True)

@@ -32,7 +32,7 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
-from rl_cli.config import build_parser, resolve
+from rl_cli.config import build_parser, given, resolve
 from rl_cli.errors import CliArgs, UserError, set_debug, user_errors
 from rl_cli.train import _local_models, _wandb_installed, _wandb_key, check_moe
 from rl_rollout import engine_spec
@@ -138,6 +138,19 @@ def _world_sizes(cfgs: dict) -> dict[str, int]:
     return {role: nodes * gpus for role, (nodes, gpus) in c.items()}
 
 
+def _auto(cfgs: dict, given: frozenset[str], ray: bool) -> tuple:
+    """Decide the settings left to the hardware (rl_core.rl.auto) into ``cfgs``; the choices, with why."""
+    from rl_core.rl.auto import Hardware
+    from rl_core.rl.auto import resolve as resolve_auto
+
+    sizes = _world_sizes(cfgs) if ray else {"policy": 1}
+    hw = Hardware.here(trained_ranks=max(sizes.get("policy", 1), sizes.get("critic", 0)))
+    rc, chosen = resolve_auto(run_config(cfgs), hw, given=given, images=cfgs["data"].image_key is not None)
+    cfgs.update(model=rc.model, strategy=rc.strategy, batching=rc.batching,
+                data=dataclasses.replace(cfgs["data"], packing=rc.packing))
+    return chosen
+
+
 def _prepare(name: str, argv: list[str] | None, ray: bool):
     groups = _groups(ray)
     parser, flags = build_parser(f"rl {name}", f"rl {name}: {__doc__.splitlines()[0]}", groups)
@@ -158,7 +171,7 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     if getattr(args, "print_config", False):  # a dry run: before any path is read, model loaded or Ray started
         from rl_cli.dry_run import print_config
 
-        print_config(name, cfgs)
+        print_config(name, cfgs, chosen=_auto(cfgs, given(groups, args, flags), ray))
         return None
     m, d, p = cfgs["model"], cfgs["data"], cfgs["ppo"]
     if not m.pretrain:
@@ -183,6 +196,8 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     from rl_core.preflight import check_models
 
     cfgs["model"] = m = check_models(m)  # config.json and weights in every model folder
+    for choice in _auto(cfgs, given(groups, args, flags), ray):  # the hardware's settings, from the local folders
+        print(f"[rl {name}] auto: {choice}", flush=True)
     check_moe(p.aux_loss_coef, m.pretrain)
     try:
         cfgs["reward"].check(label_key=d.label_key)

@@ -192,11 +192,22 @@ class AutoCheckpointing:
         return None
 
     def budget(self) -> int:
-        free, total = torch.cuda.mem_get_info(self.device)
-        cached = torch.cuda.memory_reserved(self.device) - torch.cuda.memory_allocated(self.device)
-        grads = sum(p.numel() * p.element_size() for p in self.module.parameters()
-                    if p.requires_grad and p.grad is None and p.device.type == "cuda")
-        return free + cached - grads - pending_moments(self.optimizer) - int(MARGIN * total)
+        return free_bytes(self.module, self.device, self.optimizer)
+
+
+def free_bytes(module: nn.Module, device: torch.device, optimizer=None) -> int:
+    """Device memory a training forward's activations may take (module docstring): free plus what torch's
+    allocator holds unused, less the gradients and Adam moments training will still allocate, less the margin;
+    within this process's cap where one is set (``torch.cuda.set_per_process_memory_fraction``)."""
+    free, total = torch.cuda.mem_get_info(device)
+    reserved = torch.cuda.memory_reserved(device)
+    cached = reserved - torch.cuda.memory_allocated(device)
+    fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _: 1.0)(device)
+    if fraction < 1:  # this process is capped (torch.cuda.set_per_process_memory_fraction): what its cap leaves
+        free = min(free, int(fraction * total) - reserved)
+    grads = sum(p.numel() * p.element_size() for p in module.parameters()
+                if p.requires_grad and p.grad is None and p.device.type == "cuda")
+    return free + cached - grads - pending_moments(optimizer) - int(MARGIN * total)
 
 
 def pending_moments(optimizer) -> int:

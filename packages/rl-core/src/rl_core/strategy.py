@@ -24,6 +24,7 @@ count varies (the RL workers' token budgets) marks each step's last one with
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import math
 import os
@@ -65,7 +66,9 @@ def check_optimizer(optim: str, muon_lr: float, muon_momentum: float, prefix: st
 class StrategyConfig:
     """Training-system settings (OpenRLHF flag names in comments are accepted by the CLI)."""
 
-    zero_stage: int = field(default=2, metadata=meta("DeepSpeed ZeRO stage: 0, 1, 2 or 3"))
+    zero_stage: int | None = field(default=None, metadata=meta(
+        "DeepSpeed ZeRO stage: 0, 1, 2 or 3; unset (auto): 0 on one GPU (ZeRO partitions nothing there), else 2 "
+        "(auto_zero_stage says why; --print_config shows the choice)"))
     bf16: bool = field(default=True, metadata=meta("params and compute in bf16 (fp32 master weights in the optimizer)"))
     adam_offload: bool = field(default=False, metadata=meta("optimizer states on CPU (DeepSpeedCPUAdam)"))
     micro_train_batch_size: int = field(default=1, metadata=meta("sequences per rank per forward"))
@@ -137,8 +140,8 @@ class StrategyConfig:
         "collectives, more memory); must divide the model's key/value heads", openrlhf=("ds.ring_attn_head_stride",)))
 
     def __post_init__(self) -> None:
-        if self.zero_stage not in (0, 1, 2, 3):
-            raise ValueError(f"zero_stage must be 0, 1, 2 or 3, got {self.zero_stage!r}")
+        if self.zero_stage not in (None, 0, 1, 2, 3):
+            raise ValueError(f"zero_stage must be 0, 1, 2 or 3 (or unset: auto), got {self.zero_stage!r}")
         for name in ("micro_train_batch_size", "train_batch_size"):
             v = getattr(self, name)
             if isinstance(v, bool) or not isinstance(v, int) or v < 1:
@@ -198,6 +201,25 @@ class StrategyConfig:
 
 
 GRAD_ACCUM_DTYPES = ("fp32", "bf16")
+
+
+def auto_zero_stage(cfg: StrategyConfig, *, cuda: bool, world_size: int, needs_zero: str | None = None
+                    ) -> tuple[int, str]:
+    """The stage an unset ``zero_stage`` (auto) resolves to, and why. ``needs_zero``: a flag of the caller's that
+    needs a ZeRO optimizer (e.g. RL's --deepspeed_enable_sleep). Never 1 or 3: those trade speed for memory, a
+    user's call. On one GPU stage 0 is as small as 2 (nothing to partition) and skips ZeRO's gradient buckets
+    (benchmarks/grpo_vs_trl.py, docs/performance.md); on CPU runs keep stage 2, as before."""
+    params = "bf16" if cfg.bf16 else "fp32"
+    needs = needs_zero or ("--adam_offload" if cfg.adam_offload else "--use_ds_universal_ckpt"
+                           if cfg.use_ds_universal_ckpt else f"--grad_accum_dtype {cfg.grad_accum_dtype}"
+                           if cfg.grad_accum_dtype not in (None, params) else None)
+    if needs:
+        return 2, f"{needs} needs a ZeRO optimizer"
+    if not cuda:
+        return 2, "no CUDA device: stage 2 as before on CPU, where its one-rank path reduces once per step"
+    if world_size > 1:
+        return 2, f"{world_size} data-parallel ranks: optimizer states and gradients partitioned over them"
+    return 0, "one GPU: ZeRO partitions nothing there, and stage 0 skips its gradient buckets"
 SCHEDULES = ("cosine_with_min_lr", "constant_with_warmup", "constant")
 
 
@@ -258,6 +280,12 @@ class DeepSpeedStrategy:
 
     def __post_init__(self) -> None:
         self._initialized = False
+        if self.cfg.zero_stage is None:  # auto, where no builder resolved it (rl sft / rm / dpo / kto)
+            world = int(os.environ.get("WORLD_SIZE", "1"))  # the launcher's (deepspeed, torchrun, Ray groups)
+            stage, why = auto_zero_stage(self.cfg, cuda=torch.cuda.is_available(), world_size=world)
+            self.cfg = dataclasses.replace(self.cfg, zero_stage=stage)
+            if int(os.environ.get("RANK", "0")) == 0:
+                logger.info("zero_stage auto: %d (%s)", stage, why)
 
     # ----- processes --------------------------------------------------------------------
 

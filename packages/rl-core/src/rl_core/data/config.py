@@ -55,7 +55,9 @@ class DataConfig:
     max_len: int = field(default=2048, metadata=meta("token limit of every sequence (prompts for RL)"))
     max_samples: int | None = field(default=None, metadata=meta("read at most this many rows"))
     skip_bad_rows: bool = field(default=False, metadata=meta("count and skip malformed rows instead of failing"))
-    packing: bool = field(default=False, metadata=meta("pack several samples per row (no padding)"))
+    packing: bool | None = field(default=None, metadata=meta(
+        "pack several samples per row (no padding); unset (auto): rl ppo packs where the packed attention runs "
+        "without a dense mask (CUDA, rl_core.rl.auto), the offline trainers pad"))
     eval_dataset: str | None = field(default=None, metadata=meta("an evaluation set in the same formats and keys"))
     eval_split: str = field(default="train", metadata=meta("split of --eval_dataset"))
     max_eval_samples: int | None = field(default=None, metadata=meta("read at most this many eval rows"))
@@ -94,7 +96,7 @@ class DataConfig:
                 "set --chosen_key and --rejected_key to two different columns"
             )
         for name in ("apply_chat_template", "skip_bad_rows", "packing", "disable_fast_tokenizer"):
-            if not isinstance(getattr(self, name), bool):
+            if not isinstance(getattr(self, name), bool) and not (name == "packing" and self.packing is None):
                 raise ValueError(f"{name} (--{name}) must be true or false, got {getattr(self, name)!r}")
         self._check_template()
         self._check_probs()

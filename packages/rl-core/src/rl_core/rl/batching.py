@@ -38,10 +38,13 @@ class MicroBatchConfig:
     names (``--use_dynamic_batch``, ``--train_max_tokens_per_gpu``, ``--micro_rollout_batch_size`` ...) are
     mapped by rl-cli."""
 
-    max_tokens_per_gpu: int | None = field(default=None, metadata=meta(
+    max_tokens_per_gpu: int | str | None = field(default="auto", metadata=meta(
         "token budget of a training micro-batch per rank (OpenRLHF dynamic batching): items are grouped first-fit "
         "decreasing under it instead of --micro_train_batch_size at a time; counts real tokens with --packing, "
-        "rows x longest row without; with --ring_attn_size N a packed row holds up to N x this, 1/N per rank"))
+        "rows x longest row without; with --ring_attn_size N a packed row holds up to N x this, 1/N per rank. "
+        "memory: chosen from free device memory at each phase (rl_core.rl.batching.memory_budget); auto "
+        "(default): memory on CUDA with packed rows unless --micro_train_batch_size is given, else none; none: "
+        "--micro_train_batch_size rows"))
     forward_max_tokens_per_gpu: int | None = field(default=None, metadata=meta(
         "token budget of the no-grad experience forwards (old/reference log-probs, values, reward model); "
         "default: --max_tokens_per_gpu"))
@@ -49,14 +52,67 @@ class MicroBatchConfig:
         "sequences per no-grad experience forward when no budget applies; default: --micro_train_batch_size"))
 
     def __post_init__(self) -> None:
-        check_numbers(self, at_least_1=("max_tokens_per_gpu", "forward_max_tokens_per_gpu",
-                                        "forward_micro_batch_size"))
+        value = self.max_tokens_per_gpu
+        if isinstance(value, str):  # the command line's text: auto, none, or a number
+            text = value.strip().lower()
+            value = None if text in ("none", "null") else text
+            if value not in (None, "auto", "memory"):
+                if not (value.isascii() and value.isdigit()):
+                    raise ValueError(f"max_tokens_per_gpu (--max_tokens_per_gpu) must be a number of tokens, auto, "
+                                     f"memory or none, got {self.max_tokens_per_gpu!r}")
+                value = int(value)
+            object.__setattr__(self, "max_tokens_per_gpu", value)
+        if self.max_tokens_per_gpu not in ("auto", "memory"):
+            check_numbers(self, at_least_1=("max_tokens_per_gpu",))
+        check_numbers(self, at_least_1=("forward_max_tokens_per_gpu", "forward_micro_batch_size"))
 
-    def forward_budget(self) -> tuple[int | None, str]:
-        """The no-grad forwards' budget and the flag that set it (for errors)."""
+    @property
+    def from_memory(self) -> bool:
+        """Each phase's budget is chosen from free device memory (:func:`memory_budget`)."""
+        return self.max_tokens_per_gpu == "memory"
+
+    def forward_budget(self) -> tuple[int | str | None, str]:
+        """The no-grad forwards' budget and the flag that set it (for errors); ``"memory"``
+        as :attr:`from_memory`."""
         if self.forward_max_tokens_per_gpu is not None:
             return self.forward_max_tokens_per_gpu, "--forward_max_tokens_per_gpu"
         return self.max_tokens_per_gpu, "--max_tokens_per_gpu"
+
+
+AUTO_MAX_TOKENS = 65_536  # an auto budget's ceiling: past it a micro-batch is no faster (docs/performance.md)
+AUTO_MIN_TOKENS = 1_024
+AUTO_SHARE = 0.85  # of the free memory: the estimate counts what autograd saves, not the allocator's fragments
+FUSED_HEAD_RESERVE = 3 * 2**30  # --fused_lm_head's chunk of logits (512M elements, bf16 and an fp32 copy)
+
+
+def memory_budget(engine, device: torch.device, *, train: bool) -> tuple[int, str]:
+    """``(tokens, how)``: the token budget of a micro-batch that fits this device's free memory now (``memory``).
+
+    Bytes per token from :class:`rl_core.activation_checkpointing.ActivationEstimate` (what autograd saves per
+    decoder layer, the LM head's logits and an fp32 copy; none with ``--fused_lm_head``, whose chunk is reserved
+    instead): a training micro-batch holds every kept layer and each checkpointed layer's input, a no-grad
+    forward one layer at a time. Free memory as :func:`rl_core.activation_checkpointing.free_bytes` (gradients
+    and Adam moments still to come left out). ``AUTO_SHARE`` of it, within ``AUTO_MIN_TOKENS``..``AUTO_MAX_TOKENS``.
+    """
+    from rl_core.activation_checkpointing import ActivationEstimate, decoder_layers, free_bytes
+
+    module = getattr(engine, "module", engine)
+    layers = decoder_layers(module)
+    est = ActivationEstimate.of(module, len(layers))
+    fused = bool(getattr(module, "fused_lm_head", False))
+    head = 0 if fused else est.head
+    if train:
+        ckpt = sum(bool(getattr(layer, "gradient_checkpointing", False)) for layer in layers)
+        per_token = est.bytes(ckpt, 1) - est.head + head
+    else:
+        per_token = est.per_layer + head
+    free = free_bytes(module, device, getattr(engine, "optimizer", None) if train else None)
+    free -= FUSED_HEAD_RESERVE if fused else 0
+    tokens = int(AUTO_SHARE * max(free, 0) / max(per_token, 1))
+    clamped = min(max(tokens, AUTO_MIN_TOKENS), AUTO_MAX_TOKENS)
+    how = (f"{clamped} tokens: {free / 2**30:.1f} GiB free x {AUTO_SHARE} / {per_token / 2**10:.0f} KiB per token"
+           + (f" (clamped from {tokens})" if clamped != tokens else ""))
+    return clamped, how
 
 
 def _cost(lengths: Sequence[int], packing: bool) -> int:

@@ -29,6 +29,8 @@ from typing import Any, Protocol
 
 from rl_core.attention import requested_attention
 from rl_core.metrics import MetricsLogger
+from rl_core.rl.auto import Hardware
+from rl_core.rl.auto import resolve as resolve_auto
 from rl_core.rl.batching import MicroBatchConfig
 from rl_core.rl.ds_sleep import check_ds_sleep
 from rl_core.rl.frozen_workers import ReferenceWorker, RewardModelWorker
@@ -60,8 +62,9 @@ class RLModelConfig:
         "sdpa | eager | flash_attention_2 | torch_varlen | flex_attention (default: flash_attention_2 if "
         "flash-attn is importable, else sdpa); with --packing, torch_varlen / flex_attention run packed rows "
         "without sdpa's dense block-diagonal mask (CUDA)", openrlhf=("ds.attn_implementation",)))
-    use_liger_kernel: bool = field(default=False, metadata=meta(
-        "liger-kernel's fused RMSNorm / SwiGLU / RoPE on every trained and frozen model (CUDA; rl-core[liger])"))
+    use_liger_kernel: bool | None = field(default=None, metadata=meta(
+        "liger-kernel's fused RMSNorm / SwiGLU / RoPE on every trained and frozen model (CUDA; rl-core[liger]); "
+        "unset (auto): on where liger-kernel is installed, on CUDA, for the model types it has kernels for"))
     experts_implementation: str | None = field(default=None, metadata=meta(
         "MoE expert kernels, passed to transformers' from_pretrained: eager | batched_mm | grouped_mm | deepgemm "
         "(default: transformers' choice, grouped_mm where it runs, else eager); the trained and frozen models",
@@ -122,7 +125,8 @@ class RunConfig:
     engine: EngineConfig = EngineConfig()
     sync: WeightSyncConfig = WeightSyncConfig()
     batching: MicroBatchConfig = MicroBatchConfig()
-    packing: bool = False  # every forward's items in one row (rl_core.rl.batching); the CLI's data.packing
+    packing: bool | None = None  # every forward's items in one row (rl_core.rl.batching); the CLI's data.packing;
+    # None: auto (rl_core.rl.auto: packed where the packed attention runs without a dense mask, CUDA)
 
     def __post_init__(self) -> None:
         check_ds_sleep(self.ppo.deepspeed_enable_sleep, self.strategy)
@@ -211,9 +215,13 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
     """The roles the run needs, the rollout, the weight sync and the :class:`PPOTrainer` over them
     (``eval_prompts``: the eval set, a PromptDataset, or None; ``ptx``: PPO-ptx's pretraining items, a
     :class:`~rl_core.data.PretrainDataset`, or None)."""
-    m, s, p = cfg.model, cfg.strategy, cfg.ppo
-    if not m.pretrain:
+    if not cfg.model.pretrain:
         raise ValueError("RLModelConfig.pretrain (--pretrain) is required: a local HF model folder")
+    cfg, choices = resolve_auto(cfg, Hardware.here(trained_ranks=getattr(factory, "trained_ranks", 1)),
+                                images=cfg.packing is None and _is_vlm(cfg.model.pretrain))
+    for choice in choices:  # the CLI resolved them already and printed why; a Python caller learns it here
+        logger.info("auto: %s", choice)
+    m, s, p = cfg.model, cfg.strategy, cfg.ppo
     require_reward(reward_fn=reward_fn is not None, reward_model=bool(m.reward_pretrain), agent=bool(p.agent))
     roles = run_roles(p, reward_model=bool(m.reward_pretrain))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

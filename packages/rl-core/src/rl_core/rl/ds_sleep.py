@@ -31,7 +31,7 @@ def check_ds_sleep(enabled: bool, strategy_cfg) -> None:
     if not enabled:
         return
     zero_stage, adam_offload = strategy_cfg.zero_stage, strategy_cfg.adam_offload
-    if zero_stage not in (1, 2, 3):
+    if zero_stage not in (None, 1, 2, 3):  # None: auto, which picks 2 for it (rl_core.rl.auto)
         raise ValueError(f"--deepspeed_enable_sleep needs --zero_stage 1, 2 or 3 (DeepSpeed offloads the states "
                          f"of a ZeRO optimizer), got --zero_stage {zero_stage}")
     if adam_offload:

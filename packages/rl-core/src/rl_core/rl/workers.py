@@ -37,7 +37,7 @@ from dataclasses import replace
 
 import torch
 
-from rl_core.rl.batching import MicroBatchConfig, ModelInputs, equalise, plan_micro_batches
+from rl_core.rl.batching import MicroBatchConfig, ModelInputs, equalise, memory_budget, plan_micro_batches
 from rl_core.rl.ds_sleep import DeepSpeedSleep
 from rl_core.rl.experience import collate, rows
 
@@ -63,6 +63,7 @@ class _Worker:
         self.batching = batching or MicroBatchConfig()
         self.packing = packing
         self.micro_batch = self.batching.forward_micro_batch_size or strategy_cfg.micro_train_batch_size
+        self._budgets: dict[bool, int] = {}  # the last auto token budgets, train and forward (logged on change)
         self.images = False  # a vision-language policy/reference: forwards take the items' image_inputs
 
     @property
@@ -95,10 +96,32 @@ class _Worker:
             budget, micro = self.batching.max_tokens_per_gpu, self.s.cfg.micro_train_batch_size
         else:
             (budget, _), micro = self.batching.forward_budget(), self.micro_batch
+        if budget == "auto":  # a worker built without build_run: what rl_core.rl.auto would choose here
+            budget = "memory" if self.s.device.type == "cuda" and self.packing else None
+        if budget == "memory":  # from free device memory now (rl_core.rl.auto chooses it on CUDA)
+            budget = self._memory_budget(train)
         if budget is not None:  # per rank: with ring attention a rank holds 1/ring of each row (as OpenRLHF counts)
             budget *= self.s.cfg.ring_attn_size
         groups = plan_micro_batches(lengths, micro_batch=micro, max_tokens=budget, packing=self.packing)
         return groups if budget is None else equalise(groups, lengths, self.s, self.packing)
+
+    def _memory_budget(self, train: bool) -> int | None:
+        """The token budget from free memory (:func:`rl_core.rl.batching.memory_budget`); logged when it moves by a
+        tenth.
+        Without a CUDA device (a config resolved elsewhere) there is no memory to read: rows, with a warning."""
+        if self.s.device.type != "cuda":
+            if not getattr(self, "_warned_no_cuda", False):
+                self._warned_no_cuda = True
+                logger.warning("max_tokens_per_gpu memory on %s: no device memory to read, so micro-batches of "
+                               "--micro_train_batch_size sequences", self.s.device.type)
+            return None
+        tokens, how = memory_budget(self.engine, self.s.device, train=train)
+        last = self._budgets.get(train)
+        if last is None or abs(tokens - last) > last // 10:
+            if self.s.is_rank_0():
+                logger.info("max_tokens_per_gpu from memory (%s): %s", "train" if train else "forward", how)
+            self._budgets[train] = tokens
+        return tokens
 
     def _model(self, fn, items: list[dict]):
         """``fn(**model inputs)`` on one micro-batch; per-token results (a tensor or a tuple) as padded ``[B, T]``
@@ -307,6 +330,8 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         if "rollout_gap_tokens" in sums:
             sums["rollout_logprob_gap"] = sums.pop("rollout_gap_sum") / max(sums.pop("rollout_gap_tokens"), 1.0)
         sums["lr"] = self.engine.get_lr()[0]
+        if True in self._budgets:  # the token budget free memory gave (rank 0's)
+            sums["max_tokens_per_gpu"] = float(self._budgets[True])
         return self._leader([sums])
 
     def _client_state(self) -> dict:

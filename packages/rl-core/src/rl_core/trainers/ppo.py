@@ -317,7 +317,7 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         for phase, (budget, flag), what in (
                 ("train", (b.max_tokens_per_gpu, "--max_tokens_per_gpu"), "trains"),
                 ("forward", b.forward_budget(), "goes through the experience forwards")):
-            if budget is None:
+            if budget is None or budget in ("auto", "memory"):  # sized from free memory on each rank, not known here
                 continue
             n, longest = over_budget(lengths, budget)
             out[f"budget/over_{phase}"] = float(n)
