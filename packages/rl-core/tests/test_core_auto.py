@@ -161,3 +161,19 @@ def test_memory_budget_arithmetic(tiny, monkeypatch):
     assert tokens == AUTO_MIN_TOKENS and "clamped" in how
     free = 2**40
     assert memory_budget(actor, torch.device("cpu"), train=True)[0] == AUTO_MAX_TOKENS
+
+
+def test_memory_budget_counts_the_logits_and_their_gradient_in_bf16(tiny, monkeypatch):
+    """In bf16 the head costs 2 e V per token (logits and their gradient; rl_algos' log-probs keep no fp32 copy),
+    not the checkpointing estimate's (e + 4) V."""
+    import rl_core.activation_checkpointing as ac
+    from rl_core.models import Actor
+
+    actor = Actor.from_pretrained(tiny, dtype="bf16", attn_implementation="sdpa").train()
+    est = ac.ActivationEstimate.of(actor, 2)
+    vocab = 128
+    assert est.head == vocab * (2 + 4)
+    monkeypatch.setattr(ac, "free_bytes", lambda module, device, optimizer=None: 2**27)
+    tokens, _ = memory_budget(actor, torch.device("cpu"), train=True)
+    per_token = est.bytes(0, 1) - est.head + 2 * 2 * vocab
+    assert tokens == min(max(int(AUTO_SHARE * 2**27 / per_token), AUTO_MIN_TOKENS), AUTO_MAX_TOKENS)

@@ -105,8 +105,14 @@ class ActivationEstimate:
         kv_dim = (getattr(c, "num_key_value_heads", None) or heads) * head_dim
         e = next(module.parameters()).element_size()
         lm_head = hf.get_output_embeddings() is not None
-        return cls(layers=layers, per_layer=layer_activation_bytes(c.hidden_size, kv_dim, c.intermediate_size, e),
-                   per_input=e * c.hidden_size, head=c.vocab_size * (e + 4) if lm_head else 0)
+        per_layer = layer_activation_bytes(c.hidden_size, kv_dim, c.intermediate_size, e)
+        if any(type(m).__name__.startswith("Liger") for m in module.modules()):
+            # liger's RMSNorm keeps its e-byte input, not an fp32 one (-8h), and its SwiGLU gate and up, not
+            # SiLU(gate) (-e i): 1.58 MB per token at the 0.5B shape with the head below, against 1.54 MB
+            # measured (docs/performance.md, SFT with liger: 31.5 GiB at 16,384 tokens, ~7.4 GiB of it states)
+            per_layer -= 8 * c.hidden_size + e * c.intermediate_size
+        return cls(layers=layers, per_layer=per_layer, per_input=e * c.hidden_size,
+                   head=c.vocab_size * (e + 4) if lm_head else 0)
 
     def bytes(self, n: int, tokens: int) -> int:
         kept = self.layers - n

@@ -89,9 +89,9 @@ def memory_budget(engine, device: torch.device, *, train: bool) -> tuple[int, st
     """``(tokens, how)``: the token budget of a micro-batch that fits this device's free memory now (``memory``).
 
     Bytes per token from :class:`rl_core.activation_checkpointing.ActivationEstimate` (what autograd saves per
-    decoder layer, the LM head's logits and an fp32 copy; none with ``--fused_lm_head``, whose chunk is reserved
-    instead): a training micro-batch holds every kept layer and each checkpointed layer's input, a no-grad
-    forward one layer at a time. Free memory as :func:`rl_core.activation_checkpointing.free_bytes` (gradients
+    decoder layer, less with liger's kernels; the logits and their gradient, none with ``--fused_lm_head``, whose
+    chunk is reserved instead): a training micro-batch holds every kept layer and each checkpointed layer's
+    input, a no-grad forward one layer at a time. Free memory as :func:`rl_core.activation_checkpointing.free_bytes` (gradients
     and Adam moments still to come left out). ``AUTO_SHARE`` of it, within ``AUTO_MIN_TOKENS``..``AUTO_MAX_TOKENS``.
     """
     from rl_core.activation_checkpointing import ActivationEstimate, decoder_layers, free_bytes
@@ -100,7 +100,10 @@ def memory_budget(engine, device: torch.device, *, train: bool) -> tuple[int, st
     layers = decoder_layers(module)
     est = ActivationEstimate.of(module, len(layers))
     fused = bool(getattr(module, "fused_lm_head", False))
-    head = 0 if fused else est.head
+    # rl_algos' log-probs keep the logits and, in backward, their gradient (2 e V; the fp32 work is per chunk or
+    # inside the Triton kernel), not the estimate's e + 4 bytes per logit
+    e = next(module.parameters()).element_size()
+    head = 0 if fused or not est.head else 2 * e * est.head // (e + 4)
     if train:
         ckpt = sum(bool(getattr(layer, "gradient_checkpointing", False)) for layer in layers)
         per_token = est.bytes(ckpt, 1) - est.head + head
