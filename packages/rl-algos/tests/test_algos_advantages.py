@@ -5,7 +5,6 @@ import torch
 
 from rl_algos.advantages import (
     ESTIMATORS,
-    AdvantageEstimator,
     compute_advantages,
     discounted_cumsum,
     gae_advantages,
@@ -44,12 +43,27 @@ def response_mask(B, T, gen):
 
 
 def test_registry_has_every_estimator_and_refuses_unknown():
-    assert set(ESTIMATORS) == {e.value for e in AdvantageEstimator}
+    assert set(ESTIMATORS) == {"gae", "reinforce", "reinforce_baseline", "rloo", "group_norm", "dr_grpo"}
     with pytest.raises(ValueError, match=r"unknown advantage estimator 'grpo'; valid: dr_grpo, gae, group_norm"):
         get_estimator("grpo")
     with pytest.raises(ValueError, match="already registered"):
         ESTIMATORS.register("gae", ESTIMATORS["gae"])
-    assert get_estimator(AdvantageEstimator.RLOO) is ESTIMATORS["rloo"]
+    assert get_estimator("rloo") is ESTIMATORS["rloo"]
+
+
+def test_an_estimators_own_parameters_are_typed_from_key_value_texts():
+    import dataclasses
+
+    spec = dataclasses.replace(ESTIMATORS["group_norm"], params={"temperature": float, "hard": bool})
+    assert spec.settings(["temperature=0.5", "hard=true"]) == {"temperature": 0.5, "hard": True}
+    with pytest.raises(ValueError, match=r"has no parameter 'temp'; its parameters: temperature \(float\), hard"):
+        spec.settings(["temp=1"])
+    with pytest.raises(ValueError, match=r"temperature='x' is not a float"):
+        spec.settings(["temperature=x"])
+    with pytest.raises(ValueError, match=r"'temperature' is not KEY=VALUE"):
+        spec.settings(["temperature"])
+    with pytest.raises(ValueError, match=r"has no parameter 'x'; its parameters: none"):
+        ESTIMATORS["gae"].settings(["x=1"])
 
 
 def test_hand_computed_group_baselines():

@@ -9,9 +9,9 @@ distributed calls) and imports nothing but torch.
 
 from rl_algos import advantages, filters, kl, losses, shaping
 from rl_algos._masked import masked_mean, masked_sum
+from rl_algos._settings import parse_settings
 from rl_algos.advantages import (
     ESTIMATORS,
-    AdvantageEstimator,
     Advantages,
     EstimatorSpec,
     compute_advantages,
@@ -38,19 +38,21 @@ from rl_algos.losses import (
     pairwise_loss,
     policy_loss,
     policy_loss_config,
+    policy_loss_params,
+    policy_loss_settings,
     sft_loss,
     value_loss,
     weighted_logprob_sum_from_hidden,
 )
 from rl_algos.shaping import ShapingConfig, clip_rewards, kl_penalized_rewards, overlong_penalty, stop_properly_penalty
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 __all__ = [
     "POLICY_LOSSES", "EstimatorSpec", "GSPOLossConfig", "ISCorrectionConfig", "PPOLossConfig", "estimator_names",
-    "policy_loss_config",
+    "policy_loss_config", "policy_loss_params", "policy_loss_settings", "parse_settings",
     "KLConfig", "KLEstimator", "ShapingConfig",
-    "ESTIMATORS", "AdaptiveKLController", "AdvantageEstimator", "Advantages", "FixedKLController",
+    "ESTIMATORS", "AdaptiveKLController", "Advantages", "FixedKLController",
     "GroupFilterResult", "advantages", "aggregate_loss", "approx_kl", "clip_rewards", "compute_advantages",
     "dpo_loss", "entropy_from_logits", "filter_groups", "filters", "get_estimator", "kl", "kl_penalized_rewards",
     "kto_loss", "kto_reference_kl", "LogprobsEntropy", "logprobs_and_entropy_from_logits",

@@ -31,34 +31,26 @@ Returns :class:`Advantages` (``advantages_BT``, ``returns_BT``, the group-shaped
 
 Token rewards are the shaped score on the last response token plus
 ``token_rewards_BT``. Batch whitening (OpenRLHF applies it to ``gae``,
-``reinforce`` and ``reinforce_baseline``, see :data:`WHITENED_BY_DEFAULT`) is
+``reinforce`` and ``reinforce_baseline``: their entries' ``whiten_by_default``) is
 :func:`masked_whiten`, left to the caller so it can use global statistics.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import torch
 
 from rl_algos._masked import check_same_shape, compute_dtype, masked_mean, masked_var, place_on_last_token
+from rl_algos._settings import parse_settings
 
 Tensor = torch.Tensor
 
 GROUP_STD_EPS = 1e-9
 _BLOCK = 128  # block length of the blocked reverse scan (memory ~ B * T * _BLOCK / T)
-
-
-class AdvantageEstimator(str, enum.Enum):
-    GAE = "gae"
-    REINFORCE = "reinforce"
-    REINFORCE_BASELINE = "reinforce_baseline"
-    RLOO = "rloo"
-    GROUP_NORM = "group_norm"
-    DR_GRPO = "dr_grpo"
 
 
 @dataclass(frozen=True)
@@ -236,7 +228,7 @@ def gae(
     _check_scores(scores_B, mask_BT, "gae")
     if values_BT is None:
         raise ValueError("gae needs critic values (values_BT); use a critic or a critic-free estimator "
-                         f"({', '.join(e.value for e in AdvantageEstimator if e is not AdvantageEstimator.GAE)})")
+                         f"({', '.join(estimator_names(critic_free=True))})")
     shaped = scores_B.to(compute_dtype(scores_B))
     adv, ret = gae_advantages(_token_rewards(shaped, mask_BT, token_rewards_BT), values_BT, mask_BT, gamma, lambd)
     return Advantages(advantages=adv, returns=ret, scores=shaped)
@@ -265,7 +257,9 @@ class EstimatorSpec:
     turn of a multi-turn episode (on each turn's last token, as ``token_rewards_BT``) keep
     their place (``reinforce_baseline`` baselines the scalar score only); the others
     compare one scalar per sample within its group;
-    ``inputs``: the keyword arguments beyond ``scores_B``/``mask_BT`` it reads.
+    ``inputs``: the loop's keyword arguments beyond ``scores_B``/``mask_BT`` it reads (a loop passes
+    only these); ``params``: its own settings a run may give (name -> type, e.g. ``{"temperature": float}``,
+    set with ``--estimator_args temperature=0.5``; :meth:`settings` parses them).
     Calling the entry calls the estimator.
     """
 
@@ -276,9 +270,14 @@ class EstimatorSpec:
     whiten_by_default: bool = False
     turn_rewards: bool = False
     inputs: tuple[str, ...] = ("n_samples", "token_rewards_BT", "gamma")
+    params: Mapping[str, type] = field(default_factory=dict)
 
     def __call__(self, scores_B: Tensor, mask_BT: Tensor, **kwargs) -> Advantages:
         return self.fn(scores_B, mask_BT, **kwargs)
+
+    def settings(self, items: Sequence[str]) -> dict:
+        """``KEY=VALUE`` texts -> this estimator's own parameters, typed; unknown keys fail naming the valid."""
+        return parse_settings(items, self.params, f"advantage estimator {self.name!r}")
 
 
 class _Registry(dict):
@@ -304,7 +303,6 @@ ESTIMATORS.register("reinforce_baseline", reinforce_baseline, min_group_size=2, 
 ESTIMATORS.register("rloo", rloo, min_group_size=2)
 ESTIMATORS.register("group_norm", group_norm, min_group_size=2)
 ESTIMATORS.register("dr_grpo", dr_grpo, min_group_size=2)
-WHITENED_BY_DEFAULT = frozenset(AdvantageEstimator(n) for n, s in ESTIMATORS.items() if s.whiten_by_default)
 
 
 def get_estimator(name: str) -> EstimatorSpec:

@@ -166,6 +166,8 @@ def collect_flags(groups: dict[str, type]) -> list[Flag]:
                 continue
             aliases = tuple(f.metadata.get("flags", ())) + tuple(f.metadata.get("openrlhf", ()))
             note = f.metadata.get("help", "")  # the field's own metadata is the one source of help
+            if callable(f.metadata.get("names")):  # a registry's names, read now (extensions imported first)
+                note += f"; registered: {', '.join(f.metadata['names']())}"
             node = node_type(hints[f.name])
             if node is not None:
                 if node[1] and f.metadata.get("switch"):  # the switch that turns the optional node on

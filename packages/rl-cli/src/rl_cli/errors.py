@@ -38,6 +38,10 @@ class CliArgs:
     debug: bool = field(default=False, metadata=meta(
         "on a user mistake (a bad path, value or URL) also print the Python traceback; without it the command "
         "prints one line and exits with code 2"))
+    extension: tuple[str, ...] = field(default=(), metadata=meta(
+        "Python files or modules imported before the settings are read: each registers what it adds with the "
+        "packages' registries (rl_algos.ESTIMATORS.register, rl_algos.POLICY_LOSSES.register, "
+        "rl_rollout.register_engine), which the settings then name (rl_cli.extensions)"))
 
 
 _debug = False

@@ -32,7 +32,7 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
-from rl_cli.config import build_parser, given, resolve
+from rl_cli.config import build, build_parser, given, settings
 from rl_cli.errors import CliArgs, UserError, set_debug, user_errors
 from rl_cli.train import _local_models, _wandb_installed, _wandb_key, check_moe
 from rl_rollout import engine_spec
@@ -152,11 +152,20 @@ def _auto(cfgs: dict, given: frozenset[str], ray: bool) -> tuple:
 
 
 def _prepare(name: str, argv: list[str] | None, ray: bool):
+    from rl_cli import extensions
+
+    argv = sys.argv[1:] if argv is None else argv
     groups = _groups(ray)
+    extensions.load(extensions.in_argv(argv))  # before the parser: --help lists what they register
     parser, flags = build_parser(f"rl {name}", f"rl {name}: {__doc__.splitlines()[0]}", groups)
-    args = parser.parse_args(_wandb_key(sys.argv[1:] if argv is None else argv, parser))
+    args = parser.parse_args(_wandb_key(argv, parser))
     try:
-        cfgs = resolve(groups, args, flags)
+        values = settings(groups, args, flags)
+        loaded = extensions.load(values.get("cli.extension", ()))  # a --config file's, before the settings
+        if ray and loaded:
+            parser.error(f"--extension with rl ppo-ray is not built: the Ray workers build the policy loss and "
+                         f"would not have {', '.join(loaded)} imported; run rl ppo (one process)")
+        cfgs = build(groups, values, flags)
         run_config(cfgs)  # its cross-checks (DeepSpeed sleep, frozen-model offload) before anything loads
     except (ValueError, FileNotFoundError) as e:
         parser.error(str(e))

@@ -19,7 +19,9 @@ in its hot path, never an if/elif on names (the prime-rl habit)::
 Both take an optional rollout-vs-trainer importance correction
 (:class:`ISCorrectionConfig`: ``tis`` | ``icepop`` | ``seq-mask-tis`` with its
 thresholds). Adding a variant: one config class with a ``type`` and a ``loss``
-method, ``POLICY_LOSSES.register(cls)``, and its test.
+method, ``POLICY_LOSSES.register(cls)``, and its test; its own fields beyond the shared ones are set
+by ``KEY=VALUE`` settings (:func:`policy_loss_settings`; rl ppo's ``--policy_loss_args``), so a
+variant in a module outside the packages runs from the command line unchanged.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from typing import ClassVar
 
 import torch
 
+from rl_algos._settings import parse_settings
 from rl_algos.losses.aggregate import parse_aggregation
 from rl_algos.losses.policy import ISCorrection, PolicyLossOutput, policy_loss
 
@@ -118,6 +121,28 @@ class _LossRegistry(dict):
 POLICY_LOSSES: dict[str, type] = _LossRegistry()
 POLICY_LOSSES.register(PPOLossConfig)
 POLICY_LOSSES.register(GSPOLossConfig)
+
+
+def policy_loss_params(type: str) -> dict[str, type]:
+    """The variant's own fields (name -> type) beyond :class:`PPOLossConfig`'s shared ones: what a run sets with
+    ``KEY=VALUE`` settings (:func:`policy_loss_settings`)."""
+    import typing
+
+    cls = POLICY_LOSSES[type]
+    shared = {f.name for f in dataclasses.fields(PPOLossConfig)}
+    hints = typing.get_type_hints(cls)
+    out = {}
+    for f in dataclasses.fields(cls):
+        if f.name not in shared:
+            tp = hints[f.name]
+            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            out[f.name] = args[0] if typing.get_origin(tp) is not None and len(args) == 1 else tp
+    return out
+
+
+def policy_loss_settings(type: str, items) -> dict:
+    """``KEY=VALUE`` texts -> the variant's own fields, typed (:func:`policy_loss_params`)."""
+    return parse_settings(items, policy_loss_params(type), f"policy loss {type!r}")
 
 
 def policy_loss_config(type: str = "ppo", **fields) -> PPOLossConfig:

@@ -218,7 +218,7 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
     def _advantages(self, items: list[dict], scores: torch.Tensor,
                     fresh: list[bool] | None = None) -> dict[str, float]:
         """``fresh`` (async): which items the policy that trains generated; only they measure the engine's gap."""
-        from rl_algos import approx_kl, compute_advantages, masked_mean, masked_whiten
+        from rl_algos import approx_kl, masked_mean, masked_whiten
 
         c = self.cfg
         keys = ("old_logprobs", "ref_logprobs", "values", "rollout_logprobs")
@@ -237,10 +237,10 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
             token_rewards = b["turn_rewards"] if token_rewards is None else token_rewards + b["turn_rewards"]
             for it in items:
                 it.pop("turn_rewards", None)  # not the workers' to train on
-        kw = {"n_samples": c.n_samples_per_prompt, "token_rewards_BT": token_rewards, "gamma": c.gamma}
-        if c.needs_critic:
-            kw.update(values_BT=b["values"] * mask, lambd=c.lambd)
-        adv = compute_advantages(c.advantage_estimator, scores, mask, **kw)
+        loop = {"n_samples": c.n_samples_per_prompt, "token_rewards_BT": token_rewards, "gamma": c.gamma,
+                "lambd": c.lambd, "values_BT": b["values"] * mask if c.needs_critic else None}
+        spec = c.estimator  # it gets the loop's inputs it declares, and its own parameters (--estimator_args)
+        adv = spec(scores, mask, **{k: v for k, v in loop.items() if k in spec.inputs}, **c.estimator_kwargs)
         a = masked_whiten(adv.advantages, mask, scale=not c.no_advantage_std_norm) if c.whiten else adv.advantages
         for item, x in zip(items, rows(a * mask, items), strict=True):
             item["advantages"] = x

@@ -21,7 +21,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from rl_algos import ESTIMATORS, ISCorrectionConfig, KLConfig, ShapingConfig, get_estimator, policy_loss_config
+from rl_algos import (
+    ESTIMATORS,
+    POLICY_LOSSES,
+    ISCorrectionConfig,
+    KLConfig,
+    ShapingConfig,
+    estimator_names,
+    get_estimator,
+    policy_loss_config,
+    policy_loss_settings,
+)
 from rl_core.configs import (
     AgentConfig,
     AsyncConfig,
@@ -40,9 +50,12 @@ from rl_rollout.config import check_numbers, meta
 class PPOConfig:
     """RL loop settings (the PPO family: PPO with a critic, GRPO, REINFORCE++, RLOO, Dr. GRPO)."""
 
-    advantage_estimator: str = field(default="gae", metadata=meta(
-        "gae (PPO, needs a critic) | group_norm (GRPO) | rloo | reinforce | reinforce_baseline | dr_grpo",
-        openrlhf=("algo.advantage.estimator",)))
+    advantage_estimator: str = field(default="gae", metadata={**meta(
+        "a registered estimator (rl_algos.ESTIMATORS): gae is PPO's (with a critic), group_norm GRPO's; an "
+        "extension module (--extension) registers more", openrlhf=("algo.advantage.estimator",)),
+        "names": estimator_names})
+    estimator_args: tuple[str, ...] = field(default=(), metadata=meta(
+        "KEY=VALUE settings of the estimator's own parameters (its registry entry's params; an extension's)"))
     gamma: float = field(default=1.0, metadata=meta("discount", openrlhf=("algo.advantage.gamma",)))
     lambd: float = field(default=0.95, metadata=meta("GAE lambda", openrlhf=("algo.advantage.lambd",)))
     n_samples_per_prompt: int = field(default=1, metadata=meta(
@@ -58,8 +71,13 @@ class PPOConfig:
     max_iterations: int = field(default=0, metadata=meta("stop after this many iterations (0: num_episodes passes)"))
     max_epochs: int = field(default=1, metadata=meta(
         "passes over each iteration's samples", openrlhf=("train.max_epochs",)))
-    policy_loss_type: str = field(default="ppo", metadata=meta(
-        "ppo (token ratio) | gspo (sequence ratio, arXiv:2507.18071)", openrlhf=("actor.policy_loss_type",)))
+    policy_loss_type: str = field(default="ppo", metadata={**meta(
+        "a registered policy-loss variant (rl_algos.POLICY_LOSSES): ppo (token ratio), gspo (sequence ratio, "
+        "arXiv:2507.18071); an extension module (--extension) registers more", openrlhf=("actor.policy_loss_type",)),
+        "names": lambda: sorted(POLICY_LOSSES)})
+    policy_loss_args: tuple[str, ...] = field(default=(), metadata=meta(
+        "KEY=VALUE settings of the variant's own fields beyond the shared clip / dual clip / aggregation / "
+        "correction ones (an extension's variant)"))
     eps_clip: float = field(default=0.2, metadata=meta("PPO clip range (low side)", openrlhf=("actor.eps_clip",)))
     eps_clip_high: float | None = field(default=None, metadata=meta(
         "clip-higher (DAPO) upper range; default: eps_clip"))
@@ -162,10 +180,14 @@ class PPOConfig:
             raise ValueError(f"logprob_gap_alarm must be >= 0 (0: off), got {self.logprob_gap_alarm}")
         self._check_across(spec)
         try:
+            self.estimator_kwargs  # noqa: B018 - parses (and so validates) --estimator_args
+        except ValueError as e:
+            raise ValueError(f"{e} (--estimator_args)") from None
+        try:
             self.policy_loss  # noqa: B018 - builds (and so validates) the variant
         except ValueError as e:
             raise ValueError(f"{e} (--policy_loss_type, --eps_clip, --eps_clip_high, --dual_clip, --loss_agg_mode, "
-                             f"--is_correction, --is_correction_threshold)") from None
+                             f"--is_correction, --is_correction_threshold, --policy_loss_args)") from None
 
     def _check_across(self, spec) -> None:
         """The rules that cross this config's nodes (each node checked its own fields when it was built)."""
@@ -209,8 +231,14 @@ class PPOConfig:
         """The policy-loss variant (rl-algos typed config), built once per access from these fields."""
         kind = self.is_correction_type
         corr = None if kind is None else ISCorrectionConfig(kind, *self.is_correction_threshold)
+        own = policy_loss_settings(self.policy_loss_type, self.policy_loss_args)
         return policy_loss_config(self.policy_loss_type, clip_eps_low=self.eps_clip, clip_eps_high=self.eps_clip_high,
-                                  dual_clip=self.dual_clip, aggregation=self.loss_agg_mode, is_correction=corr)
+                                  dual_clip=self.dual_clip, aggregation=self.loss_agg_mode, is_correction=corr, **own)
+
+    @property
+    def estimator_kwargs(self) -> dict:
+        """The estimator's own parameters from ``estimator_args`` (typed by its registry entry's ``params``)."""
+        return self.estimator.settings(self.estimator_args)
 
     @property
     def is_correction_type(self) -> str | None:

@@ -1,0 +1,67 @@
+"""``--extension``: Python files or modules imported before a command reads its settings.
+
+An extension registers what it adds with the packages' registries (an advantage estimator with
+``rl_algos.ESTIMATORS.register``, a policy-loss variant with ``rl_algos.POLICY_LOSSES.register``, a rollout
+engine with ``rl_rollout.register_engine``); the run then names it like a built-in one
+(``--advantage_estimator NAME --estimator_args k=v``, ``--policy_loss_type NAME --policy_loss_args k=v``).
+Each file is imported once per process (under a name derived from its resolved path), so a second run in
+the same process does not register twice. ``--extension`` on the command line is imported before the parser
+is built, so ``--help`` lists what it registers; one in a ``--config`` YAML (``cli: {extension: [...]}``)
+before the settings are built.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import importlib.util
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+from rl_cli.errors import UserError
+
+FLAGS = ("--extension", "--cli.extension")
+
+
+def in_argv(argv: list[str]) -> list[str]:
+    """The ``--extension`` values of a command line (``--extension a.py b.py``, ``--extension=a.py``)."""
+    out, taking = [], False
+    for arg in argv:
+        if arg.startswith("--"):
+            name, eq, value = arg.partition("=")
+            taking = name in FLAGS and not eq
+            if name in FLAGS and eq:
+                out.append(value)
+        elif taking:
+            out.append(arg)
+    return out
+
+
+def load(specs: Iterable[str]) -> list[str]:
+    """Import each file (``*.py``) or module name once; the module names, in order. A missing file or a module
+    that fails to import stops the command in one line naming it."""
+    names = []
+    for spec in specs:
+        if spec.endswith(".py") or "/" in spec:
+            path = Path(spec).expanduser().resolve()
+            if not path.is_file():
+                raise UserError(f"--extension {spec}: no such file")
+            name = f"rl_extension_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+            if name not in sys.modules:
+                module_spec = importlib.util.spec_from_file_location(name, path)
+                module = importlib.util.module_from_spec(module_spec)
+                sys.modules[name] = module
+                try:
+                    module_spec.loader.exec_module(module)
+                except Exception as e:
+                    del sys.modules[name]
+                    raise UserError(f"--extension {spec} failed to import: {type(e).__name__}: {e}") from e
+        else:
+            name = spec
+            try:
+                importlib.import_module(spec)
+            except ImportError as e:
+                raise UserError(f"--extension {spec}: no such module ({e})") from e
+        names.append(name)
+    return names
