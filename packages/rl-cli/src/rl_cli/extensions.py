@@ -12,14 +12,12 @@ before the settings are built.
 
 from __future__ import annotations
 
-import hashlib
 import importlib
-import importlib.util
-import sys
 from collections.abc import Iterable
 from pathlib import Path
 
 from rl_cli.errors import UserError
+from rl_rollout.rewards.loading import exec_file
 
 FLAGS = ("--extension", "--cli.extension")
 
@@ -44,19 +42,12 @@ def load(specs: Iterable[str]) -> list[str]:
     names = []
     for spec in specs:
         if spec.endswith(".py") or "/" in spec:
-            path = Path(spec).expanduser().resolve()
-            if not path.is_file():
+            if not Path(spec).expanduser().is_file():
                 raise UserError(f"--extension {spec}: no such file")
-            name = f"rl_extension_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
-            if name not in sys.modules:
-                module_spec = importlib.util.spec_from_file_location(name, path)
-                module = importlib.util.module_from_spec(module_spec)
-                sys.modules[name] = module
-                try:
-                    module_spec.loader.exec_module(module)
-                except Exception as e:
-                    del sys.modules[name]
-                    raise UserError(f"--extension {spec} failed to import: {type(e).__name__}: {e}") from e
+            try:
+                name = exec_file(spec, "rl_extension", reuse=True).__name__  # registers once per process
+            except Exception as e:
+                raise UserError(f"--extension {spec} failed to import: {type(e).__name__}: {e}") from e
         else:
             name = spec
             try:

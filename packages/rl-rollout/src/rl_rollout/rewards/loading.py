@@ -147,22 +147,33 @@ def _exec_file(spec: str, target: str) -> Any:
             f"reward spec {spec!r}: file {str(path)!r} does not exist (relative paths are resolved against the "
             f"working directory {os.getcwd()!r}); fix the path or pass an absolute one"
         )
-    path = path.resolve()
-    # One stable module name per file, registered in sys.modules so dataclasses and
-    # pickling inside the file work; executing again gives a fresh module.
-    name = f"rl_reward_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    try:
+        return exec_file(path, "rl_reward")  # executing again gives a fresh module
+    except Exception as e:
+        raise RewardLoadError(
+            f"reward spec {spec!r}: executing {str(path.resolve())!r} raised {type(e).__name__}: {e}; fix the file"
+        ) from e
+
+
+def exec_file(path: str | Path, prefix: str, *, reuse: bool = False):
+    """A Python file executed as a module (reward files; rl-cli's ``--extension``): one stable name per file,
+    ``{prefix}_{stem}_{hash}``, registered in sys.modules so dataclasses and pickling inside the file work.
+    ``reuse``: the module already executed under that name, if any (else the file runs again, a fresh module).
+    What the file raises propagates, and the name is unregistered; ImportError if it cannot be loaded."""
+    path = Path(path).expanduser().resolve()
+    name = f"{prefix}_{path.stem}_{hashlib.sha1(str(path).encode()).hexdigest()[:8]}"
+    if reuse and name in sys.modules:
+        return sys.modules[name]
     module_spec = importlib.util.spec_from_file_location(name, path)
     if module_spec is None or module_spec.loader is None:
-        raise RewardLoadError(f"reward spec {spec!r}: cannot load {str(path)!r} as a Python module")
+        raise ImportError(f"cannot load {str(path)!r} as a Python module")
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module
     try:
         module_spec.loader.exec_module(module)
-    except Exception as e:
+    except BaseException:
         del sys.modules[name]
-        raise RewardLoadError(
-            f"reward spec {spec!r}: executing {str(path)!r} raised {type(e).__name__}: {e}; fix the file"
-        ) from e
+        raise
     return module
 
 
