@@ -9,7 +9,8 @@ import os
 
 import pytest
 
-from rl_cli.config import build_parser, resolve
+from rl_cli.config import build_parser
+from rl_cli.loading import resolve
 from rl_cli.main import main
 from rl_cli.ppo import _groups
 

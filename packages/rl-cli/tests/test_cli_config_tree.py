@@ -8,9 +8,10 @@ import pytest
 import yaml
 
 from rl_algos import KLEstimator
+from rl_cli.config import build_parser
+from rl_cli.loading import resolve
 from rl_cli.main import main
 from rl_cli.ppo import _groups
-from rl_cli.config import build_parser, resolve
 
 BASE = ["--pretrain", "/nonexistent/m", "--prompt_data", "/nonexistent/p.jsonl", "--reward_fn", "builtin:math",
         "--label_key", "answer"]

@@ -68,7 +68,8 @@ def clean_env(**extra) -> dict:
 
 @pytest.mark.parametrize("name", [*COMMANDS, "ppo", "ppo-ray"])
 def test_every_command_accepts_the_local_rank_the_deepspeed_launcher_adds(name):
-    from rl_cli.config import build_parser, resolve
+    from rl_cli.config import build_parser
+    from rl_cli.loading import resolve
 
     groups = _groups(COMMANDS[name]) if name in COMMANDS else ppo_groups(name == "ppo-ray")
     parser, flags = build_parser(f"rl {name}", "", groups)

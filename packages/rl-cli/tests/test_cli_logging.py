@@ -64,7 +64,8 @@ def wandb_run(run_dir):
 
 @pytest.mark.parametrize("name", [*COMMANDS, "ppo", "ppo-ray"])
 def test_every_command_takes_the_logging_flags_in_both_dialects(name, monkeypatch):
-    from rl_cli.config import build_parser, resolve
+    from rl_cli.config import build_parser
+    from rl_cli.loading import resolve
 
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     groups = _groups(COMMANDS[name]) if name in COMMANDS else ppo_groups(name == "ppo-ray")

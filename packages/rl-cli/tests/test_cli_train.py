@@ -11,7 +11,8 @@ import sys
 
 import pytest
 
-from rl_cli.config import build_parser, resolve
+from rl_cli.config import build_parser
+from rl_cli.loading import resolve
 from rl_cli.train import COMMANDS, _groups, _wandb_key, run
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]

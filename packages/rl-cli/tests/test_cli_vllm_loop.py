@@ -23,6 +23,7 @@ if why := missing_modules("deepspeed", "ray", "vllm"):
     pytest.skip(why, allow_module_level=True)
 
 import torch  # noqa: E402
+
 from rl_rollout.testing import VLLM_CPU_TESTS_ON_CUDA  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900),

@@ -7,7 +7,6 @@ the same run."""
 from __future__ import annotations
 
 import importlib.util
-
 import json
 import os
 import subprocess

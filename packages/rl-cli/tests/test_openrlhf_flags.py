@@ -19,7 +19,8 @@ import pytest
 import yaml
 
 from rl_cli import openrlhf, ppo, train
-from rl_cli.config import build_parser, resolve
+from rl_cli.config import build_parser
+from rl_cli.loading import resolve
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -18,7 +18,7 @@ import os
 
 import yaml
 
-from rl_cli.config import as_plain
+from rl_cli.loading import as_plain
 from rl_core.rl.roles import run_roles
 
 

@@ -208,7 +208,7 @@ CONVERT: dict[str, Convert] = {
                   _budget("rollout"), None, int) for k in ("rollout_max_tokens_per_gpu", "rollout.max_tokens_per_gpu")},
 }
 
-DEFAULTS = "_openrlhf_defaults"  # {dotted: value} below YAML and the command line (rl_cli.config.resolve)
+DEFAULTS = "_openrlhf_defaults"  # {dotted: value} below YAML and the command line (rl_cli.loading.resolve)
 
 
 def _ckpt(group: str, folder: str, field: str):

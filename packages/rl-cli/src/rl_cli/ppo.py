@@ -32,8 +32,9 @@ import logging
 import sys
 from dataclasses import dataclass, field
 
-from rl_cli.config import build, build_parser, given, settings
+from rl_cli.config import build_parser
 from rl_cli.errors import CliArgs, UserError, set_debug, user_errors
+from rl_cli.loading import build, given, settings
 from rl_cli.train import _local_models, _wandb_installed, _wandb_key, check_moe
 from rl_rollout import engine_spec
 from rl_rollout.config import check_numbers, meta

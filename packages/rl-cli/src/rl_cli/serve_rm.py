@@ -26,8 +26,9 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rl_cli.config import build_parser, resolve
+from rl_cli.config import build_parser
 from rl_cli.errors import CliArgs, set_debug, user_errors
+from rl_cli.loading import resolve
 from rl_cli.train import _local_models
 from rl_rollout.config import meta
 

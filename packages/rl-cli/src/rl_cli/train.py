@@ -18,8 +18,9 @@ import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rl_cli.config import build_parser, describe, resolve
+from rl_cli.config import build_parser
 from rl_cli.errors import CliArgs, UserError, set_debug, user_errors
+from rl_cli.loading import describe, resolve
 from rl_rollout.config import check_numbers, meta
 
 logger = logging.getLogger(__name__)

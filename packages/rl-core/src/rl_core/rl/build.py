@@ -27,6 +27,7 @@ import logging
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from rl_algos import estimator_names
 from rl_core.attention import requested_attention
 from rl_core.metrics import MetricsLogger
 from rl_core.rl.auto import Hardware
@@ -231,7 +232,8 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
     mb = {"batching": cfg.batching, "packing": cfg.packing}
     if roles.critic and _is_vlm(m.pretrain):
         raise ValueError(f"a critic for a vision-language policy ({m.pretrain}) is not built: pick an estimator "
-                         f"without one (--advantage_estimator reinforce_baseline, rloo, group_norm ...), as OpenRLHF")
+                         f"without one (--advantage_estimator {' | '.join(estimator_names(critic_free=True))}), "
+                         f"as OpenRLHF")
     actor_kw = {**kw, "fused_lm_head": m.fused_lm_head}  # the policy and the reference: the critic has no LM head
     policy_kw = {**actor_kw, "freeze_visual_encoder": True} if m.freeze_visual_encoder else actor_kw
     ptx_items = list(ptx) if ptx is not None else None

@@ -253,7 +253,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         from rl_algos import aggregate_loss, approx_kl
 
         c, dev, world = self.cfg, self.s.device, self.s.world_size
-        variant = c.policy_loss  # chosen once: ppo | gspo, with its clip, dual clip, correction and aggregation
+        variant = c.policy_loss  # chosen once (rl_algos.POLICY_LOSSES), with its clip, correction, aggregation
         has_rollout = all(it.get("rollout_logprobs") is not None for it in items)
         use_rollout = variant.needs_rollout_logprobs or (on_policy and has_rollout)
         kl_loss = c.kl.use_loss and c.needs_reference  # no reference (--init_kl_coef 0): no KL to measure, 0 logged
