@@ -28,8 +28,8 @@ eval pass (:mod:`rl_core.trainers.ppo_eval`): the eval set is read here, with th
 from __future__ import annotations
 
 import dataclasses
-import os
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 
