@@ -1,7 +1,7 @@
 """Extension is one file: a module outside the packages registers an advantage estimator and a policy-loss
 variant, each with a parameter of its own, and ``rl ppo`` runs them from flags and from YAML with no edit to the
-packages (``--extension``, ``--estimator_args``, ``--policy_loss_args``); help and errors list the registries'
-names, the extension's included."""
+packages (``--extension``, ``--estimator_args``, ``--policy_loss_args``), in one process and over Ray; help and
+errors list the registries' names, the extension's included."""
 
 from __future__ import annotations
 
@@ -161,10 +161,20 @@ def test_without_the_extension_the_name_is_unknown_and_a_bad_extension_says_why(
     assert "failed to import: RuntimeError: boom" in capsys.readouterr().err
 
 
-def test_ppo_ray_refuses_an_extension_its_workers_would_not_have(ext, task, capsys):
-    path, _ = ext
+@pytest.mark.slow
+def test_ppo_ray_role_actors_import_the_extension(ext, task):
+    """rl ppo-ray: the policy's Ray actor builds the extension's loss variant (it imports the module first,
+    rl_cli.extensions.ENV); the driver runs its estimator."""
+    import os
+    import subprocess
+
+    path, log = ext
     root, model = task
-    with pytest.raises(SystemExit):
-        main(["ppo-ray", "--extension", str(path), *run_args(root, model, "ray"), "--num_gpus", "1",
-              "--print_config"])
-    assert "--extension with rl ppo-ray is not built" in capsys.readouterr().err
+    argv = ["--extension", str(path), *run_args(root, model, "ray"), *EXT_FLAGS, "--num_gpus", "1"]
+    env = {**os.environ, "RL_TEST_EXTENSION_LOG": str(log)}
+    out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *argv], capture_output=True, text=True,
+                         timeout=600, env=env)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    seen = calls(log)
+    assert {c["estimator"] for c in seen if "estimator" in c} == {0.5}
+    assert {c["loss_scale"] for c in seen if "loss_scale" in c} == {2.0}  # written by the policy's actor

@@ -47,7 +47,7 @@ def masked_var(x: Tensor, mask: Tensor, unbiased: bool = False) -> Tensor:
     return var
 
 
-def check_same_shape(**tensors: Tensor) -> None:
+def check_same_shape(**tensors: Tensor | None) -> None:
     """Raise a ValueError naming every argument when shapes disagree."""
     shapes = {name: tuple(t.shape) for name, t in tensors.items() if t is not None}
     if len(set(shapes.values())) > 1:

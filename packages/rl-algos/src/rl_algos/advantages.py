@@ -280,7 +280,7 @@ class EstimatorSpec:
         return parse_settings(items, self.params, f"advantage estimator {self.name!r}")
 
 
-class _Registry(dict):
+class _Registry(dict[str, EstimatorSpec]):
     """name -> :class:`EstimatorSpec`; refuses duplicates and lists valid names on a miss."""
 
     def register(self, name: str, fn: EstimatorFn | EstimatorSpec, **facts) -> EstimatorSpec:
@@ -294,7 +294,7 @@ class _Registry(dict):
         raise ValueError(f"unknown advantage estimator {name!r}; valid: {', '.join(sorted(self))}")
 
 
-ESTIMATORS: dict[str, EstimatorSpec] = _Registry()
+ESTIMATORS = _Registry()
 ESTIMATORS.register("gae", gae, needs_critic=True, whiten_by_default=True, turn_rewards=True,
                     inputs=("token_rewards_BT", "values_BT", "gamma", "lambd"))
 ESTIMATORS.register("reinforce", reinforce, whiten_by_default=True, turn_rewards=True)

@@ -7,7 +7,9 @@ engine with ``rl_rollout.register_engine``); the run then names it like a built-
 Each file is imported once per process (under a name derived from its resolved path), so a second run in
 the same process does not register twice. ``--extension`` on the command line is imported before the parser
 is built, so ``--help`` lists what it registers; one in a ``--config`` YAML (``cli: {extension: [...]}``)
-before the settings are built.
+before the settings are built. ``rl ppo-ray`` hands the absolute paths to its role actors (:data:`ENV`), which
+import them before they build: a file must be at the same path on every node (a shared folder), a module
+importable there.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from rl_cli.errors import UserError
 from rl_rollout.rewards.loading import exec_file
 
 FLAGS = ("--extension", "--cli.extension")
+ENV = "RL_EXTENSIONS"  # what rl ppo-ray's role actors import before they build (os.pathsep-separated)
 
 
 def in_argv(argv: list[str]) -> list[str]:
@@ -34,6 +37,19 @@ def in_argv(argv: list[str]) -> list[str]:
         elif taking:
             out.append(arg)
     return out
+
+
+def resolved(specs: Iterable[str]) -> list[str]:
+    """The specs as another process on this machine can import them: files as absolute paths."""
+    return [str(Path(s).expanduser().resolve()) if s.endswith(".py") or "/" in s else s for s in specs]
+
+
+def from_env() -> list[str]:
+    """Import what :data:`ENV` lists (set by ``rl ppo-ray`` for its role actors: the policy builds the loss
+    variant, the loop's estimator runs in the driver that imported them already)."""
+    import os
+
+    return load([s for s in os.environ.get(ENV, "").split(os.pathsep) if s])
 
 
 def load(specs: Iterable[str]) -> list[str]:

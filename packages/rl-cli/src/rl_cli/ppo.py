@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import sys
 from dataclasses import dataclass, field
 
@@ -162,10 +163,7 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     args = parser.parse_args(_wandb_key(argv, parser))
     try:
         values = settings(groups, args, flags)
-        loaded = extensions.load(values.get("cli.extension", ()))  # a --config file's, before the settings
-        if ray and loaded:
-            parser.error(f"--extension with rl ppo-ray is not built: the Ray workers build the policy loss and "
-                         f"would not have {', '.join(loaded)} imported; run rl ppo (one process)")
+        extensions.load(values.get("cli.extension", ()))  # a --config file's, before the settings
         cfgs = build(groups, values, flags)
         run_config(cfgs)  # its cross-checks (DeepSpeed sleep, frozen-model offload) before anything loads
     except (ValueError, FileNotFoundError) as e:
@@ -431,8 +429,12 @@ def run_ray(argv: list[str] | None = None) -> int:
             placed = create_placement_groups(plan, strategy=a.placement_strategy)
         except PlacementError as e:
             raise SystemExit(f"rl ppo-ray: the placement does not fit this cluster: {e}") from None
+        from rl_cli import extensions
+
+        exts = extensions.resolved(cfgs["cli"].extension)  # the role actors import them before they build
         factory = RayFactory(placed, colocated=a.colocate_all_models, call_timeout_s=a.call_timeout_s,
-                             engine_env=DETERMINISTIC_VLLM_ENV if cfgs["strategy"].full_determinism else None)
+                             engine_env=DETERMINISTIC_VLLM_ENV if cfgs["strategy"].full_determinism else None,
+                             role_env={extensions.ENV: os.pathsep.join(exts)} if exts else None)
         factory.spawn_engines(r.kind)  # the engines' processes and imports start beside the models' loading
         try:
             run = build_run(run_config(cfgs), factory, prompts=prompts, tokenizer=tok,

@@ -35,9 +35,10 @@ class RayFactory:
     """Roles, engines and weight sync over a placed plan (``rl_placement.create_placement_groups``)."""
 
     def __init__(self, placed, *, colocated: bool, call_timeout_s: float = 3600.0,
-                 engine_env: dict[str, str] | None = None):
+                 engine_env: dict[str, str] | None = None, role_env: dict[str, str] | None = None):
         self.placed, self.colocated, self.call_timeout_s = placed, colocated, call_timeout_s
         self.engine_env = engine_env  # set in each engine actor before its engine starts
+        self.role_env = role_env  # set in each role actor before it builds (e.g. rl_cli.extensions.ENV)
         self.gpus = engine_gpus(placed)  # TP > 1 engines' GPU ids, read before any actor fills the bundles
         self.groups: list[Any] = []
         self.engines: list[Any] = []
@@ -57,7 +58,7 @@ class RayFactory:
         load at the same time, as OpenRLHF's do; the first call to a group, or :meth:`rollout`, waits."""
         ray_cls, plan_role = RAY_ROLES[worker_cls]
         g = RayActorGroup.from_plan(ray_cls, self.placed, plan_role, init_args=args, init_kwargs=kwargs,
-                                    call_timeout_s=self.call_timeout_s, wait=False)
+                                    call_timeout_s=self.call_timeout_s, wait=False, env=self.role_env)
         self.groups.append(g)
         return g
 

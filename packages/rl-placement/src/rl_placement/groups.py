@@ -236,7 +236,7 @@ class RayActorGroup:
                       for r, (b, node) in enumerate(zip(bundle_indices, rank_nodes, strict=True))]
         try:
             master_addr, port = self._master(rank_nodes[0], master_port, start_timeout_s)
-            remote_cls = ray.remote(_with_env(cls))
+            remote_cls: Any = ray.remote(_with_env(cls))
             for info in self.ranks:
                 rank_env = {**(env or {}), "MASTER_ADDR": master_addr, "MASTER_PORT": str(port),
                             "RANK": str(info.rank), "WORLD_SIZE": str(num_ranks),

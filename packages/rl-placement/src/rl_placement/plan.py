@@ -144,7 +144,7 @@ class PlacementPlan:
             problems.append(f"vllm_tensor_parallel_size must be a positive integer, got {vllm_tensor_parallel_size!r}")
         elif n_engines:
             engines = EngineLayout(n_engines, vllm_tensor_parallel_size)
-        if problems:
+        if problems or actor is None:  # no actor always comes with its problem line
             raise PlacementError(problems)
         colocation = Colocation.NONE
         if colocate_actor_ref:
@@ -228,8 +228,8 @@ class PlacementPlan:
             per_engine: dict[int, list[tuple[int, int]]] = {}
             for i, slots in enumerate(group.bundles):
                 for s in slots:
-                    if s.role is Role.VLLM:
-                        per_engine.setdefault(s.rank, []).append((s.tp_rank, i))
+                    if s.role is Role.VLLM:  # an engine's slots always carry their TP rank
+                        per_engine.setdefault(s.rank, []).append((s.tp_rank or 0, i))
             for e, pairs in sorted(per_engine.items()):
                 out.append(EngineBundles(e, group.name, tuple(i for _, i in sorted(pairs)), group.gpu_share))
         return tuple(out)

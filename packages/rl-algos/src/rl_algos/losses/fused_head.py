@@ -112,7 +112,7 @@ class _FusedHeadFn(torch.autograd.Function):
         ent = torch.empty(N, dtype=_float(hidden_NH), device=hidden_NH.device) if with_entropy else None
         for s in range(0, N, chunk):
             logits, lab = F.linear(hidden_NH[s : s + chunk], weight_VH, bias_V), labels_N[s : s + chunk]
-            if with_entropy:
+            if ent is not None:
                 lp[s : s + chunk], ent[s : s + chunk] = logprobs_and_entropy_from_logits(logits, lab, temperature)
             else:
                 lp[s : s + chunk] = logprobs_from_logits(logits, lab, temperature)
@@ -191,7 +191,7 @@ class _WeightedHeadFn(torch.autograd.Function):
             if not grads.any:  # nothing asks for a gradient (no_grad, frozen inputs): the values only
                 lp[s : s + chunk] = logprobs_from_logits(F.linear(h, weight_VH, bias_V), lab, temperature)
                 continue
-            kept = []
+            kept: list[Tensor] = []
 
             def pairs(logits, lab=lab, w=w, kept=kept):
                 kept.append(logprobs_from_logits(logits, lab, temperature))

@@ -138,11 +138,10 @@ class TritonLogprobsEntropyFn(torch.autograd.Function):
         x, N, T_inner, s_outer, s_inner = row_view(logits)
         V = logits.shape[-1]
         dev = logits.device
-        f32 = dict(dtype=torch.float32, device=dev)
         has_labels = labels_N is not None
-        lp = torch.empty(N if has_labels else 0, **f32)
-        ent = torch.empty(N if with_entropy else 0, **f32)
-        lse = torch.empty(N, **f32)
+        lp = torch.empty(N if has_labels else 0, dtype=torch.float32, device=dev)
+        ent = torch.empty(N if with_entropy else 0, dtype=torch.float32, device=dev)
+        lse = torch.empty(N, dtype=torch.float32, device=dev)
         labels = labels_N if has_labels else lse  # any pointer: unread when HAS_LABELS is False
         if N:
             _fwd_kernel[(N,)](x, labels, lp, ent, lse, V, T_inner, s_outer, s_inner, 1.0 / temperature,
@@ -165,7 +164,8 @@ class TritonLogprobsEntropyFn(torch.autograd.Function):
         dummy = lse
         if N:
             _bwd_kernel[(N,)](x, labels_N if has_labels else dummy, lse, ent if with_entropy else dummy,
-                              g_lp.contiguous() if has_labels else dummy, g_ent.contiguous() if with_entropy else dummy,
+                              g_lp.contiguous() if g_lp is not None and has_labels else dummy,
+                              g_ent.contiguous() if g_ent is not None and with_entropy else dummy,
                               grad, V, T_inner, s_outer, s_inner, 1.0 / ctx.temperature,
                               HAS_LABELS=has_labels, WITH_ENTROPY=with_entropy, BLOCK=BLOCK_V, num_warps=NUM_WARPS)
         return grad, None, None, None

@@ -124,6 +124,7 @@ def dpo_loss(
         losses = -F.logsigmoid(beta * h) * (1 - label_smoothing) - F.logsigmoid(-beta * h) * label_smoothing
     loss = losses.mean()
     if nll_coef:
+        assert chosen_nll is not None  # checked above: nll_coef needs chosen_nll
         loss = loss + nll_coef * chosen_nll.to(dt)
     return DPOOutput(loss, losses, (beta * (pc - rc)).detach(), (beta * (pr - rr)).detach())
 

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
@@ -105,10 +105,10 @@ class GSPOLossConfig(PPOLossConfig):
     ratio_type: ClassVar[str] = "sequence"
 
 
-class _LossRegistry(dict):
+class _LossRegistry(dict[str, type]):
     """``type`` name -> config class; refuses duplicates and lists valid names on a miss."""
 
-    def register(self, cls: type) -> type:
+    def register(self, cls: Any) -> Any:
         if cls.type in self:
             raise ValueError(f"policy loss {cls.type!r} is already registered")
         self[cls.type] = cls
@@ -118,7 +118,7 @@ class _LossRegistry(dict):
         raise ValueError(f"unknown policy loss type {name!r}; valid: {', '.join(sorted(self))}")
 
 
-POLICY_LOSSES: dict[str, type] = _LossRegistry()
+POLICY_LOSSES = _LossRegistry()
 POLICY_LOSSES.register(PPOLossConfig)
 POLICY_LOSSES.register(GSPOLossConfig)
 
@@ -126,6 +126,7 @@ POLICY_LOSSES.register(GSPOLossConfig)
 def policy_loss_params(type: str) -> dict[str, type]:
     """The variant's own fields (name -> type) beyond :class:`PPOLossConfig`'s shared ones: what a run sets with
     ``KEY=VALUE`` settings (:func:`policy_loss_settings`)."""
+    import types
     import typing
 
     cls = POLICY_LOSSES[type]
@@ -135,7 +136,7 @@ def policy_loss_params(type: str) -> dict[str, type]:
     for f in dataclasses.fields(cls):
         if f.name not in shared:
             tp = hints[f.name]
-            args = [a for a in typing.get_args(tp) if a is not type(None)]
+            args = [a for a in typing.get_args(tp) if a is not types.NoneType]
             out[f.name] = args[0] if typing.get_origin(tp) is not None and len(args) == 1 else tp
     return out
 
