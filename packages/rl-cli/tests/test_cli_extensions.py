@@ -170,7 +170,7 @@ def test_ppo_ray_role_actors_import_the_extension(ext, task):
 
     path, log = ext
     root, model = task
-    argv = ["--extension", str(path), *run_args(root, model, "ray"), *EXT_FLAGS, "--num_gpus", "1"]
+    argv = ["--extension", str(path), *run_args(root, model, "ray"), *EXT_FLAGS, "--num_gpus", "2"]
     env = {**os.environ, "RL_TEST_EXTENSION_LOG": str(log)}
     out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *argv], capture_output=True, text=True,
                          timeout=600, env=env)
