@@ -76,7 +76,7 @@ def test_openrlhf_flags_parse_and_the_plan_has_the_roles_the_run_needs():
                "--colocate_actor_ref", "--zero_stage", "3", "--vllm_enable_sleep", "--seed", "3"])
     m, d, p, r, a = c["model"], c["data"], c["ppo"], c["rollout"], c["ray"]
     assert (m.pretrain, m.reward_pretrain, d.dataset, d.max_len) == ("/m", "/rm", "p.jsonl", 256)
-    assert (p.advantage_estimator, p.n_samples_per_prompt, p.eps_clip_high, p.kl.use_loss) == ("group_norm", 8, 0.28, True)
+    assert (p.advantage.estimator, p.sampling.n_samples_per_prompt, p.policy_loss.eps_clip_high, p.kl.use_loss) == ("group_norm", 8, 0.28, True)
     assert p.dynamic_filtering and p.dynamic_filtering.reward_range == (0.1, 0.9)
     assert (a.actor_num_gpus_per_node, a.vllm_num_engines, r.enable_sleep, c["strategy"].seed) == (4, 2, True, 3)
     plan = plan_from(a, p, m)

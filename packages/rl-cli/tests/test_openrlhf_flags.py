@@ -308,7 +308,7 @@ def test_the_reference_sheet_command_prints_its_config_in_both_dialects(argv):
     assert r.returncode == 0, r.stderr[-2000:]
     assert time.monotonic() - t0 < 120
     out = r.stdout
-    assert 'pretrain: /nonexistent/Qwen2.5-7B-Instruct' in out and 'advantage_estimator: group_norm' in out
+    assert 'pretrain: /nonexistent/Qwen2.5-7B-Instruct' in out and 'estimator: group_norm' in out
     assert 'colocate_actor_ref: true' in out and 'vllm_num_engines: 2' in out and 'input_key: prompt' in out
     assert "8 prompts x 8 samples = 64 samples" in out
     assert "micro batch 1 x accumulation 2 x data parallel 4" in out

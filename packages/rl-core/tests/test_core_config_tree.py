@@ -7,19 +7,21 @@ import dataclasses
 
 import pytest
 
-from rl_algos import FixedKLController, KLConfig, KLEstimator
+from rl_algos import AdvantageConfig, FixedKLController, KLConfig, KLEstimator, PolicyLossConfig
 from rl_core.configs import AgentConfig, AsyncConfig, CheckpointConfig, CriticOptimizerConfig, EvalConfig, flat_table
 from rl_core.trainers.ppo_config import PPOConfig
+from rl_rollout import SamplingConfig
 
 
 def test_no_config_node_is_a_flat_grab_bag():
-    for cls in (KLConfig, AsyncConfig, AgentConfig, CheckpointConfig, CriticOptimizerConfig, EvalConfig):
+    for cls in (KLConfig, AsyncConfig, AgentConfig, CheckpointConfig, CriticOptimizerConfig, EvalConfig,
+                AdvantageConfig, PolicyLossConfig):
         assert len(dataclasses.fields(cls)) <= 12, cls
-    assert len(dataclasses.fields(PPOConfig)) < 45  # 80 flat fields in rl-core 0.15; the rest moves next
+    assert len(dataclasses.fields(PPOConfig)) <= 25  # 80 flat fields in rl-core 0.15
 
 
 def test_optional_features_are_present_or_none_and_carry_their_own_settings():
-    c = PPOConfig(advantage_estimator="group_norm", n_samples_per_prompt=4,
+    c = PPOConfig(advantage=AdvantageConfig("group_norm"), sampling=SamplingConfig(4),
                   async_rl=AsyncConfig(max_staleness=2, generate_batch_size=16), kl=KLConfig(init_coef=0.0))
     assert c.async_rl.max_staleness == 2 and c.staleness_bound == 2 + (16 + 8 - 2) // 8
     assert c.is_correction_type == "tis"  # async samples from older policies: corrected unless told otherwise
@@ -45,7 +47,7 @@ def test_each_node_checks_its_own_fields_and_the_run_checks_across_them():
     with pytest.raises(ValueError, match="--generate_batch_size 4 is below --rollout_batch_size 8"):
         PPOConfig(async_rl=AsyncConfig(generate_batch_size=4))
     with pytest.raises(ValueError, match="--agent_turn_rewards gives token-level rewards"):
-        PPOConfig(advantage_estimator="rloo", n_samples_per_prompt=2,
+        PPOConfig(advantage=AdvantageConfig("rloo"), sampling=SamplingConfig(2),
                   agent=AgentConfig(func_path="env.py", turn_rewards=True))
 
 
@@ -57,10 +59,20 @@ def test_from_flat_builds_the_tree_from_the_old_flat_names():
     assert c == PPOConfig(kl=KLConfig(init_coef=0.0), async_rl=AsyncConfig(max_staleness=2),
                           ckpt=CheckpointConfig(save_steps=3, ckpt_path="ck"), eval=EvalConfig(steps=2),
                           ema=c.ema, critic_optimizer=CriticOptimizerConfig(learning_rate=1e-5),
-                          agent=AgentConfig(func_path="builtin:calculator", max_turns=2), n_samples_per_prompt=2,
+                          agent=AgentConfig(func_path="builtin:calculator", max_turns=2), sampling=SamplingConfig(2),
                           dynamic_filtering=c.dynamic_filtering)
     assert c.ema.beta == 0.9 and c.dynamic_filtering.max_rounds == 3
     assert PPOConfig.from_flat(async_train=False).async_rl is None
+    # the estimator, the policy loss (rl-algos) and the sampling (rl-rollout) from rl-core 0.17's flat names
+    c = PPOConfig.from_flat(advantage_estimator="rloo", gamma=0.9, n_samples_per_prompt=4, generate_max_len=16,
+                            temperature=0.7, eps_clip=0.1, loss_agg_mode="seq-mean-token-mean", is_correction="icepop",
+                            entropy_loss_coef=0.01, aux_loss_coef=0.001)
+    assert c.advantage == AdvantageConfig("rloo", gamma=0.9)
+    assert c.sampling == SamplingConfig(4, max_new_tokens=16, temperature=0.7)
+    assert c.policy_loss == PolicyLossConfig(eps_clip=0.1, agg_mode="seq-mean-token-mean", is_correction="icepop",
+                                             entropy_coef=0.01, aux_loss_coef=0.001)
+    assert c.policy_loss_variant().is_correction.kind == "icepop" and c.loss_norm_len == 16.0
+    assert PPOConfig.from_flat(max_new_tokens=32).sampling.max_new_tokens == 32  # OpenRLHF's newer name too
     with pytest.raises(ValueError, match="max_staleness set async_train's settings: add async_train=True"):
         PPOConfig.from_flat(max_staleness=2)
     with pytest.raises(TypeError, match="unknown setting 'max_stalenes'; did you mean max_staleness"):
@@ -68,4 +80,4 @@ def test_from_flat_builds_the_tree_from_the_old_flat_names():
     table = flat_table(PPOConfig)  # every flat name of 0.15 that moved has one place in the tree
     assert table["init_kl_coef"] == (("kl", "init_coef"), False) and table["async_train"] == (("async_rl",), True)
     assert table["eval_n_samples_per_prompt"] == (("eval", "n_samples_per_prompt"), False)
-    assert table["n_samples_per_prompt"] == (("n_samples_per_prompt",), False)
+    assert table["n_samples_per_prompt"] == (("sampling", "n_samples_per_prompt"), False)

@@ -9,6 +9,7 @@ import math
 import pytest
 import torch
 
+from rl_algos import AdvantageConfig
 from rl_core.data import DataConfig, PromptDataset, load_rows
 from rl_core.rl import CriticWorker, LocalGroup, PolicyWorker, collate, dp_order, make_item, rows
 from rl_core.rl.batching import MicroBatchConfig
@@ -52,7 +53,7 @@ def make(setup, tmp_path, *, reward=letter_reward, lr=2e-3, zero_stage=0, batchi
               run_dir=str(tmp_path / "run"))
     kw.update(cfg)
     c = PPOConfig.from_flat(**kw)
-    G = c.rollout_batch_size * c.n_samples_per_prompt
+    G = c.rollout_batch_size * c.sampling.n_samples_per_prompt
     s = StrategyConfig(zero_stage=zero_stage, bf16=False, micro_train_batch_size=G // 2, train_batch_size=G,
                        learning_rate=lr, lr_warmup_ratio=0.0, lr_scheduler="constant")
     runner = RewardRunner(reward, workers=0, fallback=0.0)
@@ -108,7 +109,7 @@ def test_ppo_with_a_critic_trains_syncs_bit_exact_weights_and_logs(setup, tmp_pa
 
 def test_the_critic_fits_the_returns_it_is_trained_on(setup):
     model, tok, _ = setup
-    c = PPOConfig(advantage_estimator="gae", value_clip=None, max_epochs=1)
+    c = PPOConfig(value_clip=None, max_epochs=1)
     s = StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=2, train_batch_size=4, learning_rate=1e-3,
                        lr_warmup_ratio=0.0, lr_scheduler="constant")
     critic = CriticWorker(s, model, c, 20, load_kw={"dtype": "fp32"}, pad_id=tok.pad_token_id)
@@ -222,7 +223,7 @@ def test_resume_continues_onto_the_uninterrupted_run(setup, tmp_path):
 
 def test_bad_settings_fail_before_training_with_the_fix(setup, tmp_path):
     with pytest.raises(ValueError, match=r"--n_samples_per_prompt >= 2"):
-        PPOConfig(advantage_estimator="rloo", n_samples_per_prompt=1)
+        PPOConfig.from_flat(advantage_estimator="rloo", n_samples_per_prompt=1)
     with pytest.raises(ValueError, match=r"needs ckpt_path"):
         PPOConfig.from_flat(load_checkpoint=True)
     with pytest.raises(ValueError, match=r"kl_estimator .* k1, k2 or k3"):
@@ -292,7 +293,7 @@ def test_deepspeed_sleep_offloads_and_reloads_every_iteration_without_changing_t
         it["values"], it["returns"] = torch.zeros(len(it["loss_mask"])), torch.tensor(it["loss_mask"]).float()
     losses = {}
     for on in (False, True, "optimizer_only"):  # async training's sleep keeps the weights: forwards run meanwhile
-        critic = CriticWorker(s, model, PPOConfig(advantage_estimator="gae"), 4, load_kw={"dtype": "fp32"},
+        critic = CriticWorker(s, model, PPOConfig(), 4, load_kw={"dtype": "fp32"},
                               pad_id=tok.pad_token_id)
         losses[on] = []
         for _ in range(2):
@@ -341,4 +342,4 @@ def test_entropy_coefficient_logs_at_zero_and_moves_the_policy_otherwise(setup, 
     w0, w1, w2 = (t.policy.call_rank(0, "weights_digest") for t in (plain, zero, bonus))
     assert w0 == w1 and w2 != w0
     with pytest.raises(ValueError, match="entropy_loss_coef .* finite"):
-        PPOConfig(entropy_loss_coef=float("nan"))
+        PPOConfig.from_flat(entropy_loss_coef=float("nan"))

@@ -64,7 +64,7 @@ def test_async_grpo_learns_the_demo_task_within_the_staleness_bound(setup, tmp_p
     """ZeRO-2 with DeepSpeed sleep, as OpenRLHF's async agent script runs (its states sleep between train steps)."""
     run = build(setup, tmp_path, max_iterations=16, max_staleness=1, zero_stage=2, deepspeed_enable_sleep=True)
     assert not run.trainer.on_policy  # the old log-probs must come from the policy's forward
-    assert run.trainer.cfg.policy_loss.is_correction.kind == "tis"  # off-policy samples are corrected
+    assert run.trainer.cfg.policy_loss_variant().is_correction.kind == "tis"  # off-policy samples are corrected
     try:
         run.trainer.fit()
     finally:

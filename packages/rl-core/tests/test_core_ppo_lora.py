@@ -47,7 +47,7 @@ def make(setup, tmp_path, *, lr=1e-2, zero_stage=2, rank=4, target_modules="all-
               run_dir=str(tmp_path / "run"))
     kw.update(cfg)
     c = PPOConfig.from_flat(**kw)
-    G = c.rollout_batch_size * c.n_samples_per_prompt
+    G = c.rollout_batch_size * c.sampling.n_samples_per_prompt
     s = StrategyConfig(zero_stage=zero_stage, bf16=False, micro_train_batch_size=G // 2, train_batch_size=G,
                        learning_rate=lr, lr_warmup_ratio=0.0, lr_scheduler="constant")
     m = RLModelConfig(pretrain=str(model), lora_rank=rank, lora_alpha=8, target_modules=target_modules)

@@ -9,7 +9,7 @@ import json
 import pytest
 import torch
 
-from rl_algos import GSPOLossConfig, estimator_names
+from rl_algos import GSPOLossConfig, PolicyLossConfig, estimator_names
 from rl_core.data import DataConfig, PromptDataset, load_rows
 from rl_core.rl import PolicyWorker, make_item
 from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
@@ -48,7 +48,7 @@ def build(setup, tmp_path, *, lr=3e-3, seed=0, engine=None, **cfg):
               run_dir=str(tmp_path / "run"))
     kw.update(cfg)
     c = PPOConfig.from_flat(**kw)
-    G = c.rollout_batch_size * c.n_samples_per_prompt
+    G = c.rollout_batch_size * c.sampling.n_samples_per_prompt
     s = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=G // 2, train_batch_size=G, learning_rate=lr,
                        lr_warmup_ratio=0.0, lr_scheduler="constant", seed=seed)
     return build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, c, engine=engine or EngineConfig(),
@@ -87,16 +87,16 @@ def test_dr_grpo_divides_by_the_generation_budget_not_the_padded_length(setup):
 
 
 def test_gspo_and_is_thresholds_reach_the_loss_from_the_config():
-    c = PPOConfig(policy_loss_type="gspo", is_correction="icepop", is_correction_threshold=(0.8, 1.25),
-                  eps_clip=3e-4, eps_clip_high=4e-4)
-    loss = c.policy_loss
+    c = PPOConfig(policy_loss=PolicyLossConfig("gspo", is_correction="icepop", is_correction_threshold=(0.8, 1.25),
+                                               eps_clip=3e-4, eps_clip_high=4e-4))
+    loss = c.policy_loss_variant()
     assert isinstance(loss, GSPOLossConfig) and loss.ratio_type == "sequence"
     assert (loss.clip_eps_low, loss.clip_eps_high) == (3e-4, 4e-4)
     assert (loss.is_correction.kind, loss.is_correction.low, loss.is_correction.high) == ("icepop", 0.8, 1.25)
     with pytest.raises(ValueError, match=r"unknown policy loss type 'grpo'; valid: gspo, ppo"):
-        PPOConfig(policy_loss_type="grpo")
+        PolicyLossConfig("grpo")
     with pytest.raises(ValueError, match=r"low <= high.*--is_correction_threshold"):
-        PPOConfig(is_correction="tis", is_correction_threshold=(2.0, 1.0))
+        PPOConfig.from_flat(is_correction="tis", is_correction_threshold=(2.0, 1.0))
 
 
 def test_gspo_with_tis_trains_in_the_loop(setup, tmp_path):

@@ -79,7 +79,7 @@ def params(worker):
 
 def test_packed_forwards_give_the_padded_logprobs_and_values(tiny):
     items = items_of()
-    c = PPOConfig(temperature=0.7)
+    c = PPOConfig.from_flat(temperature=0.7)
     s = strategy(len(items))
     got = {}
     for packing in (False, True):

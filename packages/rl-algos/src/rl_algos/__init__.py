@@ -10,6 +10,7 @@ distributed calls) and imports nothing but torch.
 from rl_algos import advantages, filters, kl, losses, shaping
 from rl_algos._masked import masked_mean, masked_sum
 from rl_algos._settings import parse_settings
+from rl_algos.advantage_config import AdvantageConfig
 from rl_algos.advantages import (
     ESTIMATORS,
     Advantages,
@@ -26,6 +27,7 @@ from rl_algos.losses import (
     GSPOLossConfig,
     ISCorrectionConfig,
     LogprobsEntropy,
+    PolicyLossConfig,
     PPOLossConfig,
     aggregate_loss,
     dpo_loss,
@@ -49,7 +51,7 @@ from rl_algos.shaping import ShapingConfig, clip_rewards, kl_penalized_rewards, 
 __version__ = "0.6.0"
 
 __all__ = [
-    "POLICY_LOSSES", "EstimatorSpec", "GSPOLossConfig", "ISCorrectionConfig", "PPOLossConfig", "estimator_names",
+    "AdvantageConfig", "POLICY_LOSSES", "PolicyLossConfig", "EstimatorSpec", "GSPOLossConfig", "ISCorrectionConfig", "PPOLossConfig", "estimator_names",
     "policy_loss_config", "policy_loss_params", "policy_loss_settings", "parse_settings",
     "KLConfig", "KLEstimator", "ShapingConfig",
     "ESTIMATORS", "AdaptiveKLController", "Advantages", "FixedKLController",

@@ -76,13 +76,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    from rl_algos import KLConfig
+    from rl_algos import AdvantageConfig, KLConfig
     from rl_core.configs import CheckpointConfig
     from rl_core.data import DataConfig, PromptDataset, load_rows
     from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
     from rl_core.strategy import StrategyConfig
     from rl_core.trainers.ppo import PPOConfig
-    from rl_rollout import EngineConfig, RewardRunner, WeightSyncConfig
+    from rl_rollout import EngineConfig, RewardRunner, SamplingConfig, WeightSyncConfig
     from rl_rollout.testing import make_tiny_model
 
     work = Path(args.workdir)
@@ -98,9 +98,9 @@ def main(argv: list[str] | None = None) -> int:
     strategy = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=samples // 2, train_batch_size=samples,
                               learning_rate=args.learning_rate, lr_warmup_ratio=0.0, lr_scheduler="constant",
                               seed=args.seed, max_norm=args.max_norm)
-    cfg = PPOConfig(advantage_estimator="group_norm", kl=KLConfig(init_coef=0.0),
-                    n_samples_per_prompt=args.n_samples_per_prompt, rollout_batch_size=args.rollout_batch_size,
-                    generate_max_len=args.max_new_tokens, max_iterations=args.iterations, run_dir=str(work / "run"),
+    cfg = PPOConfig(advantage=AdvantageConfig("group_norm"), kl=KLConfig(init_coef=0.0),
+                    sampling=SamplingConfig(args.n_samples_per_prompt, args.max_new_tokens),
+                    rollout_batch_size=args.rollout_batch_size, max_iterations=args.iterations, run_dir=str(work / "run"),
                     ckpt=CheckpointConfig(save_path=str(work / "final")), max_epochs=args.max_epochs)
     reward = RewardRunner(partial(letter_reward, max_new_tokens=args.max_new_tokens), workers=0)
     # verify: after every sync the engine checks it holds the policy's weights (about 5 ms here)
@@ -108,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     run = build_run(RunConfig(RLModelConfig(pretrain=str(model)), strategy, cfg, engine, WeightSyncConfig(verify=True)),
                     LocalFactory(), prompts=prompts, tokenizer=tok, reward_fn=reward)
     trainer = run.trainer
-    print(f"[rl demo] {len(prompts)} prompts x {cfg.n_samples_per_prompt} samples, {trainer.num_iterations} iterations; "
+    print(f"[rl demo] {len(prompts)} prompts x {cfg.sampling.n_samples_per_prompt} samples, {trainer.num_iterations} iterations; "
           f"GRPO (group_norm), ZeRO-0 fp32, one process, rollout {type(run.rollout).__name__}"
           f"{' (eager)' if args.enforce_eager else ''}", flush=True)
     try:

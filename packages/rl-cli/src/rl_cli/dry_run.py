@@ -52,11 +52,11 @@ def _offline_batches(cfgs: dict) -> list[str]:
 def _rl_batches(cfgs: dict, ray: bool) -> list[str]:
     p, s = cfgs["ppo"], cfgs["strategy"]
     world = cfgs["ray"].actor_num_nodes * cfgs["ray"].actor_num_gpus_per_node if ray else 1
-    samples = p.rollout_batch_size * p.n_samples_per_prompt
+    samples = p.rollout_batch_size * p.sampling.n_samples_per_prompt
     g, micro = s.train_batch_size, s.micro_train_batch_size
     if samples % g:
         raise ValueError(f"--rollout_batch_size {p.rollout_batch_size} x --n_samples_per_prompt "
-                         f"{p.n_samples_per_prompt} = {samples} samples per iteration is not a multiple of "
+                         f"{p.sampling.n_samples_per_prompt} = {samples} samples per iteration is not a multiple of "
                          f"--train_batch_size {g}")
     if g % (micro * world):
         raise ValueError(f"--train_batch_size {g} is not a multiple of --micro_train_batch_size {micro} x {world} "
@@ -72,14 +72,14 @@ def _rl_batches(cfgs: dict, ray: bool) -> list[str]:
 
     train_mb = tokens(b.max_tokens_per_gpu) if b.max_tokens_per_gpu else f"{micro} samples"
     fwd_mb = tokens(budget) if budget else f"{b.forward_micro_batch_size or micro} samples"
-    return [f"per iteration: {p.rollout_batch_size} prompts x {p.n_samples_per_prompt} samples = {samples} samples",
+    return [f"per iteration: {p.rollout_batch_size} prompts x {p.sampling.n_samples_per_prompt} samples = {samples} samples",
             f"global batch {g} = micro batch {micro} x accumulation {g // (micro * world)} x data parallel {world}",
             f"micro-batches per rank: {rows}; training {train_mb}, experience forwards {fwd_mb}"
             + (" (the count per step varies; every rank runs the largest)" if b.max_tokens_per_gpu else ""),
             f"optimizer steps per iteration (each trained model): {samples} // {g} x {p.max_epochs} epoch(s) = "
             f"{samples // g * p.max_epochs}",
             f"iterations: {iters}",
-            f"estimator {p.advantage_estimator}, policy loss {p.policy_loss_type}; models: {', '.join(roles)}"]
+            f"estimator {p.advantage.estimator}, policy loss {p.policy_loss.type}; models: {', '.join(roles)}"]
 
 
 def print_config(command: str, cfgs: dict, chosen=()) -> None:

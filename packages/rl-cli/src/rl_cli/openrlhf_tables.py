@@ -95,7 +95,7 @@ ALIAS: dict[str, tuple[str, ...]] = {
     "reward.num_gpus_per_node": ("ray.reward_num_gpus_per_node",),
     "vllm.num_engines": ("ray.vllm_num_engines",),
     "vllm.tensor_parallel_size": ("ray.vllm_tensor_parallel_size",),
-    "vllm_is_truncated_threshold": ("ppo.is_correction_threshold",),
+    "vllm_is_truncated_threshold": ("ppo.policy_loss.is_correction_threshold",),
     "micro_rollout_batch_size": ("batching.forward_micro_batch_size",),
     "rollout.micro_batch_size": ("batching.forward_micro_batch_size",),
 }
@@ -128,13 +128,13 @@ _IS_TYPE = "_openrlhf_is_correction_type"  # OpenRLHF's type takes effect only w
 
 
 def _is_enable(_v, ns):
-    return {"ppo.is_correction": getattr(ns, _IS_TYPE, "tis")}
+    return {"ppo.policy_loss.is_correction": getattr(ns, _IS_TYPE, "tis")}
 
 
 def _is_type(v, ns):
     out = {_IS_TYPE: v}
-    if getattr(ns, "ppo.is_correction", None):  # already enabled: the type applies
-        out["ppo.is_correction"] = v
+    if getattr(ns, "ppo.policy_loss.is_correction", None):  # already enabled: the type applies
+        out["ppo.policy_loss.is_correction"] = v
     return out
 
 
@@ -170,10 +170,10 @@ def _not_negative(field: str):
 
 
 CONVERT: dict[str, Convert] = {
-    "eps_clip_low_high": Convert("ppo.eps_clip, ppo.eps_clip_high",
-                                 lambda v, _ns: {"ppo.eps_clip": v[0], "ppo.eps_clip_high": v[1]}, 2, float),
-    "actor.eps_clip_low_high": Convert("ppo.eps_clip, ppo.eps_clip_high",
-                                       lambda v, _ns: {"ppo.eps_clip": v[0], "ppo.eps_clip_high": v[1]}, 2, float),
+    "eps_clip_low_high": Convert("ppo.policy_loss.eps_clip, ppo.policy_loss.eps_clip_high",
+                                 lambda v, _ns: {"ppo.policy_loss.eps_clip": v[0], "ppo.policy_loss.eps_clip_high": v[1]}, 2, float),
+    "actor.eps_clip_low_high": Convert("ppo.policy_loss.eps_clip, ppo.policy_loss.eps_clip_high",
+                                       lambda v, _ns: {"ppo.policy_loss.eps_clip": v[0], "ppo.policy_loss.eps_clip_high": v[1]}, 2, float),
     "target_modules": Convert("model.target_modules (names joined by commas)",
                               lambda v, _ns: {"model.target_modules": ",".join(v) if v else "all-linear"}, "*"),
     "ds.lora.target_modules": Convert("model.target_modules (names joined by commas)",
@@ -189,10 +189,10 @@ CONVERT: dict[str, Convert] = {
                          lambda _v, _ns: {"data.apply_chat_template": True}, 0),
     "data.multiturn": Convert("data.apply_chat_template (multi-turn = a message list in --input_key, no --output_key)",
                               lambda _v, _ns: {"data.apply_chat_template": True}, 0),
-    "enable_vllm_is_correction": Convert("ppo.is_correction (tis unless a type is given)", _is_enable, 0),
-    "algo.advantage.is_correction_enable": Convert("ppo.is_correction (tis unless a type is given)", _is_enable, 0),
-    "vllm_is_correction_type": Convert("ppo.is_correction (with --enable_vllm_is_correction)", _is_type),
-    "algo.advantage.is_correction_type": Convert("ppo.is_correction (with --algo.advantage.is_correction_enable)",
+    "enable_vllm_is_correction": Convert("ppo.policy_loss.is_correction (tis unless a type is given)", _is_enable, 0),
+    "algo.advantage.is_correction_enable": Convert("ppo.policy_loss.is_correction (tis unless a type is given)", _is_enable, 0),
+    "vllm_is_correction_type": Convert("ppo.policy_loss.is_correction (with --enable_vllm_is_correction)", _is_type),
+    "algo.advantage.is_correction_type": Convert("ppo.policy_loss.is_correction (with --algo.advantage.is_correction_enable)",
                                                  _is_type),
     "freezing_actor_steps": Convert("ppo.freezing_actor_steps (-1: 0)", _not_negative("ppo.freezing_actor_steps"),
                                     None, int),

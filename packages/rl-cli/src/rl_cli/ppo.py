@@ -206,7 +206,7 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     cfgs["model"] = m = check_models(m)  # config.json and weights in every model folder
     for choice in _auto(cfgs, given(groups, args, flags), ray):  # the hardware's settings, from the local folders
         print(f"[rl {name}] auto: {choice}", flush=True)
-    check_moe(p.aux_loss_coef, m.pretrain)
+    check_moe(p.policy_loss.aux_loss_coef, m.pretrain)
     try:
         cfgs["reward"].check(label_key=d.label_key)
     except ValueError as e:
@@ -249,13 +249,13 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         print(f"[rl {name}] eval: {len(eval_prompts)} prompts x {e.n_samples_per_prompt} samples at "
               f"temperature {e.temperature}, {when}after the last iteration", flush=True)
     s = cfgs["strategy"]
-    samples = p.rollout_batch_size * p.n_samples_per_prompt
+    samples = p.rollout_batch_size * p.sampling.n_samples_per_prompt
     steps = p.optimizer_steps(len(prompts), s.train_batch_size) if samples % s.train_batch_size == 0 else 1
     print(f"[rl {name}] {prompts.report.summary()}")
     print(f"[rl {name}] {p.iterations(len(prompts))} iterations x {p.rollout_batch_size} prompts x "
-          f"{p.n_samples_per_prompt} samples = {samples} samples each; train_batch_size {s.train_batch_size}, "
+          f"{p.sampling.n_samples_per_prompt} samples = {samples} samples each; train_batch_size {s.train_batch_size}, "
           f"micro {s.micro_train_batch_size}, {p.max_epochs} epoch(s) -> {steps} optimizer steps per model; "
-          f"estimator {p.advantage_estimator}{', critic' if p.needs_critic else ''}, loss {p.policy_loss_type}"
+          f"estimator {p.advantage.estimator}{', critic' if p.needs_critic else ''}, loss {p.policy_loss.type}"
           f"{', reference (kl ' + str(p.kl.init_coef) + (' loss' if p.kl.use_loss else ' penalty') + ')' if p.needs_reference else ''}",
           flush=True)
     check_rl_batches(p, s, len(prompts), _world_sizes(cfgs) if ray else None)  # before any model loads
@@ -274,7 +274,7 @@ def pretrain_items(cfgs: dict, tok, n_prompts: int):
     from rl_core.data import DataError, PretrainDataset, training_rows
 
     cfg = replace(d, dataset=p.ptx.data, dataset_probs=p.ptx.data_probs, split=p.ptx.split,
-                  max_len=d.max_len + p.generate_max_len, max_samples=p.max_epochs * n_prompts * p.n_samples_per_prompt,
+                  max_len=d.max_len + p.sampling.max_new_tokens, max_samples=p.max_epochs * n_prompts * p.sampling.n_samples_per_prompt,
                   apply_chat_template=False, tokenizer_chat_template=None, input_template=None, image_key=None,
                   eval_dataset=None, packing=False)
     try:

@@ -120,12 +120,12 @@ def check_rl_batches(ppo, strategy, num_prompts: int, world_sizes: dict[str, int
     """The PPO loop's batch arithmetic (``ppo``: a PPOConfig, ``strategy``: a StrategyConfig) for
     ``num_prompts`` prompts and the ranks of each role (``{"policy": 2, "critic": 1}``); InputError with the
     flag to change. The loop checks the same when it starts, after the models loaded."""
-    samples = ppo.rollout_batch_size * ppo.n_samples_per_prompt
+    samples = ppo.rollout_batch_size * ppo.sampling.n_samples_per_prompt
     g, micro = strategy.train_batch_size, strategy.micro_train_batch_size
     if samples % g:
         fit = [t for t in range(g, 0, -1) if samples % t == 0][0]
         raise InputError(f"--rollout_batch_size {ppo.rollout_batch_size} x --n_samples_per_prompt "
-                         f"{ppo.n_samples_per_prompt} = {samples} samples per iteration is not a multiple of "
+                         f"{ppo.sampling.n_samples_per_prompt} = {samples} samples per iteration is not a multiple of "
                          f"--train_batch_size {g}; use --train_batch_size {fit} (or {samples}), or change the "
                          f"rollout batch")
     if num_prompts < ppo.rollout_batch_size:

@@ -28,6 +28,7 @@ from rl_rollout.rewards import (
     RewardServer,
     load_reward_fn,
 )
+from rl_rollout.sampling import SamplingConfig
 from rl_rollout.transport import CollectiveReceiver, CollectiveSender, SyncStats, WeightSyncError
 from rl_rollout.types import RolloutRequest, RolloutSample, SamplingParams
 from rl_rollout.weights import TensorStats, compare_weight_stats, tensor_stats, weight_stats
@@ -59,6 +60,7 @@ __all__ = [
     "RolloutEngine",
     "RolloutRequest",
     "RolloutSample",
+    "SamplingConfig",
     "SamplingParams",
     "StepResult",
     "SyncBackend",

@@ -31,6 +31,7 @@ from rl_algos.losses.variants import (
     POLICY_LOSSES,
     GSPOLossConfig,
     ISCorrectionConfig,
+    PolicyLossConfig,
     PPOLossConfig,
     policy_loss_config,
     policy_loss_params,
@@ -38,7 +39,7 @@ from rl_algos.losses.variants import (
 )
 
 __all__ = [
-    "POLICY_LOSSES", "GSPOLossConfig", "ISCorrectionConfig", "PPOLossConfig", "policy_loss_config", "policy_loss_params", "policy_loss_settings",
+    "POLICY_LOSSES", "GSPOLossConfig", "ISCorrectionConfig", "PolicyLossConfig", "PPOLossConfig", "policy_loss_config", "policy_loss_params", "policy_loss_settings",
     "DPOOutput", "ISCorrection", "KTOOutput", "LossAggregation", "PairwiseKind", "PolicyLossOutput",
     "RatioType", "ValueLossOutput", "aggregate_loss", "dpo_loss", "entropy_from_logits", "kto_loss",
     "kto_reference_kl", "LogprobsEntropy", "logprobs_and_entropy_from_logits", "logprobs_from_hidden",

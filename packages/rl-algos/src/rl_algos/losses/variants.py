@@ -27,7 +27,8 @@ variant in a module outside the packages runs from the command line unchanged.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
+import math
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -155,3 +156,68 @@ def policy_loss_config(type: str = "ppo", **fields) -> PPOLossConfig:
         raise ValueError(f"policy loss {type!r} has no field(s) {', '.join(unknown)}; its fields: "
                          f"{', '.join(sorted(names))}")
     return cls(**fields)
+
+
+def _meta(help: str, flat: str | None = None, openrlhf: str | None = None) -> dict:
+    """Field metadata for command-line builders (help, our flat flag name, OpenRLHF's name), as plain data."""
+    return {"help": help, "flags": (flat,) if flat else (), "openrlhf": (openrlhf,) if openrlhf else ()}
+
+
+@dataclass(frozen=True)
+class PolicyLossConfig:
+    """The run's policy loss: a registered variant (``type``) with the fields every variant shares (clip, dual
+    clip, aggregation, importance correction) and its own (``args``: ``KEY=VALUE`` texts), and the terms a loop
+    adds to it (entropy bonus, MoE load-balancing loss). Built, it has built the variant once (so every field
+    is checked); :meth:`variant` gives it with the correction in force."""
+
+    type: str = field(default="ppo", metadata={**_meta(
+        "a registered policy-loss variant (rl_algos.POLICY_LOSSES): ppo (token ratio), gspo (sequence ratio, "
+        "arXiv:2507.18071); an extension module (--extension) registers more", "policy_loss_type",
+        "actor.policy_loss_type"), "names": lambda: sorted(POLICY_LOSSES)})
+    args: tuple[str, ...] = field(default=(), metadata=_meta(
+        "KEY=VALUE settings of the variant's own fields beyond the shared clip / dual clip / aggregation / "
+        "correction ones (an extension's variant)", "policy_loss_args"))
+    eps_clip: float = field(default=0.2, metadata=_meta("PPO clip range (low side)", None, "actor.eps_clip"))
+    eps_clip_high: float | None = field(default=None, metadata=_meta(
+        "clip-higher (DAPO) upper range; default: eps_clip"))
+    dual_clip: float | None = field(default=None, metadata=_meta(
+        "dual-clip PPO constant (> 1)", None, "actor.dual_clip"))
+    agg_mode: str = field(default="token-mean", metadata=_meta(
+        "token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm (Dr. GRPO: divides by "
+        "generate_max_len)", "loss_agg_mode"))
+    is_correction: str | None = field(default=None, metadata=_meta(
+        "importance correction for the engine's sampling: tis | icepop | seq-mask-tis (uses rollout log-probs)",
+        None, "algo.advantage.is_correction_type"))
+    is_correction_threshold: tuple[float, float] = field(default=(0.5, 5.0), metadata=_meta(
+        "LOW HIGH bounds of the importance weights (clamp for tis, keep-range for icepop / seq-mask-tis)",
+        None, "algo.advantage.is_correction_threshold"))
+    entropy_coef: float | None = field(default=None, metadata=_meta(
+        "entropy bonus: the policy loss minus COEF x the token-mean entropy of the policy; any value, 0 included, "
+        "also logs rl/entropy (OpenRLHF's semantics)", "entropy_loss_coef", "actor.entropy_coef"))
+    aux_loss_coef: float = field(default=0.0, metadata=_meta(
+        "mixture-of-experts policy: + coef x the router's load-balancing loss in its loss, per micro-batch weighted "
+        "by its share of the samples, as OpenRLHF's actor (0: off; the critic's value head is left without it); a "
+        "model without experts is refused", None, "actor.aux_loss_coef"))
+
+    def __post_init__(self) -> None:
+        if self.entropy_coef is not None and not math.isfinite(self.entropy_coef):
+            raise ValueError(f"entropy_loss_coef (--entropy_loss_coef) must be a finite number, got "
+                             f"{self.entropy_coef}")
+        if not self.aux_loss_coef >= 0 or not math.isfinite(self.aux_loss_coef):
+            raise ValueError(f"aux_loss_coef (--aux_loss_coef) must be a finite number >= 0, got {self.aux_loss_coef}")
+        object.__setattr__(self, "args", tuple(self.args))
+        object.__setattr__(self, "is_correction_threshold", tuple(self.is_correction_threshold))
+        try:
+            self.variant()
+        except ValueError as e:
+            raise ValueError(f"{e} (--policy_loss_type, --eps_clip, --eps_clip_high, --dual_clip, --loss_agg_mode, "
+                             f"--is_correction, --is_correction_threshold, --policy_loss_args)") from None
+
+    def variant(self, correction: str | None = None) -> PPOLossConfig:
+        """The variant these fields describe; ``correction``: the importance correction in force when
+        ``is_correction`` is unset (a run that trains on older policies' samples asks for ``tis``)."""
+        kind = self.is_correction or correction
+        corr = None if kind is None else ISCorrectionConfig(kind, *self.is_correction_threshold)
+        return policy_loss_config(self.type, clip_eps_low=self.eps_clip, clip_eps_high=self.eps_clip_high,
+                                  dual_clip=self.dual_clip, aggregation=self.agg_mode, is_correction=corr,
+                                  **policy_loss_settings(self.type, self.args))

@@ -226,7 +226,7 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
     require_reward(reward_fn=reward_fn is not None, reward_model=bool(m.reward_pretrain), agent=bool(p.agent))
     roles = run_roles(p, reward_model=bool(m.reward_pretrain))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-    samples = p.rollout_batch_size * p.n_samples_per_prompt
+    samples = p.rollout_batch_size * p.sampling.n_samples_per_prompt
     steps = p.optimizer_steps(len(prompts), s.train_batch_size) if samples % s.train_batch_size == 0 else 1
     kw = cfg.load_kw()
     mb = {"batching": cfg.batching, "packing": cfg.packing}
@@ -243,7 +243,7 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
     critic = factory.role("critic", CriticWorker, s, m.critic_path, p, steps, load_kw={**kw, **head},
                           pad_id=pad, **mb) if roles.critic else None
     ref = factory.role("ref", ReferenceWorker, s, m.ref_path, load_kw=actor_kw, pad_id=pad,
-                       temperature=p.temperature, offload=m.ref_offload, **mb) if roles.ref else None
+                       temperature=p.sampling.temperature, offload=m.ref_offload, **mb) if roles.ref else None
     rm = factory.role("reward", RewardModelWorker, s, m.reward_pretrain, load_kw={**kw, **head}, pad_id=pad,
                       normalize=m.normalize_reward, offload=m.reward_offload, **mb) if roles.reward_model else None
     device = policy.call_rank(0, "world")["device"]

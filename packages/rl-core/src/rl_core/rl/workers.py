@@ -215,7 +215,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                              f"data-parallel ranks of the policy; add rows or drop --pretrain_data")
         actor = Actor.from_pretrained(pretrain, **(load_kw or {}))
         self.images = actor.is_vlm
-        if ppo_cfg.aux_loss_coef:
+        if ppo_cfg.policy_loss.aux_loss_coef:
             actor.enable_moe_aux_loss()  # a model without experts is refused here, in one line
         # LoRA: the adapter's peft config; every sync sends merged weights (fresh tensors, never live ones)
         self._lora = getattr(actor.model, "peft_config", None)
@@ -234,7 +234,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
 
     def logprobs(self, items: list[dict]) -> list[torch.Tensor]:
         """Log-probs at the sampling temperature (what the engine sampled from)."""
-        t = self.cfg.temperature
+        t = self.cfg.sampling.temperature
         self.engine.eval()
         try:
             return self._leader(self._forward_items(lambda **x: self.engine(**x, temperature=t).logprobs, items))
@@ -253,14 +253,14 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         from rl_algos import aggregate_loss, approx_kl
 
         c, dev, world = self.cfg, self.s.device, self.s.world_size
-        variant = c.policy_loss  # chosen once (rl_algos.POLICY_LOSSES), with its clip, correction, aggregation
+        variant = c.policy_loss_variant()  # chosen once (rl_algos.POLICY_LOSSES), with its clip, correction, aggregation
         has_rollout = all(it.get("rollout_logprobs") is not None for it in items)
         use_rollout = variant.needs_rollout_logprobs or (on_policy and has_rollout)
         kl_loss = c.kl.use_loss and c.needs_reference  # no reference (--init_kl_coef 0): no KL to measure, 0 logged
         keys = ([] if on_policy else ["old_logprobs"]) + ["advantages"] + (["ref_logprobs"] if kl_loss else []) \
             + (["rollout_logprobs"] if use_rollout else [])
         sums = {"policy_loss": 0.0, "clip_fraction": 0.0, "kl_loss": 0.0}
-        entropy = c.entropy_loss_coef is not None  # OpenRLHF: any coefficient, 0 too, computes and logs it
+        entropy = c.policy_loss.entropy_coef is not None  # OpenRLHF: any coefficient, 0 too, computes and logs it
         if entropy:
             sums["entropy"] = 0.0
         gap_sum = gap_tokens = 0.0
@@ -269,14 +269,14 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         G = self._global_seqs()
 
         aux: list[torch.Tensor] = []  # the MoE router's load-balancing loss of the last forward
-        if c.aux_loss_coef:
+        if c.policy_loss.aux_loss_coef:
             sums["aux_loss"] = 0.0
         if self._ptx:
             sums["ptx_loss"] = 0.0
 
         def forward(**x):  # with the entropy: log-probs and entropy from one pass over the logits
-            o = self.engine(**x, temperature=c.temperature, return_entropy=entropy)
-            if c.aux_loss_coef:
+            o = self.engine(**x, temperature=c.sampling.temperature, return_entropy=entropy)
+            if c.policy_loss.aux_loss_coef:
                 aux[:] = [o.aux_loss]
             return (o.logprobs, o.entropy) if entropy else o.logprobs
 
@@ -305,12 +305,12 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                     sums["kl_loss"] += kl_term.item() / world
                 if entropy:
                     ent_term = aggregate_loss(ent, m, "token-mean", global_tokens=total, dp_size=world)
-                    if c.entropy_loss_coef:
-                        loss = loss - c.entropy_loss_coef * ent_term
+                    if c.policy_loss.entropy_coef:
+                        loss = loss - c.policy_loss.entropy_coef * ent_term
                     sums["entropy"] += ent_term.item() / world
-                if c.aux_loss_coef:  # OpenRLHF: coef x aux per micro-batch, weighted by its share of the samples
+                if c.policy_loss.aux_loss_coef:  # OpenRLHF: coef x aux per micro-batch, weighted by its share of the samples
                     share_n = len(sub) / len(chunk)
-                    loss = loss + c.aux_loss_coef * share_n * aux[0]
+                    loss = loss + c.policy_loss.aux_loss_coef * share_n * aux[0]
                     sums["aux_loss"] += aux[0].item() * share_n / world
                 if self._ptx:  # one backward for both: the policy micro-batch and a pretraining one
                     nll = self._ptx_nll()

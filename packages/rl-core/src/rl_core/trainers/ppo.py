@@ -141,7 +141,7 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
                              f"critic-free estimator: {', '.join(estimator_names(critic_free=True))}")
         if cfg.needs_reference and ref is None:
             raise ValueError(f"init_kl_coef={cfg.kl.init_coef} needs a reference model; or set --init_kl_coef 0")
-        samples = cfg.rollout_batch_size * cfg.n_samples_per_prompt
+        samples = cfg.rollout_batch_size * cfg.sampling.n_samples_per_prompt
         if samples % train_batch_size:
             raise ValueError(f"rollout_batch_size x n_samples_per_prompt = {samples} samples per iteration is not a "
                              f"multiple of train_batch_size {train_batch_size}; make it one "
@@ -237,11 +237,10 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
             token_rewards = b["turn_rewards"] if token_rewards is None else token_rewards + b["turn_rewards"]
             for it in items:
                 it.pop("turn_rewards", None)  # not the workers' to train on
-        loop = {"n_samples": c.n_samples_per_prompt, "token_rewards_BT": token_rewards, "gamma": c.gamma,
-                "lambd": c.lambd, "values_BT": b["values"] * mask if c.needs_critic else None}
-        spec = c.estimator  # it gets the loop's inputs it declares, and its own parameters (--estimator_args)
-        adv = spec(scores, mask, **{k: v for k, v in loop.items() if k in spec.inputs}, **c.estimator_kwargs)
-        a = masked_whiten(adv.advantages, mask, scale=not c.no_advantage_std_norm) if c.whiten else adv.advantages
+        est = c.advantage  # the estimator gets the loop's inputs it declares, and its own parameters (--estimator_args)
+        adv = est.spec(scores, mask, **est.inputs(n_samples=c.sampling.n_samples_per_prompt, token_rewards_BT=token_rewards,
+                                                  values_BT=b["values"] * mask if c.needs_critic else None))
+        a = masked_whiten(adv.advantages, mask, scale=not est.no_std_norm) if est.whitens else adv.advantages
         for item, x in zip(items, rows(a * mask, items), strict=True):
             item["advantages"] = x
         if c.needs_critic:
@@ -435,7 +434,7 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
                         "after it before the run stopped are dropped: those iterations run again)", start,
                         self.num_iterations, dropped)
             self._sync(start)
-        bar = tqdm(total=self.num_iterations, initial=start, desc=f"rl {c.advantage_estimator}")
+        bar = tqdm(total=self.num_iterations, initial=start, desc=f"rl {c.advantage.estimator}")
         pipeline = None
         if c.async_rl:  # the producer thread collects batch k+1.. while this thread trains on batch k
             pipeline = AsyncRollout(self._collect_with_cursor, start + 1, self.num_iterations,

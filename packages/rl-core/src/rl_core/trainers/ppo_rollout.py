@@ -78,12 +78,13 @@ class RolloutPhase:
     def _generate(self, prompts: list[dict], seed: int, *, n: int | None = None,
                   temperature: float | None = None):
         """``n`` samples per prompt (default: the run's); the eval pass gives its own ``n`` and ``temperature``."""
-        from rl_rollout import RolloutRequest, SamplingParams
+        from rl_rollout import RolloutRequest
 
-        c = self.cfg
-        n = c.n_samples_per_prompt if n is None else n
-        params = SamplingParams(temperature=c.temperature if temperature is None else temperature, top_p=c.top_p,
-                                max_new_tokens=c.generate_max_len, n=n, stop_token_ids=self.eos, seed=seed)
+        sampling = self.cfg.sampling
+        over = {"n": n} if n is not None else {}
+        if temperature is not None:
+            over["temperature"] = temperature
+        params = sampling.params(stop_token_ids=self.eos, seed=seed, **over)
         if self.agent is not None:
             if any(p.get("images") for p in prompts):
                 raise ValueError("agent episodes with images are not built: drop --image_key or "
@@ -92,9 +93,9 @@ class RolloutPhase:
         else:
             groups = self.rollout.generate([RolloutRequest(list(p["prompt_ids"]), params,
                                                            multi_modal_data=_images_of(p)) for p in prompts])
-        if len(groups) != len(prompts) or any(len(g) != n for g in groups):
+        if len(groups) != len(prompts) or any(len(g) != params.n for g in groups):
             raise RuntimeError(f"the rollout returned {[len(g) for g in groups]} samples for {len(prompts)} prompts "
-                               f"x n={n}")
+                               f"x n={params.n}")
         return [s for g in groups for s in g]
 
     def _episodes(self, prompts: list[dict], params):
@@ -131,7 +132,7 @@ class RolloutPhase:
         """The run's rewards (:meth:`_score`), then the length penalties and the clipping. Dynamic filtering
         judges the raw rewards (or the scorer's own scores), before penalties and clipping, as OpenRLHF does
         (its filter reads each sample's ``scores``; the overlong penalty lands on the rewards only)."""
-        scores, info = self._score(prompts, samples, items, self.cfg.n_samples_per_prompt)
+        scores, info = self._score(prompts, samples, items, self.cfg.sampling.n_samples_per_prompt)
         if self._filter_scores is None:
             self._filter_scores = scores
         c = self.cfg
@@ -140,7 +141,7 @@ class RolloutPhase:
         sh = c.shaping
         if sh.overlong_buffer_len is not None:
             lengths = torch.tensor([len(s.response_ids) for s in samples])
-            penalty = overlong_penalty(lengths, c.generate_max_len, sh.overlong_buffer_len, sh.overlong_penalty_factor)
+            penalty = overlong_penalty(lengths, c.sampling.max_new_tokens, sh.overlong_buffer_len, sh.overlong_penalty_factor)
             scores = scores + penalty
             info["overlong_penalty_mean"] = penalty.mean().item()
         if sh.stop_properly_penalty_coef is not None:  # ProRL, as OpenRLHF: cut samples (no EOS) lose their reward
@@ -216,7 +217,7 @@ class RolloutPhase:
         groups and the rest wait, in prompt order, for the next iterations (``oversample/buffered``)."""
         from rl_algos import filter_groups
 
-        c, n, want = self.cfg, self.cfg.n_samples_per_prompt, self.cfg.rollout_batch_size
+        c, n, want = self.cfg, self.cfg.sampling.n_samples_per_prompt, self.cfg.rollout_batch_size
         buffer = self._group_buffer
         kept: list[tuple] = buffer[:want]  # (prompt, samples, items, scores, cursor position)
         del buffer[:want]
