@@ -48,7 +48,7 @@ from rl_algos.losses import (
 )
 from rl_algos.shaping import ShapingConfig, clip_rewards, kl_penalized_rewards, overlong_penalty, stop_properly_penalty
 
-__version__ = "0.6.0"
+__version__ = "0.7.0"
 
 __all__ = [
     "AdvantageConfig", "POLICY_LOSSES", "PolicyLossConfig", "EstimatorSpec", "GSPOLossConfig", "ISCorrectionConfig", "PPOLossConfig", "estimator_names",
