@@ -22,13 +22,14 @@ import torch
 
 
 def build(model: str, args, ema: bool):
-    from rl_core.rl import PolicyWorker
+    from rl_core.rl import PolicyObjective, PolicyWorker
     from rl_core.strategy import StrategyConfig
     from rl_core.trainers.ppo_config import PPOConfig
 
     s = StrategyConfig(zero_stage=args.zero_stage, bf16=not args.small, micro_train_batch_size=args.items,
                        train_batch_size=args.items, learning_rate=1e-6, lr_warmup_ratio=0.0)
-    return PolicyWorker(s, model, PPOConfig.from_flat(enable_ema=ema), 100, load_kw={"dtype": "fp32" if args.small else "bf16"})
+    objective = PolicyObjective.of(PPOConfig.from_flat(enable_ema=ema))
+    return PolicyWorker(s, model, objective, 100, load_kw={"dtype": "fp32" if args.small else "bf16"})
 
 
 def timed(fn, device, n: int) -> float:

@@ -124,7 +124,7 @@ def main() -> None:
         return time.perf_counter()
 
     from rl_core.attention import attention_implementation
-    from rl_core.rl import MicroBatchConfig, PolicyWorker
+    from rl_core.rl import MicroBatchConfig, PolicyObjective, PolicyWorker
     from rl_core.strategy import StrategyConfig
     from rl_core.trainers.ppo import PPOConfig
     from rl_rollout.testing import make_tiny_model
@@ -153,10 +153,10 @@ def main() -> None:
     liger = {"use_liger_kernel": True} if args.use_liger_kernel else {}
     if args.fused_lm_head:
         liger["fused_lm_head"] = True
-    workers = {"padded": PolicyWorker(s, str(model), c, steps, load_kw={"dtype": dtype, **liger})}
+    workers = {"padded": PolicyWorker(s, str(model), PolicyObjective.of(c), steps, load_kw={"dtype": dtype, **liger})}
     for a in attns:
         for b in budgets:
-            workers[f"packed@{b}:{a}"] = PolicyWorker(s, str(model), c, steps, packing=True,
+            workers[f"packed@{b}:{a}"] = PolicyWorker(s, str(model), PolicyObjective.of(c), steps, packing=True,
                                                       batching=MicroBatchConfig(max_tokens_per_gpu=b),
                                                       load_kw={"dtype": dtype, "attn_implementation": a, **liger})
     logprobs = {side: w.logprobs(items) for side, w in workers.items()}  # also the warm-up

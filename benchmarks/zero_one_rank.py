@@ -48,7 +48,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from rl_core import strategy as strategy_mod
-    from rl_core.rl import PolicyWorker
+    from rl_core.rl import PolicyObjective, PolicyWorker
     from rl_core.strategy import StrategyConfig
     from rl_core.trainers.ppo import PPOConfig
     from rl_rollout.testing import make_tiny_model
@@ -67,7 +67,7 @@ def main() -> None:
         strategy_mod._coalescible = coalescible if coalesce else (lambda *a: False)
         cfg = StrategyConfig(zero_stage=stage, bf16=cuda, micro_train_batch_size=args.micro,
                              train_batch_size=args.samples, learning_rate=1e-6)
-        sides[name] = PolicyWorker(cfg, str(model), PPOConfig(max_epochs=1), 1000,
+        sides[name] = PolicyWorker(cfg, str(model), PolicyObjective.of(PPOConfig(max_epochs=1)), 1000,
                                    load_kw={"dtype": "bf16" if cuda else "fp32"})
     strategy_mod._coalescible = coalescible
     for it, lp in zip(items, sides["zero0"].logprobs(items), strict=True):

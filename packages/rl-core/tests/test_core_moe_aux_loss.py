@@ -194,15 +194,16 @@ def test_a_ppo_policy_step_adds_coef_times_the_router_loss_of_each_micro_batch(m
     from transformers forwards (padded micro-batches of 2; packed rows under a 14-token budget: 2 + 1 + 1 items)."""
     from transformers import AutoModelForCausalLM
 
-    from rl_core.rl import PolicyWorker, make_item
+    from rl_algos import PolicyLossConfig
+    from rl_core.rl import PolicyObjective, PolicyWorker, make_item
     from rl_core.rl.batching import MicroBatchConfig
     from rl_core.strategy import StrategyConfig
-    from rl_core.trainers.ppo_config import PPOConfig
 
     lr = 1e-2
     s = StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=2, train_batch_size=4, learning_rate=lr,
                        lr_warmup_ratio=0.0, lr_scheduler="constant", max_norm=0.0, adam_eps=1.0)
-    w = PolicyWorker(s, str(moe), PPOConfig.from_flat(aux_loss_coef=COEF), 1, load_kw={"dtype": "fp32", "packed": packing},
+    objective = PolicyObjective(PolicyLossConfig(aux_loss_coef=COEF))
+    w = PolicyWorker(s, str(moe), objective, 1, load_kw={"dtype": "fp32", "packed": packing},
                      batching=MicroBatchConfig(max_tokens_per_gpu=14 if packing else None), packing=packing)
     g = torch.Generator().manual_seed(0)
     items = []

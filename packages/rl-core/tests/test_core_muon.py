@@ -16,8 +16,10 @@ import pytest
 import torch
 
 from rl_core.models import Actor
+from rl_core.rl.objectives import CriticObjective, PolicyObjective
 from rl_core.rl.workers import CriticWorker, PolicyWorker
 from rl_core.strategy import DeepSpeedStrategy, StrategyConfig
+from rl_core.configs import CriticOptimizerConfig
 from rl_core.trainers.ppo_config import PPOConfig
 from rl_rollout.testing import make_tiny_model
 
@@ -131,11 +133,11 @@ def test_the_policy_and_the_critic_take_their_own_optimizer(tiny):
 
     kw = {"load_kw": {"dtype": "fp32"}, "pad_id": 0}
     s = StrategyConfig(zero_stage=2, bf16=False, train_batch_size=1, learning_rate=1e-3, optim="muon", muon_lr=0.01)
-    assert lrs(PolicyWorker(s, tiny, PPOConfig(), 4, **kw)) == (MuonWithAuxAdam, [(False, 1e-3), (True, 0.01)])
-    assert lrs(CriticWorker(s, tiny, PPOConfig(), 4, **kw)) == (torch.optim.AdamW, [(False, 1e-3)])
+    assert lrs(PolicyWorker(s, tiny, PolicyObjective(), 4, **kw)) == (MuonWithAuxAdam, [(False, 1e-3), (True, 0.01)])
+    assert lrs(CriticWorker(s, tiny, CriticObjective(), 4, **kw)) == (torch.optim.AdamW, [(False, 1e-3)])
     adam = StrategyConfig(zero_stage=2, bf16=False, train_batch_size=1, learning_rate=1e-3)
-    critic = CriticWorker(adam, tiny, PPOConfig.from_flat(critic_optim="muon", critic_muon_lr=0.03, critic_learning_rate=2e-3),
-                          4, **kw)
+    own = CriticObjective(optimizer=CriticOptimizerConfig(optim="muon", muon_lr=0.03, learning_rate=2e-3))
+    critic = CriticWorker(adam, tiny, own, 4, **kw)
     assert lrs(critic) == (MuonWithAuxAdam, [(False, 2e-3), (True, 0.03)])
     head = [p for n, p in critic.engine.module.named_parameters() if n.startswith("head.")]
     assert len(head) == 1 and head[0].use_muon  # the value head, 1 x hidden, trains in Muon as in OpenRLHF

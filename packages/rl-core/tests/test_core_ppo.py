@@ -9,9 +9,18 @@ import math
 import pytest
 import torch
 
-from rl_algos import AdvantageConfig
 from rl_core.data import DataConfig, PromptDataset, load_rows
-from rl_core.rl import CriticWorker, LocalGroup, PolicyWorker, collate, dp_order, make_item, rows
+from rl_core.rl import (
+    CriticObjective,
+    CriticWorker,
+    LocalGroup,
+    PolicyObjective,
+    PolicyWorker,
+    collate,
+    dp_order,
+    make_item,
+    rows,
+)
 from rl_core.rl.batching import MicroBatchConfig
 from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
 from rl_core.strategy import StrategyConfig
@@ -112,7 +121,7 @@ def test_the_critic_fits_the_returns_it_is_trained_on(setup):
     c = PPOConfig(value_clip=None, max_epochs=1)
     s = StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=2, train_batch_size=4, learning_rate=1e-3,
                        lr_warmup_ratio=0.0, lr_scheduler="constant")
-    critic = CriticWorker(s, model, c, 20, load_kw={"dtype": "fp32"}, pad_id=tok.pad_token_id)
+    critic = CriticWorker(s, model, CriticObjective.of(c), 20, load_kw={"dtype": "fp32"}, pad_id=tok.pad_token_id)
     items = [make_item(tok.encode(f"Repeat the letter {x}: "), tok.encode(x * 4)) for x in LETTERS]
     for it, target in zip(items, (1.0, -1.0, 0.5, 0.0), strict=True):
         it["values"] = critic.values([it])[0]
@@ -138,7 +147,8 @@ def test_the_critics_own_optimizer_settings_reach_its_engine_and_leave_the_actor
                   critic_adam_eps=1e-6, critic_weight_decay=0.1, critic_lr_scheduler="cosine_with_min_lr",
                   critic_lr_warmup_ratio=0.5, critic_min_lr_ratio=0.2, critic_max_norm=0.5)
     kw = {"load_kw": {"dtype": "fp32"}, "pad_id": tok.pad_token_id}
-    critic, policy = CriticWorker(s, model, c, 10, **kw), PolicyWorker(s, model, c, 10, **kw)
+    critic = CriticWorker(s, model, CriticObjective.of(c), 10, **kw)
+    policy = PolicyWorker(s, model, PolicyObjective.of(c), 10, **kw)
 
     def read(engine):
         groups = engine.optimizer.optimizer.param_groups  # ZeRO-2's wrapper around our AdamW
@@ -231,7 +241,7 @@ def test_bad_settings_fail_before_training_with_the_fix(setup, tmp_path):
     model, tok, prompts = setup
     c = PPOConfig.from_flat(advantage_estimator="gae", init_kl_coef=0, rollout_batch_size=4, n_samples_per_prompt=2)
     s = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=3, train_batch_size=3)
-    policy = LocalGroup(PolicyWorker(s, model, c, 1, load_kw={"dtype": "fp32"}), "policy")
+    policy = LocalGroup(PolicyWorker(s, model, PolicyObjective.of(c), 1, load_kw={"dtype": "fp32"}), "policy")
     base = dict(policy=policy, rollout=None, weight_sync=None, prompts=prompts, tokenizer=tok, reward_fn=letter_reward)
     with pytest.raises(ValueError, match=r"gae \(PPO\) needs a critic"):
         PPOTrainer(c, train_batch_size=8, **base)
@@ -254,7 +264,7 @@ def test_cuda_ipc_sync_refuses_what_it_cannot_pair_or_share(setup):
     model, tok, _ = setup
     c = PPOConfig.from_flat(advantage_estimator="rloo", init_kl_coef=0, rollout_batch_size=4, n_samples_per_prompt=2)
     s = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=4, train_batch_size=8)
-    policy = LocalGroup(PolicyWorker(s, model, c, 1, load_kw={"dtype": "fp32"}), "policy")
+    policy = LocalGroup(PolicyWorker(s, model, PolicyObjective.of(c), 1, load_kw={"dtype": "fp32"}), "policy")
     two_engines = GroupRollout([LocalGroup(object(), "e0"), LocalGroup(object(), "e1")])
     with pytest.raises(ValueError, match=r"1 policy ranks but 2 engines; use --colocate_all_models"):
         IpcWeightSync(policy, two_engines)
@@ -293,7 +303,7 @@ def test_deepspeed_sleep_offloads_and_reloads_every_iteration_without_changing_t
         it["values"], it["returns"] = torch.zeros(len(it["loss_mask"])), torch.tensor(it["loss_mask"]).float()
     losses = {}
     for on in (False, True, "optimizer_only"):  # async training's sleep keeps the weights: forwards run meanwhile
-        critic = CriticWorker(s, model, PPOConfig(), 4, load_kw={"dtype": "fp32"},
+        critic = CriticWorker(s, model, CriticObjective.of(PPOConfig()), 4, load_kw={"dtype": "fp32"},
                               pad_id=tok.pad_token_id)
         losses[on] = []
         for _ in range(2):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_core.rl import PolicyWorker, make_item
+from rl_core.rl import PolicyObjective, PolicyWorker, make_item
 from rl_core.strategy import StrategyConfig
 from rl_core.trainers.ppo_config import PPOConfig
 
@@ -42,7 +42,7 @@ def test_ema_is_the_step_by_step_average_it_is_exported_and_a_resume_goes_on_wit
     c = PPOConfig.from_flat(enable_ema=True, ema_beta=BETA)
 
     def worker():
-        return PolicyWorker(s, tiny, c, 3, load_kw={"dtype": "fp32"})
+        return PolicyWorker(s, tiny, PolicyObjective.of(c), 3, load_kw={"dtype": "fp32"})
 
     w = worker()
     trained = {n for n, p in w.engine.module.named_parameters() if p.requires_grad}

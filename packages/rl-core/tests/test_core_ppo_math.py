@@ -11,7 +11,7 @@ import torch
 
 from rl_algos import GSPOLossConfig, PolicyLossConfig, estimator_names
 from rl_core.data import DataConfig, PromptDataset, load_rows
-from rl_core.rl import PolicyWorker, make_item
+from rl_core.rl import PolicyObjective, PolicyWorker, make_item
 from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
 from rl_core.strategy import StrategyConfig
 from rl_core.trainers.ppo import PPOConfig
@@ -75,7 +75,7 @@ def test_dr_grpo_divides_by_the_generation_budget_not_the_padded_length(setup):
                   loss_agg_mode="seq-mean-token-sum-norm")
     s = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=4, train_batch_size=4, learning_rate=0.0,
                        lr_warmup_ratio=0.0, lr_scheduler="constant")
-    w = PolicyWorker(s, model, c, 1, load_kw={"dtype": "fp32"}, pad_id=tok.pad_token_id)
+    w = PolicyWorker(s, model, PolicyObjective.of(c), 1, load_kw={"dtype": "fp32"}, pad_id=tok.pad_token_id)
     lengths, adv = [3, 5, 2, 6], [1.0, -0.5, 2.0, 0.25]
     items = [make_item(tok.encode(f"Repeat the letter {x}: "), tok.encode(x * n)) for x, n in zip("abcd", lengths)]
     for it, lp, a in zip(items, w.logprobs(items), adv, strict=True):

@@ -8,7 +8,6 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_core.configs import PtxConfig
 from rl_rollout.testing import make_tiny_model
 
 pytestmark = pytest.mark.timeout(600)
@@ -45,9 +44,8 @@ def test_a_policy_step_adds_coef_times_the_nll_of_a_pretraining_micro_batch(tiny
     by lr x g / (|g| + 1), so the step gives the gradient back."""
     from transformers import AutoModelForCausalLM
 
-    from rl_core.rl import PolicyWorker, make_item
+    from rl_core.rl import PolicyObjective, PolicyWorker, make_item
     from rl_core.strategy import StrategyConfig
-    from rl_core.trainers.ppo_config import PPOConfig
 
     lr = 1e-2
     s = StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=2, train_batch_size=4, learning_rate=lr,
@@ -56,7 +54,7 @@ def test_a_policy_step_adds_coef_times_the_nll_of_a_pretraining_micro_batch(tiny
     rand = lambda n: torch.randint(10, 100, (n,), generator=g).tolist()  # noqa: E731
     ptx = [{"input_ids": torch.tensor(ids), "loss_mask": torch.tensor([0] + [1] * (len(ids) - 1))}
            for ids in (rand(7), rand(4), rand(9))]
-    w = PolicyWorker(s, tiny, PPOConfig(ptx=PtxConfig(data="unused.jsonl", coef=COEF)), 1, load_kw={"dtype": "fp32"}, ptx=ptx)
+    w = PolicyWorker(s, tiny, PolicyObjective(ptx_coef=COEF), 1, load_kw={"dtype": "fp32"}, ptx=ptx)
     items = [make_item(rand(p), rand(r)) for p, r in ((3, 4), (5, 2), (2, 6), (4, 4))]
     for it, old in zip(items, w.logprobs(items), strict=True):
         it["old_logprobs"], it["advantages"] = old, torch.randn(len(old), generator=g)
@@ -87,9 +85,8 @@ def test_a_resumed_policy_continues_the_pretraining_rows_where_the_checkpoint_le
     """3 pretraining rows, 2 per step: step 1 takes rows 0, 1; the checkpoint keeps the cursor (row 2), so a
     policy resumed from it trains step 2 on rows 2, 0 exactly as the uninterrupted one does (same ptx loss, same
     weights); before the cursor was kept a resume restarted at row 0."""
-    from rl_core.rl import PolicyWorker, make_item
+    from rl_core.rl import PolicyObjective, PolicyWorker, make_item
     from rl_core.strategy import StrategyConfig
-    from rl_core.trainers.ppo_config import PPOConfig
 
     s = StrategyConfig(zero_stage=2, bf16=False, micro_train_batch_size=2, train_batch_size=2, learning_rate=1e-2,
                        lr_warmup_ratio=0.0, lr_scheduler="constant")
@@ -97,7 +94,7 @@ def test_a_resumed_policy_continues_the_pretraining_rows_where_the_checkpoint_le
     rand = lambda n: torch.randint(10, 100, (n,), generator=g).tolist()  # noqa: E731
     ptx = [{"input_ids": torch.tensor(ids), "loss_mask": torch.tensor([0] + [1] * (len(ids) - 1))}
            for ids in (rand(7), rand(4), rand(9))]
-    make = lambda: PolicyWorker(s, tiny, PPOConfig(ptx=PtxConfig(data="unused.jsonl", coef=COEF)), 4, load_kw={"dtype": "fp32"}, ptx=ptx)  # noqa: E731
+    make = lambda: PolicyWorker(s, tiny, PolicyObjective(ptx_coef=COEF), 4, load_kw={"dtype": "fp32"}, ptx=ptx)  # noqa: E731
     items = [make_item(rand(3), rand(4)), make_item(rand(5), rand(2))]
     ran = make()
     for it, old in zip(items, ran.logprobs(items), strict=True):

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from rl_core.models import RewardModel
-from rl_core.rl import CriticWorker, PolicyWorker, make_item
+from rl_core.rl import CriticObjective, CriticWorker, PolicyObjective, PolicyWorker, make_item
 from rl_core.rl.batching import MicroBatchConfig
 from rl_core.rl.experience import ring_shards
 from rl_core.rl.frozen_workers import RewardModelWorker
@@ -77,7 +77,7 @@ def run_roles(s: StrategyConfig, tiny: str, rm: str, attn: str | None, packing: 
           "batching": MicroBatchConfig(max_tokens_per_gpu=40 if packing else None)}
     items = items_of()
     c = PPOConfig.from_flat(max_epochs=1, loss_agg_mode="seq-mean-token-mean", init_kl_coef=0.01, use_kl_loss=True)
-    policy = PolicyWorker(s, tiny, c, 1, **kw)
+    policy = PolicyWorker(s, tiny, PolicyObjective.of(c), 1, **kw)
     out = {"logprobs": policy.logprobs(items)}  # [] on a ring group's second rank
     full = policy._forward_items(lambda **x: policy.engine(**x).logprobs, items)  # every rank: the whole rows
     for it, lp in zip(items, full, strict=True):
@@ -85,7 +85,7 @@ def run_roles(s: StrategyConfig, tiny: str, rm: str, attn: str | None, packing: 
         it["ref_logprobs"] = lp - 0.01
     out["policy_metrics"] = policy.train(items, kl_coef=0.01)
     out["policy"] = params(policy)
-    critic = CriticWorker(s, tiny, c, 1, **kw)
+    critic = CriticWorker(s, tiny, CriticObjective.of(c), 1, **kw)
     out["values"] = critic.values(items)
     out["critic_metrics"] = critic.train(items)
     out["critic"] = params(critic)

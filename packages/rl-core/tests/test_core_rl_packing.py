@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 
-from rl_core.rl import CriticWorker, PolicyWorker, make_item
+from rl_core.rl import CriticObjective, CriticWorker, PolicyObjective, PolicyWorker, make_item
 from rl_core.rl.batching import MicroBatchConfig, ModelInputs, _cost, over_budget, plan_micro_batches, split_to
 from rl_core.strategy import StrategyConfig
 from rl_core.trainers.ppo import PPOConfig
@@ -85,8 +85,8 @@ def test_packed_forwards_give_the_padded_logprobs_and_values(tiny):
     for packing in (False, True):
         kw = {"load_kw": {"dtype": "fp32"}, "packing": packing,  # 32: the 36-token item goes alone, over it
               "batching": MicroBatchConfig(forward_max_tokens_per_gpu=32 if packing else None)}
-        got[packing] = (PolicyWorker(s, tiny, c, 1, **kw).logprobs(items),
-                        CriticWorker(s, tiny, c, 1, **kw).values(items))
+        got[packing] = (PolicyWorker(s, tiny, PolicyObjective.of(c), 1, **kw).logprobs(items),
+                        CriticWorker(s, tiny, CriticObjective.of(c), 1, **kw).values(items))
     for kind in (0, 1):
         for it, a, b in zip(items, got[False][kind], got[True][kind], strict=True):
             assert a.shape == b.shape == (len(it["input_ids"]),)
@@ -108,7 +108,7 @@ def test_a_packed_budgeted_train_step_gives_the_padded_loss_and_weights(tiny, lo
     out, before = {}, None
     for packing, budget in ((False, None), (True, 64), (True, 32), (False, 32)):
         kw = {"load_kw": {"dtype": "fp32"}, "packing": packing, "batching": MicroBatchConfig(max_tokens_per_gpu=budget)}
-        w = PolicyWorker(s, tiny, c, 1, **kw)
+        w = PolicyWorker(s, tiny, PolicyObjective.of(c), 1, **kw)
         before = params(w)
         for it, lp in zip(items, w.logprobs(items), strict=True):
             it["old_logprobs"] = lp.clone()
@@ -118,7 +118,7 @@ def test_a_packed_budgeted_train_step_gives_the_padded_loss_and_weights(tiny, lo
             assert len(groups) != 4  # the budget made another grouping
             assert ([4] in groups) == (budget == 32)  # 36 tokens: alone, over the budget
         metrics = w.train(items, kl_coef=0.01)[0]
-        critic = CriticWorker(s, tiny, c, 1, **kw)
+        critic = CriticWorker(s, tiny, CriticObjective.of(c), 1, **kw)
         out[packing, budget] = metrics, params(w), critic.train(items)[0], params(critic)
     m0, w0, c0, v0 = out.pop((False, None))
     moved = max((w0[n] - before[n]).abs().max().item() for n in w0)
@@ -139,7 +139,7 @@ def _rank(rank: int, port: int, tiny: str, out: str) -> None:
     torch.set_num_threads(1)
     items = items_of()
     mine = [items[i] for i in SHARDS[rank]]
-    w = PolicyWorker(strategy(8, lr=1e-4), tiny, PPOConfig(max_epochs=1), 1, load_kw={"dtype": "fp32"},
+    w = PolicyWorker(strategy(8, lr=1e-4), tiny, PolicyObjective(), 1, load_kw={"dtype": "fp32"},
                      packing=True, batching=MicroBatchConfig(max_tokens_per_gpu=40))
     for it, lp in zip(mine, w.logprobs(mine), strict=True):
         it["old_logprobs"] = lp.clone()
@@ -161,7 +161,7 @@ def test_two_ranks_with_unequal_micro_batch_counts_step_like_one_rank(tiny, tmp_
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt") for r in (0, 1))
     assert r0["groups"] == r1["groups"] == 3
     items = items_of()
-    w = PolicyWorker(strategy(8, lr=1e-4), tiny, PPOConfig(max_epochs=1), 1, load_kw={"dtype": "fp32"})
+    w = PolicyWorker(strategy(8, lr=1e-4), tiny, PolicyObjective(), 1, load_kw={"dtype": "fp32"})
     for it, lp in zip(items, w.logprobs(items), strict=True):
         it["old_logprobs"] = lp.clone()
     w.train(items)
@@ -177,8 +177,9 @@ def test_the_kl_loss_without_a_reference_is_not_measured(tiny):
     items = items_of()[:4]
     out = {}
     for kl in (True, False):
-        w = PolicyWorker(strategy(4, lr=1e-4), tiny, PPOConfig.from_flat(max_epochs=1, use_kl_loss=kl, init_kl_coef=0), 1,
-                         load_kw={"dtype": "fp32"})
+        objective = PolicyObjective.of(PPOConfig.from_flat(max_epochs=1, use_kl_loss=kl, init_kl_coef=0))
+        assert objective.kl_loss is None  # no reference: no KL term, whatever --use_kl_loss says
+        w = PolicyWorker(strategy(4, lr=1e-4), tiny, objective, 1, load_kw={"dtype": "fp32"})
         for it, lp in zip(items, w.logprobs(items), strict=True):
             it["old_logprobs"] = lp.clone()
         out[kl] = w.train(items, kl_coef=0.0)[0]

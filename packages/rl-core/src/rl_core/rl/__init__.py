@@ -4,6 +4,8 @@
 - :mod:`rl_core.rl.batching`: micro-batches (sequence counts or token budgets, equal over ranks), padded
   or packed rows.
 - :mod:`rl_core.rl.workers`: one class per role rank (policy, critic, reference, reward model).
+- :mod:`rl_core.rl.objectives`: what the trained roles' ranks train against (the policy's loss and its terms, the
+  critic's value loss and optimizer), resolved once from the run's config and handed to the workers.
 - :mod:`rl_core.rl.ds_sleep`: DeepSpeed sleep, the trained roles' states in host memory while the engines generate.
 - :mod:`rl_core.rl.groups`: the worker-group protocol, the in-process group, generation over
   engine groups and the weight syncs (collective broadcast, CUDA IPC, in-process).
@@ -25,8 +27,10 @@ from rl_core.rl.groups import (
                                WorkerGroup,
                                concurrently,
 )
+from rl_core.rl.objectives import CriticObjective, PolicyObjective
 from rl_core.rl.workers import CriticWorker, PolicyWorker, hf_names
 
-__all__ = ["BroadcastWeightSync", "CriticWorker", "DirectWeightSync", "EngineFailure", "GroupRollout", "IpcWeightSync",
-           "LocalGroup", "MicroBatchConfig", "PolicyWorker", "ReferenceWorker", "RewardModelWorker", "WorkerGroup",
+__all__ = ["BroadcastWeightSync", "CriticObjective", "CriticWorker", "DirectWeightSync", "EngineFailure", "GroupRollout",
+           "IpcWeightSync", "LocalGroup", "MicroBatchConfig", "PolicyObjective", "PolicyWorker", "ReferenceWorker",
+           "RewardModelWorker", "WorkerGroup",
            "collate", "concurrently", "dp_order", "hf_names", "make_item", "plan_micro_batches", "rows"]

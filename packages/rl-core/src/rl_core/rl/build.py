@@ -36,6 +36,7 @@ from rl_core.rl.batching import MicroBatchConfig
 from rl_core.rl.ds_sleep import check_ds_sleep
 from rl_core.rl.frozen_workers import ReferenceWorker, RewardModelWorker
 from rl_core.rl.groups import DirectWeightSync, LocalGroup, WorkerGroup
+from rl_core.rl.objectives import CriticObjective, PolicyObjective
 from rl_core.rl.roles import require_reward, run_roles
 from rl_core.rl.workers import CriticWorker, PolicyWorker
 from rl_core.strategy import StrategyConfig
@@ -237,11 +238,11 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
     actor_kw = {**kw, "fused_lm_head": m.fused_lm_head}  # the policy and the reference: the critic has no LM head
     policy_kw = {**actor_kw, "freeze_visual_encoder": True} if m.freeze_visual_encoder else actor_kw
     ptx_items = list(ptx) if ptx is not None else None
-    policy = factory.role("policy", PolicyWorker, s, m.pretrain, p, steps, load_kw=policy_kw, pad_id=pad,
-                          ptx=ptx_items, **mb)
+    policy = factory.role("policy", PolicyWorker, s, m.pretrain, PolicyObjective.of(p), steps, load_kw=policy_kw,
+                          pad_id=pad, ptx=ptx_items, **mb)
     head = {"value_head_prefix": m.value_head_prefix}  # where an OpenRLHF-format folder keeps its head
-    critic = factory.role("critic", CriticWorker, s, m.critic_path, p, steps, load_kw={**kw, **head},
-                          pad_id=pad, **mb) if roles.critic else None
+    critic = factory.role("critic", CriticWorker, s, m.critic_path, CriticObjective.of(p), steps,
+                          load_kw={**kw, **head}, pad_id=pad, **mb) if roles.critic else None
     ref = factory.role("ref", ReferenceWorker, s, m.ref_path, load_kw=actor_kw, pad_id=pad,
                        temperature=p.sampling.temperature, offload=m.ref_offload, **mb) if roles.ref else None
     rm = factory.role("reward", RewardModelWorker, s, m.reward_pretrain, load_kw={**kw, **head}, pad_id=pad,

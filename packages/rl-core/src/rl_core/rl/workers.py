@@ -40,6 +40,7 @@ import torch
 from rl_core.rl.batching import MicroBatchConfig, ModelInputs, equalise, memory_budget, plan_micro_batches
 from rl_core.rl.ds_sleep import DeepSpeedSleep
 from rl_core.rl.experience import collate, rows
+from rl_core.rl.objectives import CriticObjective, PolicyObjective
 
 logger = logging.getLogger(__name__)
 
@@ -196,18 +197,19 @@ class _Worker:
 class PolicyWorker(DeepSpeedSleep, _Worker):
     """One rank of the policy (actor): ``logprobs``, ``train``, weight broadcast, checkpoints, export."""
 
-    def __init__(self, strategy_cfg, pretrain: str, ppo_cfg, total_steps: int, *, load_kw: dict | None = None,
-                 pad_id: int = 0, batching: MicroBatchConfig | None = None, packing: bool = False,
-                 ptx: list[dict] | None = None):
+    def __init__(self, strategy_cfg, pretrain: str, objective: PolicyObjective, total_steps: int, *,
+                 load_kw: dict | None = None, pad_id: int = 0, batching: MicroBatchConfig | None = None,
+                 packing: bool = False, ptx: list[dict] | None = None):
         super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
         from rl_core.models import Actor
 
-        self.cfg = ppo_cfg
+        self.objective = objective
+        self.variant = objective.variant()  # built once (rl_algos.POLICY_LOSSES): clip, correction, aggregation
         # PPO-ptx: this rank's share of the pretraining items (input_ids, loss_mask), cycled in order
         self._ptx = [{k: torch.as_tensor(it[k]).tolist() for k in ("input_ids", "loss_mask")}
                      for it in (ptx or [])[self.s.dp_rank::self.s.dp_size]]
         self._ptx_next = 0
-        if ptx and ppo_cfg.ptx is None:
+        if ptx and objective.ptx_coef is None:
             raise ValueError("pretraining items (ptx=...) train with PPOConfig.ptx's coefficient: set "
                              "PPOConfig(ptx=PtxConfig(data=...)) (--pretrain_data), or pass no items")
         if ptx and not self._ptx:
@@ -215,17 +217,17 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                              f"data-parallel ranks of the policy; add rows or drop --pretrain_data")
         actor = Actor.from_pretrained(pretrain, **(load_kw or {}))
         self.images = actor.is_vlm
-        if ppo_cfg.policy_loss.aux_loss_coef:
+        if objective.loss.aux_loss_coef:
             actor.enable_moe_aux_loss()  # a model without experts is refused here, in one line
         # LoRA: the adapter's peft config; every sync sends merged weights (fresh tensors, never live ones)
         self._lora = getattr(actor.model, "peft_config", None)
         self.engine = self.s.prepare(actor, total_steps=total_steps)
         self._ema = None
-        if ppo_cfg.ema is not None:
+        if objective.ema_beta is not None:
             from rl_core.rl.ema import EmaWeights
 
-            self._ema = EmaWeights(self.engine.module, ppo_cfg.ema.beta)
-            logger.info("policy EMA (beta %g): %.3f GB on %s, rank %d", ppo_cfg.ema.beta, self._ema.nbytes / 1e9,
+            self._ema = EmaWeights(self.engine.module, objective.ema_beta)
+            logger.info("policy EMA (beta %g): %.3f GB on %s, rank %d", objective.ema_beta, self._ema.nbytes / 1e9,
                         self.s.device, self.rank)
         self._sender = None
         self._ipc = None  # an rl_rollout.ipc.IpcSender after the first share_weights_ipc
@@ -234,7 +236,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
 
     def logprobs(self, items: list[dict]) -> list[torch.Tensor]:
         """Log-probs at the sampling temperature (what the engine sampled from)."""
-        t = self.cfg.sampling.temperature
+        t = self.objective.temperature
         self.engine.eval()
         try:
             return self._leader(self._forward_items(lambda **x: self.engine(**x, temperature=t).logprobs, items))
@@ -252,15 +254,15 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         Returns ``[metrics]`` (a list, as ``call_sharded`` wants), averaged over steps and ranks."""
         from rl_algos import aggregate_loss, approx_kl
 
-        c, dev, world = self.cfg, self.s.device, self.s.world_size
-        variant = c.policy_loss_variant()  # chosen once (rl_algos.POLICY_LOSSES), with its clip, correction, aggregation
+        o, variant, dev, world = self.objective, self.variant, self.s.device, self.s.world_size
+        entropy_coef, aux_coef = o.loss.entropy_coef, o.loss.aux_loss_coef
         has_rollout = all(it.get("rollout_logprobs") is not None for it in items)
         use_rollout = variant.needs_rollout_logprobs or (on_policy and has_rollout)
-        kl_loss = c.kl.use_loss and c.needs_reference  # no reference (--init_kl_coef 0): no KL to measure, 0 logged
+        kl_loss = o.kl_loss is not None  # no reference (--init_kl_coef 0): no KL to measure, 0 logged
         keys = ([] if on_policy else ["old_logprobs"]) + ["advantages"] + (["ref_logprobs"] if kl_loss else []) \
             + (["rollout_logprobs"] if use_rollout else [])
         sums = {"policy_loss": 0.0, "clip_fraction": 0.0, "kl_loss": 0.0}
-        entropy = c.policy_loss.entropy_coef is not None  # OpenRLHF: any coefficient, 0 too, computes and logs it
+        entropy = entropy_coef is not None  # OpenRLHF: any coefficient, 0 too, computes and logs it
         if entropy:
             sums["entropy"] = 0.0
         gap_sum = gap_tokens = 0.0
@@ -269,18 +271,18 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         G = self._global_seqs()
 
         aux: list[torch.Tensor] = []  # the MoE router's load-balancing loss of the last forward
-        if c.policy_loss.aux_loss_coef:
+        if aux_coef:
             sums["aux_loss"] = 0.0
         if self._ptx:
             sums["ptx_loss"] = 0.0
 
         def forward(**x):  # with the entropy: log-probs and entropy from one pass over the logits
-            o = self.engine(**x, temperature=c.sampling.temperature, return_entropy=entropy)
-            if c.policy_loss.aux_loss_coef:
-                aux[:] = [o.aux_loss]
-            return (o.logprobs, o.entropy) if entropy else o.logprobs
+            out = self.engine(**x, temperature=o.temperature, return_entropy=entropy)
+            if aux_coef:
+                aux[:] = [out.aux_loss]
+            return (out.logprobs, out.entropy) if entropy else out.logprobs
 
-        for chunk in self._global_batches(items, c.max_epochs):
+        for chunk in self._global_batches(items, o.epochs):
             total = self._global_tokens(chunk)
             groups = self._micro_batches(chunk, train=True)
             for k, idx in enumerate(groups):
@@ -296,25 +298,25 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                     gap_tokens += m.sum().item()
                 out = variant.loss(lp, old, b["advantages"], m,
                                    rollout_logprobs_BT=rollout if variant.needs_rollout_logprobs else None,
-                                   global_tokens=total, global_seqs=G, dp_size=world, norm_len=c.loss_norm_len)
+                                   global_tokens=total, global_seqs=G, dp_size=world, norm_len=o.norm_len)
                 loss = out.loss
                 if kl_loss:
-                    kl = approx_kl(lp, b["ref_logprobs"], c.kl.estimator, mask=m)
+                    kl = approx_kl(lp, b["ref_logprobs"], o.kl_loss, mask=m)
                     kl_term = aggregate_loss(kl, m, "token-mean", global_tokens=total, dp_size=world)
                     loss = loss + kl_coef * kl_term
                     sums["kl_loss"] += kl_term.item() / world
                 if entropy:
                     ent_term = aggregate_loss(ent, m, "token-mean", global_tokens=total, dp_size=world)
-                    if c.policy_loss.entropy_coef:
-                        loss = loss - c.policy_loss.entropy_coef * ent_term
+                    if entropy_coef:
+                        loss = loss - entropy_coef * ent_term
                     sums["entropy"] += ent_term.item() / world
-                if c.policy_loss.aux_loss_coef:  # OpenRLHF: coef x aux per micro-batch, weighted by its share of the samples
+                if aux_coef:  # OpenRLHF: coef x aux per micro-batch, weighted by its share of the samples
                     share_n = len(sub) / len(chunk)
-                    loss = loss + c.policy_loss.aux_loss_coef * share_n * aux[0]
+                    loss = loss + aux_coef * share_n * aux[0]
                     sums["aux_loss"] += aux[0].item() * share_n / world
                 if self._ptx:  # one backward for both: the policy micro-batch and a pretraining one
                     nll = self._ptx_nll()
-                    loss = loss + c.ptx.coef * nll / len(groups)
+                    loss = loss + o.ptx_coef * nll / len(groups)
                     sums["ptx_loss"] += nll.item() / len(groups) / world
                 self.s.backward(loss, self.engine)
                 if self.s.optimizer_step(self.engine) and self._ema is not None:
@@ -528,13 +530,14 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
 class CriticWorker(DeepSpeedSleep, _Worker):
     """One rank of the critic: ``values`` and ``train`` on returns with the (clipped) value loss."""
 
-    def __init__(self, strategy_cfg, pretrain: str, ppo_cfg, total_steps: int, *, load_kw: dict | None = None,
-                 pad_id: int = 0, batching: MicroBatchConfig | None = None, packing: bool = False):
-        strategy_cfg = replace(strategy_cfg, **ppo_cfg.critic_optimizer.overrides())  # its own optimizer, schedule, clipping
+    def __init__(self, strategy_cfg, pretrain: str, objective: CriticObjective, total_steps: int, *,
+                 load_kw: dict | None = None, pad_id: int = 0, batching: MicroBatchConfig | None = None,
+                 packing: bool = False):
+        strategy_cfg = replace(strategy_cfg, **objective.optimizer.overrides())  # its own optimizer, schedule, clipping
         super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
         from rl_core.models import Critic
 
-        self.cfg = ppo_cfg
+        self.objective = objective
         self.engine = self.s.prepare(Critic.from_pretrained(pretrain, **(load_kw or {})), total_steps=total_steps)
 
     def values(self, items: list[dict]) -> list[torch.Tensor]:
@@ -548,10 +551,10 @@ class CriticWorker(DeepSpeedSleep, _Worker):
         """Critic epochs, like :meth:`PolicyWorker.train`; returns ``[metrics]``."""
         from rl_algos import value_loss
 
-        c, dev, world = self.cfg, self.s.device, self.s.world_size
+        o, dev, world = self.objective, self.s.device, self.s.world_size
         sums, steps = {"critic_loss": 0.0, "value_clip_fraction": 0.0}, 0
         self.engine.train()
-        for chunk in self._global_batches(items, c.max_epochs):
+        for chunk in self._global_batches(items, o.epochs):
             total = self._global_tokens(chunk)
             groups = self._micro_batches(chunk, train=True)
             for k, idx in enumerate(groups):
@@ -560,7 +563,7 @@ class CriticWorker(DeepSpeedSleep, _Worker):
                 m = b["loss_mask"]
                 self.s.accumulation_boundary(self.engine, k == len(groups) - 1)
                 v = self._model(lambda **x: self.engine(**x), sub)
-                out = value_loss(v, b["values"], b["returns"], m, clip_eps=c.value_clip,
+                out = value_loss(v, b["values"], b["returns"], m, clip_eps=o.value_clip,
                                  global_tokens=total, dp_size=world)
                 self.s.backward(out.loss, self.engine)
                 self.s.optimizer_step(self.engine)
