@@ -46,6 +46,13 @@ class RayFactory:
         self.device = "?"
         self._spawned: list[Any] | None = None  # empty engine actors (spawn_engines), filled by rollout()
 
+    @property
+    def trained_ranks(self) -> int:
+        """Ranks of the larger trained role (actor, critic) of the plan: what ``build_run``'s ``auto`` choices size
+        ZeRO by (rl_core.rl.auto: ZeRO-2 over several ranks; ZeRO-0 on one GPU)."""
+        specs = (self.placed.plan.role_spec(r) for r in ("actor", "critic"))
+        return max((s.num_gpus for s in specs if s is not None), default=1)
+
     def spawn_engines(self, engine_kind: str) -> None:
         """Start the engine actors now, empty: their processes start and import ``engine_kind``'s libraries
         while the models load (vLLM's import alone takes seconds); :meth:`rollout` builds the engines in them

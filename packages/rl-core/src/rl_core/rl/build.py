@@ -219,6 +219,7 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
     :class:`~rl_core.data.PretrainDataset`, or None)."""
     if not cfg.model.pretrain:
         raise ValueError("RLModelConfig.pretrain (--pretrain) is required: a local HF model folder")
+    # a factory over several ranks says how many the trained roles have (rl-cli's RayFactory); in-process: one
     cfg, choices = resolve_auto(cfg, Hardware.here(trained_ranks=getattr(factory, "trained_ranks", 1)),
                                 images=cfg.packing is None and _is_vlm(cfg.model.pretrain))
     for choice in choices:  # the CLI resolved them already and printed why; a Python caller learns it here
