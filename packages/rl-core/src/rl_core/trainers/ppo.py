@@ -1,9 +1,10 @@
 """The PPO-family RL loop (PPO with a critic, GRPO, REINFORCE++, RLOO, Dr.GRPO) over worker groups.
 
-Steps 1-2 below (prompts to scored, filtered samples) are :mod:`rl_core.trainers.ppo_rollout`
-(a mixin), the eval pass :mod:`rl_core.trainers.ppo_eval` and the checkpoints of step 6
-:mod:`rl_core.trainers.ppo_checkpoint` (mixins too); this module holds the rest of the iteration
-and the loop itself.
+One class owns the loop's state and reads top to bottom (:meth:`PPOTrainer._iteration`); its parts are
+objects with explicit inputs and outputs: steps 1-2 below (prompts to scored, filtered samples: a
+:class:`~rl_core.trainers.ppo_rollout.RolloutBatch`) are the :class:`~rl_core.trainers.ppo_rollout.Sampler`,
+the eval pass :class:`~rl_core.trainers.ppo_eval.EvalPass` and the checkpoints of step 6
+:class:`~rl_core.trainers.ppo_checkpoint.LoopCheckpoints`; this module holds the rest of the iteration.
 
 One loop, two transports: the roles are worker groups (:mod:`rl_core.rl.groups`),
 in-process (:class:`~rl_core.rl.groups.LocalGroup`, ``rl ppo``) or Ray actors
@@ -76,27 +77,29 @@ from rl_core.configs import check_eval_set
 from rl_core.metrics import MetricsLogger
 from rl_core.rl import ds_sleep
 from rl_core.rl.batching import MicroBatchConfig, over_budget
-from rl_core.rl.checkpoint import RLCheckpoints
 from rl_core.rl.experience import collate, dp_order, ring_shards, rows
 from rl_core.rl.groups import LocalGroup, concurrently
 from rl_core.rl.pipeline import AsyncRollout
 from rl_core.rl.roles import require_reward
-from rl_core.trainers.ppo_checkpoint import CheckpointPhase
+from rl_core.trainers.ppo_checkpoint import LoopCheckpoints, best_metric_key
 from rl_core.trainers.ppo_config import PPOConfig
-from rl_core.trainers.ppo_eval import EvalPhase
-from rl_core.trainers.ppo_rollout import RolloutPhase, _bounded
+from rl_core.trainers.ppo_eval import EvalPass
+from rl_core.trainers.ppo_rollout import Sampler, _bounded
 
 __all__ = ["PPOConfig", "PPOTrainer"]
 
 logger = logging.getLogger(__name__)
 
-class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
+class PPOTrainer:
     """The loop. ``policy``, ``critic``, ``ref``, ``reward_model``: worker groups (or None);
     ``rollout``: ``generate(requests) -> [[RolloutSample]]`` (+ optional ``sleep``/``wake_up``);
     ``weight_sync``: ``sync(version) -> stats dict``; ``prompts``: a PromptDataset; ``seed`` fixes the
     prompt order (one permutation per pass) and the sampling (seed + 1000 x iteration + round);
     ``eval_prompts``: a PromptDataset evaluated every ``eval_steps`` iterations and after the last one
     (:mod:`rl_core.trainers.ppo_eval`); ``batching``: the workers' token budgets, for :meth:`_over_budget`.
+
+    Its parts: ``sampler`` (steps 1-2), ``evaluator`` (the eval pass, or None), ``ckpt`` (checkpoints, or None);
+    the loop's own state: ``history``, ``eval_history``, ``kl`` (the penalty's controller), the gap alarm.
     """
 
     def __init__(self, cfg: PPOConfig, *, policy, rollout, weight_sync, prompts, tokenizer, train_batch_size: int,
@@ -109,7 +112,6 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         if reward_fn is not None and not callable(getattr(reward_fn, "score", None)):
             reward_fn = _bounded(reward_fn)
         self.critic, self.ref, self.reward_model, self.reward_fn = critic, ref, reward_model, reward_fn
-        self._reward_counts = None  # the reward scorer's counts of its latest batch (when it keeps them)
         self.prompts, self.tokenizer, self.G, self.sleep_engines = prompts, tokenizer, train_batch_size, sleep_engines
         self.gap_alarm = cfg.gap_alarm(bf16=False) if gap_alarm is None else gap_alarm
         if sleep_level not in (1, 2):
@@ -117,15 +119,12 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         self.sleep_level = sleep_level
         self._gap_warned = False
         self.batching, self._budget_warned = batching, set()  # the workers' token budgets; phases warned of
-        self.eval_prompts = eval_prompts
-        if eval_prompts is not None and len(eval_prompts) == 0:
-            raise ValueError("the eval set has no rows; pass --eval_dataset a file with usable rows, or leave it unset")
         check_eval_set(cfg.eval.steps, eval_prompts is not None)
         if eval_prompts is not None and cfg.async_rl:
             raise ValueError("--eval_dataset with --async_train is not built (the eval pass would share the engines "
                              "with the producer thread's sampling): drop one of them")
         require_reward(reward_fn=reward_fn is not None, reward_model=reward_model is not None, agent=bool(cfg.agent))
-        self.agent = None  # a factory of fresh environments, one per episode
+        agent = None  # a factory of fresh environments, one per episode
         if cfg.agent:
             from rl_rollout.agents.openrlhf import load_agent
 
@@ -133,7 +132,7 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
                 raise ValueError(f"--agent_func_path plays episodes turn by turn through the engine's agenerate, "
                                  f"which this rollout ({type(rollout).__name__}) lacks: use an engine, an EnginePool "
                                  "or a GroupRollout (rl ppo, rl ppo-ray)")
-            self.agent = load_agent(cfg.agent.func_path)
+            agent = load_agent(cfg.agent.func_path)
             if hasattr(rollout, "batch_agenerate"):  # the HF engine: one generate per turn of all episodes
                 rollout.batch_agenerate = True
         if cfg.needs_critic and critic is None:
@@ -162,25 +161,24 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos = [t for t in {tokenizer.eos_token_id} if t is not None]
         self.metrics = metrics or MetricsLogger(cfg.run_dir)
-        ck = cfg.ckpt
-        self.ckpt = RLCheckpoints(ck.ckpt_path, ck.max_ckpt_num, ck.max_ckpt_mem) if ck.ckpt_path else None
-        self._best_key = self._best_metric_key(eval_prompts)  # --best_metric_key as eval/NAME (None: no best)
-        self._best: dict | None = None  # {"key", "value", "iteration"} of the best checkpoint so far
-        if self.ckpt and ck.save_steps > 0 and not ck.load_checkpoint and self.ckpt.complete():
-            raise ValueError(f"--ckpt_path {ck.ckpt_path} already holds checkpoints of a run "
-                             f"({', '.join(d.name for d in self.ckpt.complete())}) that this run would mix with its "
-                             f"own: resume it with --load_checkpoint, or point --ckpt_path at a new folder")
+        self.sampler = Sampler(cfg, rollout=rollout, prompts=prompts, tokenizer=tokenizer, seed=seed, eos=self.eos,
+                               reward_fn=reward_fn, reward_model=reward_model,
+                               reward_ranks=reward_model.world_size // self.ring if reward_model is not None else 1,
+                               sharded=self._sharded, agent=agent, metrics=self.metrics)
+        self.evaluator = EvalPass(cfg.eval, eval_prompts, self.sampler, chunk=cfg.rollout_batch_size,
+                                  num_iterations=self.num_iterations) if eval_prompts is not None else None
+        best_key = best_metric_key(cfg, eval_prompts is not None)  # --best_metric_key as eval/NAME (None: no best)
+        self.ckpt = LoopCheckpoints(cfg.ckpt, policy=policy, critic=critic, best_key=best_key,
+                                    tokenizer_path=getattr(tokenizer, "name_or_path", None)) \
+            if cfg.ckpt.ckpt_path else None
         self.history: list[dict[str, float]] = []
         self.eval_history: list[dict[str, float]] = []  # the eval passes' metrics, with their iteration
-        self.cursor = 0  # prompts consumed so far (over epochs of seeded permutations)
-        self._group_buffer: list[tuple] = []  # over-sampled groups waiting for a batch (generate_batch_size)
         self.kl = cfg.kl.controller()  # the reward penalty's coefficient (None: KL as a loss, or off)
         # One epoch and one global batch per iteration, no KL reward penalty: the policy trains once on weights
         # the engine sampled with, so its old log-probs are its train forward's (detached): skip that forward.
         # Asynchronous training samples with older weights than the ones that train: never on-policy.
         self.on_policy = (cfg.max_epochs == 1 and samples == train_batch_size and self.kl is None
                           and cfg.freezing_actor_steps == 0 and not cfg.async_rl)
-        self._generate_batch_size = cfg.async_rl.generate_batch_size if cfg.async_rl else None
         if cfg.async_rl and cfg.async_rl.partial_rollout:
             if not hasattr(rollout, "partial_chunk_tokens"):
                 raise ValueError(f"--partial_rollout needs an engine that samples in chunks a weight update can "
@@ -190,7 +188,7 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         if cfg.async_rl and sleep_engines:
             raise ValueError("--async_train generates while the policy trains, so the engines cannot sleep "
                              "meanwhile: drop --vllm_enable_sleep (or --async_train)")
-        self._ckpt_cursor = None  # async: the prompt cursor after the batch trained last (the producer runs ahead)
+        self._ckpt_cursor = 0  # the prompt cursor after the batch trained last (async: the producer runs ahead)
         local = [g for g in (policy, critic, ref, reward_model) if g is not None]
         self.parallel = not all(isinstance(g, LocalGroup) for g in local)
 
@@ -379,11 +377,13 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         asleep = ds_sleep.call_roles(trained, "ds_offload", self.parallel, pipeline is not None) \
             if c.deepspeed_enable_sleep else {}
         if pipeline is None:
-            prompts, samples, items, scores, m = self._collect(it)
+            batch = self.sampler.collect(it)
         else:
-            (prompts, samples, items, scores, m, self._ckpt_cursor), wait_s = pipeline.get(it)
-            stale, fresh = self._staleness(samples, it - 1)
-            m.update(stale, rollout_wait_s=wait_s)
+            batch, wait_s = pipeline.get(it)
+            stale, fresh = self.sampler.staleness(batch.samples, it - 1)
+            batch.metrics.update(stale, rollout_wait_s=wait_s)
+        self._ckpt_cursor = batch.cursor
+        samples, items, scores, m = batch.samples, batch.items, batch.scores_B, batch.metrics
         if self.sleep_engines:
             self.rollout.sleep(self.sleep_level)
         if c.deepspeed_enable_sleep and pipeline is None:
@@ -411,10 +411,11 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         if not all(math.isfinite(v) for v in m.values()):
             logger.warning("iteration %d: non-finite metrics %s", it, m)
         self.history.append(m)
-        evaluated = self._evaluate(it) if self._eval_due(it) else {}
+        evaluated = self.evaluator.run(it) if self.evaluator is not None and self.evaluator.due(it) else {}
         if evaluated:
             self.eval_history.append({"iteration": it, **evaluated})
-            self.save_best_checkpoint(it, evaluated)
+            if self.ckpt is not None:
+                self.ckpt.save_if_best(it, evaluated, self._loop_state(it))
         if evaluated or it % c.logging_steps == 0 or it == self.num_iterations:
             self.metrics.log(it, {**{"rl/" + k: v for k, v in m.items()}, **evaluated})
         bar.update(1)
@@ -422,12 +423,38 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         if m.get("reward/failures"):
             post["reward_failed"] = f"{m['reward/failures']}/{m['reward/failures'] + m['reward/ok']}"
         bar.set_postfix(**post)
-        if c.ckpt.save_steps > 0 and (it % c.ckpt.save_steps == 0 or it == self.num_iterations):
-            self.save_checkpoint(it)
+        if self.ckpt is not None and self.ckpt.due(it, self.num_iterations):
+            self.ckpt.save(it, self._loop_state(it))
+
+    # ----- checkpoints of the loop's state ----------------------------------------------------
+
+    def _loop_state(self, it: int) -> dict:
+        """What a checkpoint after iteration ``it`` keeps of the loop (the roles' states are the workers')."""
+        from rl_core.checkpoint import rng_state_json
+
+        return {"iteration": it, "cursor": self._ckpt_cursor, "kl_coef": self.kl.value if self.kl is not None else None,
+                "history": self.history, "gap_warned": self._gap_warned, "rng": rng_state_json()}
+
+    def _resume(self) -> int:
+        """Restore the newest committed iteration (every role and the loop); returns it (0 when none)."""
+        from rl_core.checkpoint import rng_state_from_json, set_rng_state
+
+        state = self.ckpt.load() if self.ckpt is not None else None
+        if state is None:
+            return 0
+        self.sampler.cursor = self._ckpt_cursor = state["cursor"]
+        if self.kl is not None and state["kl_coef"] is not None:
+            self.kl.value = state["kl_coef"]
+        self.history = list(state["history"])
+        self._gap_warned = state["gap_warned"]
+        set_rng_state(rng_state_from_json(state["rng"]))  # last: the roles' loads set this process's RNG too
+        return state["iteration"]
+
+    # ----- the run ----------------------------------------------------------------------------
 
     def fit(self) -> list[dict[str, float]]:
         c = self.cfg
-        start = self.load_checkpoint() if c.ckpt.load_checkpoint else 0
+        start = self._resume() if c.ckpt.load_checkpoint else 0
         if start:
             dropped = self.metrics.rewind(start)
             logger.info("resumed at iteration %d of %d; pushing its weights to the engines (%d metrics rows logged "
@@ -437,7 +464,7 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         bar = tqdm(total=self.num_iterations, initial=start, desc=f"rl {c.advantage.estimator}")
         pipeline = None
         if c.async_rl:  # the producer thread collects batch k+1.. while this thread trains on batch k
-            pipeline = AsyncRollout(self._collect_with_cursor, start + 1, self.num_iterations,
+            pipeline = AsyncRollout(self.sampler.collect, start + 1, self.num_iterations,
                                     max_staleness=c.async_rl.max_staleness, version=start)
         try:
             for it in range(start + 1, self.num_iterations + 1):
