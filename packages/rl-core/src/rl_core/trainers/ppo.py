@@ -3,7 +3,8 @@
 One class owns the loop's state and reads top to bottom (:meth:`PPOTrainer._iteration`); its parts are
 objects with explicit inputs and outputs: steps 1-2 below (prompts to scored, filtered samples: a
 :class:`~rl_core.trainers.ppo_rollout.RolloutBatch`) are the :class:`~rl_core.trainers.ppo_rollout.Sampler`,
-the eval pass :class:`~rl_core.trainers.ppo_eval.EvalPass` and the checkpoints of step 6
+steps 3-4 (experience forwards, advantages) :class:`~rl_core.trainers.ppo_experience.ExperienceMaker`, the eval
+pass :class:`~rl_core.trainers.ppo_eval.EvalPass` and the checkpoints of step 6
 :class:`~rl_core.trainers.ppo_checkpoint.LoopCheckpoints`; this module holds the rest of the iteration.
 
 One loop, two transports: the roles are worker groups (:mod:`rl_core.rl.groups`),
@@ -77,13 +78,14 @@ from rl_core.configs import check_eval_set
 from rl_core.metrics import MetricsLogger
 from rl_core.rl import ds_sleep
 from rl_core.rl.batching import MicroBatchConfig, over_budget
-from rl_core.rl.experience import collate, dp_order, ring_shards, rows
+from rl_core.rl.experience import dp_order, ring_shards
 from rl_core.rl.groups import LocalGroup, concurrently
 from rl_core.rl.pipeline import AsyncRollout
 from rl_core.rl.roles import require_reward
 from rl_core.trainers.ppo_checkpoint import LoopCheckpoints, best_metric_key
 from rl_core.trainers.ppo_config import PPOConfig
 from rl_core.trainers.ppo_eval import EvalPass
+from rl_core.trainers.ppo_experience import ExperienceMaker, GapAlarm
 from rl_core.trainers.ppo_rollout import Sampler, _bounded
 
 __all__ = ["PPOConfig", "PPOTrainer"]
@@ -113,11 +115,10 @@ class PPOTrainer:
             reward_fn = _bounded(reward_fn)
         self.critic, self.ref, self.reward_model, self.reward_fn = critic, ref, reward_model, reward_fn
         self.prompts, self.tokenizer, self.G, self.sleep_engines = prompts, tokenizer, train_batch_size, sleep_engines
-        self.gap_alarm = cfg.gap_alarm(bf16=False) if gap_alarm is None else gap_alarm
+        self.gap_alarm = GapAlarm(cfg.gap_alarm(bf16=False) if gap_alarm is None else gap_alarm)
         if sleep_level not in (1, 2):
             raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
         self.sleep_level = sleep_level
-        self._gap_warned = False
         self.batching, self._budget_warned = batching, set()  # the workers' token budgets; phases warned of
         check_eval_set(cfg.eval.steps, eval_prompts is not None)
         if eval_prompts is not None and cfg.async_rl:
@@ -177,7 +178,7 @@ class PPOTrainer:
         # One epoch and one global batch per iteration, no KL reward penalty: the policy trains once on weights
         # the engine sampled with, so its old log-probs are its train forward's (detached): skip that forward.
         # Asynchronous training samples with older weights than the ones that train: never on-policy.
-        self.on_policy = (cfg.max_epochs == 1 and samples == train_batch_size and self.kl is None
+        on_policy = (cfg.max_epochs == 1 and samples == train_batch_size and self.kl is None
                           and cfg.freezing_actor_steps == 0 and not cfg.async_rl)
         if cfg.async_rl and cfg.async_rl.partial_rollout:
             if not hasattr(rollout, "partial_chunk_tokens"):
@@ -191,95 +192,26 @@ class PPOTrainer:
         self._ckpt_cursor = 0  # the prompt cursor after the batch trained last (async: the producer runs ahead)
         local = [g for g in (policy, critic, ref, reward_model) if g is not None]
         self.parallel = not all(isinstance(g, LocalGroup) for g in local)
+        self.experience = ExperienceMaker(cfg, policy=policy, ref=ref, critic=critic, sharded=self._sharded,
+                                          parallel=self.parallel, on_policy=on_policy, pad_id=self.pad_id, kl=self.kl,
+                                          gap_alarm=self.gap_alarm)
 
     # ----- prompts -----------------------------------------------------------------------
+
+    @property
+    def on_policy(self) -> bool:
+        """The policy trains once per batch on the weights that sampled it: its train forward gives the old
+        log-probs (the experience phase skips that forward). One flag, the experience maker's."""
+        return self.experience.on_policy
+
+    @on_policy.setter
+    def on_policy(self, value: bool) -> None:
+        self.experience.on_policy = value
 
     def _sharded(self, group, method: str, items: list, *args):
         """``group.call_sharded``: each data-parallel rank its contiguous shard (a ring attention group's ranks
         the same one: :func:`ring_shards`), results in ``items``' order."""
         return group.call_sharded(method, ring_shards(items, group.world_size, self.ring), *args)
-
-    def _experience(self, items: list[dict]) -> None:
-        calls = {} if self.on_policy else {"old_logprobs": lambda: self._sharded(self.policy, "logprobs", items)}
-        if self.ref is not None:
-            calls["ref_logprobs"] = lambda: self._sharded(self.ref, "logprobs", items)
-        if self.critic is not None:
-            calls["values"] = lambda: self._sharded(self.critic, "values", items)
-        if self.parallel:
-            results = dict(zip(calls, concurrently(*calls.values()), strict=True))
-        else:
-            results = {k: f() for k, f in calls.items()}
-        for key, per_item in results.items():
-            for it, t in zip(items, per_item, strict=True):
-                it[key] = t
-
-    def _advantages(self, items: list[dict], scores: torch.Tensor,
-                    fresh: list[bool] | None = None) -> dict[str, float]:
-        """``fresh`` (async): which items the policy that trains generated; only they measure the engine's gap."""
-        from rl_algos import approx_kl, masked_mean, masked_whiten
-
-        c = self.cfg
-        keys = ("old_logprobs", "ref_logprobs", "values", "rollout_logprobs")
-        turns = ("turn_rewards",) if c.agent and c.agent.turn_rewards else ()
-        b = collate(items, self.pad_id, (keys[1:] if self.on_policy else keys) + turns)
-        mask = b["loss_mask"].float()
-        out: dict[str, float] = {}
-        token_rewards = None
-        if self.ref is not None and not self.on_policy:  # on-policy: the KL is a loss, measured in training
-            kl = approx_kl(b["old_logprobs"], b["ref_logprobs"], c.kl.estimator, mask=mask)
-            out["kl"] = masked_mean(kl, mask).item()
-            if self.kl is not None:
-                out["kl_coef"] = self.kl.value
-                token_rewards = -self.kl.value * kl * mask
-        if turns:  # each policy turn's step reward on its last token (ppo_rollout.place_turn_rewards)
-            token_rewards = b["turn_rewards"] if token_rewards is None else token_rewards + b["turn_rewards"]
-            for it in items:
-                it.pop("turn_rewards", None)  # not the workers' to train on
-        est = c.advantage  # the estimator gets the loop's inputs it declares, and its own parameters (--estimator_args)
-        adv = est.spec(scores, mask, **est.inputs(n_samples=c.sampling.n_samples_per_prompt, token_rewards_BT=token_rewards,
-                                                  values_BT=b["values"] * mask if c.needs_critic else None))
-        a = masked_whiten(adv.advantages, mask, scale=not est.no_std_norm) if est.whitens else adv.advantages
-        for item, x in zip(items, rows(a * mask, items), strict=True):
-            item["advantages"] = x
-        if c.needs_critic:
-            for item, x in zip(items, rows(adv.returns * mask, items), strict=True):
-                item["returns"] = x
-            out["value_mean"] = masked_mean(b["values"], mask).item()
-            out["return_mean"] = masked_mean(adv.returns, mask).item()
-        out["advantage_abs_mean"] = masked_mean(a.abs(), mask).item()
-        has_rollout = [bool(s.get("rollout_logprobs") is not None) for s in items]
-        if all(has_rollout) and not self.on_policy:  # on-policy: measured in the policy's train forward
-            m = mask.clone()
-            m[:, 0] = 0
-            gap_BT = (b["old_logprobs"] - b["rollout_logprobs"]).abs()
-            if fresh is not None:  # older policies' samples differ by training, not by a faulty sync
-                f = torch.tensor(fresh, dtype=m.dtype).unsqueeze(1)
-                if (m * (1 - f)).sum() > 0:
-                    out["stale_logprob_gap"] = masked_mean(gap_BT, m * (1 - f)).item()
-                m = m * f
-            if m.sum() > 0:
-                out["rollout_logprob_gap"] = masked_mean(gap_BT, m).item()
-                out.update(self._check_gap(out["rollout_logprob_gap"]))
-        if c.is_correction_type and not all(has_rollout):
-            raise ValueError(f"--is_correction {c.is_correction_type} needs the engine's rollout logprobs; this "
-                             "rollout returned samples without them")
-        return out
-
-    def _check_gap(self, gap: float) -> dict[str, float]:
-        """The engine sampled from another distribution than the trainer scores: say so, loudly."""
-        if not self.gap_alarm or gap <= self.gap_alarm:
-            return {"logprob_gap_alarm": 0.0}
-        if self._gap_warned:
-            logger.warning("rollout log-prob gap %.3g > --logprob_gap_alarm %.3g again (causes: see the first "
-                           "warning)", gap, self.gap_alarm)
-            return {"logprob_gap_alarm": 1.0}
-        self._gap_warned = True
-        logger.warning(
-            "rollout log-prob gap %.3g > --logprob_gap_alarm %.3g: the engine samples from another distribution than "
-            "the trainer's. Likely causes: stale weights in the engine (a weight sync that missed tensors, e.g. a "
-            "tied LM head; run with --verify_weights), a dtype mismatch (engine bf16, trainer fp32: check --bf16), "
-            "or a temperature/top-p mismatch (top_p < 1 changes the engine's log-probs)", gap, self.gap_alarm)
-        return {"logprob_gap_alarm": 1.0}
 
     # ----- train and sync --------------------------------------------------------------------
 
@@ -298,7 +230,7 @@ class PPOTrainer:
             kl_coef = self.cfg.kl.init_coef if self.cfg.kl.use_loss else 0.0
             out.update(self._sharded(self.policy, "train", ordered(self.policy), kl_coef, self.on_policy)[0])
             if "rollout_logprob_gap" in out:
-                out.update(self._check_gap(out["rollout_logprob_gap"]))
+                out.update(self.gap_alarm.check(out["rollout_logprob_gap"]))
         out["policy_train_s"] = time.perf_counter() - t1
         return out
 
@@ -332,7 +264,6 @@ class PPOTrainer:
     def _release_device_caches(self) -> dict[str, float]:
         """Every model role's ranks empty torch's CUDA cache before the sleeping engines wake into that memory
         (part of ``wake_s``); on CUDA ``device_cache_freed_gb``, what they gave back (all ranks)."""
-        from rl_core.rl.groups import concurrently
 
         groups = [g for g in (self.policy, self.critic, self.ref, self.reward_model) if g is not None]
         calls = [lambda g=g: g.call("release_device_cache") for g in groups]
@@ -390,8 +321,8 @@ class PPOTrainer:
             m.update(asleep, **ds_sleep.call_roles(trained, "ds_reload", self.parallel))
         m.update(self._over_budget(it, items))
         t1 = time.perf_counter()
-        self._experience(items)
-        m.update(self._advantages(items, scores, fresh))
+        self.experience.forwards(items)
+        m.update(self.experience.advantages(items, scores, fresh))
         t2 = time.perf_counter()
         if c.deepspeed_enable_sleep and pipeline is not None:
             m.update(asleep, **ds_sleep.call_roles(trained, "ds_reload", self.parallel))
@@ -433,7 +364,7 @@ class PPOTrainer:
         from rl_core.checkpoint import rng_state_json
 
         return {"iteration": it, "cursor": self._ckpt_cursor, "kl_coef": self.kl.value if self.kl is not None else None,
-                "history": self.history, "gap_warned": self._gap_warned, "rng": rng_state_json()}
+                "history": self.history, "gap_warned": self.gap_alarm.warned, "rng": rng_state_json()}
 
     def _resume(self) -> int:
         """Restore the newest committed iteration (every role and the loop); returns it (0 when none)."""
@@ -446,7 +377,7 @@ class PPOTrainer:
         if self.kl is not None and state["kl_coef"] is not None:
             self.kl.value = state["kl_coef"]
         self.history = list(state["history"])
-        self._gap_warned = state["gap_warned"]
+        self.gap_alarm.warned = state["gap_warned"]
         set_rng_state(rng_state_from_json(state["rng"]))  # last: the roles' loads set this process's RNG too
         return state["iteration"]
 
