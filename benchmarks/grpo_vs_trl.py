@@ -403,7 +403,7 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
         return groups
 
     rollout.generate = full_length_generate
-    sample_round = run.trainer._sample_round  # the generate phase: prompts, the engine, the items, the rewards
+    sample_round = run.trainer.sampler.sample_round  # the generate phase: prompts, the engine, the items, the rewards
 
     def profiled_round(*args, **kwargs):
         counts["calls"] += 1
@@ -422,7 +422,7 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
         return out
 
     if cfg["ours_profile_generate"]:
-        run.trainer._sample_round = profiled_round
+        run.trainer.sampler.sample_round = profiled_round
     llm = getattr(rollout, "_llm", None)  # VLLMEngine's vllm.LLM (in this process)
     c.ready({"engine": type(rollout).__name__, "torch_threads": torch.get_num_threads(),
              "auto": [str(x) for x in chosen],

@@ -91,7 +91,7 @@ def main(spec_path: str) -> None:
             elif point == step:
                 die()
 
-        run.trainer.ckpt.crash_hook = hook
+        run.trainer.ckpt.store.crash_hook = hook  # RLCheckpoints, under the loop's LoopCheckpoints
     try:
         run.trainer.fit()
     finally:

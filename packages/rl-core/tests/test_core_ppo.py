@@ -210,9 +210,9 @@ def test_dynamic_filtering_judges_the_raw_rewards_before_length_penalties(setup,
     trainer, _, _ = make(setup, tmp_path, reward=lambda p, r, label, **i: 1.0, advantage_estimator="group_norm",
                          dynamic_filtering=True, overlong_buffer_len=4, overlong_penalty_factor=1.0, init_kl_coef=0)
     samples = [RolloutSample([1, 2], [5] * k, [0.0] * k, [1] * k, "length", 0) for k in (3, 5, 7, 8)]
-    scores, info = trainer._rewards([{"prompt": "Repeat the letter a: ", "label": "a"}], samples, [{}] * 4)
-    assert len(set(scores.tolist())) == 4 and info["overlong_penalty_mean"] < 0  # penalised by length
-    assert trainer._filter_scores.tolist() == [1.0] * 4  # what the filter judges
+    scored = trainer.sampler.rewards([{"prompt": "Repeat the letter a: ", "label": "a"}], samples, [{}] * 4)
+    assert len(set(scored.scores_B.tolist())) == 4 and scored.info["overlong_penalty_mean"] < 0  # penalised by length
+    assert scored.filter_B.tolist() == [1.0] * 4  # what the filter judges
 
 
 def test_resume_continues_onto_the_uninterrupted_run(setup, tmp_path):

@@ -97,7 +97,7 @@ def build(setup, tmp_path, agent, **cfg):
 def record(trainer):
     """What each iteration trains on: the samples and the items after advantages (wrapping the real methods)."""
     seen = []
-    generate, advantages = trainer._generate, trainer._advantages
+    generate, advantages = trainer.sampler.generate, trainer.experience.advantages
 
     def _generate(prompts, seed):
         samples = generate(prompts, seed)
@@ -109,7 +109,7 @@ def record(trainer):
         next(x for x in seen if "items" not in x).update(items=items, scores=scores.clone())
         return out
 
-    trainer._generate, trainer._advantages = _generate, _advantages
+    trainer.sampler.generate, trainer.experience.advantages = _generate, _advantages
     return seen
 
 

@@ -252,14 +252,14 @@ def test_partial_rollouts_let_the_sync_land_mid_batch_with_every_token_tagged(se
     run = build(setup, tmp_path, max_iterations=5, max_staleness=1, partial_rollout=True, partial_rollout_tokens=2,
                 generate_max_len=32, max_epochs=1)
     batches = []
-    collect = run.trainer._collect
+    collect = run.trainer.sampler.collect
 
     def collect_and_keep(it):
         out = collect(it)
-        batches.append((it, out[1]))
+        batches.append((it, out.samples))
         return out
 
-    run.trainer._collect = collect_and_keep
+    run.trainer.sampler.collect = collect_and_keep
     try:
         run.trainer.fit()
     finally:

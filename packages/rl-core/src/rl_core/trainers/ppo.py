@@ -1,9 +1,11 @@
 """The PPO-family RL loop (PPO with a critic, GRPO, REINFORCE++, RLOO, Dr.GRPO) over worker groups.
 
-Steps 1-2 below (prompts to scored, filtered samples) are :mod:`rl_core.trainers.ppo_rollout`
-(a mixin), the eval pass :mod:`rl_core.trainers.ppo_eval` and the checkpoints of step 6
-:mod:`rl_core.trainers.ppo_checkpoint` (mixins too); this module holds the rest of the iteration
-and the loop itself.
+One class owns the loop's state and reads top to bottom (:meth:`PPOTrainer._iteration`); its parts are
+objects with explicit inputs and outputs: steps 1-2 below (prompts to scored, filtered samples: a
+:class:`~rl_core.trainers.ppo_rollout.RolloutBatch`) are the :class:`~rl_core.trainers.ppo_rollout.Sampler`,
+steps 3-4 (experience forwards, advantages) :class:`~rl_core.trainers.ppo_experience.ExperienceMaker`, the eval
+pass :class:`~rl_core.trainers.ppo_eval.EvalPass` and the checkpoints of step 6
+:class:`~rl_core.trainers.ppo_checkpoint.LoopCheckpoints`; this module holds the rest of the iteration.
 
 One loop, two transports: the roles are worker groups (:mod:`rl_core.rl.groups`),
 in-process (:class:`~rl_core.rl.groups.LocalGroup`, ``rl ppo``) or Ray actors
@@ -76,27 +78,30 @@ from rl_core.configs import check_eval_set
 from rl_core.metrics import MetricsLogger
 from rl_core.rl import ds_sleep
 from rl_core.rl.batching import MicroBatchConfig, over_budget
-from rl_core.rl.checkpoint import RLCheckpoints
-from rl_core.rl.experience import collate, dp_order, ring_shards, rows
+from rl_core.rl.experience import dp_order, ring_shards
 from rl_core.rl.groups import LocalGroup, concurrently
 from rl_core.rl.pipeline import AsyncRollout
 from rl_core.rl.roles import require_reward
-from rl_core.trainers.ppo_checkpoint import CheckpointPhase
+from rl_core.trainers.ppo_checkpoint import LoopCheckpoints, best_metric_key
 from rl_core.trainers.ppo_config import PPOConfig
-from rl_core.trainers.ppo_eval import EvalPhase
-from rl_core.trainers.ppo_rollout import RolloutPhase, _bounded
+from rl_core.trainers.ppo_eval import EvalPass
+from rl_core.trainers.ppo_experience import ExperienceMaker, GapAlarm
+from rl_core.trainers.ppo_rollout import Sampler, _bounded
 
 __all__ = ["PPOConfig", "PPOTrainer"]
 
 logger = logging.getLogger(__name__)
 
-class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
+class PPOTrainer:
     """The loop. ``policy``, ``critic``, ``ref``, ``reward_model``: worker groups (or None);
     ``rollout``: ``generate(requests) -> [[RolloutSample]]`` (+ optional ``sleep``/``wake_up``);
     ``weight_sync``: ``sync(version) -> stats dict``; ``prompts``: a PromptDataset; ``seed`` fixes the
     prompt order (one permutation per pass) and the sampling (seed + 1000 x iteration + round);
     ``eval_prompts``: a PromptDataset evaluated every ``eval_steps`` iterations and after the last one
     (:mod:`rl_core.trainers.ppo_eval`); ``batching``: the workers' token budgets, for :meth:`_over_budget`.
+
+    Its parts: ``sampler`` (steps 1-2), ``evaluator`` (the eval pass, or None), ``ckpt`` (checkpoints, or None);
+    the loop's own state: ``history``, ``eval_history``, ``kl`` (the penalty's controller), the gap alarm.
     """
 
     def __init__(self, cfg: PPOConfig, *, policy, rollout, weight_sync, prompts, tokenizer, train_batch_size: int,
@@ -109,23 +114,18 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         if reward_fn is not None and not callable(getattr(reward_fn, "score", None)):
             reward_fn = _bounded(reward_fn)
         self.critic, self.ref, self.reward_model, self.reward_fn = critic, ref, reward_model, reward_fn
-        self._reward_counts = None  # the reward scorer's counts of its latest batch (when it keeps them)
         self.prompts, self.tokenizer, self.G, self.sleep_engines = prompts, tokenizer, train_batch_size, sleep_engines
-        self.gap_alarm = cfg.gap_alarm(bf16=False) if gap_alarm is None else gap_alarm
+        self.gap_alarm = GapAlarm(cfg.gap_alarm(bf16=False) if gap_alarm is None else gap_alarm)
         if sleep_level not in (1, 2):
             raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
         self.sleep_level = sleep_level
-        self._gap_warned = False
         self.batching, self._budget_warned = batching, set()  # the workers' token budgets; phases warned of
-        self.eval_prompts = eval_prompts
-        if eval_prompts is not None and len(eval_prompts) == 0:
-            raise ValueError("the eval set has no rows; pass --eval_dataset a file with usable rows, or leave it unset")
         check_eval_set(cfg.eval.steps, eval_prompts is not None)
         if eval_prompts is not None and cfg.async_rl:
             raise ValueError("--eval_dataset with --async_train is not built (the eval pass would share the engines "
                              "with the producer thread's sampling): drop one of them")
         require_reward(reward_fn=reward_fn is not None, reward_model=reward_model is not None, agent=bool(cfg.agent))
-        self.agent = None  # a factory of fresh environments, one per episode
+        agent = None  # a factory of fresh environments, one per episode
         if cfg.agent:
             from rl_rollout.agents.openrlhf import load_agent
 
@@ -133,7 +133,7 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
                 raise ValueError(f"--agent_func_path plays episodes turn by turn through the engine's agenerate, "
                                  f"which this rollout ({type(rollout).__name__}) lacks: use an engine, an EnginePool "
                                  "or a GroupRollout (rl ppo, rl ppo-ray)")
-            self.agent = load_agent(cfg.agent.func_path)
+            agent = load_agent(cfg.agent.func_path)
             if hasattr(rollout, "batch_agenerate"):  # the HF engine: one generate per turn of all episodes
                 rollout.batch_agenerate = True
         if cfg.needs_critic and critic is None:
@@ -162,25 +162,24 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos = [t for t in {tokenizer.eos_token_id} if t is not None]
         self.metrics = metrics or MetricsLogger(cfg.run_dir)
-        ck = cfg.ckpt
-        self.ckpt = RLCheckpoints(ck.ckpt_path, ck.max_ckpt_num, ck.max_ckpt_mem) if ck.ckpt_path else None
-        self._best_key = self._best_metric_key(eval_prompts)  # --best_metric_key as eval/NAME (None: no best)
-        self._best: dict | None = None  # {"key", "value", "iteration"} of the best checkpoint so far
-        if self.ckpt and ck.save_steps > 0 and not ck.load_checkpoint and self.ckpt.complete():
-            raise ValueError(f"--ckpt_path {ck.ckpt_path} already holds checkpoints of a run "
-                             f"({', '.join(d.name for d in self.ckpt.complete())}) that this run would mix with its "
-                             f"own: resume it with --load_checkpoint, or point --ckpt_path at a new folder")
+        self.sampler = Sampler(cfg, rollout=rollout, prompts=prompts, tokenizer=tokenizer, seed=seed, eos=self.eos,
+                               reward_fn=reward_fn, reward_model=reward_model,
+                               reward_ranks=reward_model.world_size // self.ring if reward_model is not None else 1,
+                               sharded=self._sharded, agent=agent, metrics=self.metrics)
+        self.evaluator = EvalPass(cfg.eval, eval_prompts, self.sampler, chunk=cfg.rollout_batch_size,
+                                  num_iterations=self.num_iterations) if eval_prompts is not None else None
+        best_key = best_metric_key(cfg, eval_prompts is not None)  # --best_metric_key as eval/NAME (None: no best)
+        self.ckpt = LoopCheckpoints(cfg.ckpt, policy=policy, critic=critic, best_key=best_key,
+                                    tokenizer_path=getattr(tokenizer, "name_or_path", None)) \
+            if cfg.ckpt.ckpt_path else None
         self.history: list[dict[str, float]] = []
         self.eval_history: list[dict[str, float]] = []  # the eval passes' metrics, with their iteration
-        self.cursor = 0  # prompts consumed so far (over epochs of seeded permutations)
-        self._group_buffer: list[tuple] = []  # over-sampled groups waiting for a batch (generate_batch_size)
         self.kl = cfg.kl.controller()  # the reward penalty's coefficient (None: KL as a loss, or off)
         # One epoch and one global batch per iteration, no KL reward penalty: the policy trains once on weights
         # the engine sampled with, so its old log-probs are its train forward's (detached): skip that forward.
         # Asynchronous training samples with older weights than the ones that train: never on-policy.
-        self.on_policy = (cfg.max_epochs == 1 and samples == train_batch_size and self.kl is None
+        on_policy = (cfg.max_epochs == 1 and samples == train_batch_size and self.kl is None
                           and cfg.freezing_actor_steps == 0 and not cfg.async_rl)
-        self._generate_batch_size = cfg.async_rl.generate_batch_size if cfg.async_rl else None
         if cfg.async_rl and cfg.async_rl.partial_rollout:
             if not hasattr(rollout, "partial_chunk_tokens"):
                 raise ValueError(f"--partial_rollout needs an engine that samples in chunks a weight update can "
@@ -190,98 +189,29 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         if cfg.async_rl and sleep_engines:
             raise ValueError("--async_train generates while the policy trains, so the engines cannot sleep "
                              "meanwhile: drop --vllm_enable_sleep (or --async_train)")
-        self._ckpt_cursor = None  # async: the prompt cursor after the batch trained last (the producer runs ahead)
+        self._ckpt_cursor = 0  # the prompt cursor after the batch trained last (async: the producer runs ahead)
         local = [g for g in (policy, critic, ref, reward_model) if g is not None]
         self.parallel = not all(isinstance(g, LocalGroup) for g in local)
+        self.experience = ExperienceMaker(cfg, policy=policy, ref=ref, critic=critic, sharded=self._sharded,
+                                          parallel=self.parallel, on_policy=on_policy, pad_id=self.pad_id, kl=self.kl,
+                                          gap_alarm=self.gap_alarm)
 
     # ----- prompts -----------------------------------------------------------------------
+
+    @property
+    def on_policy(self) -> bool:
+        """The policy trains once per batch on the weights that sampled it: its train forward gives the old
+        log-probs (the experience phase skips that forward). One flag, the experience maker's."""
+        return self.experience.on_policy
+
+    @on_policy.setter
+    def on_policy(self, value: bool) -> None:
+        self.experience.on_policy = value
 
     def _sharded(self, group, method: str, items: list, *args):
         """``group.call_sharded``: each data-parallel rank its contiguous shard (a ring attention group's ranks
         the same one: :func:`ring_shards`), results in ``items``' order."""
         return group.call_sharded(method, ring_shards(items, group.world_size, self.ring), *args)
-
-    def _experience(self, items: list[dict]) -> None:
-        calls = {} if self.on_policy else {"old_logprobs": lambda: self._sharded(self.policy, "logprobs", items)}
-        if self.ref is not None:
-            calls["ref_logprobs"] = lambda: self._sharded(self.ref, "logprobs", items)
-        if self.critic is not None:
-            calls["values"] = lambda: self._sharded(self.critic, "values", items)
-        if self.parallel:
-            results = dict(zip(calls, concurrently(*calls.values()), strict=True))
-        else:
-            results = {k: f() for k, f in calls.items()}
-        for key, per_item in results.items():
-            for it, t in zip(items, per_item, strict=True):
-                it[key] = t
-
-    def _advantages(self, items: list[dict], scores: torch.Tensor,
-                    fresh: list[bool] | None = None) -> dict[str, float]:
-        """``fresh`` (async): which items the policy that trains generated; only they measure the engine's gap."""
-        from rl_algos import approx_kl, masked_mean, masked_whiten
-
-        c = self.cfg
-        keys = ("old_logprobs", "ref_logprobs", "values", "rollout_logprobs")
-        turns = ("turn_rewards",) if c.agent and c.agent.turn_rewards else ()
-        b = collate(items, self.pad_id, (keys[1:] if self.on_policy else keys) + turns)
-        mask = b["loss_mask"].float()
-        out: dict[str, float] = {}
-        token_rewards = None
-        if self.ref is not None and not self.on_policy:  # on-policy: the KL is a loss, measured in training
-            kl = approx_kl(b["old_logprobs"], b["ref_logprobs"], c.kl.estimator, mask=mask)
-            out["kl"] = masked_mean(kl, mask).item()
-            if self.kl is not None:
-                out["kl_coef"] = self.kl.value
-                token_rewards = -self.kl.value * kl * mask
-        if turns:  # each policy turn's step reward on its last token (ppo_rollout.place_turn_rewards)
-            token_rewards = b["turn_rewards"] if token_rewards is None else token_rewards + b["turn_rewards"]
-            for it in items:
-                it.pop("turn_rewards", None)  # not the workers' to train on
-        est = c.advantage  # the estimator gets the loop's inputs it declares, and its own parameters (--estimator_args)
-        adv = est.spec(scores, mask, **est.inputs(n_samples=c.sampling.n_samples_per_prompt, token_rewards_BT=token_rewards,
-                                                  values_BT=b["values"] * mask if c.needs_critic else None))
-        a = masked_whiten(adv.advantages, mask, scale=not est.no_std_norm) if est.whitens else adv.advantages
-        for item, x in zip(items, rows(a * mask, items), strict=True):
-            item["advantages"] = x
-        if c.needs_critic:
-            for item, x in zip(items, rows(adv.returns * mask, items), strict=True):
-                item["returns"] = x
-            out["value_mean"] = masked_mean(b["values"], mask).item()
-            out["return_mean"] = masked_mean(adv.returns, mask).item()
-        out["advantage_abs_mean"] = masked_mean(a.abs(), mask).item()
-        has_rollout = [bool(s.get("rollout_logprobs") is not None) for s in items]
-        if all(has_rollout) and not self.on_policy:  # on-policy: measured in the policy's train forward
-            m = mask.clone()
-            m[:, 0] = 0
-            gap_BT = (b["old_logprobs"] - b["rollout_logprobs"]).abs()
-            if fresh is not None:  # older policies' samples differ by training, not by a faulty sync
-                f = torch.tensor(fresh, dtype=m.dtype).unsqueeze(1)
-                if (m * (1 - f)).sum() > 0:
-                    out["stale_logprob_gap"] = masked_mean(gap_BT, m * (1 - f)).item()
-                m = m * f
-            if m.sum() > 0:
-                out["rollout_logprob_gap"] = masked_mean(gap_BT, m).item()
-                out.update(self._check_gap(out["rollout_logprob_gap"]))
-        if c.is_correction_type and not all(has_rollout):
-            raise ValueError(f"--is_correction {c.is_correction_type} needs the engine's rollout logprobs; this "
-                             "rollout returned samples without them")
-        return out
-
-    def _check_gap(self, gap: float) -> dict[str, float]:
-        """The engine sampled from another distribution than the trainer scores: say so, loudly."""
-        if not self.gap_alarm or gap <= self.gap_alarm:
-            return {"logprob_gap_alarm": 0.0}
-        if self._gap_warned:
-            logger.warning("rollout log-prob gap %.3g > --logprob_gap_alarm %.3g again (causes: see the first "
-                           "warning)", gap, self.gap_alarm)
-            return {"logprob_gap_alarm": 1.0}
-        self._gap_warned = True
-        logger.warning(
-            "rollout log-prob gap %.3g > --logprob_gap_alarm %.3g: the engine samples from another distribution than "
-            "the trainer's. Likely causes: stale weights in the engine (a weight sync that missed tensors, e.g. a "
-            "tied LM head; run with --verify_weights), a dtype mismatch (engine bf16, trainer fp32: check --bf16), "
-            "or a temperature/top-p mismatch (top_p < 1 changes the engine's log-probs)", gap, self.gap_alarm)
-        return {"logprob_gap_alarm": 1.0}
 
     # ----- train and sync --------------------------------------------------------------------
 
@@ -300,7 +230,7 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
             kl_coef = self.cfg.kl.init_coef if self.cfg.kl.use_loss else 0.0
             out.update(self._sharded(self.policy, "train", ordered(self.policy), kl_coef, self.on_policy)[0])
             if "rollout_logprob_gap" in out:
-                out.update(self._check_gap(out["rollout_logprob_gap"]))
+                out.update(self.gap_alarm.check(out["rollout_logprob_gap"]))
         out["policy_train_s"] = time.perf_counter() - t1
         return out
 
@@ -334,7 +264,6 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
     def _release_device_caches(self) -> dict[str, float]:
         """Every model role's ranks empty torch's CUDA cache before the sleeping engines wake into that memory
         (part of ``wake_s``); on CUDA ``device_cache_freed_gb``, what they gave back (all ranks)."""
-        from rl_core.rl.groups import concurrently
 
         groups = [g for g in (self.policy, self.critic, self.ref, self.reward_model) if g is not None]
         calls = [lambda g=g: g.call("release_device_cache") for g in groups]
@@ -379,19 +308,21 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         asleep = ds_sleep.call_roles(trained, "ds_offload", self.parallel, pipeline is not None) \
             if c.deepspeed_enable_sleep else {}
         if pipeline is None:
-            prompts, samples, items, scores, m = self._collect(it)
+            batch = self.sampler.collect(it)
         else:
-            (prompts, samples, items, scores, m, self._ckpt_cursor), wait_s = pipeline.get(it)
-            stale, fresh = self._staleness(samples, it - 1)
-            m.update(stale, rollout_wait_s=wait_s)
+            batch, wait_s = pipeline.get(it)
+            stale, fresh = self.sampler.staleness(batch.samples, it - 1)
+            batch.metrics.update(stale, rollout_wait_s=wait_s)
+        self._ckpt_cursor = batch.cursor
+        samples, items, scores, m = batch.samples, batch.items, batch.scores_B, batch.metrics
         if self.sleep_engines:
             self.rollout.sleep(self.sleep_level)
         if c.deepspeed_enable_sleep and pipeline is None:
             m.update(asleep, **ds_sleep.call_roles(trained, "ds_reload", self.parallel))
         m.update(self._over_budget(it, items))
         t1 = time.perf_counter()
-        self._experience(items)
-        m.update(self._advantages(items, scores, fresh))
+        self.experience.forwards(items)
+        m.update(self.experience.advantages(items, scores, fresh))
         t2 = time.perf_counter()
         if c.deepspeed_enable_sleep and pipeline is not None:
             m.update(asleep, **ds_sleep.call_roles(trained, "ds_reload", self.parallel))
@@ -411,10 +342,11 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         if not all(math.isfinite(v) for v in m.values()):
             logger.warning("iteration %d: non-finite metrics %s", it, m)
         self.history.append(m)
-        evaluated = self._evaluate(it) if self._eval_due(it) else {}
+        evaluated = self.evaluator.run(it) if self.evaluator is not None and self.evaluator.due(it) else {}
         if evaluated:
             self.eval_history.append({"iteration": it, **evaluated})
-            self.save_best_checkpoint(it, evaluated)
+            if self.ckpt is not None:
+                self.ckpt.save_if_best(it, evaluated, self._loop_state(it))
         if evaluated or it % c.logging_steps == 0 or it == self.num_iterations:
             self.metrics.log(it, {**{"rl/" + k: v for k, v in m.items()}, **evaluated})
         bar.update(1)
@@ -422,12 +354,38 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         if m.get("reward/failures"):
             post["reward_failed"] = f"{m['reward/failures']}/{m['reward/failures'] + m['reward/ok']}"
         bar.set_postfix(**post)
-        if c.ckpt.save_steps > 0 and (it % c.ckpt.save_steps == 0 or it == self.num_iterations):
-            self.save_checkpoint(it)
+        if self.ckpt is not None and self.ckpt.due(it, self.num_iterations):
+            self.ckpt.save(it, self._loop_state(it))
+
+    # ----- checkpoints of the loop's state ----------------------------------------------------
+
+    def _loop_state(self, it: int) -> dict:
+        """What a checkpoint after iteration ``it`` keeps of the loop (the roles' states are the workers')."""
+        from rl_core.checkpoint import rng_state_json
+
+        return {"iteration": it, "cursor": self._ckpt_cursor, "kl_coef": self.kl.value if self.kl is not None else None,
+                "history": self.history, "gap_warned": self.gap_alarm.warned, "rng": rng_state_json()}
+
+    def _resume(self) -> int:
+        """Restore the newest committed iteration (every role and the loop); returns it (0 when none)."""
+        from rl_core.checkpoint import rng_state_from_json, set_rng_state
+
+        state = self.ckpt.load() if self.ckpt is not None else None
+        if state is None:
+            return 0
+        self.sampler.cursor = self._ckpt_cursor = state["cursor"]
+        if self.kl is not None and state["kl_coef"] is not None:
+            self.kl.value = state["kl_coef"]
+        self.history = list(state["history"])
+        self.gap_alarm.warned = state["gap_warned"]
+        set_rng_state(rng_state_from_json(state["rng"]))  # last: the roles' loads set this process's RNG too
+        return state["iteration"]
+
+    # ----- the run ----------------------------------------------------------------------------
 
     def fit(self) -> list[dict[str, float]]:
         c = self.cfg
-        start = self.load_checkpoint() if c.ckpt.load_checkpoint else 0
+        start = self._resume() if c.ckpt.load_checkpoint else 0
         if start:
             dropped = self.metrics.rewind(start)
             logger.info("resumed at iteration %d of %d; pushing its weights to the engines (%d metrics rows logged "
@@ -437,7 +395,7 @@ class PPOTrainer(RolloutPhase, EvalPhase, CheckpointPhase):
         bar = tqdm(total=self.num_iterations, initial=start, desc=f"rl {c.advantage.estimator}")
         pipeline = None
         if c.async_rl:  # the producer thread collects batch k+1.. while this thread trains on batch k
-            pipeline = AsyncRollout(self._collect_with_cursor, start + 1, self.num_iterations,
+            pipeline = AsyncRollout(self.sampler.collect, start + 1, self.num_iterations,
                                     max_staleness=c.async_rl.max_staleness, version=start)
         try:
             for it in range(start + 1, self.num_iterations + 1):

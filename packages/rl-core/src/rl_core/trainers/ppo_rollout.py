@@ -1,7 +1,7 @@
-"""The sampling half of the PPO-family loop: prompts in, scored samples out (a mixin of
-:class:`rl_core.trainers.ppo.PPOTrainer`, whose ``__init__`` sets every attribute used here).
+"""The sampling half of the PPO-family loop: prompts in, scored samples out (:class:`Sampler`, whose
+:meth:`~Sampler.collect` returns one iteration's :class:`RolloutBatch`).
 
-Takes ``rollout_batch_size`` prompts in the seeded order, generates ``n_samples_per_prompt``
+The sampler takes ``rollout_batch_size`` prompts in the seeded order, generates ``n_samples_per_prompt``
 samples each (single turns, or agent episodes with environment tokens masked), scores them
 (reward functions, reward-model groups, episode rewards, overlong penalty, clipping), counts
 failed reward calls and stops the run past ``reward_max_failure_rate``, applies dynamic
@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import torch
 
@@ -63,8 +65,58 @@ def _images_of(prompt: dict) -> dict | None:
     return {"image": load_images(prompt["images"])}
 
 
-class RolloutPhase:
-    def _take_prompts(self, k: int) -> list[dict]:
+@dataclass
+class RolloutBatch:
+    """One iteration's scored samples: ``prompts`` (P rows of the prompt set), ``samples`` (P x n
+    ``RolloutSample``, a prompt's n in a row), their experience ``items`` (one dict per sample, the workers'
+    input: :mod:`rl_core.rl.experience`), the shaped rewards ``scores_B`` and the phase's ``metrics``
+    (seconds, reward parts, failures, dynamic filtering); ``cursor``: the prompt cursor a checkpoint taken
+    after this batch resumes from."""
+
+    prompts: list[dict]
+    samples: list
+    items: list[dict]
+    scores_B: torch.Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+    cursor: int = 0
+
+
+@dataclass
+class Scored:
+    """A scorer's answer for samples: the raw rewards ``scores_B`` (their sum over the run's scorers), what to
+    log, the scores dynamic filtering judges (``filter_B``: the rewards, or a scorer's own scores) and the
+    reward function's call counts (None without one)."""
+
+    scores_B: torch.Tensor
+    info: dict[str, float]
+    filter_B: torch.Tensor
+    counts: object | None = None
+
+
+class Sampler:
+    """Prompts in the seeded order -> samples (single turns, or agent episodes) -> rewards, shaped and filtered.
+
+    ``cfg``: the run's :class:`~rl_core.trainers.ppo_config.PPOConfig` (its sampling, shaping, agent, dynamic
+    filtering, over-sampling and reward-failure settings); ``rollout``: ``generate(requests)``; ``prompts``: a
+    PromptDataset; ``reward_fn``: a scorer with ``score(prompts, responses, labels)`` (or None);
+    ``reward_model``: a worker group scoring items (or None), called through ``sharded(group, method, items)``
+    over ``reward_ranks`` data-parallel ranks; ``agent``: a factory of environments (or None); ``metrics``:
+    where the failed reward calls of a stopping iteration are logged. State: ``cursor`` (prompts taken so
+    far) and ``group_buffer`` (over-sampled groups waiting for a batch), both kept by checkpoints."""
+
+    def __init__(self, cfg, *, rollout, prompts, tokenizer, seed: int, eos: list[int], reward_fn=None,
+                 reward_model=None, reward_ranks: int = 1, sharded: Callable | None = None, agent=None,
+                 metrics=None):
+        self.cfg, self.rollout, self.prompts, self.tokenizer, self.seed, self.eos = (
+            cfg, rollout, prompts, tokenizer, seed, eos)
+        self.reward_fn, self.reward_model, self.reward_ranks, self.sharded = (
+            reward_fn, reward_model, reward_ranks, sharded)
+        self.agent, self.metrics = agent, metrics
+        self.cursor = 0  # prompts consumed so far (over epochs of seeded permutations)
+        self.group_buffer: list[tuple] = []  # over-sampled groups waiting for a batch (generate_batch_size)
+        self.generate_batch_size = cfg.async_rl.generate_batch_size if cfg.async_rl else None
+
+    def take_prompts(self, k: int) -> list[dict]:
         n, out = len(self.prompts), []
         while len(out) < k:
             epoch, i = divmod(self.cursor, n)
@@ -75,7 +127,7 @@ class RolloutPhase:
 
     # ----- rollout and rewards --------------------------------------------------------------
 
-    def _generate(self, prompts: list[dict], seed: int, *, n: int | None = None,
+    def generate(self, prompts: list[dict], seed: int, *, n: int | None = None,
                   temperature: float | None = None):
         """``n`` samples per prompt (default: the run's); the eval pass gives its own ``n`` and ``temperature``."""
         from rl_rollout import RolloutRequest
@@ -89,7 +141,7 @@ class RolloutPhase:
             if any(p.get("images") for p in prompts):
                 raise ValueError("agent episodes with images are not built: drop --image_key or "
                                  "--agent_func_path")
-            groups = self._episodes(prompts, params)
+            groups = self.episodes(prompts, params)
         else:
             groups = self.rollout.generate([RolloutRequest(list(p["prompt_ids"]), params,
                                                            multi_modal_data=_images_of(p)) for p in prompts])
@@ -98,7 +150,7 @@ class RolloutPhase:
                                f"x n={params.n}")
         return [s for g in groups for s in g]
 
-    def _episodes(self, prompts: list[dict], params):
+    def episodes(self, prompts: list[dict], params):
         """Multi-turn episodes (rl-rollout's AgentExecutor): environment tokens carry loss mask 0."""
         from rl_rollout.agents import AgentExecutor, AgentRequest
 
@@ -128,13 +180,12 @@ class RolloutPhase:
         info.update({f"agent_extra/{n}": sum(v) / len(v) for n, v in extra.items()})
         return rewards, scores, info
 
-    def _rewards(self, prompts: list[dict], samples, items: list[dict]) -> tuple[torch.Tensor, dict]:
-        """The run's rewards (:meth:`_score`), then the length penalties and the clipping. Dynamic filtering
-        judges the raw rewards (or the scorer's own scores), before penalties and clipping, as OpenRLHF does
-        (its filter reads each sample's ``scores``; the overlong penalty lands on the rewards only)."""
-        scores, info = self._score(prompts, samples, items, self.cfg.sampling.n_samples_per_prompt)
-        if self._filter_scores is None:
-            self._filter_scores = scores
+    def rewards(self, prompts: list[dict], samples, items: list[dict]) -> Scored:
+        """The run's rewards (:meth:`score`), then the length penalties and the clipping. Dynamic filtering
+        judges the raw rewards (or the scorer's own scores: ``filter_B``), before penalties and clipping, as
+        OpenRLHF does (its filter reads each sample's ``scores``; the overlong penalty lands on the rewards only)."""
+        raw = self.score(prompts, samples, items, self.cfg.sampling.n_samples_per_prompt)
+        scores, info = raw.scores_B, raw.info
         c = self.cfg
         if c.agent and c.agent.turn_rewards:  # earlier turns' rewards go on their own last tokens; the last turn's stays here
             scores = scores - place_turn_rewards(samples, items)
@@ -150,50 +201,52 @@ class RolloutPhase:
             info["stop_properly_penalized"] = cut.float().mean().item()
         if sh.clip_range is not None:
             scores = clip_rewards(scores, *sh.clip_range)
-        return scores, info
+        return Scored(scores, info, raw.filter_B, raw.counts)
 
-    def _score(self, prompts: list[dict], samples, items: list[dict], n: int) -> tuple[torch.Tensor, dict]:
+    def score(self, prompts: list[dict], samples, items: list[dict], n: int) -> Scored:
         """Raw rewards of ``n`` samples per prompt: episode rewards, the reward function's, the reward model's
         (their sum). Also the eval pass's scorer (:mod:`rl_core.trainers.ppo_eval`)."""
         parts, info = [], {}
-        self._filter_scores = None  # the scorer's own scores for dynamic filtering, when it reports them
+        own = None  # the scorer's own scores for dynamic filtering, when it reports them
+        counts = None
         if self.agent is not None:
             rewards, agent_scores, agent_info = self._episode_rewards(samples)
             parts.append(rewards)
             info.update(agent_info)
             if self.reward_fn is None and self.reward_model is None:
-                self._filter_scores = agent_scores
+                own = agent_scores
         if self.reward_fn is not None:
             ps = [prompts[i // n]["prompt"] for i in range(len(samples))]
             labels = [prompts[i // n].get("label") for i in range(len(samples))]
             texts = [self.tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in samples]
             r = self.reward_fn.score(ps, texts, labels)
-            self._reward_counts = getattr(self.reward_fn, "last_counts", None)
+            counts = getattr(self.reward_fn, "last_counts", None)
             parts.append(torch.tensor(r, dtype=torch.float32))
             info["reward_fn_mean"] = parts[-1].mean().item()
             record = self.reward_fn.last_record() if callable(getattr(self.reward_fn, "last_record", None)) else None
             if record is not None:
                 info.update({f"reward_extra/{k}": v for k, v in record.log_means().items()})
                 if record.scores is not None and self.reward_model is None:
-                    self._filter_scores = torch.tensor(record.scores, dtype=torch.float32)
+                    own = torch.tensor(record.scores, dtype=torch.float32)
         if self.reward_model is not None:
-            dp = self.reward_model.world_size // self.ring
-            pad = -len(items) % dp  # eval sets need not split over the ranks: repeat one
-            scored = self._sharded(self.reward_model, "score", items + items[-1:] * pad)
+            pad = -len(items) % self.reward_ranks  # eval sets need not split over the ranks: repeat one
+            scored = self.sharded(self.reward_model, "score", items + items[-1:] * pad)
             parts.append(torch.tensor(scored[:len(items)], dtype=torch.float32))
             info["reward_model_mean"] = parts[-1].mean().item()
-        return sum(parts[1:], parts[0]), info
+        total = sum(parts[1:], parts[0])
+        return Scored(total, info, total if own is None else own, counts)
 
-    def _sample_round(self, k: int, seed: int):
-        prompts = self._take_prompts(k)
-        samples = self._generate(prompts, seed)
+    def sample_round(self, k: int, seed: int) -> tuple[RolloutBatch, Scored, float]:
+        """One round: ``k`` prompts, their samples and items, scored; and the seconds the rewards took."""
+        prompts = self.take_prompts(k)
+        samples = self.generate(prompts, seed)
         items = [make_item(s.prompt_ids, s.response_ids, s.loss_mask, s.rollout_logprobs) for s in samples]
-        self._attach_images(prompts, items)
+        self.attach_images(prompts, items)
         t0 = time.perf_counter()
-        scores, info = self._rewards(prompts, samples, items)
-        return prompts, samples, items, scores, info, time.perf_counter() - t0
+        scored = self.rewards(prompts, samples, items)
+        return RolloutBatch(prompts, samples, items, scored.scores_B), scored, time.perf_counter() - t0
 
-    def _attach_images(self, prompts: list[dict], items: list[dict]) -> None:
+    def attach_images(self, prompts: list[dict], items: list[dict]) -> None:
         """Vision-language prompts: each item gets its prompt's image tensors (``image_inputs``), from the same
         images and image processor the engine generated with, for the policy's and reference's forwards."""
         if not any(p.get("images") for p in prompts):
@@ -209,7 +262,7 @@ class RolloutPhase:
                 for item in items[g * n:(g + 1) * n]:
                     item["image_inputs"] = tensors
 
-    def _collect(self, it: int):
+    def collect(self, it: int) -> RolloutBatch:
         """Samples of ``rollout_batch_size`` prompts, filtered dynamically when asked; per-phase seconds.
 
         Over-sampling (``generate_batch_size`` G > ``rollout_batch_size``, async only): when the buffer of groups
@@ -218,7 +271,7 @@ class RolloutPhase:
         from rl_algos import filter_groups
 
         c, n, want = self.cfg, self.cfg.sampling.n_samples_per_prompt, self.cfg.rollout_batch_size
-        buffer = self._group_buffer
+        buffer = self.group_buffer
         kept: list[tuple] = buffer[:want]  # (prompt, samples, items, scores, cursor position)
         del buffer[:want]
         dropped: list[tuple] = []
@@ -230,24 +283,24 @@ class RolloutPhase:
                 break
             t0 = time.perf_counter()
             need = want - len(kept)
-            size = max(need, self._generate_batch_size or 0) if r == 0 else need  # refill rounds: the shortfall only
+            size = max(need, self.generate_batch_size or 0) if r == 0 else need  # refill rounds: the shortfall only
             first = self.cursor
-            prompts, samples, items, scores, info, reward_s = self._sample_round(size, self.seed + 1000 * it + r)
+            batch, scored, reward_s = self.sample_round(size, self.seed + 1000 * it + r)
+            prompts, samples, items, scores = batch.prompts, batch.samples, batch.items, batch.scores_B
             stats["generate_s"] += time.perf_counter() - t0 - reward_s
             stats["reward_s"] += reward_s
             stats["rounds"] += 1
             stats["groups_seen"] += size
-            stats.update(info)
-            if self._reward_counts is not None:
-                counts.append(self._reward_counts)
+            stats.update(scored.info)
+            if scored.counts is not None:
+                counts.append(scored.counts)
             groups = [(prompts[g], samples[g * n:(g + 1) * n], items[g * n:(g + 1) * n], scores[g * n:(g + 1) * n],
                        first + g) for g in range(size)]
             if not c.dynamic_filtering:
                 kept += groups
                 kept_new += size
                 break
-            by = self._filter_scores  # raw rewards or the scorer's scores (_rewards)
-            keep = filter_groups(by, n, mean_range=tuple(c.dynamic_filtering.reward_range)).keep_groups.tolist()
+            keep = filter_groups(scored.filter_B, n, mean_range=tuple(c.dynamic_filtering.reward_range)).keep_groups.tolist()
             kept += [g for g, k in zip(groups, keep, strict=True) if k]
             kept_new += sum(keep)
             dropped += [g for g, k in zip(groups, keep, strict=True) if not k]
@@ -263,17 +316,16 @@ class RolloutPhase:
             kept += dropped[:filled]
         buffer[:0] = kept[want:]  # over-sampled groups, oldest first, for the next iterations
         kept = kept[:want]
-        if self._generate_batch_size is not None and self._generate_batch_size > want:
+        if self.generate_batch_size is not None and self.generate_batch_size > want:
             stats["oversample/buffered"] = len(buffer)
         stats["dynamic/rounds"] = stats.pop("rounds")
         stats.pop("groups_seen")
         if counts:
             self._check_reward_calls(it, sum(counts[1:], counts[0]), stats)
-        prompts = [g[0] for g in kept]
-        samples = [s for g in kept for s in g[1]]
-        items = [x for g in kept for x in g[2]]
-        scores = torch.cat([g[3] for g in kept])
-        return prompts, samples, items, scores, stats
+        # a checkpoint after this batch resumes right after it, or at the first over-sampled group still
+        # buffered (a resumed run generates those again)
+        return RolloutBatch([g[0] for g in kept], [s for g in kept for s in g[1]], [x for g in kept for x in g[2]],
+                            torch.cat([g[3] for g in kept]), stats, buffer[0][4] if buffer else self.cursor)
 
     def _check_reward_calls(self, it: int, counts, stats: dict) -> None:
         """Log the iteration's failed reward calls; stop the run when more than the tolerated fraction failed."""
@@ -295,15 +347,7 @@ class RolloutPhase:
         logger.warning("iteration %d: %s, each scored with the fallback; first: %s", it, summary,
                        counts.first_failure)
 
-    # ----- experience and advantages -------------------------------------------------------
-
-    def _collect_with_cursor(self, it: int):
-        """The producer thread's batch: :meth:`_collect`'s, and the prompt cursor a checkpoint after it resumes from:
-        right after it, or at the first over-sampled group still buffered (a resumed run generates those again)."""
-        batch = self._collect(it)
-        return (*batch, self._group_buffer[0][4] if self._group_buffer else self.cursor)
-
-    def _staleness(self, samples, trained: int) -> tuple[dict[str, float], list[bool]]:
+    def staleness(self, samples, trained: int) -> tuple[dict[str, float], list[bool]]:
         """How many versions each sample's policy lags the one that trains (``trained``), against the bound."""
         lag = [trained - s.policy_version for s in samples]
         bound = self.cfg.staleness_bound
