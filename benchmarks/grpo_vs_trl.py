@@ -28,7 +28,8 @@ constant, betas (0.9, 0.95), gradient clipping 1.0, no gradient checkpointing.
   function through ``RewardRunner`` in-process). Seconds per step: the trainer's ``iteration_s``;
   breakdown from its history.
 - TRL: ``GRPOTrainer`` with ``num_generations``, ``per_device_train_batch_size`` = ``--micro_batch``,
-  ``gradient_accumulation_steps`` = batch / micro-batch (generation batch = the batch),
+  ``gradient_accumulation_steps`` = batch / micro-batch (generation batch = the batch; ``--trl_micro_batch``
+  sets TRL's own, ``--trl_use_liger_kernel`` its ``use_liger_kernel``: TRL at its best settings),
   ``use_vllm=False`` with ``--rollout_engine hf``, ``use_vllm=True, vllm_mode="colocate"`` with
   ``vllm``, ``report_to="none"``. Seconds per step: a ``TrainerCallback`` from ``on_step_begin``
   to ``on_step_end``; generation timed by wrapping the trainer's ``_generate_single_turn`` (less
@@ -237,6 +238,13 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--vllm_sleep", action="store_true",
                     help="vllm: both engines sleep while the policy trains (TRL's vllm_enable_sleep_mode, level 2; "
                          "ours --vllm_enable_sleep --vllm_sleep_level 2)")
+    ap.add_argument("--trl_micro_batch", type=int, default=None,
+                    help="TRL only: per_device_train_batch_size (gradient accumulation up to the batch); default "
+                         "--micro_batch. TRL at its best: the largest that fits its --memory_share")
+    ap.add_argument("--trl_use_liger_kernel", action="store_true",
+                    help="TRL only: GRPOConfig(use_liger_kernel=True): liger-kernel's model kernels and, in GRPO, "
+                         "TRL's chunked log-prob path (the full logits never materialised; TRL >= 1.14). TRL at its "
+                         "best on CUDA; off by default (TRL's default)")
     ap.add_argument("--trl_is_correction", action="store_true",
                     help="vllm: TRL's vLLM importance-sampling correction (its default; costs TRL a no-grad forward "
                          "for old log-probs). Off by default to match ours, whose --is_correction is off by default")
@@ -261,8 +269,11 @@ def resolve_args(a: argparse.Namespace) -> argparse.Namespace:
     n_seq = a.prompts * a.samples
     if a.samples < 2:
         sys.exit(f"--samples {a.samples}: must be >= 2 (GRPO's group baseline)")
-    if n_seq % a.micro_batch:
-        sys.exit(f"--micro_batch {a.micro_batch} must divide prompts x samples = {n_seq}")
+    if a.trl_micro_batch is None:
+        a.trl_micro_batch = a.micro_batch
+    for flag in ("micro_batch", "trl_micro_batch"):
+        if getattr(a, flag) < 1 or n_seq % getattr(a, flag):
+            sys.exit(f"--{flag} {getattr(a, flag)} must divide prompts x samples = {n_seq}")
     if not 1 <= a.prompts <= len(LETTERS):
         sys.exit(f"--prompts {a.prompts}: must be 1 to {len(LETTERS)} (one prompt per letter)")
     if a.device == "cpu" and a.rollout_engine == "vllm":
@@ -467,8 +478,9 @@ def _run_trl(c: _Conductor, cfg: dict) -> None:
     args = GRPOConfig(
         output_dir=str(Path(cfg["workdir"]) / "trl"), report_to="none", save_strategy="no", eval_strategy="no",
         logging_steps=1, disable_tqdm=True, max_steps=cfg["warmup"] + cfg["steps"], seed=cfg["seed"],
-        num_generations=cfg["samples"], per_device_train_batch_size=cfg["micro_batch"],
-        gradient_accumulation_steps=n_seq // cfg["micro_batch"], max_completion_length=cfg["max_new_tokens"],
+        num_generations=cfg["samples"], per_device_train_batch_size=cfg["trl_micro_batch"],
+        gradient_accumulation_steps=n_seq // cfg["trl_micro_batch"], max_completion_length=cfg["max_new_tokens"],
+        use_liger_kernel=cfg["trl_use_liger_kernel"],
         temperature=1.0, top_p=1.0, top_k=0, beta=0.0, num_iterations=1, loss_type="dapo", scale_rewards="group",
         learning_rate=cfg["learning_rate"], lr_scheduler_type="constant", warmup_steps=0, weight_decay=0.0,
         adam_beta1=0.9, adam_beta2=0.95, max_grad_norm=1.0, bf16=cfg["bf16"], gradient_checkpointing=False,
@@ -694,6 +706,8 @@ def report(summary: dict, info: dict) -> None:
           f"vs ours ({info['ours_engine']}, ZeRO-{info['zero_stage']}); torch threads per side: {info['threads']}")
     if info.get("ours_only"):
         print(f"ours only, set by hand (TRL runs without them): {info['ours_only']}")
+    if info.get("trl_only"):
+        print(f"TRL only (its own best settings; ours runs without them): {info['trl_only']}")
     for line in info.get("ours_auto", []):
         print(f"ours, chosen by rl ppo's auto: {line}")
     for side in SIDES:
@@ -786,7 +800,10 @@ def main(argv: list[str] | None = None) -> int:
             "ours_only": ", ".join(f"{flag} {getattr(a, key)}" for flag, key in (
                 ("--zero_stage", "zero_stage"), ("--packing", "ours_packing"),
                 ("--max_tokens_per_gpu", "ours_max_tokens_per_gpu"), ("--use_liger_kernel", "ours_use_liger_kernel"),
-                ("--micro_train_batch_size rows", "ours_rows")) if getattr(a, key) not in (None, "auto", False))}
+                ("--micro_train_batch_size rows", "ours_rows")) if getattr(a, key) not in (None, "auto", False)),
+            "trl_only": ", ".join(f"{name} {value}" for name, value in (
+                ("per_device_train_batch_size", a.trl_micro_batch if a.trl_micro_batch != a.micro_batch else None),
+                ("use_liger_kernel", a.trl_use_liger_kernel or None)) if value is not None)}
 
     ctx = mp.get_context("spawn")
     procs, conns, ready = {}, {}, {}
