@@ -245,7 +245,7 @@ def test_bad_settings_fail_before_training_with_the_fix(setup, tmp_path):
     base = dict(policy=policy, rollout=None, weight_sync=None, prompts=prompts, tokenizer=tok, reward_fn=letter_reward)
     with pytest.raises(ValueError, match=r"gae \(PPO\) needs a critic"):
         PPOTrainer(c, train_batch_size=8, **base)
-    with pytest.raises(ValueError, match=r"8 samples per iteration is not a multiple of train_batch_size 3"):
+    with pytest.raises(ValueError, match=r"8 samples per iteration is not a multiple of --train_batch_size 3"):
         PPOTrainer(PPOConfig.from_flat(advantage_estimator="rloo", init_kl_coef=0, rollout_batch_size=4, n_samples_per_prompt=2),
                    train_batch_size=3, **base)
     with pytest.raises(ValueError, match=r"init_kl_coef=0.1 needs a reference model"):

@@ -19,6 +19,7 @@ import os
 import yaml
 
 from rl_cli.loading import as_plain
+from rl_core.preflight import check_rl_batches
 from rl_core.rl.roles import run_roles
 
 
@@ -54,13 +55,7 @@ def _rl_batches(cfgs: dict, ray: bool) -> list[str]:
     world = cfgs["ray"].actor_num_nodes * cfgs["ray"].actor_num_gpus_per_node if ray else 1
     samples = p.rollout_batch_size * p.sampling.n_samples_per_prompt
     g, micro = s.train_batch_size, s.micro_train_batch_size
-    if samples % g:
-        raise ValueError(f"--rollout_batch_size {p.rollout_batch_size} x --n_samples_per_prompt "
-                         f"{p.sampling.n_samples_per_prompt} = {samples} samples per iteration is not a multiple of "
-                         f"--train_batch_size {g}")
-    if g % (micro * world):
-        raise ValueError(f"--train_batch_size {g} is not a multiple of --micro_train_batch_size {micro} x {world} "
-                         f"actor rank(s) = {micro * world}")
+    check_rl_batches(p, s, world_sizes={"policy": world})  # rl_core.preflight: the one place of these rules
     iters = (f"{p.max_iterations} (--max_iterations)" if p.max_iterations
              else f"{p.num_episodes} episode(s) x prompts // {p.rollout_batch_size}")
     roles = run_roles(p, reward_model=bool(cfgs["model"].reward_pretrain)).names()

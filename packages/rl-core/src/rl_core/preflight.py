@@ -7,8 +7,9 @@
 - :func:`load_tokenizer`: the model's tokenizer, or one line saying why it does not load (a folder
   without tokenizer files otherwise fails deep in transformers with "You need to have sentencepiece
   or tiktoken installed").
-- :func:`check_rl_batches`: the RL loop's batch arithmetic against the prompt count and the ranks of
-  each role, which the loop would otherwise find only after every model loaded.
+- :func:`check_rl_batches` / :func:`check_rl_arithmetic`: the RL loop's batch arithmetic against the prompt count
+  and the ranks of each role (the one place of those rules: rl-cli runs it before any model loads, the loop
+  again when it starts).
 
 Each failure is a :class:`InputError` (a ValueError) whose message names the flag, the value and the
 fix, in one line: the CLI prints it as such, without a traceback.
@@ -116,22 +117,32 @@ def load_processor(folder: str, *, flag: str = "--pretrain"):
     return proc
 
 
-def check_rl_batches(ppo, strategy, num_prompts: int, world_sizes: dict[str, int] | None = None) -> None:
+def check_rl_batches(ppo, strategy, num_prompts: int | None = None,
+                     world_sizes: dict[str, int] | None = None) -> None:
     """The PPO loop's batch arithmetic (``ppo``: a PPOConfig, ``strategy``: a StrategyConfig) for
-    ``num_prompts`` prompts and the ranks of each role (``{"policy": 2, "critic": 1}``); InputError with the
-    flag to change. The loop checks the same when it starts, after the models loaded."""
+    ``num_prompts`` prompts (None: not known yet) and the ranks of each role (``{"policy": 2, "critic": 1}``);
+    InputError with the flag to change. :func:`check_rl_arithmetic` with the strategy's numbers."""
+    check_rl_arithmetic(ppo, strategy.train_batch_size, micro=strategy.micro_train_batch_size,
+                        ring=strategy.ring_attn_size, num_prompts=num_prompts, world_sizes=world_sizes)
+
+
+def check_rl_arithmetic(ppo, train_batch_size: int, *, micro: int | None = None, ring: int = 1,
+                        num_prompts: int | None = None, world_sizes: dict[str, int] | None = None) -> None:
+    """The one place of the RL loop's batch rules, run by rl-cli before any model loads (``--print_config``
+    too) and by the loop when it starts (a Python caller's first check): the samples of an iteration fill
+    whole global batches, there are enough prompts, each role's ranks split into ring groups and divide the
+    samples and the global batch, and a trained role's micro-batches fill its share of a global batch."""
     samples = ppo.rollout_batch_size * ppo.sampling.n_samples_per_prompt
-    g, micro = strategy.train_batch_size, strategy.micro_train_batch_size
+    g = train_batch_size
     if samples % g:
         fit = [t for t in range(g, 0, -1) if samples % t == 0][0]
         raise InputError(f"--rollout_batch_size {ppo.rollout_batch_size} x --n_samples_per_prompt "
                          f"{ppo.sampling.n_samples_per_prompt} = {samples} samples per iteration is not a multiple of "
                          f"--train_batch_size {g}; use --train_batch_size {fit} (or {samples}), or change the "
                          f"rollout batch")
-    if num_prompts < ppo.rollout_batch_size:
+    if num_prompts is not None and num_prompts < ppo.rollout_batch_size:
         raise InputError(f"the prompt set has {num_prompts} prompts, fewer than --rollout_batch_size "
                          f"{ppo.rollout_batch_size}; lower it to at most {num_prompts} or add prompts")
-    ring = strategy.ring_attn_size
     for role, ranks in (world_sizes or {}).items():
         if ranks < 1:
             continue
@@ -143,7 +154,7 @@ def check_rl_batches(ppo, strategy, num_prompts: int, world_sizes: dict[str, int
         if samples % world or g % world:
             raise InputError(f"{role}: {world} ranks do not divide the {samples} samples per iteration and "
                              f"--train_batch_size {g}; use a rank count that divides both")
-        if role in ("policy", "critic") and g % (micro * world):
+        if micro is not None and role in ("policy", "critic") and g % (micro * world):
             raise InputError(f"--train_batch_size {g} is not a multiple of --micro_train_batch_size {micro} x "
                              f"{world} {role} rank(s) = {micro * world}; use --micro_train_batch_size "
                              f"{max(d for d in range(1, g // world + 1) if (g // world) % d == 0 and d <= micro)} "

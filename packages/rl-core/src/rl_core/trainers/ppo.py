@@ -76,6 +76,7 @@ from tqdm import tqdm
 from rl_algos import estimator_names
 from rl_core.configs import check_eval_set
 from rl_core.metrics import MetricsLogger
+from rl_core.preflight import check_rl_arithmetic
 from rl_core.rl import ds_sleep
 from rl_core.rl.batching import MicroBatchConfig, over_budget
 from rl_core.rl.experience import dp_order, ring_shards
@@ -142,22 +143,9 @@ class PPOTrainer:
         if cfg.needs_reference and ref is None:
             raise ValueError(f"init_kl_coef={cfg.kl.init_coef} needs a reference model; or set --init_kl_coef 0")
         samples = cfg.rollout_batch_size * cfg.sampling.n_samples_per_prompt
-        if samples % train_batch_size:
-            raise ValueError(f"rollout_batch_size x n_samples_per_prompt = {samples} samples per iteration is not a "
-                             f"multiple of train_batch_size {train_batch_size}; make it one "
-                             f"(e.g. --train_batch_size {samples})")
-        for role, g in (("policy", policy), ("critic", critic), ("ref", ref), ("reward", reward_model)):
-            if g is None:
-                continue
-            if g.world_size % self.ring:
-                raise ValueError(f"{role}: --ring_attn_size {self.ring} must divide its {g.world_size} ranks (each "
-                                 f"ring group holds one data-parallel slice); give it a multiple of {self.ring} ranks")
-            dp = g.world_size // self.ring
-            if samples % dp or train_batch_size % dp:
-                raise ValueError(f"{role}: {dp} data-parallel ranks do not divide the {samples} samples per iteration "
-                                 f"and train_batch_size {train_batch_size}; use a rank count that divides both")
-        if len(prompts) < cfg.rollout_batch_size:
-            raise ValueError(f"{len(prompts)} prompts, fewer than rollout_batch_size {cfg.rollout_batch_size}")
+        ranks = {role: g.world_size for role, g in (("policy", policy), ("critic", critic), ("ref", ref),
+                                                     ("reward", reward_model)) if g is not None}
+        check_rl_arithmetic(cfg, train_batch_size, ring=self.ring, num_prompts=len(prompts), world_sizes=ranks)
         self.num_iterations = cfg.iterations(len(prompts))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos = [t for t in {tokenizer.eos_token_id} if t is not None]
