@@ -256,3 +256,25 @@ def test_an_engine_killed_before_a_weight_sync_is_named_as_the_engine(task):
     assert re.search(rf"rollout engine 0 \(engine0 rank 0, pid {pid}\) died during 'receive_weights' \(weight "
                      rf"sync to version 2\)", out.stderr), out.stderr[-4000:]
     assert seconds < 300, seconds  # not the weight group's 600 s wait for a dead peer
+
+
+def test_a_run_dir_another_run_holds_is_refused_before_any_model_loads(task):
+    """issue 40: two runs on one --run_dir interleaved their metrics; now the second stops in one line naming
+    the first (rl_core.folder_lock), before any model loads, and leaves the folder's files alone."""
+    root, model = task
+    run = root / "held"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom rl_core.folder_lock import hold\n"
+                               "locks = hold({'--run_dir': sys.argv[1]})\nprint('held', flush=True)\ntime.sleep(600)",
+                               str(run)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        (run / "metrics.jsonl").write_text('{"step": 1}\n')
+        out, seconds = rl("ppo", *ppo_argv(root, model, run="held"))
+        assert out.returncode == 2, out.stderr[-3000:]
+        last = [line for line in out.stderr.splitlines() if line.strip()][-1]
+        assert re.search(rf"^rl ppo: --run_dir .*held is in use by another run \(host .*, pid {holder.pid}, ", last), last
+        assert "Traceback" not in out.stderr and "Loading weights" not in out.stderr
+        assert (run / "metrics.jsonl").read_text() == '{"step": 1}\n' and seconds < BOUND_S
+    finally:
+        holder.kill()
+        holder.wait()

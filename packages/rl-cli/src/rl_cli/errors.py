@@ -22,7 +22,7 @@ EXIT_USER_ERROR = 2  # argparse's code for a usage error too
 
 # (module, class): a user's input that cannot work. Looked up only in modules already imported: an error
 # can only come from one that was.
-INPUT_ERRORS = (("rl_core.preflight", "InputError"), ("rl_core.hub", "ModelNotFoundError"),
+INPUT_ERRORS = (("rl_core.preflight", "InputError"), ("rl_core.folder_lock", "FolderInUse"), ("rl_core.hub", "ModelNotFoundError"),
                 ("rl_core.data.loading", "DataError"), ("rl_rollout.rewards.loading", "RewardLoadError"),
                 ("rl_rollout.rewards.remote", "RemoteRewardError"), ("rl_placement.specs", "PlacementError"))
 

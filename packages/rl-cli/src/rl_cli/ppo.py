@@ -321,12 +321,20 @@ def _finish(name: str, trainer, cfgs) -> int:
 # ----- rl ppo ---------------------------------------------------------------------------------
 
 
+def run_folders(cfgs: dict):
+    """Lock the folders the run writes (``--run_dir``, ``--ckpt_path``: rl_core.folder_lock) for its life."""
+    from rl_core.folder_lock import hold
+
+    return hold({"--run_dir": cfgs["ppo"].run_dir, "--ckpt_path": cfgs["ppo"].ckpt.ckpt_path})
+
+
 @user_errors("rl ppo")
 def run_local(argv: list[str] | None = None) -> int:
     prepared = _prepare("ppo", argv, ray=False)
     if prepared is None:
         return 0
     cfgs, tok, prompts, eval_prompts = prepared
+    locks = run_folders(cfgs)  # before any model loads: a folder another run writes is refused at once
 
     from rl_core.rl.build import LocalFactory, build_run
 
@@ -343,6 +351,7 @@ def run_local(argv: list[str] | None = None) -> int:
         raise SystemExit(f"rl ppo: {e}") from None
     finally:
         run.close()
+        locks.release()
     return _finish("ppo", run.trainer, cfgs)
 
 
@@ -406,7 +415,7 @@ def run_ray(argv: list[str] | None = None) -> int:
         cfgs["sync"].check(in_process=False, colocated=a.colocate_all_models, tensor_parallel_size=tp)
     except ValueError as e:
         raise SystemExit(f"rl ppo-ray: {e}") from None
-
+    locks = run_folders(cfgs)  # before Ray starts: a folder another run writes is refused at once
 
     import ray
 
@@ -458,3 +467,4 @@ def run_ray(argv: list[str] | None = None) -> int:
         if placed is not None:
             placed.remove()
         ray.shutdown()
+        locks.release()

@@ -38,6 +38,7 @@ from tqdm import tqdm
 from rl_core.checkpoint import CheckpointManager, export_hf
 from rl_core.configs import CheckpointConfig, check_eval_set, from_flat
 from rl_core.data import pack_collate, pad_collate
+from rl_core.folder_lock import hold
 from rl_core.metrics import LoggerConfig, MetricsLogger
 from rl_rollout.config import check_numbers, meta
 
@@ -126,6 +127,8 @@ class Trainer:
                              f"({self.plan.global_batch}); lower --train_batch_size or add data")
         self.engine = strategy.prepare(model, total_steps=self.plan.total_steps)
         ck = cfg.ckpt
+        # the folders the run writes are its own until fit ends: rank 0 locks them for all (rl_core.folder_lock)
+        self._locks = hold({"--run_dir": cfg.run_dir, "--ckpt_path": ck.ckpt_path} if strategy.is_rank_0() else {})
         self.ckpt = (CheckpointManager(ck.ckpt_path, strategy, ck.max_ckpt_num, ck.max_ckpt_mem)
                      if ck.ckpt_path else None)
         self.metrics = MetricsLogger.from_config(cfg.run_dir, logger or LoggerConfig(), enabled=strategy.is_rank_0(),
@@ -251,7 +254,13 @@ class Trainer:
     # ----- the loop ------------------------------------------------------------------------------------
 
     def fit(self) -> list[float]:
-        """Train; returns the loss of every optimizer step this call ran."""
+        """Train; returns the loss of every optimizer step this call ran. The run's folders are released after."""
+        try:
+            return self._fit()
+        finally:
+            self._locks.release()
+
+    def _fit(self) -> list[float]:
         start_epoch, start_index, step = 0, 0, 0
         self.step = 0
         ck = self.cfg.ckpt

@@ -75,6 +75,7 @@ from tqdm import tqdm
 
 from rl_algos import estimator_names
 from rl_core.configs import check_eval_set
+from rl_core.folder_lock import hold
 from rl_core.metrics import MetricsLogger
 from rl_core.preflight import check_rl_arithmetic
 from rl_core.rl import ds_sleep
@@ -149,6 +150,8 @@ class PPOTrainer:
         self.num_iterations = cfg.iterations(len(prompts))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos = [t for t in {tokenizer.eos_token_id} if t is not None]
+        # the folders it writes are this run's until fit ends (a second run on them is refused: rl_core.folder_lock)
+        self._locks = hold({"--run_dir": cfg.run_dir, "--ckpt_path": cfg.ckpt.ckpt_path})
         self.metrics = metrics or MetricsLogger(cfg.run_dir)
         self.sampler = Sampler(cfg, rollout=rollout, prompts=prompts, tokenizer=tokenizer, seed=seed, eos=self.eos,
                                reward_fn=reward_fn, reward_model=reward_model,
@@ -372,6 +375,13 @@ class PPOTrainer:
     # ----- the run ----------------------------------------------------------------------------
 
     def fit(self) -> list[dict[str, float]]:
+        """The run: resume if asked, the iterations, the final export; the run's folders are released after."""
+        try:
+            return self._fit()
+        finally:
+            self._locks.release()
+
+    def _fit(self) -> list[dict[str, float]]:
         c = self.cfg
         start = self._resume() if c.ckpt.load_checkpoint else 0
         if start:

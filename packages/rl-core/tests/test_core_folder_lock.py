@@ -1,0 +1,71 @@
+"""A run owns its folders (rl_core.folder_lock): a second process given a folder a live run holds is refused at
+once naming the holder; a holder that died leaves a lock the next run takes over with a warning; one process
+may take a folder's lock more than once (rl-cli, then the trainer); an ended run leaves no holder behind."""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from rl_core.folder_lock import LOCK_NAME, FolderInUse, hold
+
+HOLDER = textwrap.dedent("""
+    import sys, time
+    from rl_core.folder_lock import hold
+    locks = hold({"--ckpt_path": sys.argv[1]})
+    print("held", flush=True)
+    time.sleep(600)
+""")
+
+
+def start_holder(folder):
+    p = subprocess.Popen([sys.executable, "-c", HOLDER, str(folder)], stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "held"
+    return p
+
+
+def test_a_live_holder_refuses_a_second_run_at_once_naming_it(tmp_path):
+    p = start_holder(tmp_path / "ck")
+    try:
+        t0 = time.monotonic()
+        with pytest.raises(FolderInUse, match=rf"--ckpt_path .*ck is in use by another run \(host .*, pid {p.pid}, "
+                                              r"since .*\): wait for it to end, stop it, or give this run another"):
+            hold({"--run_dir": str(tmp_path / "run"), "--ckpt_path": str(tmp_path / "ck")})
+        assert time.monotonic() - t0 < 1.0
+        hold({"--run_dir": str(tmp_path / "run")}).release()  # the refusal gave back the lock it had taken
+    finally:
+        p.kill()
+        p.wait()
+
+
+def test_a_dead_holders_lock_is_taken_over_with_a_warning(tmp_path, caplog):
+    p = start_holder(tmp_path / "ck")
+    p.send_signal(signal.SIGKILL)  # kill -9: nothing released, the holder's line stays in the file
+    p.wait()
+    assert f"pid {p.pid}" in (tmp_path / "ck" / LOCK_NAME).read_text()
+    with caplog.at_level(logging.WARNING, logger="rl_core.folder_lock"):
+        locks = hold({"--ckpt_path": str(tmp_path / "ck")})
+    assert f"taking over the lock of a run whose process is gone (host" in caplog.text
+    assert f"pid {p.pid}" in caplog.text
+    assert f"pid {os.getpid()}" in (tmp_path / "ck" / LOCK_NAME).read_text()
+    locks.release()
+    assert (tmp_path / "ck" / LOCK_NAME).read_text() == ""  # an ended run leaves no holder behind
+
+
+def test_one_process_shares_its_own_locks_and_releases_on_the_last(tmp_path):
+    first = hold({"--run_dir": str(tmp_path / "x"), "--ckpt_path": str(tmp_path / "x")})  # one folder, one lock
+    second = hold({"--ckpt_path": str(tmp_path / "x")})
+    first.release()
+    probe = [sys.executable, "-c", "import sys; from rl_core.folder_lock import hold; hold({'--x': sys.argv[1]})",
+             str(tmp_path / "x")]
+    still = subprocess.run(probe, capture_output=True, text=True)
+    assert still.returncode != 0 and "FolderInUse" in still.stderr  # the second holder still has it
+    second.release()
+    assert subprocess.run(probe, capture_output=True, text=True).returncode == 0
