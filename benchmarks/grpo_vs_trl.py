@@ -214,6 +214,10 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ours_use_liger_kernel", type=_auto_bool, nargs="?", const=True, default=None,
                     help="ours only: rl ppo --use_liger_kernel true|false (liger-kernel's RMSNorm, SwiGLU, RoPE); "
                          "default auto, as rl ppo (on with CUDA and liger-kernel installed)")
+    ap.add_argument("--ours_fused_lm_head", action="store_true",
+                    help="ours only: rl ppo --fused_lm_head (the LM head and the log-probs chunk by chunk: the "
+                         "[tokens, vocabulary] logits never held whole, so the token budget from memory grows; "
+                         "TRL's --trl_use_liger_kernel does the same on its side)")
     ap.add_argument("--ours_rows", action="store_true",
                     help="ours only: --micro_batch rows even where rl ppo would size micro-batches from free memory "
                          "(as a user passing --micro_train_batch_size)")
@@ -392,7 +396,8 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
             c.step(record)
 
     counts = {"tokens": 0, "sequences": 0, "calls": 0}
-    run_cfg = RunConfig(RLModelConfig(pretrain=cfg["model"], use_liger_kernel=cfg["ours_use_liger_kernel"]),
+    run_cfg = RunConfig(RLModelConfig(pretrain=cfg["model"], use_liger_kernel=cfg["ours_use_liger_kernel"],
+                                      fused_lm_head=cfg["ours_fused_lm_head"]),
                         strategy, ppo, engine, WeightSyncConfig(),
                         batching=MicroBatchConfig(max_tokens_per_gpu=cfg["ours_max_tokens_per_gpu"]),
                         packing=cfg["ours_packing"])
@@ -800,7 +805,7 @@ def main(argv: list[str] | None = None) -> int:
             "ours_only": ", ".join(f"{flag} {getattr(a, key)}" for flag, key in (
                 ("--zero_stage", "zero_stage"), ("--packing", "ours_packing"),
                 ("--max_tokens_per_gpu", "ours_max_tokens_per_gpu"), ("--use_liger_kernel", "ours_use_liger_kernel"),
-                ("--micro_train_batch_size rows", "ours_rows")) if getattr(a, key) not in (None, "auto", False)),
+                ("--micro_train_batch_size rows", "ours_rows"), ("--fused_lm_head", "ours_fused_lm_head")) if getattr(a, key) not in (None, "auto", False)),
             "trl_only": ", ".join(f"{name} {value}" for name, value in (
                 ("per_device_train_batch_size", a.trl_micro_batch if a.trl_micro_batch != a.micro_batch else None),
                 ("use_liger_kernel", a.trl_use_liger_kernel or None)) if value is not None)}
