@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from rl_core.data import DataConfig, PromptDataset, load_rows
+from rl_core.preflight import InputError
 from rl_core.rl import (
     CriticObjective,
     CriticWorker,
@@ -227,6 +228,11 @@ def test_resume_continues_onto_the_uninterrupted_run(setup, tmp_path):
     for k in ("reward_mean", "kl", "critic_loss", "policy_loss"):
         for it in (2, 3):
             assert h[it][k] == pytest.approx(full[it][k], abs=1e-5), (k, it, h[it][k], full[it][k])
+    done = make(setup, tmp_path / "d", **{**kw, "max_iterations": 2}, ckpt_path=str(tmp_path / "ck"),
+                load_checkpoint=True)[0]  # issue 40: it printed "resumed at iteration 2 of 2" and trained nothing
+    with pytest.raises(InputError, match=r"newest checkpoint under --ckpt_path .*ck is iteration 2, at or past this "
+                                         r"run's last \(2\): nothing would train; raise --max_iterations"):
+        done.fit()
     with pytest.raises(ValueError, match=r"already holds checkpoints of a run \(iter_00000002\).*--load_checkpoint"):
         make(setup, tmp_path / "c", **kw, ckpt_path=str(tmp_path / "ck"), save_steps=1)  # would mix two runs
 

@@ -77,7 +77,7 @@ from rl_algos import estimator_names
 from rl_core.configs import check_eval_set
 from rl_core.folder_lock import hold
 from rl_core.metrics import MetricsLogger
-from rl_core.preflight import check_rl_arithmetic
+from rl_core.preflight import InputError, check_rl_arithmetic
 from rl_core.rl import ds_sleep
 from rl_core.rl.batching import MicroBatchConfig, over_budget
 from rl_core.rl.experience import dp_order, ring_shards
@@ -361,6 +361,12 @@ class PPOTrainer:
         """Restore the newest committed iteration (every role and the loop); returns it (0 when none)."""
         from rl_core.checkpoint import rng_state_from_json, set_rng_state
 
+        newest = self.ckpt.newest() if self.ckpt is not None else None
+        if newest is not None and newest >= self.num_iterations:  # before any role's state is read
+            raise InputError(f"--load_checkpoint: the newest checkpoint under --ckpt_path {self.cfg.ckpt.ckpt_path} "
+                             f"is iteration {newest}, at or past this run's last ({self.num_iterations}): nothing "
+                             f"would train; raise --max_iterations (or --num_episodes) above {newest}, or give a "
+                             f"fresh --ckpt_path")
         state = self.ckpt.load() if self.ckpt is not None else None
         if state is None:
             return 0

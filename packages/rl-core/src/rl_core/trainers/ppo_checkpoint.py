@@ -80,6 +80,11 @@ class LoopCheckpoints:
             out["hf/critic"] = lambda path: self.critic.call("export", path)
         return out
 
+    def newest(self) -> int | None:
+        """The newest committed iteration on disk (nothing loaded), or None."""
+        latest = self.store.latest()
+        return int(latest.name.split("_")[-1]) if latest is not None else None
+
     def load(self) -> dict | None:
         """Restore the newest committed iteration's roles; the loop's state it saved (None when there is none)."""
         state = self.store.load(self._roles_with_state())
