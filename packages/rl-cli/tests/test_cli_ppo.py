@@ -138,7 +138,9 @@ def test_rl_ppo_runs_one_process_writes_metrics_checkpoints_and_the_model(task):
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["rl/rollout_logprob_gap"] < 1e-4 for r in rows)
     assert (root / "final" / "config.json").is_file() and (root / "local" / "curves.png").is_file()
-    assert sorted(p.name for p in (root / "ck").iterdir()) == ["iter_00000002", "iter_00000003"]  # one folder per save
+    assert sorted(p.name for p in (root / "ck").iterdir()) == [".rl.lock", "iter_00000002", "iter_00000003"]  # one
+    # folder per save, and the run's lock (rl_core.folder_lock), which an ended run leaves without a holder
+    assert (root / "ck" / ".rl.lock").read_text() == "" and (root / "local" / ".rl.lock").read_text() == ""
 
 
 def test_rl_ppo_packed_with_a_token_budget_trains_like_the_padded_run(task, capsys):

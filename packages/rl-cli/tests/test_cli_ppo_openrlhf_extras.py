@@ -152,7 +152,7 @@ def test_save_hf_ckpt_puts_a_loadable_export_of_the_policy_and_critic_in_every_c
                               "--ckpt_path", str(ck), "--save_path", str(final), "--save_value_network",
                               estimator="gae")]) == 0
     iters = [ck / "iter_00000001", ck / "iter_00000002"]
-    assert sorted(p.name for p in ck.iterdir()) == [p.name for p in iters]
+    assert sorted(p.name for p in ck.iterdir() if p.name != ".rl.lock") == [p.name for p in iters]
     for d in iters:
         assert (d / "COMPLETE").is_file() and (d / "hf" / "critic" / "config.json").is_file()
         AutoModelForCausalLM.from_pretrained(d / "hf")  # loads as transformers reads it (tokenizer beside it)
@@ -178,8 +178,8 @@ def test_checkpoints_without_deepspeed_state_within_a_disk_budget_and_the_best_o
     assert main(["ppo", *argv(root, model, "best", "--max_iterations", "2", *with_eval(root), *common)]) == 0
     evals = [r["eval/pass@2"] for r in metrics(root / "best")]
     best = 1 + max(range(2), key=lambda i: (evals[i], -i))  # the first of the highest: a tie keeps the earlier
-    assert sorted(p.name for p in ck.iterdir()) == sorted({f"best_iter_{best:08d}", "iter_00000002"})
-    for d in ck.iterdir():
+    assert sorted(p.name for p in ck.iterdir() if p.is_dir()) == sorted({f"best_iter_{best:08d}", "iter_00000002"})
+    for d in (d for d in ck.iterdir() if d.is_dir()):  # (and the run's .rl.lock)
         assert json.loads((d / "COMPLETE").read_text())["roles"] == [] and (d / "hf" / "model.safetensors").is_file()
         assert not (d / "policy").exists()
     state = json.loads((ck / "iter_00000002" / "loop_state.json").read_text())

@@ -270,12 +270,12 @@ def test_sft_save_hf_ckpt_writes_an_hf_export_at_every_save_step(files, monkeypa
     base = ["--pretrain", "tiny", "--dataset", "sft.jsonl", "--input_key", "q", "--output_key", "a", *COMMON,
             "--max_epochs", "1"]
     assert run("sft", [*base, "--ckpt.path", "ck-hf", "--ckpt.save_steps", "1", "--ckpt.save_hf"]) == 0
-    names = sorted(p.name for p in (files / "ck-hf").iterdir())
+    names = sorted(p.name for p in (files / "ck-hf").iterdir() if p.name != ".rl.lock")  # (the run's lock)
     assert names == ["step_00000001", "step_00000001_hf", "step_00000002", "step_00000002_hf"], names
     AutoModelForCausalLM.from_pretrained(files / "ck-hf" / "step_00000002_hf")  # loadable as is
     assert run("sft", [*base, "--ckpt.path", "ck-hf-only", "--ckpt.save_steps", "2", "--ckpt.save_hf",
                        "--ckpt.disable_ds"]) == 0
-    assert sorted(p.name for p in (files / "ck-hf-only").iterdir()) == ["step_00000002_hf"]
+    assert sorted(p.name for p in (files / "ck-hf-only").iterdir()) == [".rl.lock", "step_00000002_hf"]
     with pytest.raises(SystemExit):
         run("sft", [*base, "--ckpt.save_hf"])
     assert "save_hf_ckpt (--save_hf_ckpt) writes an HF export at every --save_steps" in capsys.readouterr().err

@@ -69,3 +69,12 @@ def test_one_process_shares_its_own_locks_and_releases_on_the_last(tmp_path):
     assert still.returncode != 0 and "FolderInUse" in still.stderr  # the second holder still has it
     second.release()
     assert subprocess.run(probe, capture_output=True, text=True).returncode == 0
+
+
+def test_a_run_that_wrote_nothing_leaves_no_folder_and_one_that_wrote_keeps_its_files(tmp_path):
+    hold({"--run_dir": str(tmp_path / "empty")}).release()
+    assert not (tmp_path / "empty").exists()  # stopped before it wrote anything: as if it never started
+    locks = hold({"--run_dir": str(tmp_path / "used")})
+    (tmp_path / "used" / "metrics.jsonl").write_text("{}\n")
+    locks.release()
+    assert sorted(p.name for p in (tmp_path / "used").iterdir()) == [LOCK_NAME, "metrics.jsonl"]

@@ -334,24 +334,21 @@ def run_local(argv: list[str] | None = None) -> int:
     if prepared is None:
         return 0
     cfgs, tok, prompts, eval_prompts = prepared
-    locks = run_folders(cfgs)  # before any model loads: a folder another run writes is refused at once
-
     from rl_core.rl.build import LocalFactory, build_run
-
-    run = build_run(run_config(cfgs), LocalFactory(), prompts=prompts, tokenizer=tok,
-                    reward_fn=cfgs["reward"].build(), metrics=metrics_logger(cfgs), eval_prompts=eval_prompts,
-                    ptx=pretrain_items(cfgs, tok, len(prompts)))
-    print(f"[rl ppo] one process: {run.roles()} on {run.policy.call_rank(0, 'world')['device']}; rollout "
-          f"{type(run.rollout).__name__}", flush=True)
     from rl_rollout.rewards import RewardError
 
-    try:
-        run.trainer.fit()
-    except RewardError as e:  # more reward calls failed than --reward_max_failure_rate tolerates
-        raise SystemExit(f"rl ppo: {e}") from None
-    finally:
-        run.close()
-        locks.release()
+    with run_folders(cfgs):  # before any model loads: a folder another run writes is refused at once
+        run = build_run(run_config(cfgs), LocalFactory(), prompts=prompts, tokenizer=tok,
+                        reward_fn=cfgs["reward"].build(), metrics=metrics_logger(cfgs), eval_prompts=eval_prompts,
+                        ptx=pretrain_items(cfgs, tok, len(prompts)))
+        print(f"[rl ppo] one process: {run.roles()} on {run.policy.call_rank(0, 'world')['device']}; rollout "
+              f"{type(run.rollout).__name__}", flush=True)
+        try:
+            run.trainer.fit()
+        except RewardError as e:  # more reward calls failed than --reward_max_failure_rate tolerates
+            raise SystemExit(f"rl ppo: {e}") from None
+        finally:
+            run.close()
     return _finish("ppo", run.trainer, cfgs)
 
 
@@ -415,14 +412,19 @@ def run_ray(argv: list[str] | None = None) -> int:
         cfgs["sync"].check(in_process=False, colocated=a.colocate_all_models, tensor_parallel_size=tp)
     except ValueError as e:
         raise SystemExit(f"rl ppo-ray: {e}") from None
-    locks = run_folders(cfgs)  # before Ray starts: a folder another run writes is refused at once
+    with run_folders(cfgs):  # before Ray starts: a folder another run writes is refused at once
+        return _run_on_ray(cfgs, tok, prompts, eval_prompts, plan)
 
+
+def _run_on_ray(cfgs: dict, tok, prompts, eval_prompts, plan) -> int:
+    """rl ppo-ray from the checked settings and the placement plan: Ray, the roles, the engines, the loop."""
+    r, a = cfgs["rollout"], cfgs["ray"]
     import ray
 
     from rl_cli.ray_cluster import cluster_address, connect
     from rl_cli.ray_factory import RayFactory
     from rl_core.rl.build import build_run
-    from rl_placement import create_placement_groups
+    from rl_placement import PlacementError, create_placement_groups
 
     address = cluster_address(a.ray_address, a.num_gpus)  # --ray_address, RAY_ADDRESS, a `ray start` cluster here
     if address:
@@ -467,4 +469,3 @@ def run_ray(argv: list[str] | None = None) -> int:
         if placed is not None:
             placed.remove()
         ray.shutdown()
-        locks.release()

@@ -33,8 +33,10 @@ class FolderInUse(ValueError):
 class _Lock:
     def __init__(self, folder: Path, flag: str):
         self.folder, self.flag, self.count, self.fd = folder, flag, 0, -1
+        self.created = False  # the folder did not exist: a run that wrote nothing into it leaves none behind
 
     def acquire(self) -> None:
+        self.created = not self.folder.exists()
         self.folder.mkdir(parents=True, exist_ok=True)
         path = self.folder / LOCK_NAME
         fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -61,6 +63,10 @@ class _Lock:
             os.ftruncate(self.fd, 0)  # an ended run leaves no holder behind (a killed one does: taken over later)
         os.close(self.fd)  # closing the descriptor releases the flock
         self.fd = -1
+        if self.created and [p.name for p in self.folder.iterdir()] == [LOCK_NAME]:
+            with contextlib.suppress(OSError):  # a run stopped before it wrote anything leaves no folder
+                (self.folder / LOCK_NAME).unlink()
+                self.folder.rmdir()
 
 
 _HELD: dict[Path, _Lock] = {}

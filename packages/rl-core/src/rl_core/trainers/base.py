@@ -127,8 +127,6 @@ class Trainer:
                              f"({self.plan.global_batch}); lower --train_batch_size or add data")
         self.engine = strategy.prepare(model, total_steps=self.plan.total_steps)
         ck = cfg.ckpt
-        # the folders the run writes are its own until fit ends: rank 0 locks them for all (rl_core.folder_lock)
-        self._locks = hold({"--run_dir": cfg.run_dir, "--ckpt_path": ck.ckpt_path} if strategy.is_rank_0() else {})
         self.ckpt = (CheckpointManager(ck.ckpt_path, strategy, ck.max_ckpt_num, ck.max_ckpt_mem)
                      if ck.ckpt_path else None)
         self.metrics = MetricsLogger.from_config(cfg.run_dir, logger or LoggerConfig(), enabled=strategy.is_rank_0(),
@@ -136,6 +134,9 @@ class Trainer:
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if self.pad_id is None:
             raise ValueError("the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token")
+        # last, once every check passed: the folders the run writes are its own until fit ends; rank 0 locks them
+        # for all (rl_core.folder_lock)
+        self._locks = hold({"--run_dir": cfg.run_dir, "--ckpt_path": ck.ckpt_path} if strategy.is_rank_0() else {})
 
     # ----- batches ---------------------------------------------------------------------------
 

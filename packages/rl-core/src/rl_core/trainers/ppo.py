@@ -150,8 +150,6 @@ class PPOTrainer:
         self.num_iterations = cfg.iterations(len(prompts))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos = [t for t in {tokenizer.eos_token_id} if t is not None]
-        # the folders it writes are this run's until fit ends (a second run on them is refused: rl_core.folder_lock)
-        self._locks = hold({"--run_dir": cfg.run_dir, "--ckpt_path": cfg.ckpt.ckpt_path})
         self.metrics = metrics or MetricsLogger(cfg.run_dir)
         self.sampler = Sampler(cfg, rollout=rollout, prompts=prompts, tokenizer=tokenizer, seed=seed, eos=self.eos,
                                reward_fn=reward_fn, reward_model=reward_model,
@@ -186,6 +184,9 @@ class PPOTrainer:
         self.experience = ExperienceMaker(cfg, policy=policy, ref=ref, critic=critic, sharded=self._sharded,
                                           parallel=self.parallel, on_policy=on_policy, pad_id=self.pad_id, kl=self.kl,
                                           gap_alarm=self.gap_alarm)
+        # last, once every check passed: the folders it writes are this run's until fit ends (a second run on them
+        # is refused: rl_core.folder_lock)
+        self._locks = hold({"--run_dir": cfg.run_dir, "--ckpt_path": cfg.ckpt.ckpt_path})
 
     # ----- prompts -----------------------------------------------------------------------
 
