@@ -225,6 +225,11 @@ def arg_parser() -> argparse.ArgumentParser:
                     help="cProfile our generate phase (prompts, engine, items, rewards) in the first measured step: "
                          "top 30 by cumulative time, and where this process's other threads were (sampled every 2 "
                          "ms), printed by our process; that step's time includes the profiler's overhead")
+    ap.add_argument("--ours_profile_train", action="store_true",
+                    help="torch.profiler over our policy's training call in the last measured step (CUDA only): GPU "
+                         "busy and idle seconds, time by kind of kernel, the host's waits on the device, the "
+                         "forward / backward / optimizer regions, top kernels (benchmarks/cuda_profile.py); that "
+                         "step's time includes the profiler's overhead")
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=None,
                     help="bf16 on both sides (--no-bf16: fp32). Default: cpu fp32, cuda bf16")
     ap.add_argument("--learning_rate", type=float, default=1e-6, help="both sides (TRL's default)")
@@ -395,7 +400,7 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
             counts.update(tokens=0, sequences=0)
             c.step(record)
 
-    counts = {"tokens": 0, "sequences": 0, "calls": 0}
+    counts = {"tokens": 0, "sequences": 0, "calls": 0, "trains": 0}
     run_cfg = RunConfig(RLModelConfig(pretrain=cfg["model"], use_liger_kernel=cfg["ours_use_liger_kernel"],
                                       fused_lm_head=cfg["ours_fused_lm_head"]),
                         strategy, ppo, engine, WeightSyncConfig(),
@@ -439,6 +444,28 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
 
     if cfg["ours_profile_generate"]:
         run.trainer.sampler.sample_round = profiled_round
+    worker = run.trainer.policy.worker  # LocalFactory: the policy rank lives in this process
+    train = worker.train
+
+    def profiled_train(*args, **kwargs):
+        counts["trains"] += 1
+        if counts["trains"] != cfg["warmup"] + cfg["steps"]:
+            return train(*args, **kwargs)
+        from cuda_profile import profile_cuda
+
+        out, text = profile_cuda(train, *args, label=f"ours: the policy's training call of step {counts['trains']}",
+                                 regions={"forward": (worker, "_model"), "backward": (worker.s, "backward"),
+                                          "optimizer_step": (worker.s, "optimizer_step"),
+                                          "micro_batches": (worker, "_micro_batches"),
+                                          "global_tokens": (worker, "_global_tokens")}, **kwargs)
+        print(text)
+        sys.stdout.flush()
+        return out
+
+    if cfg["ours_profile_train"]:
+        if cfg["device"] != "cuda":
+            raise SystemExit("--ours_profile_train profiles CUDA kernels: run it with --device cuda")
+        worker.train = profiled_train
     llm = getattr(rollout, "_llm", None)  # VLLMEngine's vllm.LLM (in this process)
     c.ready({"engine": type(rollout).__name__, "torch_threads": torch.get_num_threads(),
              "auto": [str(x) for x in chosen],

@@ -180,6 +180,14 @@ def equalise(groups: list[list[int]], lengths: Sequence[int], strategy, packing:
     return split_to(groups, n, lengths, packing)
 
 
+def to_device(t: torch.Tensor, device) -> torch.Tensor:
+    """A host tensor on ``device``; to CUDA from pinned memory without blocking, so the host does not wait for
+    the device's queued work (a pageable copy would)."""
+    if torch.device(device).type != "cuda":
+        return t.to(device)
+    return t.pin_memory().to(device, non_blocking=True)
+
+
 @dataclass
 class ModelInputs:
     """One micro-batch as the model takes it; :meth:`rows` maps a per-token result back to padded rows."""
@@ -187,6 +195,7 @@ class ModelInputs:
     kwargs: dict[str, torch.Tensor]
     lengths: list[int]
     packed: bool
+    _slots: torch.Tensor | None = field(default=None, repr=False)
 
     @classmethod
     def of(cls, items: Sequence[dict], pad_id: int, packing: bool, device, images: bool = False) -> ModelInputs:
@@ -198,10 +207,11 @@ class ModelInputs:
         if packing:
             ids = torch.tensor([t for it in items for t in it["input_ids"]], dtype=torch.long)
             pos = torch.cat([torch.arange(n, dtype=torch.long) for n in lengths])
-            kw = {"input_ids": ids[None].to(device), "position_ids": pos[None].to(device)}
+            kw = {"input_ids": to_device(ids[None], device), "position_ids": to_device(pos[None], device)}
         else:
             b = collate(items, pad_id)
-            kw = {"input_ids": b["input_ids"].to(device), "attention_mask": b["attention_mask"].to(device)}
+            kw = {"input_ids": to_device(b["input_ids"], device),
+                  "attention_mask": to_device(b["attention_mask"], device)}
         if pixels:
             from rl_rollout.vision import cat_image_inputs
 
@@ -215,8 +225,9 @@ class ModelInputs:
             return tuple(self.rows(t) for t in out)
         if not self.packed or out.dim() == 1:  # padded rows, or one number per sequence (a reward model's)
             return out
-        real = torch.arange(max(self.lengths), device=out.device)[None] < torch.tensor(self.lengths,
-                                                                                      device=out.device)[:, None]
-        rows = out.new_zeros(real.shape)
-        rows[real] = out[0]  # row-major order of the mask is the packed order
-        return rows
+        T = max(self.lengths)
+        if self._slots is None or self._slots.device != out.device:  # where each packed token sits in [B, T]
+            self._slots = to_device(torch.cat([torch.arange(n) + b * T for b, n in enumerate(self.lengths)]),
+                                    out.device)
+        # index_copy with the slots built on the host: a boolean mask would make the host wait for the device
+        return out.new_zeros(len(self.lengths) * T).index_copy(0, self._slots, out[0]).view(len(self.lengths), T)

@@ -37,12 +37,20 @@ from dataclasses import replace
 
 import torch
 
-from rl_core.rl.batching import MicroBatchConfig, ModelInputs, equalise, memory_budget, plan_micro_batches
+from rl_core.rl.batching import MicroBatchConfig, ModelInputs, equalise, memory_budget, plan_micro_batches, to_device
 from rl_core.rl.ds_sleep import DeepSpeedSleep
 from rl_core.rl.experience import collate, rows
 from rl_core.rl.objectives import CriticObjective, PolicyObjective
 
 logger = logging.getLogger(__name__)
+
+
+def read_once(sums: dict, device: torch.device) -> dict[str, float]:
+    """A step's metrics, accumulated as device tensors (or floats) so that no micro-batch waits on the device,
+    read to floats in one transfer."""
+    keys = list(sums)
+    flat = torch.stack([torch.as_tensor(sums[k], device=device).detach().double().reshape(()) for k in keys])
+    return dict(zip(keys, flat.tolist(), strict=True))
 
 
 def hf_names(named_params):
@@ -166,7 +174,7 @@ class _Worker:
     def _global_tokens(self, items: list[dict]) -> torch.Tensor:
         """Loss tokens of this global batch over every rank (the losses' normaliser; a ring attention group's
         ranks each count their shared slice: rl_core.ring_attention says why that is the right gradient)."""
-        local = torch.tensor(float(sum(sum(it["loss_mask"]) for it in items)), device=self.s.device)
+        local = torch.full((), float(sum(sum(it["loss_mask"]) for it in items)), device=self.s.device)  # no copy
         return self.s.all_reduce(local, "sum").clamp(min=1)
 
     def barrier(self) -> None:
@@ -287,15 +295,15 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
             groups = self._micro_batches(chunk, train=True)
             for k, idx in enumerate(groups):
                 sub = [chunk[i] for i in idx]
-                b = {key: v.to(dev) for key, v in collate(sub, self.pad_id, keys).items()}
+                b = {key: to_device(v, dev) for key, v in collate(sub, self.pad_id, keys).items()}
                 m = b["loss_mask"]
                 self.s.accumulation_boundary(self.engine, k == len(groups) - 1)
                 lp, ent = self._model(forward, sub) if entropy else (self._model(forward, sub), None)
                 rollout = b["rollout_logprobs"] if use_rollout else None
                 old = lp.detach() if on_policy else b["old_logprobs"]
-                if on_policy and rollout is not None:
-                    gap_sum += ((old - rollout).abs() * m).sum().item()
-                    gap_tokens += m.sum().item()
+                if on_policy and rollout is not None:  # device tensors: no host sync between the micro-batches
+                    gap_sum = gap_sum + ((old - rollout).abs() * m).sum()
+                    gap_tokens = gap_tokens + m.sum()
                 out = variant.loss(lp, old, b["advantages"], m,
                                    rollout_logprobs_BT=rollout if variant.needs_rollout_logprobs else None,
                                    global_tokens=total, global_seqs=G, dp_size=world, norm_len=o.norm_len)
@@ -304,31 +312,30 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                     kl = approx_kl(lp, b["ref_logprobs"], o.kl_loss, mask=m)
                     kl_term = aggregate_loss(kl, m, "token-mean", global_tokens=total, dp_size=world)
                     loss = loss + kl_coef * kl_term
-                    sums["kl_loss"] += kl_term.item() / world
+                    sums["kl_loss"] += kl_term.detach() / world
                 if entropy:
                     ent_term = aggregate_loss(ent, m, "token-mean", global_tokens=total, dp_size=world)
                     if entropy_coef:
                         loss = loss - entropy_coef * ent_term
-                    sums["entropy"] += ent_term.item() / world
+                    sums["entropy"] += ent_term.detach() / world
                 if aux_coef:  # OpenRLHF: coef x aux per micro-batch, weighted by its share of the samples
                     share_n = len(sub) / len(chunk)
                     loss = loss + aux_coef * share_n * aux[0]
-                    sums["aux_loss"] += aux[0].item() * share_n / world
+                    sums["aux_loss"] += aux[0].detach() * share_n / world
                 if self._ptx:  # one backward for both: the policy micro-batch and a pretraining one
                     nll = self._ptx_nll()
                     loss = loss + o.ptx_coef * nll / len(groups)
-                    sums["ptx_loss"] += nll.item() / len(groups) / world
+                    sums["ptx_loss"] += nll.detach() / len(groups) / world
                 self.s.backward(loss, self.engine)
                 if self.s.optimizer_step(self.engine) and self._ema is not None:
                     self._ema.update()
-                share = m.sum().item() / total.item()
-                sums["policy_loss"] += out.loss.item() / world
-                sums["clip_fraction"] += out.clip_fraction.item() * share
+                sums["policy_loss"] += out.loss.detach() / world
+                sums["clip_fraction"] += out.clip_fraction * (m.sum() / total)
             steps += 1
         sums = {k: v / max(steps, 1) for k, v in sums.items()}
         if on_policy and has_rollout:
             sums.update(rollout_gap_sum=gap_sum, rollout_gap_tokens=gap_tokens)
-        sums = self.s.all_reduce(sums, "sum")  # per-rank shares -> global step means
+        sums = self.s.all_reduce(read_once(sums, dev), "sum")  # per-rank shares -> global step means
         if "rollout_gap_tokens" in sums:
             sums["rollout_logprob_gap"] = sums.pop("rollout_gap_sum") / max(sums.pop("rollout_gap_tokens"), 1.0)
         sums["lr"] = self.engine.get_lr()[0]
@@ -552,14 +559,15 @@ class CriticWorker(DeepSpeedSleep, _Worker):
         from rl_algos import value_loss
 
         o, dev, world = self.objective, self.s.device, self.s.world_size
-        sums, steps = {"critic_loss": 0.0, "value_clip_fraction": 0.0}, 0
+        sums: dict = {"critic_loss": 0.0, "value_clip_fraction": 0.0}
+        steps = 0
         self.engine.train()
         for chunk in self._global_batches(items, o.epochs):
             total = self._global_tokens(chunk)
             groups = self._micro_batches(chunk, train=True)
             for k, idx in enumerate(groups):
                 sub = [chunk[i] for i in idx]
-                b = {key: t.to(dev) for key, t in collate(sub, self.pad_id, ("values", "returns")).items()}
+                b = {key: to_device(t, dev) for key, t in collate(sub, self.pad_id, ("values", "returns")).items()}
                 m = b["loss_mask"]
                 self.s.accumulation_boundary(self.engine, k == len(groups) - 1)
                 v = self._model(lambda **x: self.engine(**x), sub)
@@ -567,10 +575,11 @@ class CriticWorker(DeepSpeedSleep, _Worker):
                                  global_tokens=total, dp_size=world)
                 self.s.backward(out.loss, self.engine)
                 self.s.optimizer_step(self.engine)
-                sums["critic_loss"] += out.loss.item() / world
-                sums["value_clip_fraction"] += out.clip_fraction.item() * m.sum().item() / total.item()
+                sums["critic_loss"] += out.loss.detach() / world
+                sums["value_clip_fraction"] += out.clip_fraction * (m.sum() / total)
             steps += 1
-        return self._leader([self.s.all_reduce({k: v / max(steps, 1) for k, v in sums.items()}, "sum")])
+        sums = read_once({k: v / max(steps, 1) for k, v in sums.items()}, dev)
+        return self._leader([self.s.all_reduce(sums, "sum")])
 
     def export(self, save_path: str, tokenizer_path: str | None = None) -> str:
         from rl_core.checkpoint import export_hf
