@@ -119,7 +119,7 @@ def profile_cuda(fn, *args, regions: dict[str, tuple[Any, str]] | None = None, l
             named[e.name[8:]][1] += (e.time_range.end - e.time_range.start) / 1e6
     own: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])  # host ops by self time (Python frames left out)
     for e in host:
-        if ".py(" not in e.name and not e.name.startswith(("<built-in", "region: ")):
+        if ".py(" not in e.name and not e.name.startswith(("<", "region: ")):
             own[e.name][0] += 1
             own[e.name][1] += e.self_cpu_time_total / 1e6
     lines = [f"[profile] {label}: {wall:.3f} s wall (to a device sync, profiler on), GPU busy {busy_s:.3f} s "
