@@ -278,3 +278,43 @@ def test_a_run_dir_another_run_holds_is_refused_before_any_model_loads(task):
     finally:
         holder.kill()
         holder.wait()
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_before_any_model_loads_and_the_run_resumes_from_the_one_before(task):
+    """issue 40 finding 2, with rl ppo's real DeepSpeed checkpoints: a truncated model file in the newest one was a
+    traceback after the model loaded ('OSError: [Errno 22] Invalid argument', no file named). Now the manifest
+    in its marker names the file before any model loads, resume takes the complete iteration before it, and when
+    none verifies the run stops in one line."""
+    root, model = task
+    ck = root / "ck_damaged"
+    out, _ = rl("ppo", *ppo_argv(root, model, "--max_iterations", "2", "--save_steps", "1", "--ckpt_path", str(ck),
+                                 run="ck_first"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("iter_")) == ["iter_00000001", "iter_00000002"]
+    states = sorted((ck / "iter_00000002" / "policy").rglob("*model_states.pt"))
+    assert states, sorted(p.name for p in (ck / "iter_00000002").rglob("*"))
+    full = states[0].stat().st_size
+    with states[0].open("r+b") as f:
+        f.truncate(full // 2)
+    out, _ = rl("ppo", *ppo_argv(root, model, "--max_iterations", "3", "--save_steps", "1", "--ckpt_path", str(ck),
+                                 "--load_checkpoint", run="ck_resumed"))
+    assert out.returncode == 0, out.stderr[-3000:]
+    rel = states[0].relative_to(ck / "iter_00000002").as_posix()
+    skipped = re.search(rf"iter_00000002 cannot be resumed: {re.escape(rel)} is {full // 2:,} bytes, {full:,} when "
+                        rf"saved; falling back to the previous one", out.stderr)
+    assert skipped, out.stderr[-3000:]
+    loads = out.stderr.find("Loading weights")
+    assert loads == -1 or skipped.start() < loads  # decided before the model loaded
+    assert re.search(r"resumed from .*iter_00000001 \(iteration 1", out.stderr), out.stderr[-3000:]
+    rows = [json.loads(line) for line in (root / "ck_resumed" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows if "rl/reward_mean" in r][-2:] == [2, 3]  # iterations 2 and 3 trained again
+
+    for d in ck.glob("iter_*"):  # now every checkpoint is damaged: one line, no model loaded
+        (d / "loop_state.json").write_text("")
+    out, seconds = rl("ppo", *ppo_argv(root, model, "--max_iterations", "5", "--ckpt_path", str(ck),
+                                       "--load_checkpoint", run="ck_none"))
+    assert out.returncode == 2, out.stderr[-3000:]
+    last = [line for line in out.stderr.splitlines() if line.strip()][-1]
+    assert re.search(r"^rl ppo: no checkpoint under .*ck_damaged can be resumed \(iter_00000003: loop_state.json "
+                     r"is 0 bytes, .*; iter_00000002: .*; iter_00000001: .*\): move the damaged folders away", last), last
+    assert "Traceback" not in out.stderr and "Loading weights" not in out.stderr and seconds < BOUND_S

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import random
+import re
 import shutil
 from pathlib import Path
 
@@ -12,7 +13,8 @@ import pytest
 import torch
 
 from rl_core.checkpoint import rng_state, rng_state_from_json, rng_state_json, set_rng_state
-from rl_core.rl.checkpoint import MARKER, RLCheckpoints, iter_dir
+from rl_core.preflight import InputError
+from rl_core.rl.checkpoint import LOOP_STATE, MARKER, RLCheckpoints, iter_dir
 
 
 class FakeRole:
@@ -95,7 +97,8 @@ def test_errors_name_the_folder_and_the_fix(tmp_path):
                                          r"\['policy'\].*--ckpt_path at a new folder"):
         RLCheckpoints(ck).load({"policy": FakeRole()})
     (ck / "iter_00000003" / MARKER).write_text("{half")
-    with pytest.raises(ValueError, match=r"iter_00000003 is corrupt: .*delete the folder"):
+    with pytest.raises(InputError, match=r"no checkpoint under .* can be resumed \(iter_00000003: its COMPLETE marker "
+                                         r"does not read \(JSONDecodeError.*--ckpt_path at a new folder"):
         RLCheckpoints(ck).load({"policy": FakeRole(), "critic": FakeRole()})
     legacy = tmp_path / "old"
     (legacy / "policy" / "step_00000004").mkdir(parents=True)
@@ -114,7 +117,10 @@ def test_saving_an_iteration_again_replaces_it(tmp_path):
     RLCheckpoints(ck).save(1, {"policy": role}, {"v": 5})
     fresh = FakeRole()
     assert RLCheckpoints(ck).load({"policy": fresh}) == {"v": 5} and fresh.value == 5
-    assert json.loads((ck / "iter_00000001" / MARKER).read_text()) == {"iteration": 1, "roles": ["policy"]}
+    marker = json.loads((ck / "iter_00000001" / MARKER).read_text())
+    assert {k: marker[k] for k in ("iteration", "roles")} == {"iteration": 1, "roles": ["policy"]}
+    assert sorted(marker["files"]) == ["loop_state.json", "policy/state"]  # the marker is not in its own manifest
+    assert marker["files"]["policy/state"][0] == 1 and len(marker["files"]["policy/state"][1]) == 64
 
 
 def test_hf_exports_are_written_and_synced_before_the_marker_and_a_failed_one_commits_nothing(tmp_path):
@@ -219,3 +225,49 @@ def test_best_metric_key_names_a_logged_eval_metric():
     with pytest.raises(ValueError, match=r"--best_metric_key 'pass@8': the eval pass logs eval/reward_mean, "
                                          r"eval/pass@4, .*pick one of them, or none"):
         best_metric_name("pass@8", 4)
+
+
+@pytest.mark.parametrize("damage, why", [
+    (lambda d: (d / "policy" / "state").write_text(""), r"policy/state is 0 bytes, 1 when saved"),
+    (lambda d: (d / "critic" / "state").unlink(), r"critic/state is missing"),
+    (lambda d: (d / "policy" / "state").write_text("7"), r"policy/state has other contents than when saved"),
+    (lambda d: (d / LOOP_STATE).write_text((d / LOOP_STATE).read_text()[:-1] + " "),
+     r"loop_state.json has other contents"),
+    (lambda d: (d / MARKER).write_text('{"iteration": 2'), r"its COMPLETE marker does not read"),
+])
+def test_resume_falls_back_past_a_damaged_newest_checkpoint_and_says_what_was_wrong(tmp_path, caplog, damage, why):
+    """Issue 40 finding 2: a truncated model file, a deleted optimizer file, a damaged loop state, each a traceback
+    after the model loaded with the complete iteration before it ignored. Now each is found from the files alone
+    (the manifest in the marker), named in one warning, and resume takes the previous complete one."""
+    ck = tmp_path / "ck"
+    roles = {"policy": FakeRole(1), "critic": FakeRole(1)}
+    store = RLCheckpoints(ck, keep_last=3)
+    store.save(1, roles, {"iteration": 1})
+    roles["policy"].value = roles["critic"].value = 2
+    store.save(2, roles, {"iteration": 2})
+    damage(iter_dir(ck, 2))
+    fresh = {"policy": FakeRole(), "critic": FakeRole()}
+    with caplog.at_level(logging.WARNING, logger="rl_core.rl.checkpoint"):
+        state = RLCheckpoints(ck, keep_last=3).load(fresh)
+    assert state == {"iteration": 1} and fresh["policy"].value == fresh["critic"].value == 1
+    assert re.search(r"iter_00000002 cannot be resumed: " + why, caplog.text), caplog.text
+    assert fresh["policy"].calls == [("load_checkpoint", str(iter_dir(ck, 1) / "policy"))]  # iteration 2 never read
+
+
+def test_resume_refuses_in_one_line_when_no_checkpoint_verifies_and_old_markers_still_resume(tmp_path):
+    ck = tmp_path / "ck"
+    store = RLCheckpoints(ck, keep_last=3)
+    for it in (1, 2):
+        store.save(it, {"policy": FakeRole(it)}, {"iteration": it})
+        (iter_dir(ck, it) / "policy" / "state").write_text("")
+    with pytest.raises(InputError) as e:
+        RLCheckpoints(ck).load({"policy": FakeRole()})
+    assert "\n" not in str(e.value) and re.search(r"iter_00000002: policy/state is 0 bytes, 1 when saved; "
+                                                  r"iter_00000001: policy/state is 0 bytes", str(e.value))
+    # a marker written before manifests (rl-core < 0.19): checked for what it can be, then resumed
+    old = tmp_path / "old"
+    RLCheckpoints(old).save(4, {"policy": FakeRole(4)}, {"iteration": 4})
+    marker = iter_dir(old, 4) / MARKER
+    marker.write_text(json.dumps({"iteration": 4, "roles": ["policy"]}))
+    fresh = FakeRole()
+    assert RLCheckpoints(old).load({"policy": fresh}) == {"iteration": 4} and fresh.value == 4

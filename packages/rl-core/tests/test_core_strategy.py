@@ -10,6 +10,7 @@ AdamW is torch's fused kernel and steps as a plain AdamW does.
 from __future__ import annotations
 
 import logging
+import re
 import math
 
 import pytest
@@ -171,8 +172,30 @@ def test_corrupt_checkpoint_marker_fails_with_the_fix(tmp_path):
     d.mkdir()
     (d / "rl_state.json").write_text("{not json")
     mgr = CheckpointManager(tmp_path, DeepSpeedStrategy())
-    with pytest.raises(ValueError, match=r"step_00000001 is corrupt: .*delete the folder"):
+    with pytest.raises(ValueError, match=r"no checkpoint under .* can be resumed \(step_00000001: its rl_state.json "
+                                         r"does not read \(JSONDecodeError.*point --ckpt_path at a new folder"):
         mgr.load(engine=None)
+
+
+def test_a_damaged_newest_checkpoint_is_skipped_for_the_one_before(tiny, tmp_path, caplog):
+    """issue 40: each file's size and sha256 go into the marker; a truncated model file in the newest checkpoint
+    sends resume to the previous complete one, with one warning naming the file."""
+    s, engine = setup(tiny, 2, micro=2, steps=4)
+    ckpt = CheckpointManager(tmp_path / "ckpt", s, keep_last=2)
+    train(s, engine, batches(1, seed=3))
+    ckpt.save(engine, step=1, client_state={"consumed_batches": 1})
+    train(s, engine, batches(1, seed=4))
+    ckpt.save(engine, step=2, client_state={"consumed_batches": 2})
+    model_file = next((tmp_path / "ckpt" / "step_00000002").rglob("*model_states.pt"))
+    size = model_file.stat().st_size
+    with model_file.open("r+b") as f:
+        f.truncate(size - 1)
+    s2, engine2 = setup(tiny, 2, micro=2, steps=4)
+    with caplog.at_level(logging.WARNING, logger="rl_core.checkpoint"):
+        meta = CheckpointManager(tmp_path / "ckpt", s2, keep_last=2).load(engine2)
+    assert meta == {"step": 1, "consumed_batches": 1}
+    assert re.search(rf"step_00000002 cannot be resumed: ds/.*model_states.pt is {size - 1:,} bytes, {size:,} when "
+                     rf"saved; falling back", caplog.text), caplog.text
 
 
 def test_a_second_world_in_one_process_prepares(tiny):

@@ -27,6 +27,7 @@ eval pass (:mod:`rl_core.trainers.ppo_eval`): the eval set is read here, with th
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import os
@@ -321,11 +322,17 @@ def _finish(name: str, trainer, cfgs) -> int:
 # ----- rl ppo ---------------------------------------------------------------------------------
 
 
+@contextlib.contextmanager
 def run_folders(cfgs: dict):
-    """Lock the folders the run writes (``--run_dir``, ``--ckpt_path``: rl_core.folder_lock) for its life."""
+    """Lock the folders the run writes (``--run_dir``, ``--ckpt_path``: rl_core.folder_lock) for its life, then
+    decide what resume takes (rl_core.trainers.ppo_checkpoint.check_folder: damaged checkpoints skipped, a folder
+    that cannot serve refused), all before any model loads."""
     from rl_core.folder_lock import hold
+    from rl_core.trainers.ppo_checkpoint import check_folder
 
-    return hold({"--run_dir": cfgs["ppo"].run_dir, "--ckpt_path": cfgs["ppo"].ckpt.ckpt_path})
+    with hold({"--run_dir": cfgs["ppo"].run_dir, "--ckpt_path": cfgs["ppo"].ckpt.ckpt_path}):
+        check_folder(cfgs["ppo"].ckpt)
+        yield
 
 
 @user_errors("rl ppo")

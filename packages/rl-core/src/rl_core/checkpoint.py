@@ -347,6 +347,36 @@ class CheckpointManager:
         done = self.complete()
         return done[-1] if done else None
 
+    def problem(self, d: Path) -> str | None:
+        """What keeps complete checkpoint ``d`` from being resumed (None: nothing), from its files alone: the
+        marker, and every file against the marker's manifest (rl_core.checkpoint_manifest; markers from before
+        manifests, rl-core < 0.19, are only read)."""
+        from rl_core.checkpoint_manifest import verify
+
+        try:
+            meta = json.loads((d / MARKER).read_text())
+            meta["step"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return f"its {MARKER} does not read ({type(e).__name__}: {e})"
+        return verify(d, meta["files"], d / MARKER) if "files" in meta else None
+
+    def usable(self) -> Path | None:
+        """The newest complete checkpoint whose files verify; each newer one skipped is named in a warning. None
+        when there is none; an InputError (one line) when none of several verifies."""
+        from rl_core.preflight import InputError
+
+        skipped = []
+        for d in reversed(self.complete()):
+            wrong = self.problem(d)
+            if wrong is None:
+                return d
+            logger.warning("checkpoint %s cannot be resumed: %s; falling back to the previous one", d, wrong)
+            skipped.append(f"{d.name}: {wrong}")
+        if skipped:
+            raise InputError(f"no checkpoint under {self.root} can be resumed ({'; '.join(skipped)}): move the "
+                             f"damaged folders away to start over, or point --ckpt_path at a new folder")
+        return None
+
     def save(self, engine, step: int, client_state: dict) -> Path:
         """Collective: every rank calls it. ``client_state`` must be JSON-serialisable (data position...)."""
         s = self.strategy
@@ -358,7 +388,10 @@ class CheckpointManager:
         s.barrier()
         save_engine_state(s, engine, tmp)
         if s.is_rank_0():
-            atomic_write_text(tmp / MARKER, json.dumps({"step": step, **client_state}))
+            from rl_core.checkpoint_manifest import manifest  # every file's size and sha256, verified at resume
+
+            files = manifest(tmp, skip=(MARKER,))
+            atomic_write_text(tmp / MARKER, json.dumps({"step": step, **client_state, "files": files}))
             if final.exists():
                 _uncommit_and_remove(final)
             tmp.rename(final)
@@ -369,19 +402,22 @@ class CheckpointManager:
         return final
 
     def load(self, engine, path: Path | None = None) -> dict | None:
-        """Restore model, optimizer, scheduler and RNG from ``path`` (default: latest); returns its client state.
+        """Restore model, optimizer, scheduler and RNG from ``path`` (default: the newest that verifies,
+        :meth:`usable`); returns its client state.
 
         A peft model keeps its current frozen weights (the base it was built from) and takes
         every trainable parameter from the checkpoint. Unpickles: load only checkpoints you trust."""
-        path = path or self.latest()
+        path = path or self.usable()
         if path is None:
             return None
-        marker = path / MARKER
-        try:
-            meta = json.loads(marker.read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"checkpoint {path} is corrupt: {marker} does not read as JSON ({e}); delete the "
-                             f"folder to resume from the previous one") from None
+        wrong = self.problem(path)
+        if wrong is not None:
+            from rl_core.preflight import InputError
+
+            raise InputError(f"checkpoint {path} cannot be resumed: {wrong}; delete the folder to resume from the "
+                             f"previous one")
+        meta = json.loads((path / MARKER).read_text())
+        meta.pop("files", None)
         load_engine_state(engine, path)
         logger.info("resumed from %s (step %s)", path, meta["step"])
         return meta

@@ -7,7 +7,8 @@ Layout under ``ckpt_path``::
         critic/           the critic group's, when the run has a critic
         hf/               with --save_hf_ckpt: the policy's Hugging Face export (hf/critic/: the critic's)
         loop_state.json   the loop: iteration, prompt cursor, KL coefficient, metrics history, the driver's RNG
-        COMPLETE          the commit marker ({"iteration": 12, "roles": ["policy", "critic"]}), written last
+        COMPLETE          the commit marker, written last: {"iteration": 12, "roles": ["policy", "critic"], "files":
+                          {every other file: [bytes, sha256]}} (rl_core.checkpoint_manifest)
     best_iter_00000008/   with --best_metric_key: the same for the best eval so far (one folder, never pruned)
 
 With --disable_ds_ckpt the roles write nothing (the marker's roles are empty): such a folder holds the
@@ -23,8 +24,9 @@ Older iterations are pruned down to ``keep_last`` (``--max_ckpt_num``) and withi
 marker exists, each losing its marker before its files, so a crash in the middle of a
 delete leaves a folder that resume ignores, never one that looks complete.
 
-Resume (:meth:`RLCheckpoints.load`): the newest folder with a marker, every role and the
-loop from that one folder, never a mix. Folders without the marker (a save that did not
+Resume (:meth:`RLCheckpoints.load`): the newest folder with a marker whose files match its manifest
+(:meth:`RLCheckpoints.usable`: a newer one that does not is skipped with a warning naming the file and what is
+wrong), every role and the loop from that one folder, never a mix. Folders without the marker (a save that did not
 finish) are never read; they are removed, with a log line, at the next resume or save.
 
 Trust: the role states are DeepSpeed checkpoints, which DeepSpeed reads with
@@ -51,6 +53,8 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.checkpoint import atomic_write_text, check_max_gb, fsync_dir, fsync_tree, prune
+from rl_core.checkpoint_manifest import manifest, verify
+from rl_core.preflight import InputError
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +95,41 @@ class RLCheckpoints:
         done = self.complete()
         return done[-1] if done else None
 
+    def problem(self, d: Path) -> str | None:
+        """What keeps committed folder ``d`` from being resumed, as a phrase (None: nothing), from its files alone:
+        the marker, the loop state, and every file against the marker's manifest (rl_core.checkpoint_manifest;
+        folders saved before manifests, by rl-core < 0.19, are checked without one)."""
+        try:
+            marker = json.loads((d / MARKER).read_text())
+            marker["roles"]
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            return f"its {MARKER} marker does not read ({type(e).__name__}: {e})"
+        if "files" in marker:
+            wrong = verify(d, marker["files"], d / MARKER)
+            if wrong is not None:
+                return wrong
+        try:
+            json.loads((d / LOOP_STATE).read_text())
+        except (OSError, ValueError) as e:
+            return f"{LOOP_STATE} does not read ({type(e).__name__}: {e})"
+        return None
+
+    def usable(self) -> Path | None:
+        """The newest committed folder whose files verify (:meth:`problem`); each newer one skipped is named in a
+        warning with what is wrong with it. None when there is none; a ValueError (one line) when there are
+        committed folders and none verifies."""
+        skipped = []
+        for d in reversed(self.complete()):
+            wrong = self.problem(d)
+            if wrong is None:
+                return d
+            logger.warning("checkpoint %s cannot be resumed: %s; falling back to the previous one", d, wrong)
+            skipped.append(f"{d.name}: {wrong}")
+        if skipped:
+            raise InputError(f"no checkpoint under {self.root} can be resumed ({'; '.join(skipped)}): move the damaged "
+                             f"folders away to start over, or point --ckpt_path at a new folder")
+        return None
+
     def remove_incomplete(self) -> list[Path]:
         """Delete the folders without a marker (saves that did not finish), each with a log line."""
         gone = [d for _, d in self._folders() if not (d / MARKER).is_file()]
@@ -104,7 +143,7 @@ class RLCheckpoints:
         legacy = [self.root / role for role in ("policy", "critic")
                   if any((self.root / role).glob("step_*"))]
         if legacy:
-            raise ValueError(
+            raise InputError(
                 f"{self.root} holds RL checkpoints in the per-role layout of rl-core 0.7 and earlier "
                 f"({', '.join(str(p / 'step_*') for p in legacy)}), saved apart and able to disagree; this version "
                 f"resumes only iter_*/ folders with a {MARKER} marker: finish that run with the version that wrote "
@@ -140,7 +179,8 @@ class RLCheckpoints:
             fsync_tree(d / rel)  # on disk before the marker says the folder is whole
         atomic_write_text(d / LOOP_STATE, json.dumps(loop_state))
         self._point("before:commit", iteration)
-        atomic_write_text(d / MARKER, json.dumps({"iteration": iteration, "roles": list(roles)}))
+        files = manifest(d, skip=(MARKER,))  # every file's size and sha256: resume verifies before it loads
+        atomic_write_text(d / MARKER, json.dumps({"iteration": iteration, "roles": list(roles), "files": files}))
         fsync_dir(self.root)
         self._point("after:commit", iteration)
         if best:
@@ -157,22 +197,18 @@ class RLCheckpoints:
         """Restore every role and return the loop state from the newest committed iteration (None: none)."""
         self._check_layout()
         self.remove_incomplete()
-        d = self.latest()
+        d = self.usable()
         if d is None:
             return None
-        try:
-            marker = json.loads((d / MARKER).read_text())
-            saved = marker["roles"]
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
-            raise ValueError(f"checkpoint {d} is corrupt: {d / MARKER} does not read as a marker ({e!r}); delete "
-                             f"the folder to resume from the previous one") from None
+        marker = json.loads((d / MARKER).read_text())  # usable() read it
+        saved = marker["roles"]
         if not saved and roles:
-            raise ValueError(f"checkpoint {d} was written with --disable_ds_ckpt: it holds the loop state and, with "
+            raise InputError(f"checkpoint {d} was written with --disable_ds_ckpt: it holds the loop state and, with "
                              f"--save_hf_ckpt, the HF exports ({d / 'hf'}), no DeepSpeed state (weights, optimizer) "
                              f"to resume from; start a new run from the export (--pretrain {d / 'hf'}) or point "
                              f"--ckpt_path at a new folder")
         if sorted(saved) != sorted(roles):
-            raise ValueError(f"checkpoint {d} holds the roles {sorted(saved)}, this run has {sorted(roles)}: resume "
+            raise InputError(f"checkpoint {d} holds the roles {sorted(saved)}, this run has {sorted(roles)}: resume "
                              f"with the settings that wrote it (--advantage_estimator decides the critic), or point "
                              f"--ckpt_path at a new folder")
         for name, group in roles.items():

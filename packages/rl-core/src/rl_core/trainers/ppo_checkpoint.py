@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 
+from rl_core.preflight import InputError
 from rl_core.rl.checkpoint import RLCheckpoints
 
 logger = logging.getLogger(__name__)
@@ -32,6 +33,29 @@ def best_metric_key(cfg, eval_set: bool) -> str | None:
                      f"checkpoint in: add --eval_dataset and --ckpt_path, or drop the flag")
 
 
+def _refuse_mixing(cfg, store: RLCheckpoints) -> None:
+    if cfg.save_steps > 0 and not cfg.load_checkpoint and store.complete():
+        raise InputError(f"--ckpt_path {cfg.ckpt_path} already holds checkpoints of a run "
+                         f"({', '.join(d.name for d in store.complete())}) that this run would mix with its "
+                         f"own: resume it with --load_checkpoint, or point --ckpt_path at a new folder")
+
+
+def check_folder(cfg):
+    """Before any model loads (``cfg``: the run's :class:`~rl_core.configs.CheckpointConfig`): the folder resume
+    will take (None: no resume, or nothing to resume), with each newer damaged one named in a warning; a
+    one-line ValueError where the folder cannot serve this run (checkpoints of another run without
+    ``--load_checkpoint``, the old layout, none that verifies). The trainer decides the same way again at
+    resume; the files are hashed once per process (rl_core.checkpoint_manifest)."""
+    if not cfg.ckpt_path:
+        return None
+    store = RLCheckpoints(cfg.ckpt_path, cfg.max_ckpt_num, cfg.max_ckpt_mem)
+    _refuse_mixing(cfg, store)
+    if not cfg.load_checkpoint:
+        return None
+    store._check_layout()
+    return store.usable()
+
+
 class LoopCheckpoints:
     """The checkpoints of one run (``cfg``: its :class:`~rl_core.configs.CheckpointConfig`, with ``ckpt_path``
     set) over the roles with state; ``tokenizer_path`` goes with the HF exports; ``best_key``: the eval metric
@@ -41,10 +65,7 @@ class LoopCheckpoints:
         self.cfg, self.policy, self.critic, self.tokenizer_path = cfg, policy, critic, tokenizer_path
         self.store = RLCheckpoints(cfg.ckpt_path, cfg.max_ckpt_num, cfg.max_ckpt_mem)
         self.best_key, self.best = best_key, None
-        if cfg.save_steps > 0 and not cfg.load_checkpoint and self.store.complete():
-            raise ValueError(f"--ckpt_path {cfg.ckpt_path} already holds checkpoints of a run "
-                             f"({', '.join(d.name for d in self.store.complete())}) that this run would mix with its "
-                             f"own: resume it with --load_checkpoint, or point --ckpt_path at a new folder")
+        _refuse_mixing(cfg, self.store)
 
     def _roles_with_state(self) -> dict:
         return {name: g for name, g in (("policy", self.policy), ("critic", self.critic)) if g is not None}
@@ -81,8 +102,9 @@ class LoopCheckpoints:
         return out
 
     def newest(self) -> int | None:
-        """The newest committed iteration on disk (nothing loaded), or None."""
-        latest = self.store.latest()
+        """The iteration resume would take: the newest committed one whose files verify (nothing loaded), or
+        None."""
+        latest = self.store.usable()
         return int(latest.name.split("_")[-1]) if latest is not None else None
 
     def load(self) -> dict | None:
