@@ -4,6 +4,7 @@ packing."""
 
 import json
 import logging
+import re
 
 import datasets
 import pytest
@@ -424,3 +425,28 @@ def test_pack_greedy_first_fit_decreasing():
     assert len(bins) <= -(-sum(many) // 64) * 1.25  # FFD is near the lower bound on random sizes
     with pytest.raises(ValueError, match="item 1 has 11 tokens, more than max_tokens=10"):
         pack_greedy([3, 11], max_tokens=10)
+
+
+def test_bytes_that_are_not_utf8_are_named_by_file_line_and_offset_and_skip_bad_rows_skips_them(tmp_path, caplog):
+    """issue 40 finding 5: non-UTF-8 bytes were `UnicodeDecodeError ... position 3972` with no file or line, also
+    under --skip_bad_rows, which did not skip an invalid JSON line either."""
+    from rl_core.data.blending import training_rows
+
+    p = tmp_path / "mixed.jsonl"
+    good = json.dumps({"prompt": "a"}).encode() + b"\n"
+    p.write_bytes(good + b'{"prompt": "caf\xe9"}\n' + good + b'{"prompt": \n' + good)
+    with pytest.raises(DataError, match=rf"{p} line 2: byte {len(good) + 15:,} of the file \(b'\\xe9'\) is not "
+                                        r"UTF-8 \(invalid continuation byte\); re-encode the file as UTF-8"):
+        load_rows(p)
+    with caplog.at_level("WARNING", logger="rl_core.data.loading"):
+        rows = load_rows(p, skip_bad=True)
+    assert [r.number for r in rows] == [1, 3, 5]  # each kept row still knows its line
+    assert re.search(rf"mixed.jsonl: skipped 2 bad lines \(skip_bad_rows\); first: line 2: byte {len(good) + 15:,} "
+                     r"is not UTF-8; line 4: invalid JSON \(Expecting value", caplog.text), caplog.text
+    assert len(training_rows(DataConfig(dataset=str(p), skip_bad_rows=True), seed=1)) == 3  # the CLI's path
+    with pytest.raises(DataError, match=r"line 2: byte"):
+        training_rows(DataConfig(dataset=str(p)), seed=1)
+    whole = tmp_path / "array.json"
+    whole.write_bytes(b'[{"prompt": "a"},\n {"prompt": "caf\xe9"}]')
+    with pytest.raises(DataError, match=rf"{whole} line 2: byte 34 of the file .* is not UTF-8"):
+        load_rows(whole, skip_bad=True)  # inside one JSON document there is no line to skip

@@ -238,7 +238,8 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     eval_prompts = None
     if d.eval_dataset:
         try:
-            eval_prompts = PromptDataset(load_rows(d.eval_dataset, d.eval_split, d.max_eval_samples), tok, d,
+            eval_prompts = PromptDataset(load_rows(d.eval_dataset, d.eval_split, d.max_eval_samples,
+                                                   skip_bad=d.skip_bad_rows), tok, d,
                                          processor=proc)
         except DataError as e:  # say which of the two sets is bad
             raise type(e)(f"eval set (--eval_dataset {d.eval_dataset}): {e}") from None

@@ -286,7 +286,8 @@ def run(name: str, argv: list[str] | None = None) -> int:
     eval_ds = None
     if data.eval_dataset:
         try:
-            eval_ds = dataset_cls(load_rows(data.eval_dataset, data.eval_split, data.max_eval_samples), tok, data)
+            eval_ds = dataset_cls(load_rows(data.eval_dataset, data.eval_split, data.max_eval_samples,
+                                             skip_bad=data.skip_bad_rows), tok, data)
         except DataError as e:  # say which of the two sets is bad
             raise type(e)(f"eval set (--eval_dataset {data.eval_dataset}): {e}") from None
     global_batch = cfgs["strategy"].train_batch_size

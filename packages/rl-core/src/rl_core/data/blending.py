@@ -48,13 +48,13 @@ def interleave_order(lengths: list[int], probs: list[float], seed: int) -> list[
 
 
 def blend_rows(path: str, probs: tuple[float, ...], *, split: str = "train", max_samples: int | None = None,
-               seed: int = 42) -> list[Row]:
+               seed: int = 42, skip_bad: bool = False) -> list[Row]:
     """OpenRLHF's ``blending_datasets`` with probabilities, then its cut to ``max_samples``: the rows of the
     comma-separated datasets of ``path`` (each its first ``max_samples``), mixed by ``probs``."""
     paths = _split_paths(path)
     if len(paths) != len(probs):
         raise ValueError(f"{len(probs)} probabilities for {len(paths)} datasets ({path!r}); give one per dataset")
-    sources = [load_rows(p, split, max_samples) for p in paths]
+    sources = [load_rows(p, split, max_samples, skip_bad=skip_bad) for p in paths]
     order = interleave_order([len(rows) for rows in sources], list(probs), seed)
     return [sources[s][r] for s, r in order[:max_samples]]
 
@@ -63,5 +63,6 @@ def training_rows(cfg, seed: int) -> list[Row]:
     """The rows of ``cfg.dataset`` (a :class:`DataConfig`): mixed by ``cfg.dataset_probs`` (seeded by the run's
     ``seed``, as OpenRLHF's ``--seed``) when given, else concatenated."""
     if cfg.dataset_probs is None:
-        return load_rows(cfg.dataset, cfg.split, cfg.max_samples)
-    return blend_rows(cfg.dataset, cfg.probabilities, split=cfg.split, max_samples=cfg.max_samples, seed=seed)
+        return load_rows(cfg.dataset, cfg.split, cfg.max_samples, skip_bad=cfg.skip_bad_rows)
+    return blend_rows(cfg.dataset, cfg.probabilities, split=cfg.split, max_samples=cfg.max_samples, seed=seed,
+                      skip_bad=cfg.skip_bad_rows)

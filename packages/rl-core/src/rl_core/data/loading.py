@@ -14,8 +14,11 @@ meaning (:mod:`rl_core.data.datasets`).
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
+
+logger = logging.getLogger(__name__)
 
 VALID_FORMATS = ".jsonl, .json, .parquet, or a folder written by datasets' save_to_disk"
 
@@ -52,18 +55,21 @@ def where_of(row: object, index: int) -> str:
     return f"rows[{index}] (row {index + 1})"
 
 
-def load_rows(path: str | os.PathLike, split: str = "train", max_samples: int | None = None) -> list[Row]:
+def load_rows(path: str | os.PathLike, split: str = "train", max_samples: int | None = None, *,
+              skip_bad: bool = False) -> list[Row]:
     """All rows of ``path`` (see the module docstring for formats), at most ``max_samples``.
 
     ``split`` picks the split of a ``{"split": [...]}`` JSON file or a saved DatasetDict.
-    Raises :class:`DataError` for unreadable or malformed data, naming file and line.
+    Raises :class:`DataError` for unreadable or malformed data, naming file and line (and the byte offset of
+    bytes that are not UTF-8). ``skip_bad`` (``--skip_bad_rows``): a JSON Lines line that is not UTF-8 or not
+    JSON is skipped instead, and the skipped lines are counted in one warning per file.
     """
     if max_samples is not None and (isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples <= 0):
         raise ValueError(f"max_samples must be a positive row count or None, got {max_samples!r}")
     rows: list[Row] = []
     for p in _split_paths(path):
         limit = None if max_samples is None else max_samples - len(rows)
-        rows.extend(_read_one(p, split, limit))
+        rows.extend(_read_one(p, split, limit, skip_bad))
         if max_samples is not None and len(rows) >= max_samples:
             break
     if not rows:
@@ -81,7 +87,7 @@ def _split_paths(path: str | os.PathLike) -> list[Path]:
     return [Path(p) for p in parts]
 
 
-def _read_one(path: Path, split: str, limit: int | None) -> list[Row]:
+def _read_one(path: Path, split: str, limit: int | None, skip_bad: bool = False) -> list[Row]:
     if not path.exists():
         raise MissingDataFile(
             f"dataset path {str(path)!r} does not exist (cwd {os.getcwd()}); "
@@ -91,9 +97,9 @@ def _read_one(path: Path, split: str, limit: int | None) -> list[Row]:
         return _read_saved(path, split)
     suffix = path.suffix.lower()
     if suffix == ".jsonl":
-        return _read_jsonl(path, limit)
+        return _read_jsonl(path, limit, skip_bad=skip_bad)
     if suffix == ".json":
-        return _read_json(path, split, limit)
+        return _read_json(path, split, limit, skip_bad)
     if suffix == ".parquet":
         return _read_parquet(path)
     raise DataError(f"{str(path)!r} has unknown extension {suffix or '(none)'!r}; valid: {VALID_FORMATS}")
@@ -109,33 +115,62 @@ def _as_rows(records: list, source: Path, unit: str = "row", numbers: list[int] 
     return out
 
 
-def _read_jsonl(path: Path, limit: int | None, text: str | None = None) -> list[Row]:
-    if text is None:
-        text = path.read_text(encoding="utf-8")
-    records, numbers = [], []
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
+def _not_utf8(path: Path, e: UnicodeDecodeError, offset: int, lineno: int) -> str:
+    return (f"{path} line {lineno}: byte {offset + e.start:,} of the file ({e.object[e.start:e.start + 1]!r}) is not "
+            f"UTF-8 ({e.reason}); re-encode the file as UTF-8 (iconv -f LATIN1 -t UTF-8), or skip such lines with "
+            f"--skip_bad_rows")
+
+
+def _read_jsonl(path: Path, limit: int | None, data: bytes | None = None, *, skip_bad: bool = False) -> list[Row]:
+    if data is None:
+        data = path.read_bytes()
+    records, numbers, skipped = [], [], []
+    offset = 0
+    for lineno, raw in enumerate(data.split(b"\n"), start=1):
+        start, offset = offset, offset + len(raw) + 1
+        if not raw.strip():
             continue
         if limit is not None and len(records) >= limit:
             break
         try:
+            line = raw.decode("utf-8")
+        except UnicodeDecodeError as e:
+            if not skip_bad:
+                raise DataError(_not_utf8(path, e, start, lineno)) from None
+            skipped.append(f"line {lineno}: byte {start + e.start:,} is not UTF-8")
+            continue
+        try:
             records.append(json.loads(line))
         except json.JSONDecodeError as e:
-            raise DataError(
-                f"{path} line {lineno}: invalid JSON ({e.msg} at column {e.colno}); "
-                "each line of a JSON Lines file must be one complete JSON object"
-            ) from None
+            if not skip_bad:
+                raise DataError(
+                    f"{path} line {lineno}: invalid JSON ({e.msg} at column {e.colno}); "
+                    "each line of a JSON Lines file must be one complete JSON object (or skip such lines with "
+                    "--skip_bad_rows)"
+                ) from None
+            skipped.append(f"line {lineno}: invalid JSON ({e.msg} at column {e.colno})")
+            continue
         numbers.append(lineno)
+    if skipped:
+        logger.warning("%s: skipped %d bad lines (skip_bad_rows); first: %s", path, len(skipped),
+                       "; ".join(skipped[:5]))
     return _as_rows(records, path, "line", numbers)
 
 
-def _read_json(path: Path, split: str, limit: int | None) -> list[Row]:
-    text = path.read_text(encoding="utf-8")
+def _read_json(path: Path, split: str, limit: int | None, skip_bad: bool = False) -> list[Row]:
+    data_bytes = path.read_bytes()
+    try:
+        text = data_bytes.decode("utf-8")
+    except UnicodeDecodeError as e:
+        if data_bytes.lstrip()[:1] == b"{" and b"\n{" in data_bytes:  # JSON Lines in a .json file: line by line
+            return _read_jsonl(path, limit, data_bytes, skip_bad=skip_bad)
+        raise DataError(_not_utf8(path, e, 0, data_bytes.count(b"\n", 0, e.start) + 1)
+                        .replace(", or skip such lines with --skip_bad_rows", "")) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:
         if e.msg == "Extra data":  # many ``.json`` files are really JSON Lines
-            return _read_jsonl(path, limit, text)
+            return _read_jsonl(path, limit, data_bytes, skip_bad=skip_bad)
         raise DataError(f"{path} line {e.lineno} column {e.colno}: invalid JSON ({e.msg})") from None
     if isinstance(data, dict):
         if split not in data:
