@@ -271,3 +271,43 @@ def test_resume_refuses_in_one_line_when_no_checkpoint_verifies_and_old_markers_
     marker.write_text(json.dumps({"iteration": 4, "roles": ["policy"]}))
     fresh = FakeRole()
     assert RLCheckpoints(old).load({"policy": fresh}) == {"iteration": 4} and fresh.value == 4
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 1 MiB file system (tmpfs) to fill: a real full disk, where this machine lets the tests mount one."""
+    import subprocess
+
+    d = tmp_path / "small"
+    d.mkdir()
+    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(d)], capture_output=True, text=True)
+    if r.returncode:
+        pytest.skip(f"a full disk needs a small tmpfs and this machine cannot mount one ({r.stderr.strip()})")
+    yield d
+    subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+class TorchSaveRole(FakeRole):
+    """Saves through torch's zip writer, as DeepSpeed does: 2 MiB that a 1 MiB disk cannot take."""
+
+    def call(self, method: str, path: str):
+        Path(path).mkdir(parents=True)
+        torch.save({"w": torch.zeros(512 * 1024)}, Path(path) / "model_states.pt")
+        return [path]
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_line_naming_the_folder_and_the_bytes(small_disk):
+    """issue 40 finding 4: a full disk ended in `RuntimeError: basic_ios::clear: iostream error` (no "no space
+    left", no path). Now: one InputError naming the folder, the free bytes and the size of the last checkpoint;
+    the half-written folder is removed (its space back), the checkpoints before it stay and resume from them."""
+    store = RLCheckpoints(small_disk / "ck", keep_last=3)
+    store.save(1, {"policy": FakeRole(1)}, {"iteration": 1})
+    with pytest.raises(InputError) as e:
+        store.save(2, {"policy": TorchSaveRole()}, {"iteration": 2})
+    text = str(e.value)
+    assert "\n" not in text and re.search(rf"the checkpoint of iteration 2 into {small_disk}/ck/iter_00000002 failed: "
+                                         r"the disk is full \([\d,]+ bytes free, about [\d,]+ needed\); the half-written "
+                                         r"folder was removed .*point --ckpt_path at another disk", text), text
+    assert not iter_dir(small_disk / "ck", 2).exists()
+    fresh = FakeRole()
+    assert RLCheckpoints(small_disk / "ck").load({"policy": fresh}) == {"iteration": 1} and fresh.value == 1

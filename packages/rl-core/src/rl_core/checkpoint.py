@@ -54,6 +54,10 @@ from pathlib import Path
 
 import torch
 
+from rl_core.checkpoint_manifest import manifest, verify
+from rl_core.disk_space import named_if_full
+from rl_core.preflight import InputError
+
 logger = logging.getLogger(__name__)
 MARKER = "rl_state.json"
 DS_TAG = "ds"
@@ -351,8 +355,6 @@ class CheckpointManager:
         """What keeps complete checkpoint ``d`` from being resumed (None: nothing), from its files alone: the
         marker, and every file against the marker's manifest (rl_core.checkpoint_manifest; markers from before
         manifests, rl-core < 0.19, are only read)."""
-        from rl_core.checkpoint_manifest import verify
-
         try:
             meta = json.loads((d / MARKER).read_text())
             meta["step"]
@@ -363,8 +365,6 @@ class CheckpointManager:
     def usable(self) -> Path | None:
         """The newest complete checkpoint whose files verify; each newer one skipped is named in a warning. None
         when there is none; an InputError (one line) when none of several verifies."""
-        from rl_core.preflight import InputError
-
         skipped = []
         for d in reversed(self.complete()):
             wrong = self.problem(d)
@@ -386,12 +386,16 @@ class CheckpointManager:
             for old in self.root.glob(".tmp-step_*"):
                 shutil.rmtree(old, ignore_errors=True)
         s.barrier()
-        save_engine_state(s, engine, tmp)
+        previous = self.latest()  # its size: what a save needs, said if the disk is full
+        with named_if_full(tmp, f"the checkpoint of step {step}",
+                           need=lambda: folder_bytes(previous) if previous is not None else None,
+                           fix="the checkpoints before it are intact; free space there or point --ckpt_path at "
+                               "another disk"):
+            save_engine_state(s, engine, tmp)
+            if s.is_rank_0():
+                files = manifest(tmp, skip=(MARKER,))
+                atomic_write_text(tmp / MARKER, json.dumps({"step": step, **client_state, "files": files}))
         if s.is_rank_0():
-            from rl_core.checkpoint_manifest import manifest  # every file's size and sha256, verified at resume
-
-            files = manifest(tmp, skip=(MARKER,))
-            atomic_write_text(tmp / MARKER, json.dumps({"step": step, **client_state, "files": files}))
             if final.exists():
                 _uncommit_and_remove(final)
             tmp.rename(final)
@@ -412,8 +416,6 @@ class CheckpointManager:
             return None
         wrong = self.problem(path)
         if wrong is not None:
-            from rl_core.preflight import InputError
-
             raise InputError(f"checkpoint {path} cannot be resumed: {wrong}; delete the folder to resume from the "
                              f"previous one")
         meta = json.loads((path / MARKER).read_text())

@@ -52,8 +52,9 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rl_core.checkpoint import atomic_write_text, check_max_gb, fsync_dir, fsync_tree, prune
+from rl_core.checkpoint import atomic_write_text, check_max_gb, folder_bytes, fsync_dir, fsync_tree, prune
 from rl_core.checkpoint_manifest import manifest, verify
+from rl_core.disk_space import named_if_full
 from rl_core.preflight import InputError
 
 logger = logging.getLogger(__name__)
@@ -166,22 +167,28 @@ class RLCheckpoints:
         d = self.root / f"best_iter_{iteration:08d}" if best else iter_dir(self.root, iteration)
         if d.exists():  # the same iteration again: take the old one out of the committed set first
             _uncommit_and_remove(d)
+        previous = self.latest()
         d.mkdir()
-        for name, group in roles.items():
-            self._point(f"before:{name}", iteration)
-            group.call("save_checkpoint", str(d / name))
-            self._point(f"after:{name}", iteration)
-        for rel, write in (exports or {}).items():
-            self._point(f"before:export:{rel}", iteration)
-            write(str(d / rel))
-            self._point(f"after:export:{rel}", iteration)
-        for rel in exports or {}:
-            fsync_tree(d / rel)  # on disk before the marker says the folder is whole
-        atomic_write_text(d / LOOP_STATE, json.dumps(loop_state))
-        self._point("before:commit", iteration)
-        files = manifest(d, skip=(MARKER,))  # every file's size and sha256: resume verifies before it loads
-        atomic_write_text(d / MARKER, json.dumps({"iteration": iteration, "roles": list(roles), "files": files}))
-        fsync_dir(self.root)
+        with named_if_full(d, f"the checkpoint of iteration {iteration}",
+                           need=lambda: folder_bytes(previous) if previous is not None else None,
+                           fix="the half-written folder was removed and the checkpoints before it are intact; free "
+                               "space there or point --ckpt_path at another disk",
+                           on_full=lambda: shutil.rmtree(d, ignore_errors=True)):
+            for name, group in roles.items():
+                self._point(f"before:{name}", iteration)
+                group.call("save_checkpoint", str(d / name))
+                self._point(f"after:{name}", iteration)
+            for rel, write in (exports or {}).items():
+                self._point(f"before:export:{rel}", iteration)
+                write(str(d / rel))
+                self._point(f"after:export:{rel}", iteration)
+            for rel in exports or {}:
+                fsync_tree(d / rel)  # on disk before the marker says the folder is whole
+            atomic_write_text(d / LOOP_STATE, json.dumps(loop_state))
+            self._point("before:commit", iteration)
+            files = manifest(d, skip=(MARKER,))  # every file's size and sha256: resume verifies before it loads
+            atomic_write_text(d / MARKER, json.dumps({"iteration": iteration, "roles": list(roles), "files": files}))
+            fsync_dir(self.root)
         self._point("after:commit", iteration)
         if best:
             for old in self.root.glob("best_iter_*"):
