@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import socket
 import threading
 import time
@@ -423,3 +424,33 @@ def test_client_times_out_on_a_hanging_server():
         finally:
             release.set()
         assert time.monotonic() - start < 3.0 and client.attempts == 2
+
+
+def test_a_reward_function_calling_os_exit_on_a_thread_lane_fails_its_call_not_the_trainer(tmp_path):
+    """issue 40 finding 3: a reward function calling os._exit(1) killed the trainer in the default (thread) mode
+    with no message and an empty metrics file. Now the call fails, naming what it did and the fix; os._exit
+    anywhere else in the process still exits. In a child process: a regression would end pytest itself."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "child.py"
+    script.write_text(
+        "import os\n"
+        "from rl_rollout import RewardRunner\n"
+        "from rl_rollout.rewards import RewardError\n"
+        "def quits(prompt, response, label, **info):\n"
+        "    if response == 'quit':\n"
+        "        os._exit(1)\n"
+        "    return 1.0\n"
+        "results = RewardRunner(quits, fallback=-1.0).run(['p', 'p'], ['ok', 'quit'])\n"
+        "print('fallback', [r.reward for r in results], results[1].error)\n"
+        "try:\n"
+        "    RewardRunner(quits, on_error='raise').score(['p'], ['quit'])\n"
+        "except RewardError as e:\n"
+        "    print('raised', e)\n"
+        "os._exit(7)\n")
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 7, out.stdout + out.stderr  # the main thread's own os._exit still exits
+    assert "fallback [1.0, -1.0] ProcessExitCalled: the reward function called os._exit(1)" in out.stdout, out.stdout
+    assert re.search(r"raised reward function .*quits failed on sample 0: ProcessExitCalled: .*os._exit\(1\).*"
+                     r"--reward_workers N", out.stdout), out.stdout

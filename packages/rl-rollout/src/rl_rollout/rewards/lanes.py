@@ -10,6 +10,7 @@ import math
 import multiprocessing
 import multiprocessing.connection
 import numbers
+import os
 import queue
 import signal
 import threading
@@ -20,6 +21,29 @@ from typing import Any
 from rl_rollout.rewards.loading import RewardLoadError, RewardSpec, as_reward, load_reward_fn, reward_fn_name
 
 _MAX_MESSAGE = 2000
+_lane = threading.local()  # .calling: this thread is an in-process lane inside a reward call
+_real_exit = os._exit
+
+
+class ProcessExitCalled(Exception):
+    """A reward function called ``os._exit`` on an in-process lane, where it would end the trainer's process."""
+
+
+def _guarded_exit(code: int) -> None:
+    """``os._exit`` while reward lanes run in this process: on a lane inside a reward call, an error of that call
+    instead of the end of the trainer (issue 40: the run died with no message and an empty metrics file);
+    anywhere else, the real exit."""
+    if getattr(_lane, "calling", False):
+        raise ProcessExitCalled(
+            f"the reward function called os._exit({code}), which on the trainer's thread lanes would end the whole "
+            f"run; return a reward or raise instead, or run rewards in processes (--reward_workers N)")
+    _real_exit(code)
+
+
+def _guard_exit() -> None:
+    """Route ``os._exit`` through :func:`_guarded_exit` (idempotent; threads are the default lanes)."""
+    if os._exit is not _guarded_exit:
+        os._exit = _guarded_exit
 
 
 def _describe(e: BaseException) -> str:
@@ -73,7 +97,12 @@ def _thread_main(fn: Any, name: str, tasks: queue.SimpleQueue, conn: multiproces
     """In-process lane: answer tasks until None; an abandoned lane ends when its call returns (its pipe is shut)."""
     try:
         while (task := tasks.get()) is not None:
-            conn.send(_call(fn, name, task))
+            _lane.calling = True
+            try:
+                result = _call(fn, name, task)
+            finally:
+                _lane.calling = False
+            conn.send(result)
     except OSError:  # abandoned: the runner closed its end of the pipe
         pass
     finally:
@@ -113,6 +142,7 @@ class _ThreadWorker:
     """One daemon thread calling ``fn``; results come back over a pipe so one ``wait`` watches threads too."""
 
     def __init__(self, fn: Any, name: str) -> None:
+        _guard_exit()
         self.conn, writer = multiprocessing.Pipe(duplex=False)
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
         self.thread = threading.Thread(target=_thread_main, args=(fn, name, self._tasks, writer), daemon=True,
