@@ -318,3 +318,35 @@ def test_a_damaged_newest_checkpoint_is_skipped_before_any_model_loads_and_the_r
     assert re.search(r"^rl ppo: no checkpoint under .*ck_damaged can be resumed \(iter_00000003: loop_state.json "
                      r"is 0 bytes, .*; iter_00000002: .*; iter_00000001: .*\): move the damaged folders away", last), last
     assert "Traceback" not in out.stderr and "Loading weights" not in out.stderr and seconds < BOUND_S
+
+
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_sigterm_and_ctrl_c_stop_rl_ppo_in_one_line_saying_where_the_run_stood(task, sig):
+    """issue 40 finding 7: Ctrl-C and SIGTERM printed a traceback. Now one line with the iteration and the last
+    checkpoint, exit code 128 + the signal, the run's folders released."""
+    import signal as signals
+
+    root, model = task
+    ck = root / f"ck_{sig}"
+    proc = subprocess.Popen([sys.executable, "-m", "rl_cli.main", "ppo",
+                             *ppo_argv(root, model, "--max_iterations", "200", "--save_steps", "1", "--ckpt_path",
+                                       str(ck), run=f"stop_{sig}")],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 240
+        while not (ck / "iter_00000001" / "COMPLETE").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[1][-3000:]
+            time.sleep(0.2)
+        proc.send_signal(getattr(signals, sig))
+        _, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 128 + getattr(signals, sig), err[-3000:]
+    assert "Traceback" not in err, err[-3000:]
+    last = [line for line in err.splitlines() if line.strip()][-1]
+    how = "SIGTERM" if sig == "SIGTERM" else "Ctrl-C"
+    assert re.search(rf"^rl ppo: stopped by {how} at iteration \d+ of 200, \d+ done; last checkpoint: .*{ck.name}/"
+                     r"iter_\d{8}$", last), last
+    assert not (ck / ".rl.lock").exists() or "in use" not in rl(
+        "ppo", *ppo_argv(root, model, "--ckpt_path", str(ck), "--load_checkpoint", "--max_iterations", "1",
+                         run=f"stop_{sig}_again"))[0].stderr  # the folder is free again

@@ -4,7 +4,9 @@
 errors (:data:`INPUT_ERRORS`: an unreadable model folder, a reward spec that does not load, a dead
 reward server, bad data, a placement that cannot work), prints ``rl <command>: <message>`` on stderr
 and exits with code 2, without a traceback. ``--debug`` (:class:`CliArgs`, on every command) re-raises
-it with the traceback instead. Anything else is a bug and propagates as usual.
+it with the traceback instead. Ctrl-C and SIGTERM end it in one line too, ``rl <command>: stopped by Ctrl-C``
+with where the run stood when the loop says so (the iteration, the last checkpoint), exit code 130 / 143.
+Anything else is a bug and propagates as usual.
 """
 
 from __future__ import annotations
@@ -12,7 +14,9 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+import signal
 import sys
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -73,6 +77,14 @@ def _input_error_types() -> tuple[type, ...]:
     return tuple(found)
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the command runs as Ctrl-C is (the same unwinding: workers stopped, folders released)."""
+
+
+def _terminate(signum, frame):
+    raise Terminated
+
+
 def user_errors(prog: str | Callable[..., str]):
     """Decorate a command ``fn(..., argv)``: user errors -> ``prog: message`` on stderr, exit code 2.
 
@@ -84,8 +96,18 @@ def user_errors(prog: str | Callable[..., str]):
             global _debug
             argv = inspect.signature(fn).bind(*args, **kwargs).arguments.get("argv")
             _debug = _debug_in(sys.argv[1:] if argv is None else list(argv))
+            main = threading.current_thread() is threading.main_thread()
+            previous = signal.signal(signal.SIGTERM, _terminate) if main else None
             try:
                 return fn(*args, **kwargs)
+            except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (_terminate): one line, where the run stood
+                if _debug:
+                    raise
+                name = prog(*args, **kwargs) if callable(prog) else prog
+                how = "SIGTERM" if isinstance(e, Terminated) else "Ctrl-C"
+                notes = "; ".join(getattr(e, "__notes__", ()))
+                print(f"{name}: stopped by {how}{' ' + notes if notes else ''}", file=sys.stderr, flush=True)
+                raise SystemExit(128 + (signal.SIGTERM if isinstance(e, Terminated) else signal.SIGINT)) from None
             except _input_error_types() as e:
                 if _debug:
                     raise
@@ -93,6 +115,9 @@ def user_errors(prog: str | Callable[..., str]):
                 message = "; ".join(line.strip() for line in str(e).splitlines() if line.strip())
                 print(f"{name}: {message or type(e).__name__}", file=sys.stderr, flush=True)
                 raise SystemExit(EXIT_USER_ERROR) from None
+            finally:
+                if main and signal.getsignal(signal.SIGTERM) is _terminate:
+                    signal.signal(signal.SIGTERM, previous)
 
         return run
 

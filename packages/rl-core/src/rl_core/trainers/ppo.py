@@ -402,13 +402,19 @@ class PPOTrainer:
         if c.async_rl:  # the producer thread collects batch k+1.. while this thread trains on batch k
             pipeline = AsyncRollout(self.sampler.collect, start + 1, self.num_iterations,
                                     max_staleness=c.async_rl.max_staleness, version=start)
+        it = start
         try:
             for it in range(start + 1, self.num_iterations + 1):
                 self._iteration(it, bar, pipeline)
-        except BaseException:
+        except BaseException as e:
+            bar.close()  # now, not at garbage collection: after the CLI's last line
             if pipeline is not None:
                 pipeline.close(timeout=60.0)
                 self.metrics.close()
+            if isinstance(e, KeyboardInterrupt):  # the CLI's one line on Ctrl-C / SIGTERM says where the run stood
+                newest = self.ckpt.store.latest() if self.ckpt is not None else None
+                e.add_note(f"at iteration {it} of {self.num_iterations}, {len(self.history)} done; last checkpoint: "
+                           f"{newest if newest is not None else 'none'}")
             raise
         if pipeline is not None:
             pipeline.close()
