@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 import torch
@@ -53,7 +54,7 @@ def setup(tmp_path_factory):
     return model, tok, prompts
 
 
-def make(setup, tmp_path, *, reward=letter_reward, lr=2e-3, zero_stage=0, batching=None, **cfg):
+def make(setup, tmp_path, *, reward=letter_reward, lr=2e-3, zero_stage=0, batching=None, seed=42, **cfg):
     """A run from rl-core's one builder over in-process groups: policy (+ critic for gae, + reference when
     init_kl_coef > 0), an HFEngine in this process."""
     from rl_rollout import RewardRunner
@@ -65,7 +66,7 @@ def make(setup, tmp_path, *, reward=letter_reward, lr=2e-3, zero_stage=0, batchi
     c = PPOConfig.from_flat(**kw)
     G = c.rollout_batch_size * c.sampling.n_samples_per_prompt
     s = StrategyConfig(zero_stage=zero_stage, bf16=False, micro_train_batch_size=G // 2, train_batch_size=G,
-                       learning_rate=lr, lr_warmup_ratio=0.0, lr_scheduler="constant")
+                       learning_rate=lr, lr_warmup_ratio=0.0, lr_scheduler="constant", seed=seed)
     runner = RewardRunner(reward, workers=0, fallback=0.0)
     run = build_run(RunConfig(RLModelConfig(pretrain=str(model)), s, c, sync=WeightSyncConfig(verify=True),
                               batching=batching or MicroBatchConfig()),
@@ -216,7 +217,7 @@ def test_dynamic_filtering_judges_the_raw_rewards_before_length_penalties(setup,
     assert scored.filter_B.tolist() == [1.0] * 4  # what the filter judges
 
 
-def test_resume_continues_onto_the_uninterrupted_run(setup, tmp_path):
+def test_resume_continues_onto_the_uninterrupted_run(setup, tmp_path, caplog):
     kw = dict(advantage_estimator="gae", init_kl_coef=0.01, max_iterations=4)
     full = make(setup, tmp_path / "full", **kw)[0].fit()
     make(setup, tmp_path / "a", **{**kw, "max_iterations": 2}, ckpt_path=str(tmp_path / "ck"), save_steps=2)[0].fit()
@@ -235,6 +236,17 @@ def test_resume_continues_onto_the_uninterrupted_run(setup, tmp_path):
         done.fit()
     with pytest.raises(ValueError, match=r"already holds checkpoints of a run \(iter_00000002\).*--load_checkpoint"):
         make(setup, tmp_path / "c", **kw, ckpt_path=str(tmp_path / "ck"), save_steps=1)  # would mix two runs
+    # issue 40 finding 6: other settings were accepted silently. The prompt order cannot change under a saved
+    # cursor (refused before any role loads); a batch shape can, and is stated
+    with pytest.raises(InputError, match=r"--seed is 7, the checkpoint's run had 42: the prompts are taken in an "
+                                         r"order drawn from the seed"):
+        make(setup, tmp_path / "e", **kw, ckpt_path=str(tmp_path / "ck"), load_checkpoint=True, seed=7)[0].fit()
+    other = make(setup, tmp_path / "f", **{**kw, "max_iterations": 3, "rollout_batch_size": 2},
+                 ckpt_path=str(tmp_path / "ck"), load_checkpoint=True, save_steps=100)[0]
+    with caplog.at_level("WARNING", logger="rl_core.trainers.ppo"):
+        assert len(other.fit()) == 3
+    assert re.search(r"resumed with settings other than the checkpoint's, applied from iteration 3 on: "
+                     r"rollout_batch_size 4 -> 2, train_batch_size 16 -> 8", caplog.text), caplog.text
 
 
 def test_bad_settings_fail_before_training_with_the_fix(setup, tmp_path):

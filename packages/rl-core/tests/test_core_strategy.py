@@ -324,3 +324,29 @@ def test_offloading_a_frozen_model_outside_zero3_fails_naming_the_stage():
         StrategyConfig(zero_stage=2).check_param_offload("--ref_offload")
     with pytest.raises(ValueError, match="not at --zero_stage 0"):
         DeepSpeedStrategy(StrategyConfig(zero_stage=0)).ds_config(train=False, offload=True)
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_a_resume_with_another_learning_rate_applies_it_and_says_so(tiny, tmp_path, caplog, stage):
+    """issue 40 finding 6: resuming with another --learning_rate was accepted and ignored (the saved schedule and
+    optimizer groups won). Now the new peak applies at the restored step of the schedule, and a warning names it."""
+    s, engine = setup(tiny, stage, micro=2, steps=8, lr=2e-3)
+    train(s, engine, batches(2, seed=3))
+    saved_lr = engine.get_lr()[0]
+    CheckpointManager(tmp_path / "ckpt", s).save(engine, step=2, client_state={})
+
+    s2, engine2 = setup(tiny, stage, micro=2, steps=8, lr=2e-3)  # the same settings: nothing said
+    with caplog.at_level(logging.WARNING, logger="rl_core.checkpoint"):
+        CheckpointManager(tmp_path / "ckpt", s2).load(engine2)
+    assert engine2.get_lr()[0] == pytest.approx(saved_lr) and "other than the checkpoint's" not in caplog.text
+
+    s3, engine3 = setup(tiny, stage, micro=2, steps=8, lr=1e-3)
+    with caplog.at_level(logging.WARNING, logger="rl_core.checkpoint"):
+        CheckpointManager(tmp_path / "ckpt", s3).load(engine3)
+    assert engine3.get_lr()[0] == pytest.approx(saved_lr / 2)  # the new peak at the same point of the schedule
+    assert re.search(r"optimizer settings other than the checkpoint's, applied from here on: learning rate \(peak\) "
+                     r"0.002 -> 0.001", caplog.text), caplog.text
+    before = [p.detach().clone() for p in engine3.module.parameters()]
+    train(s3, engine3, batches(1, seed=5))  # and the optimizer steps with it
+    assert engine3.lr_scheduler.base_lrs[0] == pytest.approx(1e-3)
+    assert any((a != b).any() for a, b in zip(before, engine3.module.parameters(), strict=True))

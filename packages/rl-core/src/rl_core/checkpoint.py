@@ -53,6 +53,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from rl_core.checkpoint_manifest import manifest, verify
 from rl_core.disk_space import named_if_full
@@ -162,6 +163,47 @@ def save_engine_state(strategy, engine, path: str | Path, client_state: dict | N
     return path
 
 
+_HYPER = ("betas", "eps", "weight_decay")
+
+
+def _hyper(engine) -> list[dict]:
+    """Each optimizer group's settings from this run's config: the peak learning rate (the schedule's base), betas,
+    eps, weight decay."""
+    groups = engine.optimizer.param_groups if engine.optimizer is not None else []
+    peaks = list(getattr(engine.lr_scheduler, "base_lrs", ()))
+    return [{"lr": peaks[i] if i < len(peaks) else g.get("initial_lr", g.get("lr")),
+             **{k: g[k] for k in _HYPER if k in g}} for i, g in enumerate(groups)]
+
+
+def _plain(v):
+    return tuple(float(x) for x in v) if isinstance(v, (list, tuple)) else float(v)
+
+
+def _reapply(engine, configured: list[dict]) -> list[str]:
+    """After a load: this run's optimizer settings where the checkpoint's differ (a loaded state dict brings the
+    saved ones, so a new ``--learning_rate`` would be silently ignored); the current learning rate recomputed from
+    the schedule at the restored step. Returns ``what old -> new`` for each change."""
+    sched = engine.lr_scheduler
+    groups = engine.optimizer.param_groups if engine.optimizer is not None else []
+    changes = []
+    for i, (g, want) in enumerate(zip(groups, configured, strict=False)):
+        tag = f" (group {i})" if len(groups) > 1 else ""
+        for k in _HYPER:
+            if k in want and k in g and _plain(g[k]) != _plain(want[k]):
+                changes.append(f"{k} {g[k]} -> {want[k]}{tag}")
+                g[k] = want[k]
+        peaks = getattr(sched, "base_lrs", None)
+        if peaks is not None and i < len(peaks) and peaks[i] != want["lr"]:
+            changes.append(f"learning rate (peak) {peaks[i]:g} -> {want['lr']:g}{tag}")
+            peaks[i] = g["initial_lr"] = want["lr"]
+    lambdas = getattr(sched, "lr_lambdas", None)
+    if changes and lambdas is not None:  # LambdaLR: lr = peak x factor(step), at the step the checkpoint reached
+        for g, peak, factor in zip(groups, sched.base_lrs, lambdas, strict=False):
+            g["lr"] = peak * factor(sched.last_epoch)
+        sched._last_lr = [g["lr"] for g in groups]
+    return changes
+
+
 def load_engine_state(engine, path: str | Path) -> dict:
     """Restore model, optimizer, scheduler and this rank's RNG from :func:`save_engine_state`'s ``path``;
     returns DeepSpeed's client state. A peft model keeps its frozen base and takes every trainable
@@ -169,6 +211,7 @@ def load_engine_state(engine, path: str | Path) -> dict:
 
     Runs DeepSpeed's ``torch.load(weights_only=False)``: only load checkpoints you trust (module docstring)."""
     path = Path(path)
+    configured = _hyper(engine)
     if engine.load_universal_checkpoint():  # --use_ds_universal_ckpt: any number of ranks
         if is_peft(engine.module):
             raise ValueError(f"--use_ds_universal_ckpt with a LoRA model: its checkpoint {path} holds only the "
@@ -185,6 +228,10 @@ def load_engine_state(engine, path: str | Path) -> dict:
         raise ValueError(f"checkpoint {path} has no DeepSpeed state under tag {DS_TAG!r}; delete the folder "
                          f"to resume from the previous one")
     set_rng_state(client["rng"])
+    changed = _reapply(engine, configured)
+    if changed and (not dist.is_initialized() or dist.get_rank() == 0):
+        logger.warning("resumed %s with optimizer settings other than the checkpoint's, applied from here on: %s",
+                       path, ", ".join(changed))
     return client
 
 
@@ -253,7 +300,6 @@ def to_universal(path: Path) -> Path:
     timeout (DeepSpeed's default 30 minutes, less when set) can be shorter than converting a large model."""
     import datetime
 
-    import torch.distributed as dist
 
     final = path / UNIVERSAL_TAG
     group = None

@@ -84,7 +84,7 @@ from rl_core.rl.experience import dp_order, ring_shards
 from rl_core.rl.groups import LocalGroup, concurrently
 from rl_core.rl.pipeline import AsyncRollout
 from rl_core.rl.roles import require_reward
-from rl_core.trainers.ppo_checkpoint import LoopCheckpoints, best_metric_key
+from rl_core.trainers.ppo_checkpoint import LoopCheckpoints, best_metric_key, resumed_settings
 from rl_core.trainers.ppo_config import PPOConfig
 from rl_core.trainers.ppo_eval import EvalPass
 from rl_core.trainers.ppo_experience import ExperienceMaker, GapAlarm
@@ -351,11 +351,18 @@ class PPOTrainer:
 
     # ----- checkpoints of the loop's state ----------------------------------------------------
 
+    def _settings(self) -> dict:
+        """What a resume compares with the checkpoint's run (:func:`resumed_settings`)."""
+        c = self.cfg
+        return {"seed": self.sampler.seed, "prompts": len(self.prompts), "rollout_batch_size": c.rollout_batch_size,
+                "n_samples_per_prompt": c.sampling.n_samples_per_prompt, "train_batch_size": self.G,
+                "max_epochs": c.max_epochs}
+
     def _loop_state(self, it: int) -> dict:
         """What a checkpoint after iteration ``it`` keeps of the loop (the roles' states are the workers')."""
         from rl_core.checkpoint import rng_state_json
 
-        return {"iteration": it, "cursor": self._ckpt_cursor, "kl_coef": self.kl.value if self.kl is not None else None,
+        return {"iteration": it, "settings": self._settings(), "cursor": self._ckpt_cursor, "kl_coef": self.kl.value if self.kl is not None else None,
                 "history": self.history, "gap_warned": self.gap_alarm.warned, "rng": rng_state_json()}
 
     def _resume(self) -> int:
@@ -368,9 +375,14 @@ class PPOTrainer:
                              f"is iteration {newest}, at or past this run's last ({self.num_iterations}): nothing "
                              f"would train; raise --max_iterations (or --num_episodes) above {newest}, or give a "
                              f"fresh --ckpt_path")
+        changed = resumed_settings((self.ckpt.peek() or {}).get("settings"), self._settings()) \
+            if newest is not None else []  # before any role's state is read: a prompt order it cannot continue
         state = self.ckpt.load() if self.ckpt is not None else None
         if state is None:
             return 0
+        if changed:
+            logger.warning("resumed with settings other than the checkpoint's, applied from iteration %d on: %s",
+                           state["iteration"] + 1, ", ".join(changed))
         self.sampler.cursor = self._ckpt_cursor = state["cursor"]
         if self.kl is not None and state["kl_coef"] is not None:
             self.kl.value = state["kl_coef"]

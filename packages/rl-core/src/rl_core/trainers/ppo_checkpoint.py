@@ -13,10 +13,11 @@ nothing at all without ``save_hf_ckpt``), so such a checkpoint cannot be resumed
 
 from __future__ import annotations
 
+import json
 import logging
 
 from rl_core.preflight import InputError
-from rl_core.rl.checkpoint import RLCheckpoints
+from rl_core.rl.checkpoint import LOOP_STATE, RLCheckpoints
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +55,22 @@ def check_folder(cfg):
         return None
     store._check_layout()
     return store.usable()
+
+
+def resumed_settings(saved: dict | None, now: dict) -> list[str]:
+    """What differs between the settings a checkpoint's loop state kept (``saved``; None: written before they were
+    kept) and this run's (``now``): the prompt order (``seed``, ``prompts``) cannot change, the saved cursor indexes
+    the saved order (one-line InputError); anything else is applied from here on and returned as ``name old ->
+    new`` for the resume line."""
+    if not saved:
+        return []
+    for key, flag in (("seed", "--seed"), ("prompts", "the prompt set's size")):
+        if key in saved and saved[key] != now.get(key):
+            raise InputError(f"--load_checkpoint: {flag} is {now.get(key)}, the checkpoint's run had {saved[key]}: "
+                             f"the prompts are taken in an order drawn from the seed over the whole set, and the saved "
+                             f"position continues only that order; resume with the same {flag.split()[-1]} or give "
+                             f"a fresh --ckpt_path")
+    return [f"{k} {saved[k]} -> {v}" for k, v in now.items() if k in saved and saved[k] != v]
 
 
 class LoopCheckpoints:
@@ -106,6 +123,11 @@ class LoopCheckpoints:
         None."""
         latest = self.store.usable()
         return int(latest.name.split("_")[-1]) if latest is not None else None
+
+    def peek(self) -> dict | None:
+        """The loop state resume would restore (JSON only: no role loaded), or None."""
+        d = self.store.usable()
+        return json.loads((d / LOOP_STATE).read_text()) if d is not None else None
 
     def load(self) -> dict | None:
         """Restore the newest committed iteration's roles; the loop's state it saved (None when there is none)."""
