@@ -70,3 +70,34 @@ def test_the_plain_torch_loop_example_runs(tmp_path):
     out = subprocess.run([sys.executable, str(ROOT / "packages/rl-rollout/examples/plain_torch_loop.py"), "--steps",
                           "2", "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-3000:]
+
+
+@pytest.mark.timeout(900)
+def test_the_placement_readme_runs_beside_a_cluster_the_user_started():
+    """issue 40 finding 9: with a `ray start --head` cluster up on the machine, the README's bare
+    `ray.init(num_cpus=..., num_gpus=...)` found that cluster's recorded address and refused the resources
+    ("When connecting to an existing cluster ..."). The README starts a Ray of its own (address="local")."""
+    import shutil
+    import tempfile
+
+    ray_bin = Path(sys.executable).parent / "ray"
+    if not ray_bin.exists():
+        pytest.skip(f"no ray command beside {sys.executable} to start a user's cluster with")
+    short = Path(tempfile.mkdtemp(prefix="rt", dir="/tmp"))  # Ray's socket paths must stay under 107 characters
+    env = {k: v for k, v in os.environ.items() if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
+                                                            "MASTER_ADDR", "MASTER_PORT", "RAY_ADDRESS"}}
+    env.update(RAY_TMPDIR=str(short), RAY_ENABLE_UV_RUN_RUNTIME_ENV="0", PYTHONPATH=str(short))
+    started = subprocess.run([str(ray_bin), "start", "--head", "--num-cpus", "1", "--include-dashboard", "false",
+                              "--disable-usage-stats"], capture_output=True, text=True, timeout=300, env=env)
+    try:
+        assert started.returncode == 0, started.stderr[-3000:]
+        assert (short / "ray" / "ray_current_cluster").is_file()  # the address a bare ray.init() would find
+        run, _ = blocks("rl-placement")
+        script = short / "readme.py"
+        script.write_text("\n\n".join(run))
+        out = subprocess.run([sys.executable, str(script)], cwd=short, capture_output=True, text=True, timeout=850,
+                             env=env)
+        assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
+    finally:
+        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, timeout=120, env=env)
+        shutil.rmtree(short, ignore_errors=True)
