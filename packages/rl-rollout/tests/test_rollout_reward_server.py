@@ -215,19 +215,46 @@ def test_a_slow_client_is_cut_by_the_whole_request_deadline(server):
     assert status == 408 and 1.4 < time.monotonic() - t0 < 4.0
 
 
-def test_connections_beyond_the_limit_get_503_and_slots_come_back(server):
-    idle = [raw(server.url) for _ in range(8)]  # hold every slot (each is cut at 1.5 s)
-    time.sleep(0.2)
+def _post_head(length: int, token: str | None = TOKEN) -> bytes:
+    auth = f"Authorization: Bearer {token}\r\n" if token else ""
+    return f"POST /score HTTP/1.1\r\n{auth}Content-Length: {length}\r\n\r\n".encode()
+
+
+def test_requests_beyond_the_limit_get_503_and_slots_come_back(server):
+    holding = [raw(server.url) for _ in range(8)]  # authorised requests whose bodies never come: every slot held
+    for s in holding:
+        s.sendall(_post_head(100))
+    time.sleep(0.3)
     try:
         with raw(server.url) as s:
-            s.sendall(b"GET /health HTTP/1.1\r\n\r\n")
+            s.sendall(_post_head(2) + b"{}")
             assert read_status(s) == 503
     finally:
-        for s in idle:
+        for s in holding:
             s.close()
     time.sleep(0.3)
     assert RemoteRewardClient(server.url, TOKEN).score(["p"], ["a"], ["a"]) == [1.0]
     assert server.counts[503] >= 1
+
+
+def test_idle_and_unauthenticated_connections_hold_no_slot(server):
+    """issue 40 finding 7: 70 idle connections without a token kept a client with the right token waiting 30 s
+    (the token was checked after a slot was taken). Now slots are taken after the token check: 9x the slots in
+    idle sockets and wrong-token requests, and an authorised client is answered at once."""
+    idle = [raw(server.url) for _ in range(64)]  # connected, sending nothing (8 slots)
+    wrong = [raw(server.url) for _ in range(8)]
+    for s in wrong:
+        s.sendall(_post_head(100, token="wrong"))
+    time.sleep(0.3)
+    try:
+        t0 = time.monotonic()
+        assert RemoteRewardClient(server.url, TOKEN, retries=0).score(["p"], ["a"], ["a"]) == [1.0]
+        assert time.monotonic() - t0 < 1.0
+        for s in wrong:
+            assert read_status(s) == 401
+    finally:
+        for s in idle + wrong:
+            s.close()
 
 
 # ----- load test: normal clients keep their latency ----------------------------------------------

@@ -28,9 +28,13 @@ Hardening (each a constructor argument, checked here and in the tests):
   last byte of the body: a client that trickles bytes gets 408 when it runs out, however
   often it sends. Scoring is not under it; the reply gets its own ``request_timeout_s``.
 - Connections are served by one event loop (a slow client costs a socket, not a
-  thread); at most ``max_connections`` at once, the next get 503 with ``Retry-After``.
-  Parsing and scoring run on a small thread pool. Memory is bounded by
-  ``max_connections x max_request_bytes``.
+  thread). A connection takes one of ``max_connections`` slots only once its headers are in
+  and its token checked: connections still sending headers, or without the token, hold none
+  (their own bound is 16 x ``max_connections``, past which new ones get 503), so idle or
+  unauthenticated clients cannot keep an authorised one waiting. A request past the slots
+  gets 503 with ``Retry-After``. Parsing and scoring run on a small thread pool. Memory is
+  bounded by ``max_connections x max_request_bytes`` (bodies) plus the pending connections'
+  headers (``max_header_bytes`` each).
 - Every parse error is a 400 with the reason (deeply nested JSON included), headers over
   ``max_header_bytes`` a 431, a body over ``max_request_bytes`` a 413, a batch over
   ``max_batch`` a 413, a body without ``Content-Length`` a 411; ``score_fn`` failing a 500.
@@ -117,7 +121,8 @@ class RewardServer:
         self._counts_lock = threading.Lock()
         self._pass_queries = _takes_queries(score_fn)
         self._score_lock = threading.Lock()
-        self._active = 0
+        self._active = 0  # requests past the token check, holding a slot (max_connections)
+        self._pending = 0  # connections still sending headers (16 x max_connections)
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
@@ -202,19 +207,22 @@ class RewardServer:
 
     # ----- one connection, one request -------------------------------------------------------
 
+    def _busy(self) -> dict:
+        return {"error": f"server busy: {self.max_connections} requests in progress (max_connections); retry shortly"}
+
     async def _connection(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        if self._active >= self.max_connections:
-            await self._send(writer, 503, {"error": f"server busy: {self.max_connections} connections in progress "
-                                                    "(max_connections); retry shortly"}, timeout=1.0,
-                             extra=("Retry-After: 1",))
+        if self._pending >= 16 * self.max_connections:
+            await self._send(writer, 503, self._busy(), timeout=1.0, extra=("Retry-After: 1",))
             writer.close()
             return
-        self._active += 1
+        self._pending += 1
+        held = [False]  # set by _request once the token is checked and a slot taken
         try:
-            reply = await self._request(reader, writer)
+            reply = await self._request(reader, writer, held)
             if reply is not None:
                 status, obj, unread = reply
-                await self._send(writer, status, obj, timeout=self.request_timeout_s)
+                await self._send(writer, status, obj, timeout=self.request_timeout_s,
+                                 extra=("Retry-After: 1",) if status == 503 else ())
                 if unread:
                     await self._linger(reader, writer, unread)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, OSError):
@@ -223,11 +231,15 @@ class RewardServer:
             logger.exception("reward server: request failed")
             await self._send(writer, 500, {"error": "internal error in the reward server (logged)"}, timeout=1.0)
         finally:
-            self._active -= 1
+            if held[0]:
+                self._active -= 1
+            else:
+                self._pending -= 1
             writer.close()
 
-    async def _request(self, reader, writer) -> tuple[int, dict, int] | None:
-        """``(status, body, unread body bytes)``; None when the client left before sending a request."""
+    async def _request(self, reader, writer, held: list[bool]) -> tuple[int, dict, int] | None:
+        """``(status, body, unread body bytes)``; None when the client left before sending a request. A request
+        past the token check moves from the pending connections to a slot (``held[0]`` set)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.request_timeout_s
         late = (408, {"error": f"request not received in full within request_timeout_s={self.request_timeout_s}"
@@ -260,6 +272,11 @@ class RewardServer:
                 return 401, {"error": "missing or wrong token; send 'Authorization: Bearer <token>'"}, length
         if head.path not in SCORE_PATHS:
             return 404, {"error": f"no such path {head.path!r}; POST {' or '.join(SCORE_PATHS)}"}, length
+        if self._active >= self.max_connections:
+            return 503, self._busy(), length
+        self._pending -= 1
+        self._active += 1
+        held[0] = True
         if length > self.max_request_bytes:
             return 413, {"error": f"request body of {length} bytes exceeds max_request_bytes="
                                   f"{self.max_request_bytes}; send smaller batches"}, length
