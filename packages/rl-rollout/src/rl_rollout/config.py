@@ -221,7 +221,8 @@ class RewardConfig:
     reward_timeout: float = field(default=30.0, metadata=meta(
         "seconds a --reward_fn call may take, with or without --reward_workers; a call past it gets "
         "--reward_fallback and counts as a timeout (a call still running after a quarter of it lets the next "
-        "sample start: hanging samples cost about one timeout per batch, not one each). Also bounds each "
+        "sample start, up to 4 x max(--reward_workers, 1) calls at once: H hanging samples of a batch cost about "
+        "ceil(H / that) timeouts, not H). Also bounds each "
         "batch call of a --remote_rm_url .py file"))
     reward_fallback: float = field(default=0.0, metadata=meta(
         "reward of a call that failed (raised, timed out, returned a non-number, NaN or inf); failures are "
