@@ -36,7 +36,7 @@ from rl_core.trainers import (
     TrainerConfig,
 )
 
-__version__ = "0.18.0"
+__version__ = "0.19.0"
 
 __all__ = [
     "LocalFactory", "RLModelConfig", "Run", "RunConfig", "build_run",
