@@ -350,3 +350,21 @@ def test_a_resume_with_another_learning_rate_applies_it_and_says_so(tiny, tmp_pa
     train(s3, engine3, batches(1, seed=5))  # and the optimizer steps with it
     assert engine3.lr_scheduler.base_lrs[0] == pytest.approx(1e-3)
     assert any((a != b).any() for a, b in zip(before, engine3.module.parameters(), strict=True))
+
+
+@pytest.mark.parametrize("stage", [0, 2])
+def test_training_steps_never_synchronise_the_device(tiny, monkeypatch, stage):
+    """DeepSpeed's throughput timer, on by default, synchronised the whole device at every forward and every
+    step() to time a figure nobody prints: on an H100 the host waited twice per micro-batch and the GPU idled
+    while the next one launched (docs/performance.md). The engines are built with it off: no synchronize() in a
+    training step (counted through DeepSpeed's accelerator, which every DeepSpeed sync goes through)."""
+    from deepspeed.accelerator import get_accelerator
+
+    s, engine = setup(tiny, stage, micro=2, steps=4)
+    assert not engine.tput_timer.config.enabled
+    calls = []
+    accel = get_accelerator()
+    real = accel.synchronize
+    monkeypatch.setattr(accel, "synchronize", lambda *a, **k: (calls.append(a), real(*a, **k))[1])
+    train(s, engine, batches(3, seed=1))  # steps 3 and later are past the timer's start_step
+    assert calls == []

@@ -441,6 +441,11 @@ class DeepSpeedStrategy:
             "zero_allow_untested_optimizer": True,
             "steps_per_print": 10**9,
             "wall_clock_breakdown": False,
+            # DeepSpeed's throughput timer (on by default) synchronises the whole device at every forward and every
+            # step() to time a samples/s figure nobody prints here: the host then waits for the GPU twice per
+            # micro-batch and the GPU idles while the next one is launched (a third of the policy's training call
+            # at the 0.5B shape on an H100, docs/performance.md)
+            "timers": {"throughput": {"enabled": False, "synchronized": False}},
         }
 
     def param_groups(self, model: nn.Module) -> list[dict]:
