@@ -66,7 +66,7 @@ def test_grpo_with_lora_trains_the_adapter_only_syncs_merged_weights_and_the_rew
     """Every sync is checked by the engine (verify: count, sum, sum of squares per HF tensor); after the run the
     engine holds exactly the merged policy, the base weights never moved, and the engine sampled from the
     distribution the policy scores (log-prob gap)."""
-    from rl_core.checkpoint import merge_lora_stream
+    from rl_core.hf_export import merge_lora_stream
 
     run = make(setup, tmp_path, advantage_estimator="group_norm", n_samples_per_prompt=8, max_iterations=12,
                max_epochs=2, init_kl_coef=0.001, use_kl_loss=True)

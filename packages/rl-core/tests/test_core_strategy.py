@@ -17,7 +17,8 @@ import pytest
 import torch
 
 from rl_algos import sft_loss
-from rl_core.checkpoint import CheckpointManager, export_hf
+from rl_core.checkpoint import CheckpointManager
+from rl_core.hf_export import export_hf
 from rl_core.models import Actor
 from rl_core.strategy import DeepSpeedStrategy, StrategyConfig
 from rl_rollout.testing import make_tiny_model

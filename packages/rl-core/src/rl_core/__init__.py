@@ -16,7 +16,8 @@ It never imports Ray or rl-placement: its loops talk to worker-group protocols.
 """
 
 from rl_core.attention import attention_implementation
-from rl_core.checkpoint import CheckpointManager, export_hf
+from rl_core.checkpoint import CheckpointManager
+from rl_core.hf_export import export_hf
 from rl_core.metrics import MetricsLogger
 from rl_core.models import Actor, ActorOutput, Critic, LoraSpec, RewardModel, frozen
 from rl_core.rl.build import LocalFactory, RLModelConfig, Run, RunConfig, build_run

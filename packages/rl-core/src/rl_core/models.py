@@ -538,7 +538,7 @@ class _ScalarHeadModel(nn.Module):
         state = state_dict if state_dict is not None else self.state_dict()
         body_state = {k[len("body."):]: v for k, v in state.items() if k.startswith("body.")}
         if hasattr(self.body, "peft_config"):  # LoRA: the merged body (transformers/vLLM load it), the adapter apart
-            from rl_core.checkpoint import merge_lora_state
+            from rl_core.hf_export import merge_lora_state
 
             self.body.save_pretrained(path / "adapter", state_dict=body_state, **kw)
             self.body.get_base_model().save_pretrained(path, state_dict=merge_lora_state(body_state,

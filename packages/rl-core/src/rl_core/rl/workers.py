@@ -12,7 +12,7 @@ together, so under ZeRO-3 each shard must hold the same number of items.
   with ``aux_loss_coef``), weight broadcast to the rollout engines (rank 0 sends, every rank gathers under
   ZeRO-3), checkpoints and HF export (of the EMA weights with ``enable_ema``: :mod:`rl_core.rl.ema`). With
   LoRA (``load_kw["lora"]``, peft) only the adapter trains and every sync path sends the merged weights
-  ``W + scale * B @ A`` under the base model's HF names (:func:`rl_core.checkpoint.merge_lora_stream`): the
+  ``W + scale * B @ A`` under the base model's HF names (:func:`rl_core.hf_export.merge_lora_stream`): the
   engines never see peft names.
 - :class:`CriticWorker`: values and the (clipped) value loss (a LoRA body too, as OpenRLHF's critic).
 - Both: ``ds_offload`` / ``ds_reload``, DeepSpeed sleep (:mod:`rl_core.rl.ds_sleep`).
@@ -391,7 +391,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         named = (nt for bucket in self.s.named_parameter_buckets(self.engine.module) for nt in hf_names(bucket))
         if self._lora is None or not merge:
             return named
-        from rl_core.checkpoint import merge_lora_stream
+        from rl_core.hf_export import merge_lora_stream
 
         return merge_lora_stream(named, self._lora)
 
@@ -496,7 +496,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
 
     def export(self, save_path: str, tokenizer_path: str | None = None) -> str:
         """The HF export of the policy, or of its EMA weights with ``enable_ema`` (as OpenRLHF's save_model)."""
-        from rl_core.checkpoint import export_hf
+        from rl_core.hf_export import export_hf
 
         tok = None
         if tokenizer_path:
@@ -582,7 +582,7 @@ class CriticWorker(DeepSpeedSleep, _Worker):
         return self._leader([self.s.all_reduce(sums, "sum")])
 
     def export(self, save_path: str, tokenizer_path: str | None = None) -> str:
-        from rl_core.checkpoint import export_hf
+        from rl_core.hf_export import export_hf
 
         return str(export_hf(self.s, self.engine, save_path))
 

@@ -35,10 +35,11 @@ from dataclasses import dataclass, field
 import torch
 from tqdm import tqdm
 
-from rl_core.checkpoint import CheckpointManager, export_hf
+from rl_core.checkpoint import CheckpointManager
 from rl_core.configs import CheckpointConfig, check_eval_set, from_flat
 from rl_core.data import pack_collate, pad_collate
 from rl_core.folder_lock import hold
+from rl_core.hf_export import export_hf
 from rl_core.metrics import LoggerConfig, MetricsLogger
 from rl_rollout.config import check_numbers, meta
 
