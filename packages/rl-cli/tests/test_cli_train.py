@@ -279,3 +279,30 @@ def test_sft_save_hf_ckpt_writes_an_hf_export_at_every_save_step(files, monkeypa
     with pytest.raises(SystemExit):
         run("sft", [*base, "--ckpt.save_hf"])
     assert "save_hf_ckpt (--save_hf_ckpt) writes an HF export at every --save_steps" in capsys.readouterr().err
+
+
+def test_sft_resume_skips_a_damaged_checkpoint_and_refuses_none_usable_before_the_model_loads(files, monkeypatch,
+                                                                                              capsys, caplog):
+    """issue 40: the trainers' checkpoints carry the manifest too; rl sft --load_checkpoint takes the newest that
+    verifies, and with none usable stops in one line before the model loads."""
+    monkeypatch.chdir(files)
+    base = ["--pretrain", "tiny", "--dataset", "sft.jsonl", "--input_key", "q", "--output_key", "a", *COMMON,
+            "--max_epochs", "1", "--ckpt.path", "ck-damaged", "--ckpt.save_steps", "1"]
+    assert run("sft", base) == 0
+    steps = sorted((files / "ck-damaged").glob("step_*"))
+    assert [p.name for p in steps] == ["step_00000001", "step_00000002"]
+    states = next(steps[1].rglob("*model_states.pt"))
+    states.write_bytes(states.read_bytes()[:100])
+    capsys.readouterr()
+    with caplog.at_level("WARNING", logger="rl_core.checkpoint"):
+        assert run("sft", [*base, "--ckpt.load"]) == 0  # resumed from step 1
+    assert re.search(r"step_00000002 cannot be resumed: ds/.*model_states.pt is 100 bytes", caplog.text), caplog.text
+    for step in (files / "ck-damaged").glob("step_*"):
+        (step / "rl_state.json").write_text("{")
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        run("sft", [*base, "--ckpt.load"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "Loading weights" not in err, err[-2000:]
+    assert re.search(r"rl sft: no checkpoint under ck-damaged can be resumed \(step_00000002: its rl_state.json does "
+                     r"not read .*; step_00000001: .*\): move the damaged folders away", err), err[-2000:]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from rl_cli.config import build_parser
 from rl_cli.errors import CliArgs, UserError, set_debug, user_errors
-from rl_cli.loading import describe, resolve
+from rl_cli.loading import resolve
 from rl_rollout.config import check_numbers, meta
 
 logger = logging.getLogger(__name__)
@@ -306,10 +306,11 @@ def run(name: str, argv: list[str] | None = None) -> int:
         if eval_ds is not None:
             print(f"[rl {name}] eval set: {eval_ds.report.summary()}")
         print(f"[rl {name}] {plan.describe()}", flush=True)
-    if getattr(args, "print_config", False):
-        if rank0:
-            print(describe(cfgs))
-        return 0
+    ck = cfgs["train"].ckpt
+    if ck.load_checkpoint and ck.ckpt_path:  # before the model loads: a damaged newest checkpoint skipped and named,
+        from rl_core.checkpoint import CheckpointManager  # a folder with none usable refused in one line
+
+        CheckpointManager(ck.ckpt_path, strategy, ck.max_ckpt_num, ck.max_ckpt_mem).usable()
     trainer = cmd.build(strategy, cfgs, tok, ds, cfgs["train"], eval_ds)
     losses = trainer.fit()
     if rank0:
