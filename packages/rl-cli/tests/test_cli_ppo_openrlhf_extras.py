@@ -184,8 +184,12 @@ def test_checkpoints_without_deepspeed_state_within_a_disk_budget_and_the_best_o
         assert not (d / "policy").exists()
     state = json.loads((ck / "iter_00000002" / "loop_state.json").read_text())
     assert state["best"] == {"key": "eval/pass@2", "value": evals[best - 1], "iteration": best}
-    with pytest.raises(ValueError, match=r"written with --disable_ds_ckpt: .*--pretrain .*iter_00000002/hf"):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:  # a user's input error: one line, exit 2
         main(["ppo", *argv(root, model, "best-resume", "--load_checkpoint", *with_eval(root), *common)])
+    assert e.value.code == 2
+    assert re.search(r"rl ppo: checkpoint .* was written with --disable_ds_ckpt: .*--pretrain .*iter_00000002/hf",
+                     capsys.readouterr().err)
 
 
 def test_stop_properly_penalty_scales_the_reward_of_truncated_samples(task):
