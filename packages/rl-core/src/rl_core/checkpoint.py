@@ -54,7 +54,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from rl_core.checkpoint_manifest import manifest, verify
+from rl_core.checkpoint_manifest import manifest, newest_usable, verify
 from rl_core.disk_space import named_if_full
 from rl_core.preflight import InputError
 
@@ -409,17 +409,7 @@ class CheckpointManager:
     def usable(self) -> Path | None:
         """The newest complete checkpoint whose files verify; each newer one skipped is named in a warning. None
         when there is none; an InputError (one line) when none of several verifies."""
-        skipped = []
-        for d in reversed(self.complete()):
-            wrong = self.problem(d)
-            if wrong is None:
-                return d
-            logger.warning("checkpoint %s cannot be resumed: %s; falling back to the previous one", d, wrong)
-            skipped.append(f"{d.name}: {wrong}")
-        if skipped:
-            raise InputError(f"no checkpoint under {self.root} can be resumed ({'; '.join(skipped)}): move the "
-                             f"damaged folders away to start over, or point --ckpt_path at a new folder")
-        return None
+        return newest_usable(self.complete(), self.problem, self.root, logger)
 
     def save(self, engine, step: int, client_state: dict) -> Path:
         """Collective: every rank calls it. ``client_state`` must be JSON-serialisable (data position...)."""

@@ -18,9 +18,13 @@ verifies before loading any model (``rl ppo``) and again at resume reads the fil
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
+from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from rl_core.preflight import InputError
 
 _CHUNK = 1 << 24
 _checked: dict[tuple[str, int, int], str | None] = {}  # (folder, marker size, marker mtime_ns) -> verdict
@@ -79,4 +83,22 @@ def _verify(folder: Path, files: dict[str, list]) -> str | None:
         saved = entry[1] if len(entry) > 1 else None
         if digest != saved:
             return f"{rel} has other contents than when saved (sha256 {digest[:12]}, saved {str(saved)[:12]})"
+    return None
+
+
+def newest_usable(folders: Sequence[Path], problem: Callable[[Path], str | None], root: Path,
+                  log: logging.Logger) -> Path | None:
+    """The newest of ``folders`` (committed checkpoints, oldest first) for which ``problem`` says nothing; each
+    newer one skipped is named in a warning with what is wrong. None when there are none; an InputError (one
+    line, every skipped folder and its problem) when there are some and none is usable."""
+    skipped = []
+    for d in reversed(folders):
+        wrong = problem(d)
+        if wrong is None:
+            return d
+        log.warning("checkpoint %s cannot be resumed: %s; falling back to the previous one", d, wrong)
+        skipped.append(f"{d.name}: {wrong}")
+    if skipped:
+        raise InputError(f"no checkpoint under {root} can be resumed ({'; '.join(skipped)}): move the damaged "
+                         f"folders away to start over, or point --ckpt_path at a new folder")
     return None

@@ -53,7 +53,7 @@ from pathlib import Path
 from typing import Any
 
 from rl_core.checkpoint import atomic_write_text, check_max_gb, folder_bytes, fsync_dir, fsync_tree, prune
-from rl_core.checkpoint_manifest import manifest, verify
+from rl_core.checkpoint_manifest import manifest, newest_usable, verify
 from rl_core.disk_space import named_if_full
 from rl_core.preflight import InputError
 
@@ -119,17 +119,7 @@ class RLCheckpoints:
         """The newest committed folder whose files verify (:meth:`problem`); each newer one skipped is named in a
         warning with what is wrong with it. None when there is none; a ValueError (one line) when there are
         committed folders and none verifies."""
-        skipped = []
-        for d in reversed(self.complete()):
-            wrong = self.problem(d)
-            if wrong is None:
-                return d
-            logger.warning("checkpoint %s cannot be resumed: %s; falling back to the previous one", d, wrong)
-            skipped.append(f"{d.name}: {wrong}")
-        if skipped:
-            raise InputError(f"no checkpoint under {self.root} can be resumed ({'; '.join(skipped)}): move the damaged "
-                             f"folders away to start over, or point --ckpt_path at a new folder")
-        return None
+        return newest_usable(self.complete(), self.problem, self.root, logger)
 
     def remove_incomplete(self) -> list[Path]:
         """Delete the folders without a marker (saves that did not finish), each with a log line."""
