@@ -65,10 +65,17 @@ def closed_port() -> int:
         return s.getsockname()[1]  # nothing listens once the socket closes
 
 
+def own_env() -> dict:
+    """This process's environment less torch.distributed's settings: a run in a subprocess starts its own group
+    (an earlier in-process test's MASTER_PORT is still held by this process's store)."""
+    dist = {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"}
+    return {k: v for k, v in os.environ.items() if k not in dist}
+
+
 def rl(*argv, env=None, timeout=300):
     t0 = time.monotonic()
     out = subprocess.run([sys.executable, "-m", "rl_cli.main", *argv], capture_output=True, text=True,
-                         timeout=timeout, env=env)
+                         timeout=timeout, env=own_env() if env is None else env)
     return out, time.monotonic() - t0
 
 
@@ -331,7 +338,7 @@ def test_sigterm_and_ctrl_c_stop_rl_ppo_in_one_line_saying_where_the_run_stood(t
     proc = subprocess.Popen([sys.executable, "-m", "rl_cli.main", "ppo",
                              *ppo_argv(root, model, "--max_iterations", "200", "--save_steps", "1", "--ckpt_path",
                                        str(ck), run=f"stop_{sig}")],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=own_env())
     try:
         deadline = time.monotonic() + 240
         while not (ck / "iter_00000001" / "COMPLETE").exists():
