@@ -72,7 +72,7 @@ def main() -> None:
         half = args.seq_len // 2
         items = [make_item(list(range(3, 3 + half)), list(range(3, 3 + half))) for _ in range(args.items)]
         for it in items:
-            it["advantages"] = torch.tensor(it["loss_mask"], dtype=torch.float32)
+            it.advantages_T = torch.tensor(it.loss_mask_T, dtype=torch.float32)
         out[f"train_step_s{'_ema' if ema else ''}"] = timed(lambda: w.train(items, on_policy=True), w.s.device,
                                                             args.repeats)
         if ema:

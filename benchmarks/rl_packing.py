@@ -65,7 +65,7 @@ def response_lengths(n: int, max_len: int, seed: int = 0, full: bool = False) ->
     return out
 
 
-def make_items(n: int, prompt_len: int, max_len: int, vocab: int, seed: int = 0, full: bool = False) -> list[dict]:
+def make_items(n: int, prompt_len: int, max_len: int, vocab: int, seed: int = 0, full: bool = False) -> list:
     from rl_core.rl import make_item
 
     g = torch.Generator().manual_seed(seed)
@@ -73,7 +73,7 @@ def make_items(n: int, prompt_len: int, max_len: int, vocab: int, seed: int = 0,
     for r in response_lengths(n, max_len, seed, full):
         ids = torch.randint(5, vocab, (prompt_len + r,), generator=g).tolist()
         it = make_item(ids[:prompt_len], ids[prompt_len:])
-        it["advantages"] = torch.tensor(it["loss_mask"], dtype=torch.float32) * torch.randn(len(ids), generator=g)
+        it.advantages_T = torch.tensor(it.loss_mask_T, dtype=torch.float32) * torch.randn(len(ids), generator=g)
         items.append(it)
     return items
 
@@ -82,7 +82,7 @@ def computed_tokens(worker, items, train: bool) -> int:
     """Tokens the forwards process, padding included."""
     total = 0
     for idx in worker._micro_batches(items, train=train):
-        lengths = [len(items[i]["input_ids"]) for i in idx]
+        lengths = [items[i].T for i in idx]
         total += sum(lengths) if worker.packing else len(lengths) * max(lengths)
     return total
 
@@ -134,7 +134,7 @@ def main() -> None:
     model = make_tiny_model(work / "model", **PRESETS[args.preset], vocab_size=vocab,
                             max_position_embeddings=max(2048, 2 * (args.prompt_len + args.max_len)))
     items = make_items(args.samples, args.prompt_len, args.max_len, vocab, full=args.lengths == "full")
-    longest = max(len(it["input_ids"]) for it in items)
+    longest = max(it.T for it in items)
     budgets = args.budget or [args.micro * longest, longest]
     default_attn = attention_implementation()
     # packed sides default to what rl ppo --packing_samples runs (torch_varlen on CUDA in bf16, else sdpa)
@@ -144,7 +144,7 @@ def main() -> None:
             attention_implementation(a)
         except ValueError as e:
             raise SystemExit(f"--attn_implementation: {e}") from None
-    real = sum(len(it["input_ids"]) for it in items)
+    real = sum(it.T for it in items)
     s = StrategyConfig(zero_stage=0, bf16=bf16, micro_train_batch_size=args.micro, train_batch_size=args.samples,
                        learning_rate=1e-7, lr_warmup_ratio=0.0, lr_scheduler="constant")
     c = PPOConfig(max_epochs=1)
@@ -163,7 +163,7 @@ def main() -> None:
     gap = max((a - b).abs().max().item() for side in workers if side != "padded"
               for a, b in zip(logprobs["padded"], logprobs[side], strict=True))
     for it, lp in zip(items, logprobs["padded"], strict=True):
-        it["old_logprobs"] = lp
+        it.old_logprobs_T = lp
     for w in workers.values():  # the first step allocates the optimizer state and the autograd kernels
         w.train(items)
     times: dict[str, list[float]] = {f"{side}/{phase}": [] for side in workers for phase in ("logprobs", "train")}
@@ -174,7 +174,7 @@ def main() -> None:
                 w.logprobs(items) if phase == "logprobs" else w.train(items)
                 times[f"{side}/{phase}"].append(clock() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
-    resp = [len(it["input_ids"]) - args.prompt_len for it in items]
+    resp = [it.T - args.prompt_len for it in items]
     result = {
         "device": str(dev), "dtype": "bf16" if bf16 else "fp32", "preset": args.preset,
         "attention": {"padded": default_attn, "packed": attns}, "samples": args.samples, "prompt_len": args.prompt_len,

@@ -203,11 +203,11 @@ def main() -> None:
         sync(dev)
         g0 = time.perf_counter()
         for k in range(0, G, args.micro_train_batch_size):
-            x, a = b["input_ids"][k:k + args.micro_train_batch_size].to(dev), b["attention_mask"][k:k + args.micro_train_batch_size].to(dev)
-            m = b["loss_mask"][k:k + args.micro_train_batch_size].to(dev)
+            x, a = b.input_ids_BT[k:k + args.micro_train_batch_size].to(dev), b.attention_mask_BT[k:k + args.micro_train_batch_size].to(dev)
+            m = b.loss_mask_BT[k:k + args.micro_train_batch_size].to(dev)
             logits = plain(input_ids=x, attention_mask=a, use_cache=False).logits[:, :-1]
             lp = torch.nn.functional.pad(logprobs_from_logits(logits, x[:, 1:]), (1, 0))
-            out = policy_loss(lp, lp.detach(), torch.ones_like(lp), m, global_tokens=b["loss_mask"].sum())
+            out = policy_loss(lp, lp.detach(), torch.ones_like(lp), m, global_tokens=b.loss_mask_BT.sum())
             out.loss.backward()
         torch.nn.utils.clip_grad_norm_(plain.parameters(), 1.0)
         opt.step()
@@ -240,7 +240,7 @@ def main() -> None:
         print(f"{k[:-2]:<16}{mean[k]:>10.3f}{mean[k] / mean['iteration_s']:>8.1%}")
     print(f"generate: {tokens / mean['generate_s']:.0f} tok/s; plain model.generate {gen_base:.3f} s "
           f"-> ratio {mean['generate_s'] / gen_base:.3f}")
-    train_tokens = b["input_ids"].numel()  # the plain loop's rows: G x (longest prompt + L), padded
+    train_tokens = b.input_ids_BT.numel()  # the plain loop's rows: G x (longest prompt + L), padded
     print(f"policy train: plain PyTorch loop {train_base:.3f} s ({train_tokens / train_base:.0f} padded tokens/s) "
           f"-> ratio {mean['policy_train_s'] / train_base:.3f}{'; liger kernels on both' * args.use_liger_kernel}")
     print(f"sync: {sync_bytes / 1e9:.3f} GB in {mean['sync_s']:.4f} s = {sync_gbps:.2f} GB/s; a device copy of the "

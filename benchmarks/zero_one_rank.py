@@ -71,7 +71,7 @@ def main() -> None:
                                    load_kw={"dtype": "bf16" if cuda else "fp32"})
     strategy_mod._coalescible = coalescible
     for it, lp in zip(items, sides["zero0"].logprobs(items), strict=True):
-        it["old_logprobs"] = lp
+        it.old_logprobs_T = lp
     for w in sides.values():  # warm-up
         w.train(items)
     times = {name: [] for name in sides}
@@ -90,7 +90,7 @@ def main() -> None:
 
     base, base_min = statistics.median(times["zero0"]), min(times["zero0"])
     ref = flat(sides["zero0"])
-    tokens = sum(len(it["input_ids"]) for it in items)
+    tokens = sum(it.T for it in items)
     print(f"{args.device}, preset {args.preset}, {args.samples} rows x {args.prompt_len}+{args.response_len} tokens "
           f"({tokens} per step), micro-batch {args.micro}, {'bf16' if cuda else 'fp32'}, median of {args.repeats}")
     for name, t in times.items():

@@ -41,8 +41,8 @@ def test_step_rewards_land_on_each_turns_last_token_and_the_returns_follow():
     scalar = totals - placed  # what stays in the score: the last turn's reward
     assert scalar.tolist() == [1.0, 0.0, 0.75]
     b_ = collate(items, 0, ("turn_rewards",))
-    mask = b_["loss_mask"].float()
-    tr = b_["turn_rewards"]
+    mask = b_.loss_mask_BT.float()
+    tr = b_.token("turn_rewards")
     # a: prompt 3, turn 1 at response 0..2 -> last token at 3+1; turn 2 at 4..7 -> last token 3+6
     assert tr[0].nonzero().flatten().tolist() == [4, 9] and tr[0, [4, 9]].tolist() == [0.5, -0.25]
     assert tr[1].nonzero().flatten().tolist() == [2] and tr[1, 2].item() == 2.0  # b: turn 1's last token

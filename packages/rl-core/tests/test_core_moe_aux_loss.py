@@ -209,7 +209,7 @@ def test_a_ppo_policy_step_adds_coef_times_the_router_loss_of_each_micro_batch(m
     items = []
     for p, r in ((3, 4), (5, 2), (2, 6), (4, 4)):
         it = make_item(*(torch.randint(10, 100, (n,), generator=g).tolist() for n in (p, r)))
-        it["old_logprobs"] = it["advantages"] = torch.zeros(p + r)
+        it.old_logprobs_T = it.advantages_T = torch.zeros(p + r)
         items.append(it)
     groups = w._micro_batches(items, train=True)
     assert sorted(len(x) for x in groups) == ([1, 1, 2] if packing else [2, 2])
@@ -217,7 +217,7 @@ def test_a_ppo_policy_step_adds_coef_times_the_router_loss_of_each_micro_batch(m
     hf = AutoModelForCausalLM.from_pretrained(moe, dtype=torch.float32)
     expected_aux = 0.0
     for idx in groups:
-        ids = [items[i]["input_ids"] for i in idx]
+        ids = [items[i].input_ids_T for i in idx]
         if packing:  # one row, positions restarting per sequence, every token real
             row = torch.tensor([t for x in ids for t in x])[None]
             pos = torch.cat([torch.arange(len(x)) for x in ids])[None]

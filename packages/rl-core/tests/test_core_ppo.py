@@ -15,6 +15,7 @@ from rl_core.preflight import InputError
 from rl_core.rl import (
     CriticObjective,
     CriticWorker,
+    Experience,
     LocalGroup,
     PolicyObjective,
     PolicyWorker,
@@ -89,14 +90,42 @@ def test_dp_order_gives_every_rank_its_slice_of_each_global_batch():
 def test_items_pad_and_cut_back_to_their_lengths():
     a = make_item([5, 6], [7, 8, 9], [1, 1, 0], rollout_logprobs=[-0.1, -0.2, -0.3])
     b = make_item([5], [7])
-    batch = collate([a, b], pad_id=0, keys=("rollout_logprobs",))
-    assert batch["input_ids"].tolist() == [[5, 6, 7, 8, 9], [5, 7, 0, 0, 0]]
-    assert batch["loss_mask"].tolist() == [[0, 0, 1, 1, 0], [0, 1, 0, 0, 0]]
-    assert batch["attention_mask"].sum(1).tolist() == [5, 2]
-    torch.testing.assert_close(batch["rollout_logprobs"][0, 2:], torch.tensor([-0.1, -0.2, -0.3]))
-    assert [len(r) for r in rows(batch["input_ids"].float(), [a, b])] == [5, 2]
+    batch = collate([a, b], pad_id=0, fields=("rollout_logprobs",))
+    assert batch.input_ids_BT.tolist() == [[5, 6, 7, 8, 9], [5, 7, 0, 0, 0]]
+    assert batch.loss_mask_BT.tolist() == [[0, 0, 1, 1, 0], [0, 1, 0, 0, 0]]
+    assert batch.attention_mask_BT.sum(1).tolist() == [5, 2]
+    torch.testing.assert_close(batch.token("rollout_logprobs")[0, 2:], torch.tensor([-0.1, -0.2, -0.3]))
+    assert batch.token("rollout_logprobs")[1].abs().sum() == 0  # b has none: zeros
+    assert [len(r) for r in rows(batch.input_ids_BT.float(), [a, b])] == [5, 2]
     with pytest.raises(ValueError, match="3 rollout logprobs for 2 response tokens"):
         make_item([1], [2, 3], rollout_logprobs=[0.0, 0.0, 0.0])
+
+
+def test_experience_record_is_typed_checked_and_picklable():
+    """Items are typed records (shape-suffixed fields): a misspelt field, a wrong length or a field the batch
+    was not collated with fail loudly, and a record survives pickling as it does on its way to a Ray actor."""
+    import pickle
+
+    it = make_item([5, 6], [7, 8, 9])
+    assert (it.T, it.prompt_len, it.loss_mask_T) == (5, 2, [0, 0, 1, 1, 1])
+    with pytest.raises(TypeError, match="not subscriptable"):
+        it["advantages"]  # the dict items of rl-core <= 0.19
+    with pytest.raises(AttributeError):
+        it.advantage_T = torch.zeros(5)  # slots: a misspelt field is an error, not a new key
+    with pytest.raises(ValueError, match="advantages_T has 4 values for a 5-token item"):
+        it.set_token("advantages", torch.zeros(4))
+    with pytest.raises(ValueError, match="3 loss-mask entries for 2 tokens"):
+        Experience(input_ids_T=[1, 2], prompt_len=1, loss_mask_T=[0, 1, 1])
+    it.set_token("advantages", torch.arange(5.0))
+    back = pickle.loads(pickle.dumps(it))
+    assert back.input_ids_T == it.input_ids_T and torch.equal(back.advantages_T, it.advantages_T)
+    batch = collate([it, back], pad_id=0, fields=("advantages",))
+    with pytest.raises(KeyError, match="collated without 'values'"):
+        batch.token("values")
+    with pytest.raises(ValueError, match="no per-token field 'value'"):
+        collate([it], pad_id=0, fields=("value",))  # type: ignore[arg-type]
+    moved = batch.to(lambda t: t * 2)
+    assert moved.values_BT is None and moved.advantages_BT.tolist()[0] == [0, 2, 4, 6, 8]
 
 
 def test_ppo_with_a_critic_trains_syncs_bit_exact_weights_and_logs(setup, tmp_path):
@@ -126,11 +155,11 @@ def test_the_critic_fits_the_returns_it_is_trained_on(setup):
     critic = CriticWorker(s, model, CriticObjective.of(c), 20, load_kw={"dtype": "fp32"}, pad_id=tok.pad_token_id)
     items = [make_item(tok.encode(f"Repeat the letter {x}: "), tok.encode(x * 4)) for x in LETTERS]
     for it, target in zip(items, (1.0, -1.0, 0.5, 0.0), strict=True):
-        it["values"] = critic.values([it])[0]
-        it["returns"] = torch.tensor(it["loss_mask"], dtype=torch.float32) * target
+        it.values_T = critic.values([it])[0]
+        it.returns_T = torch.tensor(it.loss_mask_T, dtype=torch.float32) * target
     def error():
         v = critic.values(items)
-        return sum(((v[i] - it["returns"])[torch.tensor(it["loss_mask"]).bool()] ** 2).mean().item()
+        return sum(((v[i] - it.returns_T)[torch.tensor(it.loss_mask_T).bool()] ** 2).mean().item()
                    for i, it in enumerate(items)) / len(items)
 
     before = error()
@@ -318,7 +347,7 @@ def test_deepspeed_sleep_offloads_and_reloads_every_iteration_without_changing_t
                        lr_warmup_ratio=0.0, lr_scheduler="constant")
     items = [make_item(tok.encode(f"Repeat the letter {x}: "), tok.encode(x * 4)) for x in LETTERS]
     for it in items:
-        it["values"], it["returns"] = torch.zeros(len(it["loss_mask"])), torch.tensor(it["loss_mask"]).float()
+        it.values_T, it.returns_T = torch.zeros(len(it.loss_mask_T)), torch.tensor(it.loss_mask_T).float()
     losses = {}
     for on in (False, True, "optimizer_only"):  # async training's sleep keeps the weights: forwards run meanwhile
         critic = CriticWorker(s, model, CriticObjective.of(PPOConfig()), 4, load_kw={"dtype": "fp32"},

@@ -28,7 +28,7 @@ def batch(step: int) -> list[dict]:
     out = []
     for p, r in ((3, 4), (5, 2), (2, 6), (4, 4)):
         it = make_item(*(torch.randint(3, 128, (n,), generator=g).tolist() for n in (p, r)))
-        it["advantages"] = torch.tensor(it["loss_mask"], dtype=torch.float32) * torch.randn(p + r, generator=g)
+        it.advantages_T = torch.tensor(it.loss_mask_T, dtype=torch.float32) * torch.randn(p + r, generator=g)
         out.append(it)
     return out
 

@@ -79,8 +79,8 @@ def test_dr_grpo_divides_by_the_generation_budget_not_the_padded_length(setup):
     lengths, adv = [3, 5, 2, 6], [1.0, -0.5, 2.0, 0.25]
     items = [make_item(tok.encode(f"Repeat the letter {x}: "), tok.encode(x * n)) for x, n in zip("abcd", lengths)]
     for it, lp, a in zip(items, w.logprobs(items), adv, strict=True):
-        it["old_logprobs"] = lp
-        it["advantages"] = torch.tensor(it["loss_mask"], dtype=torch.float32) * a
+        it.old_logprobs_T = lp
+        it.advantages_T = torch.tensor(it.loss_mask_T, dtype=torch.float32) * a
     got = w.train(items)[0]["policy_loss"]
     want = -sum(a * n for a, n in zip(adv, lengths)) / len(adv) / 16
     assert got == pytest.approx(want, rel=1e-5, abs=1e-7)  # padded length here is 24, not 16

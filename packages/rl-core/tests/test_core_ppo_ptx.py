@@ -57,15 +57,15 @@ def test_a_policy_step_adds_coef_times_the_nll_of_a_pretraining_micro_batch(tiny
     w = PolicyWorker(s, tiny, PolicyObjective(ptx_coef=COEF), 1, load_kw={"dtype": "fp32"}, ptx=ptx)
     items = [make_item(rand(p), rand(r)) for p, r in ((3, 4), (5, 2), (2, 6), (4, 4))]
     for it, old in zip(items, w.logprobs(items), strict=True):
-        it["old_logprobs"], it["advantages"] = old, torch.randn(len(old), generator=g)
+        it.old_logprobs_T, it.advantages_T = old, torch.randn(len(old), generator=g)
     assert [len(x) for x in w._micro_batches(items, train=True)] == [2, 2]
 
     hf = AutoModelForCausalLM.from_pretrained(tiny, dtype=torch.float32)
-    total = sum(sum(it["loss_mask"]) for it in items)
+    total = sum(sum(it.loss_mask_T) for it in items)
     loss = 0.0
     for it in items:
-        lp, m = _logprobs(hf, it["input_ids"]), torch.tensor(it["loss_mask"])
-        loss = loss - (it["advantages"] * (lp - it["old_logprobs"]).exp() * m).sum() / total
+        lp, m = _logprobs(hf, it.input_ids_T), torch.tensor(it.loss_mask_T)
+        loss = loss - (it.advantages_T * (lp - it.old_logprobs_T).exp() * m).sum() / total
     nlls = []
     for batch in ((0, 1), (2, 0)):
         lps = [_logprobs(hf, ptx[i]["input_ids"].tolist()) * ptx[i]["loss_mask"] for i in batch]
@@ -98,7 +98,7 @@ def test_a_resumed_policy_continues_the_pretraining_rows_where_the_checkpoint_le
     items = [make_item(rand(3), rand(4)), make_item(rand(5), rand(2))]
     ran = make()
     for it, old in zip(items, ran.logprobs(items), strict=True):
-        it["old_logprobs"], it["advantages"] = old, torch.randn(len(old), generator=g)
+        it.old_logprobs_T, it.advantages_T = old, torch.randn(len(old), generator=g)
     ran.train(items)
     ran.save_checkpoint(str(tmp_path / "policy"))
     resumed = make()

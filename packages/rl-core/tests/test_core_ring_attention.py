@@ -54,9 +54,9 @@ def items_of():
     for p, r in LENGTHS:
         ids = torch.randint(3, 128, (p + r,), generator=g).tolist()
         it = make_item(ids[:p], ids[p:])
-        it["advantages"] = torch.tensor(it["loss_mask"], dtype=torch.float32) * torch.randn(p + r, generator=g)
-        it["values"] = torch.randn(p + r, generator=g) * 0.1
-        it["returns"] = torch.randn(p + r, generator=g)
+        it.advantages_T = torch.tensor(it.loss_mask_T, dtype=torch.float32) * torch.randn(p + r, generator=g)
+        it.values_T = torch.randn(p + r, generator=g) * 0.1
+        it.returns_T = torch.randn(p + r, generator=g)
         out.append(it)
     return out
 
@@ -81,8 +81,8 @@ def run_roles(s: StrategyConfig, tiny: str, rm: str, attn: str | None, packing: 
     out = {"logprobs": policy.logprobs(items)}  # [] on a ring group's second rank
     full = policy._forward_items(lambda **x: policy.engine(**x).logprobs, items)  # every rank: the whole rows
     for it, lp in zip(items, full, strict=True):
-        it["old_logprobs"] = lp.clone()
-        it["ref_logprobs"] = lp - 0.01
+        it.old_logprobs_T = lp.clone()
+        it.ref_logprobs_T = lp - 0.01
     out["policy_metrics"] = policy.train(items, kl_coef=0.01)
     out["policy"] = params(policy)
     critic = CriticWorker(s, tiny, CriticObjective.of(c), 1, **kw)

@@ -12,6 +12,7 @@ import torch
 
 from rl_core.rl import CriticObjective, CriticWorker, PolicyObjective, PolicyWorker, make_item
 from rl_core.rl.batching import MicroBatchConfig, ModelInputs, _cost, over_budget, plan_micro_batches, split_to
+from rl_core.rl.experience import sequence
 from rl_core.strategy import StrategyConfig
 from rl_core.trainers.ppo import PPOConfig
 
@@ -42,7 +43,7 @@ def test_a_budget_groups_items_under_it_and_puts_a_longer_item_alone():
 
 
 def test_packed_rows_map_back_to_the_padded_layout():
-    items = [{"input_ids": [1, 2, 3]}, {"input_ids": [4]}, {"input_ids": [5, 6]}]
+    items = [sequence(ids, [1] * len(ids)) for ids in ([1, 2, 3], [4], [5, 6])]
     x = ModelInputs.of(items, 0, True, "cpu")
     assert x.kwargs["position_ids"].tolist() == [[0, 1, 2, 0, 0, 1]] and "attention_mask" not in x.kwargs
     assert x.rows(x.kwargs["input_ids"]).tolist() == [[1, 2, 3], [4, 0, 0], [5, 6, 0]]
@@ -61,9 +62,9 @@ def items_of(lengths=LENGTHS, seed=0):
     for p, r in lengths:
         ids = torch.randint(3, 128, (p + r,), generator=g).tolist()
         it = make_item(ids[:p], ids[p:])
-        it["advantages"] = torch.tensor(it["loss_mask"], dtype=torch.float32) * torch.randn(p + r, generator=g)
-        it["values"] = torch.randn(p + r, generator=g) * 0.1
-        it["returns"] = torch.randn(p + r, generator=g)
+        it.advantages_T = torch.tensor(it.loss_mask_T, dtype=torch.float32) * torch.randn(p + r, generator=g)
+        it.values_T = torch.randn(p + r, generator=g) * 0.1
+        it.returns_T = torch.randn(p + r, generator=g)
         out.append(it)
     return out
 
@@ -89,7 +90,7 @@ def test_packed_forwards_give_the_padded_logprobs_and_values(tiny):
                         CriticWorker(s, tiny, CriticObjective.of(c), 1, **kw).values(items))
     for kind in (0, 1):
         for it, a, b in zip(items, got[False][kind], got[True][kind], strict=True):
-            assert a.shape == b.shape == (len(it["input_ids"]),)
+            assert a.shape == b.shape == (it.T,)
             torch.testing.assert_close(b, a, atol=1e-5, rtol=0)
     assert any(a.abs().sum() > 0 for a in got[False][0])
 
@@ -111,8 +112,8 @@ def test_a_packed_budgeted_train_step_gives_the_padded_loss_and_weights(tiny, lo
         w = PolicyWorker(s, tiny, PolicyObjective.of(c), 1, **kw)
         before = params(w)
         for it, lp in zip(items, w.logprobs(items), strict=True):
-            it["old_logprobs"] = lp.clone()
-            it["ref_logprobs"] = lp - 0.01
+            it.old_logprobs_T = lp.clone()
+            it.ref_logprobs_T = lp - 0.01
         if budget:
             groups = w._micro_batches(items, train=True)
             assert len(groups) != 4  # the budget made another grouping
@@ -142,7 +143,7 @@ def _rank(rank: int, port: int, tiny: str, out: str) -> None:
     w = PolicyWorker(strategy(8, lr=1e-4), tiny, PolicyObjective(), 1, load_kw={"dtype": "fp32"},
                      packing=True, batching=MicroBatchConfig(max_tokens_per_gpu=40))
     for it, lp in zip(mine, w.logprobs(mine), strict=True):
-        it["old_logprobs"] = lp.clone()
+        it.old_logprobs_T = lp.clone()
     w.train(mine)
     torch.save({"groups": len(w._micro_batches(mine, train=True)), "params": params(w)}, out.format(rank))
 
@@ -163,7 +164,7 @@ def test_two_ranks_with_unequal_micro_batch_counts_step_like_one_rank(tiny, tmp_
     items = items_of()
     w = PolicyWorker(strategy(8, lr=1e-4), tiny, PolicyObjective(), 1, load_kw={"dtype": "fp32"})
     for it, lp in zip(items, w.logprobs(items), strict=True):
-        it["old_logprobs"] = lp.clone()
+        it.old_logprobs_T = lp.clone()
     w.train(items)
     one = params(w)
     for n in one:
@@ -181,6 +182,6 @@ def test_the_kl_loss_without_a_reference_is_not_measured(tiny):
         assert objective.kl_loss is None  # no reference: no KL term, whatever --use_kl_loss says
         w = PolicyWorker(strategy(4, lr=1e-4), tiny, objective, 1, load_kw={"dtype": "fp32"})
         for it, lp in zip(items, w.logprobs(items), strict=True):
-            it["old_logprobs"] = lp.clone()
+            it.old_logprobs_T = lp.clone()
         out[kl] = w.train(items, kl_coef=0.0)[0]
     assert out[True]["kl_loss"] == 0.0 and out[True]["policy_loss"] == pytest.approx(out[False]["policy_loss"])

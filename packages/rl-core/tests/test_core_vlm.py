@@ -59,14 +59,14 @@ def test_actor_log_probs_of_image_prompts_equal_the_engines_with_multimodal_rope
             assert IMG not in s.response_ids
             it = make_item(s.prompt_ids, s.response_ids, s.loss_mask, s.rollout_logprobs)
             if r.multi_modal_data:
-                it["image_inputs"] = image_inputs(ip, r.multi_modal_data["image"])
+                it.image_inputs = image_inputs(ip, r.multi_modal_data["image"])
             items.append(it)
 
     def gap(**extra):
         x = ModelInputs.of(items, PAD, False, "cpu", images=True)
         with torch.no_grad():
             lp = Actor(model)(**x.kwargs, **extra).logprobs
-        return max((lp[b, it["prompt_len"]:len(it["input_ids"])] - it["rollout_logprobs"][it["prompt_len"]:])
+        return max((lp[b, it.prompt_len:it.T] - it.rollout_logprobs_T[it.prompt_len:])
                    .abs().max().item() for b, it in enumerate(items))
 
     assert gap() < 1e-4

@@ -37,7 +37,7 @@ from rl_core.trainers import (
     TrainerConfig,
 )
 
-__version__ = "0.19.0"
+__version__ = "0.20.0"
 
 __all__ = [
     "LocalFactory", "RLModelConfig", "Run", "RunConfig", "build_run",

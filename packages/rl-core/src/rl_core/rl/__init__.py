@@ -1,6 +1,7 @@
 """The RL loop's moving parts, apart from the loop itself (:mod:`rl_core.trainers.ppo`).
 
-- :mod:`rl_core.rl.experience`: per-sample experience items, padding, data-parallel order.
+- :mod:`rl_core.rl.experience`: the typed per-sample record (:class:`Experience`), its padded batch, data-parallel
+  order.
 - :mod:`rl_core.rl.batching`: micro-batches (sequence counts or token budgets, equal over ranks), padded
   or packed rows.
 - :mod:`rl_core.rl.workers`: one class per role rank (policy, critic, reference, reward model).
@@ -15,7 +16,7 @@
 """
 
 from rl_core.rl.batching import MicroBatchConfig, plan_micro_batches
-from rl_core.rl.experience import collate, dp_order, make_item, rows
+from rl_core.rl.experience import Experience, ExperienceBatch, collate, dp_order, make_item, rows
 from rl_core.rl.frozen_workers import ReferenceWorker, RewardModelWorker
 from rl_core.rl.groups import (
                                BroadcastWeightSync,
@@ -30,7 +31,8 @@ from rl_core.rl.groups import (
 from rl_core.rl.objectives import CriticObjective, PolicyObjective
 from rl_core.rl.workers import CriticWorker, PolicyWorker, hf_names
 
-__all__ = ["BroadcastWeightSync", "CriticObjective", "CriticWorker", "DirectWeightSync", "EngineFailure", "GroupRollout",
+__all__ = ["BroadcastWeightSync", "CriticObjective", "CriticWorker", "DirectWeightSync", "EngineFailure", "Experience",
+           "ExperienceBatch", "GroupRollout",
            "IpcWeightSync", "LocalGroup", "MicroBatchConfig", "PolicyObjective", "PolicyWorker", "ReferenceWorker",
            "RewardModelWorker", "WorkerGroup",
            "collate", "concurrently", "dp_order", "hf_names", "make_item", "plan_micro_batches", "rows"]

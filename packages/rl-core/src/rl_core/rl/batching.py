@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rl_core.data.collate import pack_greedy
-from rl_core.rl.experience import collate
+from rl_core.rl.experience import Experience, collate
 from rl_rollout.config import check_numbers, meta
 
 
@@ -198,24 +198,23 @@ class ModelInputs:
     _slots: torch.Tensor | None = field(default=None, repr=False)
 
     @classmethod
-    def of(cls, items: Sequence[dict], pad_id: int, packing: bool, device, images: bool = False) -> ModelInputs:
-        lengths = [len(it["input_ids"]) for it in items]
-        pixels = images and any(it.get("image_inputs") for it in items)
+    def of(cls, items: Sequence[Experience], pad_id: int, packing: bool, device, images: bool = False) -> ModelInputs:
+        lengths = [it.T for it in items]
+        pixels = images and any(it.image_inputs for it in items)
         if pixels and packing:
             raise ValueError("packing prompts with images is not built: drop --packing (OpenRLHF: "
                              "--packing_samples) for vision-language prompts")
         if packing:
-            ids = torch.tensor([t for it in items for t in it["input_ids"]], dtype=torch.long)
+            ids = torch.tensor([t for it in items for t in it.input_ids_T], dtype=torch.long)
             pos = torch.cat([torch.arange(n, dtype=torch.long) for n in lengths])
             kw = {"input_ids": to_device(ids[None], device), "position_ids": to_device(pos[None], device)}
         else:
             b = collate(items, pad_id)
-            kw = {"input_ids": to_device(b["input_ids"], device),
-                  "attention_mask": to_device(b["attention_mask"], device)}
+            kw = {"input_ids": to_device(b.input_ids_BT, device), "attention_mask": to_device(b.attention_mask_BT, device)}
         if pixels:
             from rl_rollout.vision import cat_image_inputs
 
-            kw.update({k: v.to(device) for k, v in cat_image_inputs([it.get("image_inputs") for it in items]).items()})
+            kw.update({k: v.to(device) for k, v in cat_image_inputs([it.image_inputs for it in items]).items()})
         return cls(kw, lengths, packing)
 
     def rows(self, out):

@@ -13,6 +13,7 @@ from __future__ import annotations
 import torch
 
 from rl_core.rl.batching import MicroBatchConfig
+from rl_core.rl.experience import Experience
 from rl_core.rl.workers import _Worker
 
 __all__ = ["ReferenceWorker", "RewardModelWorker"]
@@ -34,7 +35,7 @@ class ReferenceWorker(_Worker):
         self.images = actor.is_vlm
         self.engine = self.s.prepare(actor, train=False, offload=offload)
 
-    def logprobs(self, items: list[dict]) -> list[torch.Tensor]:
+    def logprobs(self, items: list[Experience]) -> list[torch.Tensor]:
         """Log-probs at the sampling temperature, like the policy's (the KL compares the same distributions)."""
         t = self.temperature
         return self._leader(self._forward_items(lambda **x: self.engine(**x, temperature=t).logprobs, items))
@@ -59,5 +60,5 @@ class RewardModelWorker(_Worker):
         self.engine = self.s.prepare(model, train=False, offload=offload)
         self.normalize = normalize
 
-    def score(self, items: list[dict]) -> list[float]:
+    def score(self, items: list[Experience]) -> list[float]:
         return self._leader(self._forward_items(lambda **x: self.engine(**x, normalize=self.normalize), items))

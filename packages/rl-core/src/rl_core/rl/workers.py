@@ -39,7 +39,7 @@ import torch
 
 from rl_core.rl.batching import MicroBatchConfig, ModelInputs, equalise, memory_budget, plan_micro_batches, to_device
 from rl_core.rl.ds_sleep import DeepSpeedSleep
-from rl_core.rl.experience import collate, rows
+from rl_core.rl.experience import Experience, TokenField, collate, rows, sequence
 from rl_core.rl.objectives import CriticObjective, PolicyObjective
 
 logger = logging.getLogger(__name__)
@@ -98,9 +98,9 @@ class _Worker:
                 "pid": os.getpid(), "ring_attn": ring and f"{ring.rank} of {ring.size} in ranks {ring.first}-"
                                                           f"{ring.first + ring.size - 1}"}
 
-    def _micro_batches(self, items: list[dict], *, train: bool) -> list[list[int]]:
+    def _micro_batches(self, items: list[Experience], *, train: bool) -> list[list[int]]:
         """Indices of ``items`` per micro-batch; with a token budget, as many on every rank (collective)."""
-        lengths = [len(it["input_ids"]) for it in items]
+        lengths = [it.T for it in items]
         if train:
             budget, micro = self.batching.max_tokens_per_gpu, self.s.cfg.micro_train_batch_size
         else:
@@ -132,14 +132,14 @@ class _Worker:
             self._budgets[train] = tokens
         return tokens
 
-    def _model(self, fn, items: list[dict]):
+    def _model(self, fn, items: list[Experience]):
         """``fn(**model inputs)`` on one micro-batch; per-token results (a tensor or a tuple) as padded ``[B, T]``
         rows."""
         x = ModelInputs.of(items, self.pad_id, self.packing, self.s.device, images=self.images)
         return x.rows(fn(**x.kwargs))
 
     @torch.no_grad()
-    def _forward_items(self, fn, items: list[dict]) -> list:
+    def _forward_items(self, fn, items: list[Experience]) -> list:
         out: list = [None] * len(items)
         for idx in self._micro_batches(items, train=False):
             chunk = [items[i] for i in idx]
@@ -149,7 +149,7 @@ class _Worker:
                 out[i] = r
         return out
 
-    def _global_batches(self, items: list[dict], epochs: int):
+    def _global_batches(self, items: list[Experience], epochs: int):
         """Each epoch's local slices of the global batches (items come in :func:`dp_order`)."""
         local = self.s.cfg.train_batch_size // self.s.dp_size
         if len(items) % local:
@@ -171,10 +171,10 @@ class _Worker:
         attention group's ranks each count their shared slice, as :func:`_global_tokens` does."""
         return self.s.cfg.train_batch_size * self.s.cfg.ring_attn_size
 
-    def _global_tokens(self, items: list[dict]) -> torch.Tensor:
+    def _global_tokens(self, items: list[Experience]) -> torch.Tensor:
         """Loss tokens of this global batch over every rank (the losses' normaliser; a ring attention group's
         ranks each count their shared slice: rl_core.ring_attention says why that is the right gradient)."""
-        local = torch.full((), float(sum(sum(it["loss_mask"]) for it in items)), device=self.s.device)  # no copy
+        local = torch.full((), float(sum(sum(it.loss_mask_T) for it in items)), device=self.s.device)  # no copy
         return self.s.all_reduce(local, "sum").clamp(min=1)
 
     def barrier(self) -> None:
@@ -214,8 +214,8 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         self.objective = objective
         self.variant = objective.variant()  # built once (rl_algos.POLICY_LOSSES): clip, correction, aggregation
         # PPO-ptx: this rank's share of the pretraining items (input_ids, loss_mask), cycled in order
-        self._ptx = [{k: torch.as_tensor(it[k]).tolist() for k in ("input_ids", "loss_mask")}
-                     for it in (ptx or [])[self.s.dp_rank::self.s.dp_size]]
+        self._ptx = [sequence(torch.as_tensor(row["input_ids"]).tolist(), torch.as_tensor(row["loss_mask"]).tolist())
+                     for row in (ptx or [])[self.s.dp_rank::self.s.dp_size]]
         self._ptx_next = 0
         if ptx and objective.ptx_coef is None:
             raise ValueError("pretraining items (ptx=...) train with PPOConfig.ptx's coefficient: set "
@@ -242,7 +242,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         self._live_params = self._live = None  # push_weights' live parameter list (ZeRO-0/1/2: _live_named)
         self._live_bytes = 0
 
-    def logprobs(self, items: list[dict]) -> list[torch.Tensor]:
+    def logprobs(self, items: list[Experience]) -> list[torch.Tensor]:
         """Log-probs at the sampling temperature (what the engine sampled from)."""
         t = self.objective.temperature
         self.engine.eval()
@@ -251,7 +251,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         finally:
             self.engine.train()
 
-    def train(self, items: list[dict], kl_coef: float = 0.0, on_policy: bool = False) -> list[dict[str, float]]:
+    def train(self, items: list[Experience], kl_coef: float = 0.0, on_policy: bool = False) -> list[dict[str, float]]:
         """Policy epochs over this rank's slices of every global batch (items in ``dp_order``).
 
         ``on_policy``: the items carry no old log-probs because this is the only optimizer step on them (one
@@ -264,10 +264,11 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
 
         o, variant, dev, world = self.objective, self.variant, self.s.device, self.s.world_size
         entropy_coef, aux_coef = o.loss.entropy_coef, o.loss.aux_loss_coef
-        has_rollout = all(it.get("rollout_logprobs") is not None for it in items)
+        has_rollout = all(it.rollout_logprobs_T is not None for it in items)
         use_rollout = variant.needs_rollout_logprobs or (on_policy and has_rollout)
         kl_loss = o.kl_loss is not None  # no reference (--init_kl_coef 0): no KL to measure, 0 logged
-        keys = ([] if on_policy else ["old_logprobs"]) + ["advantages"] + (["ref_logprobs"] if kl_loss else []) \
+        fields: list[TokenField] = ["advantages"]
+        fields += ([] if on_policy else ["old_logprobs"]) + (["ref_logprobs"] if kl_loss else []) \
             + (["rollout_logprobs"] if use_rollout else [])
         sums = {"policy_loss": 0.0, "clip_fraction": 0.0, "kl_loss": 0.0}
         entropy = entropy_coef is not None  # OpenRLHF: any coefficient, 0 too, computes and logs it
@@ -295,21 +296,21 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
             groups = self._micro_batches(chunk, train=True)
             for k, idx in enumerate(groups):
                 sub = [chunk[i] for i in idx]
-                b = {key: to_device(v, dev) for key, v in collate(sub, self.pad_id, keys).items()}
-                m = b["loss_mask"]
+                b = collate(sub, self.pad_id, fields).to(lambda t: to_device(t, dev))
+                m = b.loss_mask_BT
                 self.s.accumulation_boundary(self.engine, k == len(groups) - 1)
                 lp, ent = self._model(forward, sub) if entropy else (self._model(forward, sub), None)
-                rollout = b["rollout_logprobs"] if use_rollout else None
-                old = lp.detach() if on_policy else b["old_logprobs"]
+                rollout = b.token("rollout_logprobs") if use_rollout else None
+                old = lp.detach() if on_policy else b.token("old_logprobs")
                 if on_policy and rollout is not None:  # device tensors: no host sync between the micro-batches
                     gap_sum = gap_sum + ((old - rollout).abs() * m).sum()
                     gap_tokens = gap_tokens + m.sum()
-                out = variant.loss(lp, old, b["advantages"], m,
+                out = variant.loss(lp, old, b.token("advantages"), m,
                                    rollout_logprobs_BT=rollout if variant.needs_rollout_logprobs else None,
                                    global_tokens=total, global_seqs=G, dp_size=world, norm_len=o.norm_len)
                 loss = out.loss
                 if kl_loss:
-                    kl = approx_kl(lp, b["ref_logprobs"], o.kl_loss, mask=m)
+                    kl = approx_kl(lp, b.token("ref_logprobs"), o.kl_loss, mask=m)
                     kl_term = aggregate_loss(kl, m, "token-mean", global_tokens=total, dp_size=world)
                     loss = loss + kl_coef * kl_term
                     sums["kl_loss"] += kl_term.detach() / world
@@ -362,7 +363,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         sub = [self._ptx[(self._ptx_next + i) % len(self._ptx)] for i in range(n)]
         self._ptx_next = (self._ptx_next + n) % len(self._ptx)
         lp = self._model(lambda **x: self.engine(**x).logprobs, sub)
-        m = collate(sub, self.pad_id)["loss_mask"].to(lp.device)
+        m = collate(sub, self.pad_id).loss_mask_BT.to(lp.device)
         return -(lp * m).sum() / m.sum().clamp(min=1)
 
     # ----- weights to the rollout engines --------------------------------------------------
@@ -547,14 +548,14 @@ class CriticWorker(DeepSpeedSleep, _Worker):
         self.objective = objective
         self.engine = self.s.prepare(Critic.from_pretrained(pretrain, **(load_kw or {})), total_steps=total_steps)
 
-    def values(self, items: list[dict]) -> list[torch.Tensor]:
+    def values(self, items: list[Experience]) -> list[torch.Tensor]:
         self.engine.eval()
         try:
             return self._leader(self._forward_items(lambda **x: self.engine(**x), items))
         finally:
             self.engine.train()
 
-    def train(self, items: list[dict]) -> list[dict[str, float]]:
+    def train(self, items: list[Experience]) -> list[dict[str, float]]:
         """Critic epochs, like :meth:`PolicyWorker.train`; returns ``[metrics]``."""
         from rl_algos import value_loss
 
@@ -567,11 +568,11 @@ class CriticWorker(DeepSpeedSleep, _Worker):
             groups = self._micro_batches(chunk, train=True)
             for k, idx in enumerate(groups):
                 sub = [chunk[i] for i in idx]
-                b = {key: to_device(t, dev) for key, t in collate(sub, self.pad_id, ("values", "returns")).items()}
-                m = b["loss_mask"]
+                b = collate(sub, self.pad_id, ("values", "returns")).to(lambda t: to_device(t, dev))
+                m = b.loss_mask_BT
                 self.s.accumulation_boundary(self.engine, k == len(groups) - 1)
                 v = self._model(lambda **x: self.engine(**x), sub)
-                out = value_loss(v, b["values"], b["returns"], m, clip_eps=o.value_clip,
+                out = value_loss(v, b.token("values"), b.token("returns"), m, clip_eps=o.value_clip,
                                  global_tokens=total, dp_size=world)
                 self.s.backward(out.loss, self.engine)
                 self.s.optimizer_step(self.engine)

@@ -80,7 +80,7 @@ from rl_core.metrics import MetricsLogger
 from rl_core.preflight import InputError, check_rl_arithmetic
 from rl_core.rl import ds_sleep
 from rl_core.rl.batching import MicroBatchConfig, over_budget
-from rl_core.rl.experience import dp_order, ring_shards
+from rl_core.rl.experience import Experience, dp_order, ring_shards
 from rl_core.rl.groups import LocalGroup, concurrently
 from rl_core.rl.pipeline import AsyncRollout
 from rl_core.rl.roles import require_reward
@@ -207,7 +207,7 @@ class PPOTrainer:
 
     # ----- train and sync --------------------------------------------------------------------
 
-    def _train(self, items: list[dict], it: int) -> dict[str, float]:
+    def _train(self, items: list[Experience], it: int) -> dict[str, float]:
         """Critic, then policy (unless still frozen); each gets every global batch split over its ranks."""
         def ordered(group):
             return [items[i] for i in dp_order(len(items), self.G, group.world_size // self.ring)]
@@ -226,14 +226,14 @@ class PPOTrainer:
         out["policy_train_s"] = time.perf_counter() - t1
         return out
 
-    def _over_budget(self, it: int, items: list[dict]) -> dict[str, float]:
+    def _over_budget(self, it: int, items: list[Experience]) -> dict[str, float]:
         """Samples longer than a token budget go alone into a micro-batch over it (:mod:`rl_core.rl.batching`,
         as in OpenRLHF): counted each iteration (``budget/over_train``, ``budget/over_forward``, beside
         ``budget/longest``), and one warning per phase, the first time."""
         b = self.batching
         if b is None:
             return {}
-        lengths = [len(x["input_ids"]) for x in items]
+        lengths = [x.T for x in items]
         out = {}
         for phase, (budget, flag), what in (
                 ("train", (b.max_tokens_per_gpu, "--max_tokens_per_gpu"), "trains"),

@@ -9,7 +9,7 @@ from collections.abc import Callable
 
 import torch
 
-from rl_core.rl.experience import collate, rows
+from rl_core.rl.experience import Experience, TokenField, collate, rows
 from rl_core.rl.groups import concurrently
 
 logger = logging.getLogger(__name__)
@@ -52,10 +52,12 @@ class ExperienceMaker:
         self.parallel, self.on_policy, self.pad_id, self.kl, self.gap_alarm = (
             parallel, on_policy, pad_id, kl, gap_alarm)
 
-    def forwards(self, items: list[dict]) -> None:
+    def forwards(self, items: list[Experience]) -> None:
         """Step 3: the old log-probs (unless on-policy), the reference's log-probs and the critic's values, into
         each item; the groups on different devices compute at the same time."""
-        calls = {} if self.on_policy else {"old_logprobs": lambda: self.sharded(self.policy, "logprobs", items)}
+        calls: dict[TokenField, Callable[[], list]] = {}
+        if not self.on_policy:
+            calls["old_logprobs"] = lambda: self.sharded(self.policy, "logprobs", items)
         if self.ref is not None:
             calls["ref_logprobs"] = lambda: self.sharded(self.ref, "logprobs", items)
         if self.critic is not None:
@@ -64,11 +66,11 @@ class ExperienceMaker:
             results = dict(zip(calls, concurrently(*calls.values()), strict=True))
         else:
             results = {k: f() for k, f in calls.items()}
-        for key, per_item in results.items():
+        for name, per_item in results.items():
             for it, t in zip(items, per_item, strict=True):
-                it[key] = t
+                it.set_token(name, t)
 
-    def advantages(self, items: list[dict], scores: torch.Tensor,
+    def advantages(self, items: list[Experience], scores: torch.Tensor,
                    fresh: list[bool] | None = None) -> dict[str, float]:
         """Step 4: KL (as a reward penalty with the controller's coefficient), the estimator, the whitening, into
         each item (``advantages``, ``returns``); the metrics. ``fresh`` (async): which items the policy that
@@ -76,39 +78,42 @@ class ExperienceMaker:
         from rl_algos import approx_kl, masked_mean, masked_whiten
 
         c = self.cfg
-        keys = ("old_logprobs", "ref_logprobs", "values", "rollout_logprobs")
-        turns = ("turn_rewards",) if c.agent and c.agent.turn_rewards else ()
-        b = collate(items, self.pad_id, (keys[1:] if self.on_policy else keys) + turns)
-        mask = b["loss_mask"].float()
+        turns = bool(c.agent and c.agent.turn_rewards)
+        fields: list[TokenField] = ["ref_logprobs", "values", "rollout_logprobs"]
+        fields += [] if self.on_policy else ["old_logprobs"]
+        fields += ["turn_rewards"] if turns else []
+        b = collate(items, self.pad_id, fields)
+        mask = b.loss_mask_BT.float()
         out: dict[str, float] = {}
         token_rewards = None
         if self.ref is not None and not self.on_policy:  # on-policy: the KL is a loss, measured in training
-            kl = approx_kl(b["old_logprobs"], b["ref_logprobs"], c.kl.estimator, mask=mask)
+            kl = approx_kl(b.token("old_logprobs"), b.token("ref_logprobs"), c.kl.estimator, mask=mask)
             out["kl"] = masked_mean(kl, mask).item()
             if self.kl is not None:
                 out["kl_coef"] = self.kl.value
                 token_rewards = -self.kl.value * kl * mask
         if turns:  # each policy turn's step reward on its last token (ppo_rollout.place_turn_rewards)
-            token_rewards = b["turn_rewards"] if token_rewards is None else token_rewards + b["turn_rewards"]
+            turn_BT = b.token("turn_rewards")
+            token_rewards = turn_BT if token_rewards is None else token_rewards + turn_BT
             for it in items:
-                it.pop("turn_rewards", None)  # not the workers' to train on
+                it.turn_rewards_T = None  # not the workers' to train on
         est = c.advantage  # the estimator gets the loop's inputs it declares, and its own parameters (--estimator_args)
         adv = est.spec(scores, mask, **est.inputs(n_samples=c.sampling.n_samples_per_prompt, token_rewards_BT=token_rewards,
-                                                  values_BT=b["values"] * mask if c.needs_critic else None))
+                                                  values_BT=b.token("values") * mask if c.needs_critic else None))
         a = masked_whiten(adv.advantages, mask, scale=not est.no_std_norm) if est.whitens else adv.advantages
         for item, x in zip(items, rows(a * mask, items), strict=True):
-            item["advantages"] = x
+            item.advantages_T = x
         if c.needs_critic:
             for item, x in zip(items, rows(adv.returns * mask, items), strict=True):
-                item["returns"] = x
-            out["value_mean"] = masked_mean(b["values"], mask).item()
+                item.returns_T = x
+            out["value_mean"] = masked_mean(b.token("values"), mask).item()
             out["return_mean"] = masked_mean(adv.returns, mask).item()
         out["advantage_abs_mean"] = masked_mean(a.abs(), mask).item()
-        has_rollout = [bool(s.get("rollout_logprobs") is not None) for s in items]
+        has_rollout = [it.rollout_logprobs_T is not None for it in items]
         if all(has_rollout) and not self.on_policy:  # on-policy: measured in the policy's train forward
             m = mask.clone()
             m[:, 0] = 0
-            gap_BT = (b["old_logprobs"] - b["rollout_logprobs"]).abs()
+            gap_BT = (b.token("old_logprobs") - b.token("rollout_logprobs")).abs()
             if fresh is not None:  # older policies' samples differ by training, not by a faulty sync
                 f = torch.tensor(fresh, dtype=m.dtype).unsqueeze(1)
                 if (m * (1 - f)).sum() > 0:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rl_algos import clip_rewards, overlong_penalty, stop_properly_penalty
-from rl_core.rl.experience import make_item
+from rl_core.rl.experience import Experience, make_item
 
 logger = logging.getLogger(__name__)
 
@@ -38,20 +38,20 @@ def _bounded(fn):
     return RewardRunner(call)
 
 
-def place_turn_rewards(samples, items: list[dict]) -> torch.Tensor:
-    """``--agent_turn_rewards``: item["turn_rewards"] (per token, 0 elsewhere) holds each policy turn's step reward
+def place_turn_rewards(samples, items: list[Experience]) -> torch.Tensor:
+    """``--agent_turn_rewards``: ``item.turn_rewards_T`` (per token, 0 elsewhere) holds each policy turn's step reward
     on that turn's last token, for every turn but the episode's last policy turn, whose reward stays in the
     sample's scalar score (placed on the last response token, that turn's last token). Returns the rewards
     placed, per sample, to take out of the scalar score."""
     placed = []
     for s, item in zip(samples, items, strict=True):
-        T, P = len(item["input_ids"]), item["prompt_len"]
+        T, P = item.T, item.prompt_len
         token = torch.zeros(T, dtype=torch.float32)
         spans, rewards = s.info["action_spans"], s.info["turn_rewards"]
         for (start, end), r in zip(spans[:-1], rewards, strict=False):  # rewards[i]: the step after turn i
             if end > start:  # a turn of no tokens (none sampled) leaves its reward in the score
                 token[P + end - 1] += r
-        item["turn_rewards"] = token
+        item.turn_rewards_T = token
         placed.append(token.sum().item())
     return torch.tensor(placed)
 
@@ -75,7 +75,7 @@ class RolloutBatch:
 
     prompts: list[dict]
     samples: list
-    items: list[dict]
+    items: list[Experience]
     scores_B: torch.Tensor
     metrics: dict[str, float] = field(default_factory=dict)
     cursor: int = 0
@@ -180,7 +180,7 @@ class Sampler:
         info.update({f"agent_extra/{n}": sum(v) / len(v) for n, v in extra.items()})
         return rewards, scores, info
 
-    def rewards(self, prompts: list[dict], samples, items: list[dict]) -> Scored:
+    def rewards(self, prompts: list[dict], samples, items: list[Experience]) -> Scored:
         """The run's rewards (:meth:`score`), then the length penalties and the clipping. Dynamic filtering
         judges the raw rewards (or the scorer's own scores: ``filter_B``), before penalties and clipping, as
         OpenRLHF does (its filter reads each sample's ``scores``; the overlong penalty lands on the rewards only)."""
@@ -203,7 +203,7 @@ class Sampler:
             scores = clip_rewards(scores, *sh.clip_range)
         return Scored(scores, info, raw.filter_B, raw.counts)
 
-    def score(self, prompts: list[dict], samples, items: list[dict], n: int) -> Scored:
+    def score(self, prompts: list[dict], samples, items: list[Experience], n: int) -> Scored:
         """Raw rewards of ``n`` samples per prompt: episode rewards, the reward function's, the reward model's
         (their sum). Also the eval pass's scorer (:mod:`rl_core.trainers.ppo_eval`)."""
         parts, info = [], {}
@@ -246,7 +246,7 @@ class Sampler:
         scored = self.rewards(prompts, samples, items)
         return RolloutBatch(prompts, samples, items, scored.scores_B), scored, time.perf_counter() - t0
 
-    def attach_images(self, prompts: list[dict], items: list[dict]) -> None:
+    def attach_images(self, prompts: list[dict], items: list[Experience]) -> None:
         """Vision-language prompts: each item gets its prompt's image tensors (``image_inputs``), from the same
         images and image processor the engine generated with, for the policy's and reference's forwards."""
         if not any(p.get("images") for p in prompts):
@@ -260,7 +260,7 @@ class Sampler:
             if mm:
                 tensors = image_inputs(proc, mm["image"])
                 for item in items[g * n:(g + 1) * n]:
-                    item["image_inputs"] = tensors
+                    item.image_inputs = tensors
 
     def collect(self, it: int) -> RolloutBatch:
         """Samples of ``rollout_batch_size`` prompts, filtered dynamically when asked; per-phase seconds.
