@@ -130,7 +130,7 @@ def test_ppo_over_cuda_ipc_keeps_the_engine_on_the_policy_weights(tmp_path, lora
         for name, v in trained.items():
             assert served[name] == pytest.approx(v, rel=1e-9, abs=1e-9), name
         assert engine.call_rank(0, "__getattribute__", "policy_version") == 3
-        sender = policy.worker._ipc
+        sender = policy.worker.weights._ipc
         if ds_sleep:  # in place first; DeepSpeed's offload and reload moved the weights, so it packs from then on
             assert sender.pack and sender.generation == 2, (sender.pack, sender.generation)
             assert [m["sync_in_place"] for m in h] == [1.0, 0.0, 0.0], h

@@ -14,7 +14,7 @@ backward is a reduce-scatter). Every rank of a group computes the same loss from
 group's summed gradient counts that loss ``R`` times, and DeepSpeed's average over all ``world`` ranks (``R``
 per data-parallel group) takes it back to one: the ranks of a group count as data-parallel replicas of the
 same data. The loss normalisers follow the same rule (token counts summed over every rank; sequence counts
-times ``R``), which :class:`rl_core.rl.workers._Worker` does.
+times ``R``), which :class:`rl_core.rl.worker_base._Worker` does.
 
 - :func:`setup`: the groups (collective: every rank calls it once, after the default group is up).
 - :func:`current`: this process's group, or None (ring attention off).

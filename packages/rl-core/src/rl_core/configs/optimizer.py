@@ -9,7 +9,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from rl_core.strategy import MUON_DEFAULTS, SCHEDULES, check_optimizer
+from rl_core.strategy_config import MUON_DEFAULTS, SCHEDULES, check_optimizer
 from rl_rollout.config import check_numbers, meta
 
 

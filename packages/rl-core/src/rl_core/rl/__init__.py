@@ -4,7 +4,9 @@
   order.
 - :mod:`rl_core.rl.batching`: micro-batches (sequence counts or token budgets, equal over ranks), padded
   or packed rows.
-- :mod:`rl_core.rl.workers`: one class per role rank (policy, critic, reference, reward model).
+- :mod:`rl_core.rl.workers`: one class per trained role's rank (policy, critic); :mod:`rl_core.rl.frozen_workers`
+  the reference and the reward model; :mod:`rl_core.rl.worker_base` what they share;
+  :mod:`rl_core.rl.policy_weights` the policy's weights on their way to the engines.
 - :mod:`rl_core.rl.objectives`: what the trained roles' ranks train against (the policy's loss and its terms, the
   critic's value loss and optimizer), resolved once from the run's config and handed to the workers.
 - :mod:`rl_core.rl.ds_sleep`: DeepSpeed sleep, the trained roles' states in host memory while the engines generate.
@@ -29,10 +31,12 @@ from rl_core.rl.groups import (
                                concurrently,
 )
 from rl_core.rl.objectives import CriticObjective, PolicyObjective
-from rl_core.rl.workers import CriticWorker, PolicyWorker, hf_names
+from rl_core.rl.policy_weights import PolicyWeights, hf_names
+from rl_core.rl.workers import CriticWorker, PolicyWorker
 
 __all__ = ["BroadcastWeightSync", "CriticObjective", "CriticWorker", "DirectWeightSync", "EngineFailure", "Experience",
            "ExperienceBatch", "GroupRollout",
-           "IpcWeightSync", "LocalGroup", "MicroBatchConfig", "PolicyObjective", "PolicyWorker", "ReferenceWorker",
+           "IpcWeightSync", "LocalGroup", "MicroBatchConfig", "PolicyObjective", "PolicyWeights", "PolicyWorker",
+           "ReferenceWorker",
            "RewardModelWorker", "WorkerGroup",
            "collate", "concurrently", "dp_order", "hf_names", "make_item", "plan_micro_batches", "rows"]

@@ -172,7 +172,7 @@ def dp_order(n: int, global_batch: int, world: int) -> list[int]:
 def ring_shards(items: Sequence, world: int, ring: int) -> list:
     """``items`` laid out for ``call_sharded`` over ``world`` ranks in ring attention groups of ``ring``
     consecutive ranks: the ``world / ring`` data-parallel shards, each repeated once per rank of its group (they
-    compute it together; only the group's first rank returns results, :meth:`rl_core.rl.workers._Worker._leader`,
+    compute it together; only the group's first rank returns results, :meth:`rl_core.rl.worker_base._Worker._leader`,
     so the concatenated results line up with ``items``)."""
     if ring == 1:
         return list(items)

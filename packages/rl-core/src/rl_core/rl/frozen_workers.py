@@ -1,6 +1,6 @@
 """The frozen RL roles' workers: one object per rank of the reference policy and of the reward model.
 
-Same base (:class:`rl_core.rl.workers._Worker`: strategy, distributed init, micro-batched no-grad forwards) and
+Same base (:class:`rl_core.rl.worker_base._Worker`: strategy, distributed init, micro-batched no-grad forwards) and
 the same calling convention as the trained roles in :mod:`rl_core.rl.workers`; no optimizer, nothing to sync.
 ``offload`` keeps a role's parameters on the CPU under ZeRO-3 (OpenRLHF's --ref.offload / --reward.offload).
 
@@ -14,7 +14,7 @@ import torch
 
 from rl_core.rl.batching import MicroBatchConfig
 from rl_core.rl.experience import Experience
-from rl_core.rl.workers import _Worker
+from rl_core.rl.worker_base import _Worker
 
 __all__ = ["ReferenceWorker", "RewardModelWorker"]
 
