@@ -25,12 +25,14 @@ turns it on; the saved config is left as it was.
 Critic and RewardModel save as the base model's folder plus ``rl_head.safetensors``
 and ``rl_head.json`` (head kind, reward mean/std), so transformers loads the body
 and :meth:`RewardModel.from_pretrained` restores the head.
+
+Where the parts live: Actor here; Critic and RewardModel in :mod:`rl_core.scalar_models`; loading (folder
+checks, dtype, attention, liger, LoRA) in :mod:`rl_core.model_loading`; the per-token row layout in
+:mod:`rl_core.model_rows`. Every name importable from here before still is.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import logging
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,174 +41,16 @@ import torch
 from torch import nn
 
 from rl_algos import logprobs_and_entropy_from_logits, logprobs_from_logits
-from rl_core.attention import attention_implementation
-from rl_core.hub import ModelNotFoundError, resolve_model, resolve_models  # noqa: F401 - model args resolve here too
+from rl_core.hub import ModelNotFoundError, resolve_model, resolve_models  # model args resolve here too
+from rl_core.model_loading import HEAD_FILE, HEAD_META, LoraSpec, _check_folder, _load, _lora, check_moe_aux_loss
+from rl_core.model_rows import _positions, _repad, _ring_padded, _ring_slice, _shift_right, _unpad
+from rl_core.scalar_models import Critic, RewardModel
+
+__all__ = ["HEAD_FILE", "HEAD_META", "Actor", "ActorOutput", "Critic", "LoraSpec", "ModelNotFoundError", "RewardModel",
+           "check_fused_lm_head", "check_moe_aux_loss", "frozen", "resolve_model", "resolve_models"]
 
 logger = logging.getLogger(__name__)
 Tensor = torch.Tensor
-HEAD_FILE, HEAD_META = "rl_head.safetensors", "rl_head.json"
-
-
-@dataclass(frozen=True)
-class LoraSpec:
-    """peft LoRA settings (OpenRLHF flags ``--lora_rank``, ``--lora_alpha``, ``--target_modules``)."""
-
-    rank: int = 0
-    alpha: int = 16
-    dropout: float = 0.0
-    target_modules: tuple[str, ...] | str = "all-linear"
-
-    @classmethod
-    def of(cls, rank: int, alpha: int, dropout: float, target_modules: str) -> LoraSpec | None:
-        """From the flags (``--target_modules`` names joined by commas, or ``all-linear``); None for rank 0."""
-        if rank < 0:
-            raise ValueError(f"lora_rank (--lora_rank) must be >= 0, got {rank}")
-        if rank == 0:
-            return None
-        mods = target_modules if target_modules == "all-linear" else tuple(
-            m.strip() for m in target_modules.split(",") if m.strip())
-        if not mods:
-            raise ValueError(f"--target_modules {target_modules!r} names no module; give module names joined by "
-                             f"commas (q_proj,v_proj) or all-linear")
-        return cls(rank, alpha, dropout, mods)
-
-
-def _dtype(name: str | torch.dtype) -> torch.dtype:
-    if isinstance(name, torch.dtype):
-        return name
-    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
-             "fp16": torch.float16, "float16": torch.float16}
-    if name not in table:
-        raise ValueError(f"unknown dtype {name!r}; valid: {', '.join(table)}")
-    return table[name]
-
-
-def _check_folder(path: str | Path) -> Path:
-    p = Path(path)
-    if not (p / "config.json").is_file():
-        raise FileNotFoundError(
-            f"{p} is not a transformers model folder (no config.json); pass --pretrain a local folder saved "
-            f"with save_pretrained (this stack never downloads weights at run time)")
-    return p
-
-
-def _load(auto_cls, path, dtype, attn, gradient_checkpointing, lora: LoraSpec | None, use_liger_kernel: bool = False,
-          packed: bool = False, experts_implementation: str | None = None):
-    if use_liger_kernel:
-        from rl_core.liger import require_liger
-
-        require_liger()  # before the weights load, not after
-    model_config = None
-    if attn is None and packed:  # the default for packed rows depends on the model's attention (sliding window)
-        from transformers import AutoConfig
-
-        model_config = AutoConfig.from_pretrained(_check_folder(path))
-    if attn == "rl_ring":  # ring attention (rl_core.ring_attention): every role of a run with --ring_attn_size > 1
-        from rl_core.ring_attention import register
-
-        impl = register()
-    else:
-        impl = attention_implementation(attn, packed=packed, dtype=dtype, model_config=model_config)
-    extra = {"experts_implementation": experts_implementation} if experts_implementation else {}
-    try:
-        model = auto_cls.from_pretrained(_check_folder(path), dtype=_dtype(dtype), attn_implementation=impl, **extra)
-    except ValueError as e:
-        if extra and "experts_implementation" in str(e):  # transformers' own check, which lists the valid ones
-            from rl_core.preflight import InputError
-
-            raise InputError(f"--experts_implementation {experts_implementation}: {e}") from e
-        raise
-    if use_liger_kernel:
-        from rl_core.liger import apply_liger_kernel
-
-        apply_liger_kernel(model)
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        model.config.use_cache = False
-    if lora is not None and lora.rank > 0:
-        model = _lora(model, lora)
-    return model
-
-
-def _lora(model, lora: LoraSpec):
-    from peft import LoraConfig, get_peft_model
-
-    model.enable_input_require_grads()
-    return get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                            target_modules=lora.target_modules, bias="none"))
-
-
-def check_moe_aux_loss(config) -> None:
-    """Raises ValueError (one line) unless the transformers ``config`` is a mixture of experts whose forward
-    returns the router's load-balancing loss (``output_router_logits``, as OpenRLHF checks)."""
-    if "output_router_logits" not in config.to_dict():
-        raise ValueError(f"--aux_loss_coef is the MoE load-balancing loss, but the model ({config.model_type}) is "
-                         f"not a mixture of experts (its config has no output_router_logits); drop --aux_loss_coef "
-                         f"or give 0")
-
-
-def _ring_slice(input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor | None):
-    """:func:`rl_core.ring_attention.sharded` for a packed row (padded rows are packed first: :func:`_ring_padded`)."""
-    from rl_core import ring_attention
-
-    if ring_attention.current() is not None and (attention_mask is not None or position_ids is None
-                                                 or input_ids.shape[0] != 1):
-        raise ValueError(f"ring attention splits one packed row per forward; got {input_ids.shape[0]} padded "
-                         f"rows (position_ids given: {position_ids is not None}, attention_mask given: "
-                         f"{attention_mask is not None})")
-    return ring_attention.sharded(position_ids) if position_ids is not None else contextlib.nullcontext()
-
-
-def _ring_padded(attention_mask: Tensor | None) -> bool:
-    """Padded rows under ring attention: the forward packs their real tokens into one row, as OpenRLHF's
-    ``unpad_and_slice_tensor`` does, and puts the per-token outputs back (:func:`_unpad`, :func:`_repad`)."""
-    from rl_core import ring_attention
-
-    return attention_mask is not None and ring_attention.current() is not None
-
-
-def _unpad(input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """Padded rows ``[B, T]`` -> ``(ids [1, N], position ids [1, N], index [N])``: the real tokens in row order, each
-    row's positions from 0, and where each came from in the flattened ``[B * T]``."""
-    idx = attention_mask.reshape(-1).nonzero().squeeze(1)
-    return input_ids.reshape(-1)[idx][None], _positions(attention_mask).reshape(-1)[idx][None], idx
-
-
-def _repad(x_1N: Tensor, idx: Tensor, shape) -> Tensor:
-    """A packed row's per-token output back in the padded ``[B, T]`` layout, 0 at the padding (differentiable)."""
-    return x_1N.new_zeros(shape[0] * shape[1]).index_put((idx,), x_1N[0]).view(shape)
-
-
-def _openrlhf_head(path: Path, prefix: str) -> Tensor | None:
-    """``<prefix>.weight`` from a model folder's safetensors (one file or an index of shards), or None."""
-    from safetensors import safe_open
-
-    name = f"{prefix}.weight"
-    index = path / "model.safetensors.index.json"
-    if index.is_file():
-        shard = json.loads(index.read_text()).get("weight_map", {}).get(name)
-        files = [path / shard] if shard else []
-    else:
-        files = sorted(path.glob("*.safetensors"))
-    for f in files:
-        with safe_open(str(f), framework="pt") as st:
-            if name in st.keys():
-                return st.get_tensor(name).float()
-    return None
-
-
-def _positions(attention_mask: Tensor) -> Tensor:
-    """Position ids that count real tokens only (left padding), as the engine saw them."""
-    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
-
-
-def _shift_right(x_BT: Tensor, position_ids: Tensor | None) -> Tensor:
-    """Move per-position outputs one step right (position t-1 -> t), 0 at sequence starts."""
-    out = torch.zeros_like(x_BT)
-    out[:, 1:] = x_BT[:, :-1]
-    if position_ids is not None:
-        out = out.masked_fill(position_ids == 0, 0)
-    return out
 
 
 # causal LMs whose logits are exactly lm_head(decoder(...).last_hidden_state) in transformers (Actor.enable_fused_lm_head)
@@ -447,148 +291,3 @@ def frozen(actor: Actor) -> Actor:
     for p in actor.parameters():
         p.requires_grad_(False)
     return actor.eval()
-
-
-class _ScalarHeadModel(nn.Module):
-    """A transformer body plus a linear head giving one number per position."""
-
-    head_kind = "value"
-
-    def __init__(self, body: nn.Module, head: nn.Linear | None = None, mean: float = 0.0, std: float = 1.0):
-        super().__init__()
-        self.body = body
-        hidden = body.config.hidden_size
-        if head is None:
-            head = nn.Linear(hidden, 1, bias=False)
-            nn.init.normal_(head.weight, std=1 / (hidden + 1))  # OpenRLHF's init for value/score heads
-        self.head = head.to(next(body.parameters()).dtype)
-        self.mean, self.std = float(mean), float(std)
-
-    @property
-    def config(self):
-        return self.body.config
-
-    @classmethod
-    def from_pretrained(cls, path: str | Path, *, dtype: str = "bf16", attn_implementation: str | None = None,
-                        gradient_checkpointing: bool = False, lora: LoraSpec | None = None,
-                        use_liger_kernel: bool = False, packed: bool = False, value_head_prefix: str | None = None,
-                        require_head: bool = False, experts_implementation: str | None = None):
-        """Load the body from ``path`` and its head: ours (``rl_head.safetensors``, what rl rm writes), else
-        OpenRLHF's (``<value_head_prefix>.weight`` in the model's own weights, the prefix from its config.json or
-        ``score``; mean and std from config.json, as OpenRLHF's reward models keep them), else a fresh head, which
-        ``require_head`` refuses (a reward model that scores: a random head would reward noise). A critic starts
-        from a reward model's score head, as OpenRLHF's does. ``use_liger_kernel`` and ``packed`` as for
-        :meth:`Actor.from_pretrained`."""
-        from safetensors.torch import load_file
-        from transformers import AutoModel
-
-        path = _check_folder(path)
-        body = _load(AutoModel, path, dtype, attn_implementation, gradient_checkpointing, lora, use_liger_kernel,
-                     packed, experts_implementation)
-        head, mean, std = None, 0.0, 1.0
-        kinds = ("value", "score") if cls.head_kind == "value" else (cls.head_kind,)
-        prefix = value_head_prefix or getattr(body.config, "value_head_prefix", None) or "score"
-        if (path / HEAD_META).is_file():
-            meta = json.loads((path / HEAD_META).read_text())
-            if meta.get("kind") not in kinds:
-                raise ValueError(f"{path} holds a {meta.get('kind')!r} head, but {cls.__name__} needs a "
-                                 f"{cls.head_kind!r} head; load it with the matching class")
-            head = nn.Linear(body.config.hidden_size, 1, bias=False)
-            head.load_state_dict(load_file(path / HEAD_FILE))
-            mean, std = meta.get("mean", 0.0), meta.get("std", 1.0)
-            if meta.get("kind") != cls.head_kind:
-                logger.info("%s: head initialised from %s's %s head", cls.__name__, path, meta.get("kind"))
-        elif (weight := _openrlhf_head(path, prefix)) is not None:
-            head = nn.Linear(body.config.hidden_size, 1, bias=False)
-            head.load_state_dict({"weight": weight.reshape(1, -1)})
-            mean, std = float(getattr(body.config, "mean", 0.0)), float(getattr(body.config, "std", 1.0))
-            logger.info("%s: %s is an OpenRLHF-style model: head %s.weight, mean %g, std %g", cls.__name__, path,
-                        prefix, mean, std)
-        elif require_head:
-            raise ValueError(f"{path} holds no {cls.head_kind} head: no {HEAD_META} (rl rm's) and no "
-                             f"{prefix}.weight in its weights (OpenRLHF's); it is not a trained reward model. Train "
-                             f"one with rl rm, or give --value_head_prefix if its head has another name")
-        else:
-            logger.info("%s: %s has no %s head, starting a fresh one", cls.__name__, path, cls.head_kind)
-        return cls(body, head, mean, std)
-
-    def hidden(self, input_ids, attention_mask=None, position_ids=None) -> Tensor:
-        if position_ids is None and attention_mask is not None:
-            position_ids = _positions(attention_mask)
-        return self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=False).last_hidden_state
-
-    def per_token(self, input_ids, attention_mask=None, position_ids=None) -> Tensor:
-        """The head's number at every position ``[B, T]`` float32 (with ring attention: this rank computes its
-        slice of the packed row and the group's slices are gathered)."""
-        if _ring_padded(attention_mask):  # ring attention computes packed rows: pack, run, put back
-            ids, pos, idx = _unpad(input_ids, attention_mask)
-            return _repad(self.per_token(ids, position_ids=pos), idx, input_ids.shape)
-        with _ring_slice(input_ids, attention_mask, position_ids) as shard:
-            if shard is None:
-                return self.head(self.hidden(input_ids, attention_mask, position_ids)).squeeze(-1).float()
-            h = self.hidden(shard.local(input_ids, 0), position_ids=shard.positions)
-            return shard.gather(self.head(h).squeeze(-1).float())
-
-    def save_pretrained(self, path: str | Path, state_dict: dict[str, Tensor] | None = None, **kw) -> None:
-        """Body via transformers (loadable alone), head and its stats beside it."""
-        from safetensors.torch import save_file
-
-        path = Path(path)
-        state = state_dict if state_dict is not None else self.state_dict()
-        body_state = {k[len("body."):]: v for k, v in state.items() if k.startswith("body.")}
-        if hasattr(self.body, "peft_config"):  # LoRA: the merged body (transformers/vLLM load it), the adapter apart
-            from rl_core.hf_export import merge_lora_state
-
-            self.body.save_pretrained(path / "adapter", state_dict=body_state, **kw)
-            self.body.get_base_model().save_pretrained(path, state_dict=merge_lora_state(body_state,
-                                                                                         self.body.peft_config), **kw)
-        else:
-            self.body.save_pretrained(path, state_dict=body_state, **kw)
-        save_file({"weight": state["head.weight"].detach().contiguous().cpu()}, path / HEAD_FILE)
-        (path / HEAD_META).write_text(json.dumps({"kind": self.head_kind, "mean": self.mean, "std": self.std}))
-
-
-class Critic(_ScalarHeadModel):
-    """Value model: ``values[:, t]`` is V(state before x_t), shape of ``input_ids``, 0 at t = 0."""
-
-    head_kind = "value"
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                position_ids: Tensor | None = None) -> Tensor:
-        v = self.per_token(input_ids, attention_mask, position_ids)
-        return _shift_right(v, position_ids if attention_mask is None else None)
-
-
-class RewardModel(_ScalarHeadModel):
-    """Score model: one reward per sequence, read at its last real token (of each packed sequence in a
-    packed row, as OpenRLHF's ``--packing_samples`` reads it).
-
-    ``normalize=True`` applies the stored ``(score - mean) / std`` (written by the RM
-    trainer over its training set), as OpenRLHF does at inference.
-    """
-
-    head_kind = "score"
-
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                *, normalize: bool = False) -> Tensor:
-        """Padded rows ``[B, T]`` (``attention_mask``; padding left or right) -> ``[B]`` float32. Packed rows
-        (``position_ids`` restarting at 0 per sequence, no mask) -> ``[N]``: one score per sequence, in order."""
-        if attention_mask is None:
-            if position_ids is None:
-                raise ValueError("RewardModel needs an attention_mask (padded rows) or position_ids (packed rows) "
-                                 "to find each sequence's last token")
-            from rl_core.varlen_attention import cu_seqlens  # transformers' own rule for where a sequence starts
-
-            scores_BT = self.per_token(input_ids, position_ids=position_ids)
-            edges, _ = cu_seqlens(position_ids, input_ids.shape[0])
-            scores_B = scores_BT.reshape(-1)[edges[1:].long() - 1]
-        else:
-            scores_BT = self.per_token(input_ids, attention_mask)
-            idx = torch.arange(attention_mask.shape[1], device=attention_mask.device).expand_as(attention_mask)
-            last = torch.where(attention_mask.bool(), idx, -1).max(dim=1).values
-            if (last < 0).any():
-                raise ValueError(f"RewardModel got rows with no real token (all-zero attention_mask): rows "
-                                 f"{torch.nonzero(last < 0).flatten().tolist()}")
-            scores_B = scores_BT.gather(1, last.unsqueeze(1)).squeeze(1)
-        return (scores_B - self.mean) / self.std if normalize else scores_B
