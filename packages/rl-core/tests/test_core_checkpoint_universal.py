@@ -135,7 +135,7 @@ def _slow_conversion(rank: int, port: int, folder: str) -> None:
 
     import torch.distributed as dist
 
-    import rl_core.checkpoint as ckpt
+    import rl_core.ds_universal as ckpt
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2", MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))

@@ -37,16 +37,16 @@ Universal checkpoints (``--use_ds_universal_ckpt``, DeepSpeed's ``load_universal
 as it is; at load, :func:`to_universal` converts ``ds/`` once into ``ds_universal/`` beside it and every
 rank reads its share from there, whatever the number of ranks that saved it.
 
-The HF export (a transformers/vLLM-loadable folder, LoRA merged) is :mod:`rl_core.hf_export`.
+The HF export (a transformers/vLLM-loadable folder, LoRA merged) is :mod:`rl_core.hf_export`; the universal
+conversion :mod:`rl_core.ds_universal`; the RNG state :mod:`rl_core.rng_state`; crash-safe writes
+:mod:`rl_core.durable_io` (all importable from here as before).
 """
 
 from __future__ import annotations
 
-import base64
 import json
 import logging
 import os
-import random
 import shutil
 from collections.abc import Callable
 from pathlib import Path
@@ -56,95 +56,13 @@ import torch.distributed as dist
 
 from rl_core.checkpoint_manifest import manifest, newest_usable, verify
 from rl_core.disk_space import named_if_full
+from rl_core.ds_universal import DS_TAG, UNIVERSAL_CONVERT_TIMEOUT_S, UNIVERSAL_TAG, to_universal  # noqa: F401 - also importable from here
+from rl_core.durable_io import atomic_write_text, fsync_dir, fsync_tree
 from rl_core.preflight import InputError
+from rl_core.rng_state import rng_state, rng_state_from_json, rng_state_json, set_rng_state  # noqa: F401 - ditto
 
 logger = logging.getLogger(__name__)
 MARKER = "rl_state.json"
-DS_TAG = "ds"
-UNIVERSAL_TAG = "ds_universal"  # DS_TAG converted for --use_ds_universal_ckpt (to_universal)
-# how long the other ranks wait for rank 0's universal conversion (a large model's takes longer than the
-# collectives' timeout); seconds, RL_UNIVERSAL_CONVERT_TIMEOUT_S overrides
-UNIVERSAL_CONVERT_TIMEOUT_S = 6 * 3600.0
-
-
-def rng_state() -> dict:
-    state = {"python": random.getstate(), "torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def set_rng_state(state: dict) -> None:
-    random.setstate(state["python"])
-    torch.set_rng_state(state["torch"])
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def rng_state_json(state: dict | None = None) -> dict:
-    """:func:`rng_state` (default: now) as JSON values, so that a state file needs no pickle to read back."""
-    state = rng_state() if state is None else state
-    version, internal, gauss = state["python"]
-    out = {"python": [version, list(internal), gauss], "torch": _b64(state["torch"])}
-    if "cuda" in state:
-        out["cuda"] = [_b64(t) for t in state["cuda"]]
-    return out
-
-
-def rng_state_from_json(d: dict) -> dict:
-    """The inverse of :func:`rng_state_json`: a state :func:`set_rng_state` takes."""
-    version, internal, gauss = d["python"]
-    out = {"python": (version, tuple(internal), gauss), "torch": _unb64(d["torch"])}
-    if "cuda" in d:
-        out["cuda"] = [_unb64(x) for x in d["cuda"]]
-    return out
-
-
-def _b64(t: torch.Tensor) -> str:
-    return base64.b64encode(t.cpu().numpy().tobytes()).decode("ascii")
-
-
-def _unb64(s: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8).clone()
-
-
-def fsync_dir(path: Path) -> None:
-    """Make a rename or a new entry in ``path`` durable (a no-op where directories cannot be opened)."""
-    try:
-        fd = os.open(path, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def fsync_tree(path: Path) -> None:
-    """fsync every file and folder under ``path``: what this process wrote there reaches the disk."""
-    for d, _, files in os.walk(path):
-        for name in files:
-            fd = os.open(os.path.join(d, name), os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        fsync_dir(Path(d))
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    """``path`` holds ``text`` or what it held before, never a part: temp file, fsync, ``os.replace``,
-    fsync of the folder."""
-    path = Path(path)
-    tmp = path.with_name(f".{path.name}.tmp")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
 
 
 def save_engine_state(strategy, engine, path: str | Path, client_state: dict | None = None) -> Path:
@@ -285,63 +203,6 @@ def check_max_gb(max_gb: float | None) -> None:
     if max_gb is not None and not max_gb > 0:
         raise ValueError(f"max_ckpt_mem (--max_ckpt_mem) is a budget in GB and must be > 0, got {max_gb}; leave it "
                          f"unset for no budget")
-
-
-def to_universal(path: Path) -> Path:
-    """Collective (every rank of the engine's group): ``path/ds`` converted by DeepSpeed's ``ds_to_universal``
-    into ``path/ds_universal`` (tag :data:`UNIVERSAL_TAG`) by the group's rank 0, once: a temp folder renamed
-    when whole, kept for later resumes. ``inject_missing_state``: our checkpoints carry no Megatron
-    ``universal_checkpoint_info``, which the converter would otherwise require. Returns ``path``.
-
-    A failed conversion raises on every rank with rank 0's reason (the others would otherwise wait in a
-    collective until its timeout). The others wait in a gloo group of their own whose timeout fits a
-    conversion (:data:`UNIVERSAL_CONVERT_TIMEOUT_S`, ``RL_UNIVERSAL_CONVERT_TIMEOUT_S``): the run's collective
-    timeout (DeepSpeed's default 30 minutes, less when set) can be shorter than converting a large model."""
-    import datetime
-
-    final = path / UNIVERSAL_TAG
-    group = None
-    if dist.is_initialized() and dist.get_world_size() > 1:  # made by every rank before rank 0 starts converting
-        timeout = float(os.environ.get("RL_UNIVERSAL_CONVERT_TIMEOUT_S", UNIVERSAL_CONVERT_TIMEOUT_S))
-        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=timeout))
-    error = None
-    if (not dist.is_initialized() or dist.get_rank() == 0) and not final.is_dir():
-        try:
-            _convert_to_universal(path, final)
-        except Exception as e:  # noqa: BLE001 (told to every rank below, then raised)
-            error = e
-    if group is not None:
-        said = [None if error is None else str(error) if isinstance(error, RuntimeError)
-                else f"{type(error).__name__}: {error}"]
-        try:
-            dist.broadcast_object_list(said, src=0, group=group)
-        finally:
-            dist.destroy_process_group(group)
-        if error is None and said[0] is not None:  # rank 0's reason, here
-            raise RuntimeError(f"rank 0: {said[0]}")
-    if error is not None:
-        raise error
-    return path
-
-
-def _convert_to_universal(path: Path, final: Path) -> None:
-    import subprocess
-    import sys
-
-    tmp = path / f".tmp-{UNIVERSAL_TAG}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    out = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
-                          "--input_folder", str(path / DS_TAG),  # ds_to_universal's own options
-                          "--output_folder", str(tmp), "--inject_missing_state"],  # ds_to_universal's too
-                         capture_output=True, text=True)
-    if out.returncode != 0:
-        raise RuntimeError(f"DeepSpeed's ds_to_universal could not convert {path / DS_TAG} "
-                           f"(--use_ds_universal_ckpt): {out.stderr.strip().splitlines()[-1:]}; resume on the "
-                           f"number of ranks that saved it without the flag")
-    fsync_tree(tmp)
-    tmp.rename(final)
-    fsync_dir(path)
-    logger.info("converted %s to DeepSpeed's universal checkpoint %s", path / DS_TAG, final)
 
 
 def _step_dir(root: Path, step: int) -> Path:

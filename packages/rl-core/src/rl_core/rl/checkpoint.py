@@ -52,9 +52,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from rl_core.checkpoint import atomic_write_text, check_max_gb, folder_bytes, fsync_dir, fsync_tree, prune
+from rl_core.checkpoint import check_max_gb, folder_bytes, prune
 from rl_core.checkpoint_manifest import manifest, newest_usable, verify
 from rl_core.disk_space import named_if_full
+from rl_core.durable_io import atomic_write_text, fsync_dir, fsync_tree
 from rl_core.preflight import InputError
 
 logger = logging.getLogger(__name__)

@@ -84,6 +84,7 @@ from rl_core.rl.experience import Experience, dp_order, ring_shards
 from rl_core.rl.groups import LocalGroup, concurrently
 from rl_core.rl.pipeline import AsyncRollout
 from rl_core.rl.roles import require_reward
+from rl_core.rng_state import rng_state_from_json, rng_state_json, set_rng_state
 from rl_core.trainers.ppo_checkpoint import LoopCheckpoints, best_metric_key, resumed_settings
 from rl_core.trainers.ppo_config import PPOConfig
 from rl_core.trainers.ppo_eval import EvalPass
@@ -360,15 +361,11 @@ class PPOTrainer:
 
     def _loop_state(self, it: int) -> dict:
         """What a checkpoint after iteration ``it`` keeps of the loop (the roles' states are the workers')."""
-        from rl_core.checkpoint import rng_state_json
-
         return {"iteration": it, "settings": self._settings(), "cursor": self._ckpt_cursor, "kl_coef": self.kl.value if self.kl is not None else None,
                 "history": self.history, "gap_warned": self.gap_alarm.warned, "rng": rng_state_json()}
 
     def _resume(self) -> int:
         """Restore the newest committed iteration (every role and the loop); returns it (0 when none)."""
-        from rl_core.checkpoint import rng_state_from_json, set_rng_state
-
         newest = self.ckpt.newest() if self.ckpt is not None else None
         if newest is not None and newest >= self.num_iterations:  # before any role's state is read
             raise InputError(f"--load_checkpoint: the newest checkpoint under --ckpt_path {self.cfg.ckpt.ckpt_path} "
