@@ -16,7 +16,8 @@ import yaml
 from rl_cli.config import build_parser
 from rl_cli.loading import resolve
 from rl_cli.main import main
-from rl_cli.ppo import _groups, plan_from
+from rl_cli.placement_args import plan_from
+from rl_cli.ppo import _groups
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 REWARD = "def letter(prompt, response, label, **info):\n    return min(response.count(label), 8) / 8\n"

@@ -92,7 +92,7 @@ def print_config(command: str, cfgs: dict, chosen=()) -> None:
     for line in lines:
         _say(command, line)
     if ray:
-        from rl_cli.ppo import plan_from
+        from rl_cli.placement_args import plan_from
         from rl_placement import PlacementError
 
         try:

@@ -1,7 +1,7 @@
 """The ``rl`` command: dispatches to subcommands.
 
 ``rl sft | rm | dpo | kto`` (offline trainers, :mod:`rl_cli.train`), ``rl ppo`` and
-``rl ppo-ray`` (the PPO-family RL loop in one process or over Ray, :mod:`rl_cli.ppo`),
+``rl ppo-ray`` (the PPO-family RL loop in one process or over Ray, :mod:`rl_cli.ppo`, :mod:`rl_cli.ppo_ray`),
 each with ``--help``; ``rl demo`` (GRPO on a tiny model, :mod:`rl_cli.demo`);
 ``rl --version`` (every package's version) and ``rl doctor`` (what this machine can
 run: torch device, DeepSpeed, Ray, vLLM, flash-attn), ``rl serve-rm`` (a reward server for
@@ -16,8 +16,8 @@ import importlib
 import importlib.metadata as md
 import sys
 
-RL_COMMANDS = {"ppo": ("run_local", "PPO / GRPO / REINFORCE++ / RLOO in one process"),
-               "ppo-ray": ("run_ray", "the same RL loop over Ray: a placement plan, actors per role, vLLM/HF engines")}
+RL_COMMANDS = {"ppo": ("ppo:run_local", "PPO / GRPO / REINFORCE++ / RLOO in one process"),
+               "ppo-ray": ("ppo_ray:run_ray", "the same RL loop over Ray: a placement plan, actors per role, vLLM/HF engines")}
 PACKAGES = ("rl-algos", "rl-rollout", "rl-placement", "rl-core", "rl-cli")
 
 
@@ -48,9 +48,10 @@ def main(argv: list[str] | None = None) -> int:
     if argv and argv[0] in COMMANDS:
         return run(argv[0], argv[1:])
     if argv and argv[0] in RL_COMMANDS:
-        from rl_cli import ppo
+        import importlib
 
-        return getattr(ppo, RL_COMMANDS[argv[0]][0])(argv[1:])
+        module, func = RL_COMMANDS[argv[0]][0].split(":")
+        return getattr(importlib.import_module(f"rl_cli.{module}"), func)(argv[1:])
     if argv and argv[0] == "demo":
         from rl_cli.demo import main as demo
 

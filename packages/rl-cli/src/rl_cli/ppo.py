@@ -30,51 +30,15 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import os
 import sys
-from dataclasses import dataclass, field
 
 from rl_cli.config import build_parser
 from rl_cli.errors import CliArgs, UserError, set_debug, user_errors
 from rl_cli.loading import build, given, settings
+from rl_cli.placement_args import RayArgs, _world_sizes
 from rl_cli.train import _local_models, _wandb_installed, _wandb_key, check_moe
-from rl_rollout import engine_spec
-from rl_rollout.config import check_numbers, meta
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class RayArgs:
-    """Placement (OpenRLHF names); a role's counts default to the actor's when the run needs it."""
-
-    actor_num_nodes: int = field(default=1, metadata=meta("nodes of the actor (policy) group"))
-    actor_num_gpus_per_node: int = field(default=1, metadata=meta("GPUs per node of the actor group (its data-parallel ranks)"))
-    critic_num_nodes: int | None = field(default=None, metadata=meta("nodes of the critic group (default: the actor's, when the run has a critic)"))
-    critic_num_gpus_per_node: int | None = field(default=None, metadata=meta("GPUs per node of the critic group (default: the actor's)"))
-    ref_num_nodes: int | None = field(default=None, metadata=meta("nodes of the reference group (default: the actor's, when init_kl_coef > 0)"))
-    ref_num_gpus_per_node: int | None = field(default=None, metadata=meta("GPUs per node of the reference group (default: the actor's)"))
-    reward_num_nodes: int | None = field(default=None, metadata=meta("nodes of the reward-model group (default: the actor's, with --reward_pretrain)"))
-    reward_num_gpus_per_node: int | None = field(default=None, metadata=meta("GPUs per node of the reward-model group (default: the actor's)"))
-    vllm_num_engines: int = field(default=1, metadata=meta("rollout engines (replicas)"))
-    vllm_tensor_parallel_size: int = field(default=1, metadata=meta("GPUs per engine (vLLM tensor parallel)"))
-    colocate_actor_ref: bool = field(default=False, metadata=meta("actor and reference share GPUs"))
-    colocate_critic_reward: bool = field(default=False, metadata=meta("critic and reward model share GPUs"))
-    colocate_all_models: bool = field(default=False, metadata=meta("the hybrid engine (every model with the engines)"))
-    ray_address: str | None = field(default=None, metadata=meta(
-        "an existing cluster (default: RAY_ADDRESS, else the cluster `ray start --head` runs on this machine, "
-        "else a local Ray); token authentication is handled (rl_cli.ray_cluster)"))
-    num_gpus: int | None = field(default=None, metadata=meta(
-        "start a fresh local Ray with this many logical GPUs, even where a cluster runs (for machines without "
-        "GPUs; tests, dry runs)"))
-    placement_strategy: str = field(default="PACK", metadata=meta("PACK | SPREAD for the model groups"))
-    call_timeout_s: float = field(default=3600.0, metadata=meta(
-        "a role call that takes longer fails, naming the role and rank"))
-
-    def __post_init__(self) -> None:
-        check_numbers(self, positive=("call_timeout_s",), non_negative=(
-            "num_gpus", *(f"{r}_{c}" for r in ("critic", "ref", "reward") for c in ("num_nodes", "num_gpus_per_node"))),
-            at_least_1=("actor_num_nodes", "actor_num_gpus_per_node", "vllm_num_engines", "vllm_tensor_parallel_size"))
 
 
 def _groups(ray: bool) -> dict[str, type]:
@@ -95,9 +59,6 @@ def _groups(ray: bool) -> dict[str, type]:
 
 
 # Flags of the shared groups that an RL run would not use: refused, with the reason, instead of ignored.
-# OpenRLHF's --full_determinism for its vLLM engines (vllm_engine.py, after vLLM's reproducibility example): the
-# engine core runs in the engine's process, so its scheduling does not race a second process
-DETERMINISTIC_VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0"}
 UNUSED_BY_RL = {
     "output_key": "the RL loop generates the responses: only --input_key (and --label_key) are read",
     "chosen_key": "preference keys are for rl dpo / rl rm / rl kto, not the RL loop",
@@ -116,29 +77,6 @@ def _refuse_unused(cfgs: dict, parser) -> None:
     for name, why in UNUSED_BY_RL.items():
         if hasattr(d, name) and getattr(d, name) != getattr(defaults, name):
             parser.error(f"--{name}: {why}; drop the flag")
-
-
-def _role_counts(ray_args: RayArgs, ppo, model) -> dict[str, tuple[int, int]]:
-    """``{role: (nodes, GPUs per node)}`` of an ``rl ppo-ray`` run: the roles rl-core's :func:`run_roles` decides
-    the run has (0, 0 for the others), each defaulting to the actor's counts."""
-    from rl_core.rl.roles import run_roles
-
-    a, roles = ray_args, run_roles(ppo, reward_model=bool(model.reward_pretrain))
-
-    def counts(prefix: str, needed: bool) -> tuple[int, int]:
-        nodes, gpus = getattr(a, f"{prefix}_num_nodes"), getattr(a, f"{prefix}_num_gpus_per_node")
-        if not needed:
-            return 0, 0
-        return (a.actor_num_nodes if nodes is None else nodes), (a.actor_num_gpus_per_node if gpus is None else gpus)
-
-    return {"policy": (a.actor_num_nodes, a.actor_num_gpus_per_node), "critic": counts("critic", roles.critic),
-            "ref": counts("ref", roles.ref), "reward": counts("reward", roles.reward_model)}
-
-
-def _world_sizes(cfgs: dict) -> dict[str, int]:
-    """Ranks of each model role of an ``rl ppo-ray`` run, from the flags (the plan's own checks come later)."""
-    c = _role_counts(cfgs["ray"], cfgs["ppo"], cfgs["model"])
-    return {role: nodes * gpus for role, (nodes, gpus) in c.items()}
 
 
 def _auto(cfgs: dict, given: frozenset[str], ray: bool) -> tuple:
@@ -358,122 +296,3 @@ def run_local(argv: list[str] | None = None) -> int:
         finally:
             run.close()
     return _finish("ppo", run.trainer, cfgs)
-
-
-# ----- rl ppo-ray -----------------------------------------------------------------------------
-
-
-def plan_from(ray_args: RayArgs, ppo, model):
-    """The placement plan: roles the run needs (critic for gae, ref for KL, reward for a reward model)."""
-    from rl_placement import PlacementPlan
-
-    a, c = ray_args, _role_counts(ray_args, ppo, model)
-    return PlacementPlan.from_flags(
-        actor_num_nodes=a.actor_num_nodes, actor_num_gpus_per_node=a.actor_num_gpus_per_node,
-        critic_num_nodes=c["critic"][0], critic_num_gpus_per_node=c["critic"][1], ref_num_nodes=c["ref"][0],
-        ref_num_gpus_per_node=c["ref"][1], reward_num_nodes=c["reward"][0], reward_num_gpus_per_node=c["reward"][1],
-        vllm_num_engines=a.vllm_num_engines, vllm_tensor_parallel_size=a.vllm_tensor_parallel_size,
-        colocate_actor_ref=a.colocate_actor_ref, colocate_critic_reward=a.colocate_critic_reward,
-        colocate_all_models=a.colocate_all_models)
-
-
-def _local_ray_env() -> None:
-    """A local Ray's workers share this process's venv: no per-worker rebuild, bytecode kept.
-
-    Under ``uv run``, Ray 2.45+ would otherwise rebuild the whole workspace into every
-    worker's environment (its uv hook: minutes per run on 2 cores); and with
-    PYTHONDONTWRITEBYTECODE every worker compiles Ray from source.
-    """
-    import os
-    import tempfile
-
-    os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
-    os.environ.setdefault("PYTHONPYCACHEPREFIX", os.path.join(tempfile.gettempdir(), "rl-ray-pycache"))
-    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
-    try:
-        import ray._private.ray_constants as ray_constants
-
-        ray_constants.RAY_ENABLE_UV_RUN_RUNTIME_ENV = os.environ["RAY_ENABLE_UV_RUN_RUNTIME_ENV"] not in ("0", "false")
-    except (ImportError, AttributeError):
-        pass
-
-
-@user_errors("rl ppo-ray")
-def run_ray(argv: list[str] | None = None) -> int:
-    prepared = _prepare("ppo-ray", argv, ray=True)
-    if prepared is None:
-        return 0
-    cfgs, tok, prompts, eval_prompts = prepared
-    p, r, a = cfgs["ppo"], cfgs["rollout"], cfgs["ray"]
-    from rl_placement import PlacementError
-
-    try:
-        plan = plan_from(a, p, cfgs["model"])  # validated in pure Python before Ray starts
-    except PlacementError as e:
-        raise SystemExit(f"rl ppo-ray: the placement cannot work: {e}") from None
-    print(f"[rl ppo-ray] placement:\n{plan.describe()}", flush=True)
-    tp = a.vllm_tensor_parallel_size
-    if tp > 1 and r.kind != "auto" and not engine_spec(r.kind).tensor_parallel:
-        raise SystemExit(f"rl ppo-ray: --vllm_tensor_parallel_size {tp} shards each engine over {tp} GPUs, which "
-                         f"the {r.kind} engine cannot: use --rollout_engine vllm (or auto), or tensor parallel 1")
-    try:
-        cfgs["sync"].check(in_process=False, colocated=a.colocate_all_models, tensor_parallel_size=tp)
-    except ValueError as e:
-        raise SystemExit(f"rl ppo-ray: {e}") from None
-    with run_folders(cfgs):  # before Ray starts: a folder another run writes is refused at once
-        return _run_on_ray(cfgs, tok, prompts, eval_prompts, plan)
-
-
-def _run_on_ray(cfgs: dict, tok, prompts, eval_prompts, plan) -> int:
-    """rl ppo-ray from the checked settings and the placement plan: Ray, the roles, the engines, the loop."""
-    r, a = cfgs["rollout"], cfgs["ray"]
-    import ray
-
-    from rl_cli.ray_cluster import cluster_address, connect
-    from rl_cli.ray_factory import RayFactory
-    from rl_core.rl.build import build_run
-    from rl_placement import PlacementError, create_placement_groups
-
-    address = cluster_address(a.ray_address, a.num_gpus)  # --ray_address, RAY_ADDRESS, a `ray start` cluster here
-    if address:
-        connect(address)  # RAY_AUTH_MODE=token when a token is at hand; one line when the cluster refuses
-    else:
-        _local_ray_env()
-        # "local": always a fresh cluster of our own; a bare ray.init() would join whatever a stale
-        # /tmp/ray/ray_current_cluster names (a cluster not shut down) and refuse num_gpus
-        ray.init(address="local", num_gpus=a.num_gpus, include_dashboard=False, log_to_driver=True)
-    placed = factory = run = None
-    try:
-        try:
-            placed = create_placement_groups(plan, strategy=a.placement_strategy)
-        except PlacementError as e:
-            raise SystemExit(f"rl ppo-ray: the placement does not fit this cluster: {e}") from None
-        from rl_cli import extensions
-
-        exts = extensions.resolved(cfgs["cli"].extension)  # the role actors import them before they build
-        factory = RayFactory(placed, colocated=a.colocate_all_models, call_timeout_s=a.call_timeout_s,
-                             engine_env=DETERMINISTIC_VLLM_ENV if cfgs["strategy"].full_determinism else None,
-                             role_env={extensions.ENV: os.pathsep.join(exts)} if exts else None)
-        factory.spawn_engines(r.kind)  # the engines' processes and imports start beside the models' loading
-        try:
-            run = build_run(run_config(cfgs), factory, prompts=prompts, tokenizer=tok,
-                            reward_fn=cfgs["reward"].build(), metrics=metrics_logger(cfgs), eval_prompts=eval_prompts,
-                            ptx=pretrain_items(cfgs, tok, len(prompts)))
-        except ValueError as e:
-            raise SystemExit(f"rl ppo-ray: {e}") from None
-        print(f"[rl ppo-ray] {factory.describe()}", flush=True)
-        from rl_rollout.rewards import RewardError
-
-        try:
-            run.trainer.fit()
-        except RewardError as e:  # more reward calls failed than --reward_max_failure_rate tolerates
-            raise SystemExit(f"rl ppo-ray: {e}") from None
-        return _finish("ppo-ray", run.trainer, cfgs)
-    finally:
-        if run is not None:
-            run.close()
-        if factory is not None:
-            factory.shutdown()
-        if placed is not None:
-            placed.remove()
-        ray.shutdown()

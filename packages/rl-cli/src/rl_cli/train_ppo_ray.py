@@ -2,7 +2,7 @@
 
 import sys
 
-from rl_cli.ppo import run_ray
+from rl_cli.ppo_ray import run_ray
 
 if __name__ == "__main__":
     sys.exit(run_ray())
