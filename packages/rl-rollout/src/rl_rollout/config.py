@@ -20,8 +20,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import TYPE_CHECKING, Any
 
 from rl_rollout.engine import AUTO, EngineContext, EngineSpec, RolloutEngine, engine_names, resolve_engine
+
+if TYPE_CHECKING:
+    from rl_rollout.rewards import RewardRecord
 
 
 def meta(help: str, *, flags: tuple[str, ...] = (), openrlhf: tuple[str, ...] = ()) -> dict:
@@ -112,13 +116,14 @@ class EngineConfig:
         return {"dtype": canonical_dtype(dtype), "device": device, "max_batch_sequences": self.max_batch_sequences}
 
     def vllm_options(self, *, dtype: str, seed: int, in_process: bool = False, tensor_parallel_size: int = 1) -> dict:
-        opts = {"dtype": canonical_dtype(dtype), "seed": seed, "enforce_eager": self.enforce_eager,
-                "enable_prefix_caching": self.enable_prefix_caching, "tensor_parallel_size": tensor_parallel_size,
-                "engine_kwargs": {"gpu_memory_utilization": self.gpu_memory_utilization}}
+        engine_kwargs: dict[str, Any] = {"gpu_memory_utilization": self.gpu_memory_utilization}
+        opts: dict[str, Any] = {"dtype": canonical_dtype(dtype), "seed": seed, "enforce_eager": self.enforce_eager,
+                                "enable_prefix_caching": self.enable_prefix_caching,
+                                "tensor_parallel_size": tensor_parallel_size, "engine_kwargs": engine_kwargs}
         if in_process:
             opts["in_process"] = True
         if tensor_parallel_size > 1:  # one engine over several GPUs: vLLM's multiprocessing executor
-            opts["engine_kwargs"]["distributed_executor_backend"] = "mp"
+            engine_kwargs["distributed_executor_backend"] = "mp"
         # asked: vLLM's sleep mode where the platform has it (on CPU sleep only pauses scheduling); else off
         opts["enable_sleep_mode"] = None if self.enable_sleep else False
         return opts
@@ -306,7 +311,7 @@ class SummedRewards:
         self._last = parts
         return [sum(x) for x in zip(*parts, strict=True)]
 
-    def last_record(self):
+    def last_record(self) -> RewardRecord | None:
         """The latest batch as one :class:`~rl_rollout.rewards.RewardRecord`: rewards and scores summed per sample
         (a part without scores adds its rewards), every part's extra logs (a name two parts log gets the part's
         index appended the second time). None before the first :meth:`score`."""

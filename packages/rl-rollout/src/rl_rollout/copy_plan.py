@@ -157,7 +157,7 @@ class CopyPlan:
                 return f"its load computes what it copies into {owner} (not a view of the input)"
             if tuple(src.shape) != tuple(dst.shape):
                 return f"its load broadcasts into {owner}"
-            offset = src.storage_offset() - tensor.storage_offset()
+            offset = int(src.storage_offset() - tensor.storage_offset())  # an int (SymInt only when traced)
             entry.dsts.append(dst)
             entry.srcs.append((tuple(src.shape), tuple(src.stride()), offset))
             entry.params.append(owner)
@@ -208,7 +208,8 @@ class CopyPlan:
                 raise CopyPlanStale(f"{name}: {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}, recorded "
                                     f"as {e.layout[0]} {e.layout[3]} on {e.layout[4]}")
             planned.append((name, tensor))
-        dsts, srcs = [], []
+        dsts: list[torch.Tensor] = []
+        srcs: list[torch.Tensor] = []
         for name, tensor in planned:
             e = self.entries[name]
             dsts.extend(e.dsts)

@@ -129,7 +129,7 @@ class EngineSpec:
         """The engine class (imports its module)."""
         module, _, attr = self.target.partition(":")
         try:
-            obj = importlib.import_module(module)
+            obj: Any = importlib.import_module(module)  # then whatever the dotted name reaches (getattr: Any)
             for part in attr.split("."):
                 obj = getattr(obj, part)
         except (ImportError, AttributeError) as e:
@@ -193,7 +193,8 @@ def resolve_engine(kind: str = AUTO) -> EngineSpec:
     if kind != AUTO:
         return engine_spec(kind)
     _load_plugins()
-    ranked = sorted((s for s in _ENGINES.values() if s.auto_rank is not None), key=lambda s: s.auto_rank)
+    ranks = [(s.auto_rank, i, s) for i, s in enumerate(_ENGINES.values()) if s.auto_rank is not None]
+    ranked = [s for _, _, s in sorted(ranks, key=lambda r: r[:2])]  # by rank, then registration order
     reasons = []
     for spec in ranked:
         ok, why = spec.usable()

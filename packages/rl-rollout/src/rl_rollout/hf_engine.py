@@ -37,11 +37,20 @@ import os
 import threading
 import time
 from collections.abc import Iterable
+from typing import TYPE_CHECKING, cast
 
 import torch
 
 from rl_rollout.tick_batch import TickBatcher
-from rl_rollout.types import RolloutRequest, RolloutSample, SamplingParams
+from rl_rollout.types import FinishReason, RolloutRequest, RolloutSample, SamplingParams
+
+if TYPE_CHECKING:
+    from transformers import GenerationMixin, PreTrainedModel
+
+    from rl_rollout.transport import CollectiveReceiver
+
+    class _CausalLM(PreTrainedModel, GenerationMixin):
+        """What the engine holds: a transformers model that generates (as AutoModelForCausalLM's classes are)."""
 
 
 class HFEngine:
@@ -67,13 +76,14 @@ class HFEngine:
             raise ValueError(f"max_batch_sequences must be >= 1, got {max_batch_sequences}")
         self._processor = processor  # a VLM's (image) processor; loaded from the folder on the first image
         self._model_path = None if isinstance(model, torch.nn.Module) else str(model)
+        self._model: _CausalLM | None
         if isinstance(model, torch.nn.Module):
-            self.model = model
+            self._model = cast("_CausalLM", model)  # an already built transformers model (the class docstring)
         else:
             from rl_rollout.vision import causal_lm_class
 
             torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-            self.model = causal_lm_class(model).from_pretrained(
+            self._model = causal_lm_class(model).from_pretrained(
                 str(model), dtype=torch_dtype, attn_implementation=attn_implementation
             ).to(device)
         self.model.eval()
@@ -94,12 +104,20 @@ class HFEngine:
         self.batch_agenerate = False  # the RL loop's agent episodes turn it on (module docstring)
         self.partial_chunk_tokens: int | None = None  # partial rollouts (``_generate_partial``); None: off
         self._updates_waiting = 0  # update_weights calls waiting for the lock (a partial rollout lets them in)
-        self._receiver = None  # a CollectiveReceiver after init_weight_group
+        self._receiver: CollectiveReceiver | None = None  # set by init_weight_group
+
+    @property
+    def model(self) -> _CausalLM:
+        """The transformers model that generates (the one passed in, or loaded from the folder)."""
+        if self._model is None:
+            raise RuntimeError("HFEngine was shut down; build a new engine")
+        return self._model
 
     # ---- generation ----
 
     def generate(self, requests: list[RolloutRequest]) -> list[list[RolloutSample]]:
-        partial = self.partial_chunk_tokens is not None
+        chunk_tokens = self.partial_chunk_tokens
+        partial = chunk_tokens is not None
         with contextlib.nullcontext() if partial else self._lock:  # partial: locked chunk by chunk
             if not partial:
                 self._check_awake()
@@ -111,13 +129,15 @@ class HFEngine:
                 per_call = max(1, self.max_batch_sequences // params.n)
                 for start in range(0, len(idx), per_call):
                     chunk = idx[start : start + per_call]
-                    group = self._generate_partial if partial else self._generate_group
-                    samples = group([requests[i] for i in chunk], params)
+                    reqs = [requests[i] for i in chunk]
+                    samples = (self._generate_partial(reqs, params, chunk_tokens) if chunk_tokens is not None
+                               else self._generate_group(reqs, params))
                     results.update(zip(chunk, samples, strict=True))
             return [results[i] for i in range(len(requests))]
 
-    def _generate_partial(self, requests: list[RolloutRequest], params: SamplingParams) -> list[list[RolloutSample]]:
-        """Partial rollouts (:func:`rl_rollout.partial.generate_in_chunks`): ``partial_chunk_tokens`` new tokens at a
+    def _generate_partial(self, requests: list[RolloutRequest], params: SamplingParams,
+                          chunk_tokens: int) -> list[list[RolloutSample]]:
+        """Partial rollouts (:func:`rl_rollout.partial.generate_in_chunks`): ``chunk_tokens`` new tokens at a
         time, the lock released in between, so a weight update lands mid-response and the rest is sampled (its
         prefix re-read) with the new weights. One seed per chunk for the whole batch (one generator stream)."""
         from rl_rollout.partial import generate_in_chunks
@@ -127,7 +147,7 @@ class HFEngine:
                 self._check_awake()
                 return self._generate_group(reqs, p), self.policy_version
 
-        return generate_in_chunks(requests, params, self.partial_chunk_tokens, chunk, lambda: self._updates_waiting)
+        return generate_in_chunks(requests, params, chunk_tokens, chunk, lambda: self._updates_waiting)
 
     async def agenerate(self, request: RolloutRequest) -> list[RolloutSample]:
         if not self.batch_agenerate:
@@ -180,14 +200,21 @@ class HFEngine:
         with seed_ctx if params.seed is not None else contextlib.nullcontext():
             if params.seed is not None:
                 torch.manual_seed(params.seed)
-            out = self.model.generate(
+            # transformers types generate's self as a Protocol written for the ty checker (GenerativePreTrainedModel,
+            # with attributes such as `encoder` that PreTrainedModel does not declare): mypy refuses any model
+            out = self.model.generate(  # type: ignore[misc]
                 input_ids=input_ids_BT.to(self.device),
                 attention_mask=attention_mask_BT.to(self.device),
                 generation_config=gen_cfg,
                 **images,
             )
+        if isinstance(out, torch.Tensor):  # return_dict_in_generate=True: an output object, never bare ids
+            raise RuntimeError(f"transformers' generate returned a bare {type(out).__name__}, not an output object, "
+                               "despite return_dict_in_generate=True")
         gen_BL = out.sequences[:, width:].cpu()
         if params.logprobs:
+            if out.scores is None:
+                raise RuntimeError("transformers' generate returned no scores despite output_scores=True")
             scores_BLV = torch.stack(out.scores, dim=1).float()
             logprobs_BL = torch.log_softmax(scores_BLV, dim=-1).gather(-1, gen_BL.unsqueeze(-1).to(scores_BLV.device))
             logprobs_BL = logprobs_BL.squeeze(-1).cpu()
@@ -196,7 +223,7 @@ class HFEngine:
         for b in range(len(prompts)):
             tokens = gen_BL[b].tolist()
             end = next((t + 1 for t, tok in enumerate(tokens) if tok in stop_set), None)
-            finish = "stop" if end is not None else "length"
+            finish: FinishReason = "stop" if end is not None else "length"
             tokens = tokens[: end or len(tokens)]
             samples[b // n].append(
                 RolloutSample(
@@ -254,6 +281,7 @@ class HFEngine:
         from rl_rollout.ipc import IpcReceiver, IpcSync, open_bucket
 
         n = 0
+        groups: Iterable[list[tuple[str, torch.Tensor]]]
         with self._lock:
             if isinstance(sync, IpcSync):
                 if getattr(self, "_ipc", None) is None:
@@ -373,7 +401,7 @@ class HFEngine:
             raise ValueError(f"sleep level must be 1 or 2, got {level}")
         with self._lock:
             if self.device.type != "cpu":
-                self.model.to("cpu")
+                self.model.to("cpu")  # type: ignore[arg-type]  # transformers' functools.wraps on .to loses self
                 if self.device.type == "cuda":  # hand the freed blocks back to the driver: the colocated
                     torch.cuda.empty_cache()    # trainer allocates in another process, not from our cache
             self._sleeping = True
@@ -381,18 +409,18 @@ class HFEngine:
     def wake_up(self, tags: list[str] | None = None) -> None:
         with self._lock:
             if self.device.type != "cpu":
-                self.model.to(self.device)
+                self.model.to(self.device)  # type: ignore[arg-type]  # transformers' functools.wraps on .to loses self
             self._sleeping = False
 
     def shutdown(self) -> None:
-        self.model = None
+        self._model = None
         if getattr(self, "_ipc", None) is not None:
             self._ipc.close()  # releases the trainer's memory this engine had opened
 
     def _check_awake(self) -> None:
         if self._sleeping:
             raise RuntimeError("HFEngine is asleep: call wake_up() before generate()")
-        if self.model is None:
+        if self._model is None:
             raise RuntimeError("HFEngine was shut down; build a new engine")
 
 

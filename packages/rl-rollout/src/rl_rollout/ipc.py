@@ -61,6 +61,12 @@ class IpcBucket:
     def __reduce__(self):  # pickling (e.g. through a queue or an RPC) drops the sender-side tensor
         return (IpcBucket, (self.meta, self.handle, self.nbytes, self.sha256, None))
 
+    def _sender_payload(self) -> torch.Tensor:
+        """The sender's tensor (sender side only: a bucket that was pickled across processes has none)."""
+        if self._payload is None:
+            raise ValueError("this IpcBucket came through pickling: its payload tensor stays with the sender")
+        return self._payload
+
 
 def _digest(payload_U8: torch.Tensor) -> str:
     return hashlib.sha256(payload_U8.cpu().numpy().tobytes()).hexdigest()
@@ -208,13 +214,13 @@ class IpcSender:
             self.generation += 1
             self._buckets = list(share_buckets(named, device=self.device, bucket_bytes=self.bucket_bytes,
                                                pack=self.pack))
-            self._views = [t for b in self._buckets for _, t in unpack_tensors(b.meta, b._payload)] if self.pack else []
+            self._views = [t for b in self._buckets for _, t in unpack_tensors(b.meta, b._sender_payload())] if self.pack else []
             self._layout = layout
             self.nbytes = sum(t.numel() * t.element_size() for _, t in named)
         elif self.pack:
             torch._foreach_copy_(self._views, [t.reshape(v.shape) for v, (_, t) in zip(self._views, named, strict=True)])
         torch.cuda.current_stream(self.device).synchronize()  # written before another process reads
-        sha = tuple(_digest(b._payload) for b in self._buckets) if self.checksum else None
+        sha = tuple(_digest(b._sender_payload()) for b in self._buckets) if self.checksum else None
         return IpcSync(f"{self.id}/{self.generation}", len(self._buckets),
                        tuple(self._buckets) if fresh else None, sha)
 

@@ -19,7 +19,7 @@ import dataclasses
 import time
 from collections.abc import Callable
 
-from rl_rollout.types import RolloutRequest, RolloutSample, SamplingParams
+from rl_rollout.types import FinishReason, RolloutRequest, RolloutSample, SamplingParams
 
 ChunkFn = Callable[[list[RolloutRequest], SamplingParams], tuple[list[list[RolloutSample]], int]]
 
@@ -44,7 +44,7 @@ def generate_in_chunks(requests: list[RolloutRequest], params: SamplingParams, c
     tokens: list[list[int]] = [[] for _ in prompts]
     logprobs: list[list[float]] = [[] for _ in prompts]
     versions: list[list[int]] = [[] for _ in prompts]
-    finish: list[str | None] = [None] * len(prompts)
+    finish: list[FinishReason | None] = [None] * len(prompts)
     last_version = 0
     k = 0
     while active := [b for b in range(len(prompts)) if finish[b] is None]:
@@ -65,9 +65,14 @@ def generate_in_chunks(requests: list[RolloutRequest], params: SamplingParams, c
             if s.finish_reason != "length" or len(tokens[b]) >= params.max_new_tokens:
                 finish[b] = s.finish_reason
         k += 1
+    ended: list[FinishReason] = []
+    for reason in finish:
+        if reason is None:  # not reached: the loop above runs until every row has its finish reason
+            raise RuntimeError("generate_in_chunks: a row ended without a finish reason")
+        ended.append(reason)
     return [[RolloutSample(prompt_ids=prompts[i * n + j], response_ids=tokens[i * n + j],
                            rollout_logprobs=logprobs[i * n + j], loss_mask=[1] * len(tokens[i * n + j]),
-                           finish_reason=finish[i * n + j],
+                           finish_reason=ended[i * n + j],
                            policy_version=min(versions[i * n + j], default=last_version),
                            info={"request_id": r.request_id, "sample_index": j, "token_versions": versions[i * n + j]})
              for j in range(n)] for i, r in enumerate(requests)]

@@ -72,9 +72,7 @@ class EnginePool:
 
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Send the same weights to every member (materialised once: each member consumes them)."""
-        named = list(named_tensors)
-        for e in self.engines:
-            e.update_weights(named, version)
+        self._each("update_weights", list(named_tensors), version)
 
     def sleep(self, level: int = 1) -> None:
         self._each("sleep", level)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>", "<unk>"]
 CHAT_TEMPLATE = (
@@ -103,7 +104,7 @@ def make_tiny_model(
     path.mkdir(parents=True, exist_ok=True)
     tok = make_tokenizer(vocab_size)
     config_cls, model_cls = (MixtralConfig, MixtralForCausalLM) if num_experts else (LlamaConfig, LlamaForCausalLM)
-    moe = {"num_local_experts": num_experts, "num_experts_per_tok": min(2, num_experts)} if num_experts else {}
+    moe: dict[str, Any] = {"num_local_experts": num_experts, "num_experts_per_tok": min(2, num_experts)} if num_experts else {}
     cfg = config_cls(
         **moe,
         vocab_size=vocab_size,
@@ -328,11 +329,12 @@ def ipc_trainer_process(model_path: str, queue, done, corrupt: bool = False, see
 
     from rl_rollout.ipc import share_buckets
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).cuda()
+    # transformers wraps Module.cuda with functools.wraps, whose typeshed type loses the bound self
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).cuda()  # type: ignore[call-arg]
     model.load_state_dict(peaked_weights(model, seed=seed), strict=False)
     buckets = list(share_buckets(model.state_dict().items(), bucket_bytes=1 << 20, checksum=True, pack=pack))
     if corrupt:
-        buckets[1]._payload[0] ^= 1
+        buckets[1]._sender_payload()[0] ^= 1
         torch.cuda.synchronize()
     queue.put(buckets)
     done.wait(120)
@@ -347,7 +349,8 @@ def ipc_sender_process(model_path: str, to_engine, from_engine, seeds: list[int]
 
     from rl_rollout.ipc import IpcSender
 
-    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).cuda()
+    # transformers wraps Module.cuda with functools.wraps, whose typeshed type loses the bound self
+    model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).cuda()  # type: ignore[call-arg]
     sender = IpcSender(bucket_bytes=1 << 20, checksum=True, pack=pack)
     for seed in seeds:
         with torch.no_grad():

@@ -45,8 +45,9 @@ import datetime
 import hashlib
 import logging
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Protocol, cast
 
 import msgpack
 import torch
@@ -84,6 +85,16 @@ class SyncStats:
         return dataclasses.asdict(self)
 
 
+class _Collectives(Protocol):
+    """What :class:`WeightGroup` calls on its c10d backend. ProcessGroupGloo and ProcessGroupNCCL have these
+    methods (their pybind bindings, inherited from ``Backend``), but torch's stubs leave them out, so the
+    backends are cast to this."""
+
+    def broadcast(self, tensor: torch.Tensor, root: int) -> torch.distributed.Work: ...
+
+    def allreduce(self, tensors: list[torch.Tensor]) -> torch.distributed.Work: ...
+
+
 class WeightGroup:
     """A process group for weight broadcasts only: rank 0 serves the ``TCPStore``; root is always 0.
 
@@ -119,17 +130,25 @@ class WeightGroup:
             master_addr, master_port, world_size, is_master=rank == 0, timeout=timeout, wait_for_workers=False
         )
         store = torch.distributed.PrefixStore(_STORE_PREFIX, self._store)
+        self._pg: _Collectives | None  # None once closed
         if backend == "gloo":
-            self._pg = torch.distributed.ProcessGroupGloo(store, rank, world_size, timeout)
+            self._pg = cast(_Collectives, torch.distributed.ProcessGroupGloo(store, rank, world_size, timeout))
         else:
             torch.cuda.set_device(self.device)
-            self._pg = torch.distributed.ProcessGroupNCCL(store, rank, world_size, timeout)
+            # torch's stub lists only the binding's (store, rank, size, options) form; it takes a timeout as well
+            nccl = torch.distributed.ProcessGroupNCCL(store, rank, world_size, timeout)  # type: ignore[arg-type]
+            self._pg = cast(_Collectives, nccl)
+
+    def _live_pg(self) -> _Collectives:
+        if self._pg is None:
+            raise RuntimeError("this WeightGroup was closed; build a new one (init_weight_group)")
+        return self._pg
 
     def broadcast_(self, tensor: torch.Tensor) -> torch.Tensor:
-        self._pg.broadcast(tensor, 0).wait()
+        self._live_pg().broadcast(tensor, 0).wait()
         return tensor
 
-    def send_frame(self, kind: int, meta: bytes, chunks: list[torch.Tensor] = ()) -> list:
+    def send_frame(self, kind: int, meta: bytes, chunks: Sequence[torch.Tensor] = ()) -> list:
         """Broadcast a frame: header, metadata, then each chunk (flat ``uint8``). Returns the
         in-flight ``(work, tensor)`` pairs; the tensors must stay unchanged until each is waited on."""
         if len(meta) > MAX_META_BYTES:
@@ -138,7 +157,8 @@ class WeightGroup:
         payload_len = sum(c.numel() for c in chunks)
         header = torch.tensor([kind, len(meta), payload_len], dtype=torch.int64, device=self.device)
         tensors = [header, torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(self.device), *chunks]
-        return [(self._pg.broadcast(t, 0), t) for t in tensors if t.numel()]
+        pg = self._live_pg()
+        return [(pg.broadcast(t, 0), t) for t in tensors if t.numel()]
 
     def recv_header(self) -> tuple[int, bytes, int]:
         """A frame's kind, metadata and payload length; the payload's broadcasts follow.
@@ -167,7 +187,7 @@ class WeightGroup:
     def count_failures(self, failed: bool) -> int:
         """All-reduce (sum) of one flag per rank: how many ranks failed."""
         flag = torch.tensor([int(failed)], dtype=torch.int64, device=self.device)
-        self._pg.allreduce([flag]).wait()
+        self._live_pg().allreduce([flag]).wait()
         return int(flag.item())
 
     def close(self) -> None:
@@ -181,7 +201,8 @@ def payload_sha256(*chunks_U8: torch.Tensor) -> str:
     """sha256 of flat ``uint8`` tensors' bytes in order (copied to the host first when on an accelerator)."""
     h = hashlib.sha256()
     for chunk in chunks_U8:
-        h.update(chunk.detach().cpu().contiguous().numpy())
+        # numpy's stubs give ndarray its __buffer__ on Python >= 3.12 only; it is a buffer on every version
+        h.update(chunk.detach().cpu().contiguous().numpy())  # type: ignore[arg-type]
     return h.hexdigest()
 
 
@@ -371,7 +392,8 @@ class CollectiveReceiver:
                 to_load.append((name, view))
             chunks.append(chunk)
             named.append((name, view))
-        for work in [self.group._pg.broadcast(c, 0) for c in chunks if c.numel()]:
+        pg = self.group._live_pg()
+        for work in [pg.broadcast(c, 0) for c in chunks if c.numel()]:
             work.wait()
         if drain:
             return 0

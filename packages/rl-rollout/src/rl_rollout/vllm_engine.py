@@ -82,14 +82,16 @@ import itertools
 import logging
 import os
 import threading
-from collections.abc import Sequence
-from typing import Any, Literal
+from collections.abc import Coroutine, Sequence
+from typing import Any, Literal, TypeVar
 
 import torch
 
-from rl_rollout.types import RolloutRequest, RolloutSample
+from rl_rollout.types import FinishReason, RolloutRequest, RolloutSample
 from rl_rollout.vllm_weights import VLLMWeightsMixin, check_encoder_cache_reset
 from rl_rollout.weights import DEFAULT_BUCKET_BYTES, as_torch_dtype
+
+_T = TypeVar("_T")
 
 logger = logging.getLogger(__name__)
 
@@ -160,7 +162,7 @@ class VLLMEngine(VLLMWeightsMixin):
         self._partial_chunk_tokens: int | None = None
         self._updates_waiting = 0  # update sessions waiting for the lock (the chunk loop lets them in)
         self._dtype: torch.dtype | None = None
-        args = dict(
+        args: dict[str, Any] = dict(  # vLLM's engine arguments
             model=str(model),
             tensor_parallel_size=tensor_parallel_size,
             dtype=vllm_dtype(dtype),
@@ -189,7 +191,7 @@ class VLLMEngine(VLLMWeightsMixin):
             args["enable_chunked_prefill"] = False
         args.update(engine_kwargs or {})
         args["dtype"] = vllm_dtype(args["dtype"])
-        self._memory_share = args.get("gpu_memory_utilization")  # None: vLLM's default
+        self._memory_share: float | None = args.get("gpu_memory_utilization")  # None: vLLM's default
         # a vision-language model: requests may carry images; its placeholder tokens are never sampled
         self._placeholders = _placeholder_ids(model)
         if self._placeholders is not None:  # refused now, not at the first sync after the model loaded
@@ -240,8 +242,9 @@ class VLLMEngine(VLLMWeightsMixin):
         if self.mode == "async":
             futures = [asyncio.run_coroutine_threadsafe(self._agenerate_on_loop(r), self._loop) for r in requests]
             return [f.result() for f in futures]
-        if self.partial_chunk_tokens is not None:
-            return self._generate_partial(requests)
+        chunk_tokens = self.partial_chunk_tokens
+        if chunk_tokens is not None:
+            return self._generate_partial(requests, chunk_tokens)
         return self._generate_locked(requests)[0]
 
     def _generate_locked(self, requests: list[RolloutRequest]) -> tuple[list[list[RolloutSample]], int]:
@@ -252,8 +255,8 @@ class VLLMEngine(VLLMWeightsMixin):
             outputs = self._llm.generate(prompts, [self._params(r) for r in requests], use_tqdm=False)
         return [_to_samples(r, o, version, version) for r, o in zip(requests, outputs, strict=True)], version
 
-    def _generate_partial(self, requests: list[RolloutRequest]) -> list[list[RolloutSample]]:
-        """Partial rollouts (:mod:`rl_rollout.partial`): ``partial_chunk_tokens`` tokens per chunk, the lock
+    def _generate_partial(self, requests: list[RolloutRequest], chunk_tokens: int) -> list[list[RolloutSample]]:
+        """Partial rollouts (:mod:`rl_rollout.partial`): ``chunk_tokens`` (``partial_chunk_tokens``) tokens per chunk, the lock
         released in between so that an update lands mid-response; ``info["token_versions"]`` per token."""
         from rl_rollout.partial import generate_in_chunks
 
@@ -262,7 +265,7 @@ class VLLMEngine(VLLMWeightsMixin):
         for i, r in enumerate(requests):
             groups.setdefault(r.params, []).append(i)
         for params, idx in groups.items():
-            samples = generate_in_chunks([requests[i] for i in idx], params, self.partial_chunk_tokens,
+            samples = generate_in_chunks([requests[i] for i in idx], params, chunk_tokens,
                                          lambda reqs, _p: self._generate_locked(reqs), lambda: self._updates_waiting,
                                          seed_per_row=True)
             results.update(zip(idx, samples, strict=True))
@@ -382,7 +385,7 @@ class VLLMEngine(VLLMWeightsMixin):
         if blocking:
             raise RuntimeError(f"VLLMEngine is asleep (tags {sorted(blocking)}): call wake_up() before this call")
 
-    def _run(self, coro):
+    def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
         return asyncio.run_coroutine_threadsafe(coro, self._loop).result()
 
 
@@ -490,7 +493,7 @@ def _to_samples(request: RolloutRequest, output, version: int, version_end: int)
     for c in completions:
         ids = list(c.token_ids)
         logprobs = [step[t].logprob for t, step in zip(ids, c.logprobs, strict=True)] if request.params.logprobs else []
-        finish = c.finish_reason if c.finish_reason in ("stop", "length") else "abort"
+        finish: FinishReason = c.finish_reason if c.finish_reason in ("stop", "length") else "abort"
         info = {"request_id": request.request_id, "sample_index": c.index}
         if getattr(output, "num_cached_tokens", None) is not None:  # prompt tokens served from the prefix cache
             info["prompt_cached_tokens"] = output.num_cached_tokens

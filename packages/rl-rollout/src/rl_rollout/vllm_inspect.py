@@ -116,6 +116,8 @@ def _row_sums(module, pname: str, dtype) -> tuple[torch.Tensor, torch.Tensor, in
             row_sum += y.sum(0)
             row_sumsq += y.square().sum(0)
             i += c
+        if row_sum is None or row_sumsq is None:  # not reached: k >= 1, so the loop ran
+            raise Unsupported(f"{type(module).__name__}: no rows of its packed CPU weight were probed (k={k})")
         return row_sum, row_sumsq, k
     if param.is_meta or param.numel() == 0:
         raise Unsupported(f"{type(module).__name__}.{pname} holds no values here ({tuple(param.shape)})")

@@ -19,7 +19,9 @@ count, float64 sum and sum of squares, read through the kernels (see the worker)
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable, Mapping
+import threading
+from collections.abc import Coroutine, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
@@ -35,6 +37,8 @@ from rl_rollout.weights import (
 )
 
 logger = logging.getLogger(__name__)
+
+_T = TypeVar("_T")
 
 
 ENCODER_CACHE_RESET_MISSING = (
@@ -55,6 +59,31 @@ def check_encoder_cache_reset(mode: str) -> None:
 
 class VLLMWeightsMixin:
     """Weight loading and checks for :class:`~rl_rollout.vllm_engine.VLLMEngine`."""
+
+    # The engine's state this mixin uses, set by VLLMEngine.__init__ (annotations only: no class attributes).
+    mode: str  # "sync" | "async"
+    pause_mode: str
+    bucket_bytes: int
+    tensor_parallel_size: int
+    hands_over_tensors: bool
+    policy_version: int
+    last_sync_reports: list[dict[str, Any]]
+    _llm: Any  # vllm.LLM (sync mode) or vllm's AsyncLLM (async mode): vLLM's own objects
+    _lock: threading.RLock
+    _updates_waiting: int
+    _weights_epoch: int
+    _dtype: torch.dtype | None
+
+    if TYPE_CHECKING:  # the engine's methods this mixin calls (defined by VLLMEngine)
+
+        def _rpc(self, method: str, *args: Any) -> list[Any]: ...
+
+        def _check_usable(self, need: str | None = None) -> None: ...
+
+        def _run(self, coro: Coroutine[Any, Any, _T]) -> _T: ...
+
+        @property
+        def takes_images(self) -> bool: ...
 
     def update_weights(
         self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *, verify: bool = False,
@@ -156,6 +185,8 @@ class VLLMWeightsMixin:
             if reports is not None:
                 self.last_sync_reports = reports  # one per worker: tensors, kept_old, partial (and copy_plan)
             if version is not None:
+                if reports is None:
+                    raise ValueError("_close_session: setting a version needs the workers' session reports")
                 _check_session(reports)
                 if expected is not None:
                     self.verify_weights(expected)

@@ -61,6 +61,7 @@ import hashlib
 import logging
 import os
 import time
+from typing import Any
 
 import torch
 
@@ -71,6 +72,13 @@ logger = logging.getLogger(__name__)
 
 class WorkerExtension:
     """Methods added to vLLM's worker (``self`` is the worker; ``self.model_runner`` exists)."""
+
+    # vLLM's worker's attributes these methods use (annotations only). vLLM's own objects are Any: the model
+    # runner's class depends on the platform, and vLLM is not installed where mypy runs.
+    model_runner: Any  # vLLM's GPUModelRunner, CPUModelRunner, ...
+    vllm_config: Any  # vllm.config.VllmConfig
+    rank: int
+    device: torch.device
 
     def rl_begin_weight_update(self) -> None:
         from vllm.config import set_current_vllm_config
@@ -83,7 +91,8 @@ class WorkerExtension:
         # parameters stay one tensor. On CPU the linear weights are packed after loading, so never there.
         self._rl_direct = _direct_load(self.vllm_config.model_config)
         self._rl_seen: set[str] = set()  # HF names received in this session
-        self._rl_session_params = None  # the model's parameters by name for this session (from self._rl_index)
+        # the model's parameters by name for this session (from self._rl_index)
+        self._rl_session_params: dict[str, torch.Tensor] | None = None
         if self._rl_direct:
             self._rl_ties = {}
             self._rl_plan_stats = {"recorded": 0, "copies": 0, "loader": 0, "load_s": 0.0}
@@ -250,6 +259,7 @@ class WorkerExtension:
         if not hasattr(self, "_rl_loaded"):
             raise RuntimeError("rl_finish_weight_update called without rl_begin_weight_update")
         model = self.model_runner.get_model()
+        report: dict[str, Any]
         if self._rl_direct:  # nothing to re-process: the live parameters were filled in place
             plan = getattr(self, "_rl_plan", None)
             left = ({"left_out": len(plan.skipped), "left_out_examples": sorted(plan.skipped.items())[:6]}

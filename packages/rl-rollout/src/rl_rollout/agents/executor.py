@@ -51,7 +51,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_rollout.agents.env import Environment, StepResult
-from rl_rollout.types import RolloutRequest, RolloutSample, SamplingParams
+from rl_rollout.types import FinishReason, RolloutRequest, RolloutSample, SamplingParams
 
 
 @dataclass
@@ -254,7 +254,8 @@ class AgentExecutor:
                 break
             append(ids, None)
 
-        finish = {"done": "stop", "env_error": "stop", "abort": "abort"}.get(cause, "length")
+        finishes: dict[str, FinishReason] = {"done": "stop", "env_error": "stop", "abort": "abort"}
+        finish = finishes.get(cause, "length")
         return RolloutSample(
             prompt_ids=list(req.prompt_ids),
             response_ids=response,

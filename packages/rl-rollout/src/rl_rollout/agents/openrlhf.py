@@ -144,6 +144,8 @@ def _load_file(path: str) -> types.ModuleType:
         raise FileNotFoundError(f"--agent_func_path {path}: no such file")
     name = f"rl_agent_{abs(hash(str(p.resolve())))}"
     spec = importlib.util.spec_from_file_location(name, p)
+    if spec is None or spec.loader is None:  # e.g. a file name Python has no loader for
+        raise ImportError(f"--agent_func_path {path}: cannot load it as a Python module")
     module = importlib.util.module_from_spec(spec)
     with _openrlhf_import_shim():
         spec.loader.exec_module(module)

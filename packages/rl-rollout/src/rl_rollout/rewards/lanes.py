@@ -16,7 +16,7 @@ import signal
 import threading
 import time
 import traceback
-from typing import Any
+from typing import Any, NoReturn
 
 from rl_rollout.rewards.loading import RewardLoadError, RewardSpec, as_reward, load_reward_fn, reward_fn_name
 
@@ -29,15 +29,15 @@ class ProcessExitCalled(Exception):
     """A reward function called ``os._exit`` on an in-process lane, where it would end the trainer's process."""
 
 
-def _guarded_exit(code: int) -> None:
+def _guarded_exit(status: int) -> NoReturn:  # os._exit's parameter name: it replaces os._exit
     """``os._exit`` while reward lanes run in this process: on a lane inside a reward call, an error of that call
     instead of the end of the trainer (issue 40: the run died with no message and an empty metrics file);
     anywhere else, the real exit."""
     if getattr(_lane, "calling", False):
         raise ProcessExitCalled(
-            f"the reward function called os._exit({code}), which on the trainer's thread lanes would end the whole "
+            f"the reward function called os._exit({status}), which on the trainer's thread lanes would end the whole "
             f"run; return a reward or raise instead, or run rewards in processes (--reward_workers N)")
-    _real_exit(code)
+    _real_exit(status)
 
 
 def _guard_exit() -> None:

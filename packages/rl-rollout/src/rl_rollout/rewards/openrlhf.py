@@ -95,7 +95,7 @@ class OpenRLHFRewardFunc:
             finally:
                 self._busy.release()
 
-        if not self._busy.acquire(timeout=-1 if deadline is None else self.timeout_s):
+        if not self._busy.acquire(timeout=-1 if self.timeout_s is None else self.timeout_s):
             raise RewardTimeoutError(
                 f"reward_func in {self.path}: an earlier call that timed out is still running after "
                 f"timeout_s={self.timeout_s}; it may hang: fix the function or raise the timeout"

@@ -220,7 +220,7 @@ def _health_url(url: str) -> str:
 def _concat(parts: list[RewardRecord]) -> RewardRecord:
     """Shards' records in order, as one; scores and a log only where every shard sent them."""
     rewards = [r for p in parts for r in p.rewards]
-    scores = None if any(p.scores is None for p in parts) else [s for p in parts for s in p.scores]
+    scores = None if any(p.scores is None for p in parts) else [s for p in parts if p.scores is not None for s in p.scores]
     keys = set.intersection(*(set(p.extra_logs) for p in parts))
     return RewardRecord(rewards, scores, {k: [v for p in parts for v in p.extra_logs[k]] for k in sorted(keys)})
 

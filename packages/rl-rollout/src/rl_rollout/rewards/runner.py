@@ -101,6 +101,12 @@ class _Tally:
         return RewardCounts(n["ok"], n["error"], n["timeout"], n["nonfinite"], self.first and self.first[1])
 
 
+def _is_real(x: object) -> bool:
+    """Whether ``x`` is a real number (int, float, numpy scalar, ...). A function, not an inline ``isinstance``:
+    typeshed's ``float`` is no ``numbers.Real``, so mypy would take the code after the check as unreachable."""
+    return isinstance(x, numbers.Real)
+
+
 class RewardRunner:
     """Run reward function ``fn`` over batches, every call bounded by ``timeout_s``: in ``workers`` processes,
     or (``workers=0``) on daemon threads of this process.
@@ -133,7 +139,7 @@ class RewardRunner:
             raise ValueError(f"on_error must be one of {[m.value for m in OnError]}, got {on_error!r}") from None
         if not math.isfinite(fallback):
             raise ValueError(f"fallback must be a finite float, got {fallback!r}")
-        if not isinstance(timeout_s, numbers.Real) or not (0 < timeout_s < math.inf):
+        if not _is_real(timeout_s) or not (0 < timeout_s < math.inf):
             raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}: every reward "
                              "call is bounded; pass a large one (e.g. 3600) for slow functions")
         straggler_s = timeout_s / 4 if straggler_s is None else straggler_s
