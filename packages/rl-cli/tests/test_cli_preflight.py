@@ -287,6 +287,33 @@ def test_a_run_dir_another_run_holds_is_refused_before_any_model_loads(task):
         holder.wait()
 
 
+def test_a_save_path_another_run_holds_is_refused_by_rl_sft_before_the_model_loads(task):
+    """issue 40: --save_path was not locked (the export renames a folder over it, so a lock file inside it would
+    go); now it is locked beside it, and the train commands take their locks before the model loads (the
+    trainer took them after). The holder's export is left as it was."""
+    root, model = task
+    out_dir = root / "sft-held"
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time\nfrom rl_core.folder_lock import hold\n"
+                               "locks = hold({}, {'--save_path': sys.argv[1]})\nprint('held', flush=True)\n"
+                               "time.sleep(600)", str(out_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        out_dir.mkdir()
+        (out_dir / "config.json").write_text("{}")
+        out, seconds = rl("sft", "--pretrain", str(model), "--dataset", str(root / "sft.jsonl"), "--input_key",
+                          "input", "--output_key", "output", "--train_batch_size", "4", "--micro_train_batch_size",
+                          "2", "--bf16", "false", "--save_path", str(out_dir))
+        assert out.returncode == 2, out.stderr[-3000:]
+        last = [line for line in out.stderr.splitlines() if line.strip()][-1]
+        assert re.search(rf"^rl sft: --save_path .*sft-held is in use by another run \(host .*, pid {holder.pid}, ",
+                         last), last
+        assert "Traceback" not in out.stderr and "Loading weights" not in out.stderr
+        assert sorted(p.name for p in out_dir.iterdir()) == ["config.json"] and seconds < BOUND_S
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_damaged_newest_checkpoint_is_skipped_before_any_model_loads_and_the_run_resumes_from_the_one_before(task):
     """issue 40 finding 2, with rl ppo's real DeepSpeed checkpoints: a truncated model file in the newest one was a
     traceback after the model loaded ('OSError: [Errno 22] Invalid argument', no file named). Now the manifest

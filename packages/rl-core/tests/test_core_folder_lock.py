@@ -78,3 +78,27 @@ def test_a_run_that_wrote_nothing_leaves_no_folder_and_one_that_wrote_keeps_its_
     (tmp_path / "used" / "metrics.jsonl").write_text("{}\n")
     locks.release()
     assert sorted(p.name for p in (tmp_path / "used").iterdir()) == [LOCK_NAME, "metrics.jsonl"]
+
+
+def test_a_folder_the_run_replaces_whole_is_locked_beside_it_and_survives_the_rename(tmp_path):
+    """--save_path: the HF export writes a temp folder and renames it over save_path, which would take a lock
+    file inside it away; its lock sits beside it (PARENT/.NAME.rl.lock), so a second run is refused across the
+    rename, and the folder itself holds no lock file."""
+    out = tmp_path / "out"
+    locks = hold({}, {"--save_path": str(out)})
+    tmp = tmp_path / ".tmp-out"
+    tmp.mkdir()
+    (tmp / "config.json").write_text("{}")
+    tmp.rename(out)  # what rl_core.hf_export does
+    code = ("import sys\nfrom rl_core.folder_lock import hold, FolderInUse\n"
+            "try:\n    hold({}, {'--save_path': sys.argv[1]})\nexcept FolderInUse as e:\n    print(e)")
+    said = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True).stdout
+    assert f"--save_path {out} is in use by another run" in said and f"pid {os.getpid()}" in said, said
+    assert sorted(p.name for p in out.iterdir()) == ["config.json"]
+    assert (tmp_path / f".out{LOCK_NAME}").is_file()
+    locks.release()
+    said = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True).stdout
+    assert said == "", said  # released: the next run takes it
+    # a folder lock and a beside lock of the same folder are two locks, each refused to another process alike
+    with hold({"--ckpt_path": str(out)}, {"--save_path": str(out)}):
+        assert (out / LOCK_NAME).is_file() and (tmp_path / f".out{LOCK_NAME}").is_file()

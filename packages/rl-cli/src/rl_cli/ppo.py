@@ -263,14 +263,16 @@ def _finish(name: str, trainer, cfgs) -> int:
 
 @contextlib.contextmanager
 def run_folders(cfgs: dict):
-    """Lock the folders the run writes (``--run_dir``, ``--ckpt_path``: rl_core.folder_lock) for its life, then
+    """Lock the folders the run writes (``--run_dir``, ``--ckpt_path``, ``--save_path``: rl_core.folder_lock) for its
+    life, then
     decide what resume takes (rl_core.trainers.ppo_checkpoint.check_folder: damaged checkpoints skipped, a folder
     that cannot serve refused), all before any model loads."""
     from rl_core.folder_lock import hold
     from rl_core.trainers.ppo_checkpoint import check_folder
 
-    with hold({"--run_dir": cfgs["ppo"].run_dir, "--ckpt_path": cfgs["ppo"].ckpt.ckpt_path}):
-        check_folder(cfgs["ppo"].ckpt)
+    ck = cfgs["ppo"].ckpt
+    with hold({"--run_dir": cfgs["ppo"].run_dir, "--ckpt_path": ck.ckpt_path}, {"--save_path": ck.save_path}):
+        check_folder(ck)
         yield
 
 

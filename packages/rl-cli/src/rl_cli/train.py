@@ -307,12 +307,18 @@ def run(name: str, argv: list[str] | None = None) -> int:
             print(f"[rl {name}] eval set: {eval_ds.report.summary()}")
         print(f"[rl {name}] {plan.describe()}", flush=True)
     ck = cfgs["train"].ckpt
-    if ck.load_checkpoint and ck.ckpt_path:  # before the model loads: a damaged newest checkpoint skipped and named,
-        from rl_core.checkpoint import CheckpointManager  # a folder with none usable refused in one line
+    from rl_core.folder_lock import hold
 
-        CheckpointManager(ck.ckpt_path, strategy, ck.max_ckpt_num, ck.max_ckpt_mem).usable()
-    trainer = cmd.build(strategy, cfgs, tok, ds, cfgs["train"], eval_ds)
-    losses = trainer.fit()
+    # before the model loads: the folders this run writes are its own (rank 0 locks them for all; the trainer
+    # shares the locks), then a damaged newest checkpoint is skipped and named, a folder with none usable refused
+    with hold({"--run_dir": cfgs["train"].run_dir, "--ckpt_path": ck.ckpt_path}, {"--save_path": ck.save_path}) \
+            if rank0 else hold({}):
+        if ck.load_checkpoint and ck.ckpt_path:
+            from rl_core.checkpoint import CheckpointManager
+
+            CheckpointManager(ck.ckpt_path, strategy, ck.max_ckpt_num, ck.max_ckpt_mem).usable()
+        trainer = cmd.build(strategy, cfgs, tok, ds, cfgs["train"], eval_ds)
+        losses = trainer.fit()
     if rank0:
         t = cfgs["train"]
         where = {k: v for k, v in (("save_path", t.ckpt.save_path), ("ckpt_path", t.ckpt.ckpt_path),

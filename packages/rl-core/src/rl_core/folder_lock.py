@@ -2,7 +2,9 @@
 run's whole life, so a second run given the same folder is refused at once, in one line naming the holder,
 instead of interleaving its metrics and checkpoints with the first's (or deleting a checkpoint it is writing).
 
-The lock is ``flock`` on ``FOLDER/.rl.lock`` (its text: the holder's host, pid and start time). The kernel
+The lock is ``flock`` on ``FOLDER/.rl.lock`` (its text: the holder's host, pid and start time). A folder the run
+replaces whole (``save_path``: the HF export is written beside it and renamed over it, which would take a lock
+file inside it away) is locked beside it instead, on ``PARENT/.NAME.rl.lock``. The kernel
 releases it when the holder's process ends, however it ends, so a lock whose process is gone is taken over,
 with a warning naming the previous holder. ``flock`` is local to a machine: runs on two hosts sharing a network
 folder are not kept apart by it (NFS maps it to byte-range locks only on some mounts).
@@ -31,15 +33,17 @@ class FolderInUse(ValueError):
 
 
 class _Lock:
-    def __init__(self, folder: Path, flag: str):
+    def __init__(self, folder: Path, flag: str, beside: bool = False):
         self.folder, self.flag, self.count, self.fd = folder, flag, 0, -1
-        self.created = False  # the folder did not exist: a run that wrote nothing into it leaves none behind
+        # the lock file: in the folder, or beside it for a folder the run replaces whole
+        self.path = folder.parent / f".{folder.name}{LOCK_NAME}" if beside else folder / LOCK_NAME
+        self.created = False  # the lock's folder did not exist: a run that wrote nothing there leaves none behind
 
     def acquire(self) -> None:
-        self.created = not self.folder.exists()
-        self.folder.mkdir(parents=True, exist_ok=True)
-        path = self.folder / LOCK_NAME
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        where = self.path.parent
+        self.created = not where.exists()
+        where.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -63,13 +67,14 @@ class _Lock:
             os.ftruncate(self.fd, 0)  # an ended run leaves no holder behind (a killed one does: taken over later)
         os.close(self.fd)  # closing the descriptor releases the flock
         self.fd = -1
-        if self.created and [p.name for p in self.folder.iterdir()] == [LOCK_NAME]:
+        where = self.path.parent
+        if self.created and [p.name for p in where.iterdir()] == [self.path.name]:
             with contextlib.suppress(OSError):  # a run stopped before it wrote anything leaves no folder
-                (self.folder / LOCK_NAME).unlink()
-                self.folder.rmdir()
+                self.path.unlink()
+                where.rmdir()
 
 
-_HELD: dict[Path, _Lock] = {}
+_HELD: dict[Path, _Lock] = {}  # by lock file
 
 
 class FolderLocks:
@@ -84,7 +89,7 @@ class FolderLocks:
             lock.count -= 1
             if lock.count == 0:
                 lock.release()
-                _HELD.pop(lock.folder, None)
+                _HELD.pop(lock.path, None)
 
     def __enter__(self) -> FolderLocks:
         return self
@@ -96,25 +101,28 @@ class FolderLocks:
         self.release()
 
 
-def hold(folders: dict[str, str | None]) -> FolderLocks:
+def hold(folders: dict[str, str | None], replaced: dict[str, str | None] | None = None) -> FolderLocks:
     """Lock each folder (``{"--ckpt_path": "ck", "--run_dir": None}``: the flag that named it, the folder; None is
-    skipped; one folder given twice is locked once); FolderInUse when another live process holds one (the locks
-    taken so far are given back)."""
+    skipped; one folder given twice is locked once) and each folder of ``replaced`` (folders the run replaces
+    whole, ``{"--save_path": "out"}``: locked beside them); FolderInUse when another live process holds one (the
+    locks taken so far are given back)."""
     taken: list[_Lock] = []
     seen: set[Path] = set()
+    wanted = [(flag, folder, False) for flag, folder in folders.items()]
+    wanted += [(flag, folder, True) for flag, folder in (replaced or {}).items()]
     try:
-        for flag, folder in folders.items():
+        for flag, folder, beside in wanted:
             if not folder:
                 continue
-            path = Path(folder).resolve()
-            if path in seen:
+            candidate = _Lock(Path(folder).resolve(), flag, beside)
+            if candidate.path in seen:
                 continue
-            seen.add(path)
-            lock = _HELD.get(path)
+            seen.add(candidate.path)
+            lock = _HELD.get(candidate.path)
             if lock is None:
-                lock = _Lock(path, flag)
+                lock = candidate
                 lock.acquire()
-                _HELD[path] = lock
+                _HELD[lock.path] = lock
             lock.count += 1
             taken.append(lock)
     except BaseException:

@@ -137,7 +137,8 @@ class Trainer:
             raise ValueError("the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token")
         # last, once every check passed: the folders the run writes are its own until fit ends; rank 0 locks them
         # for all (rl_core.folder_lock)
-        self._locks = hold({"--run_dir": cfg.run_dir, "--ckpt_path": ck.ckpt_path} if strategy.is_rank_0() else {})
+        self._locks = (hold({"--run_dir": cfg.run_dir, "--ckpt_path": ck.ckpt_path}, {"--save_path": ck.save_path})
+                       if strategy.is_rank_0() else hold({}))
 
     # ----- batches ---------------------------------------------------------------------------
 

@@ -187,7 +187,8 @@ class PPOTrainer:
                                           gap_alarm=self.gap_alarm)
         # last, once every check passed: the folders it writes are this run's until fit ends (a second run on them
         # is refused: rl_core.folder_lock)
-        self._locks = hold({"--run_dir": cfg.run_dir, "--ckpt_path": cfg.ckpt.ckpt_path})
+        self._locks = hold({"--run_dir": cfg.run_dir, "--ckpt_path": cfg.ckpt.ckpt_path},
+                           {"--save_path": cfg.ckpt.save_path})
 
     # ----- prompts -----------------------------------------------------------------------
 
