@@ -441,6 +441,10 @@ class _Conductor:
         record["cpu_s"] = time.process_time() - self.go_cpu  # CPU seconds of this process (all threads) in it
         record["gc_s"], record["gc_full"] = self.gc_s, self.gc_full
         self.steps += 1
+        import torch
+
+        if torch.cuda.is_available():  # the waiting side keeps no allocator cache: both sides must fit one GPU
+            torch.cuda.empty_cache()
         self.conn.send(("step", record))
         self.wait()
 
