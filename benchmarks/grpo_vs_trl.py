@@ -15,8 +15,9 @@ intermediate 1408, a character vocabulary of 128 (11.3M parameters, built by
 ``rl_rollout.testing.make_tiny_model``; ``--shape 11m``), fp32; 8 prompts x 8 samples x 64 new tokens =
 64 completions per step; both sides generate with transformers (``--rollout_engine hf``).
 On ``--device cuda`` the defaults are ``--shape 0.5b`` (Qwen2.5-0.5B's layer sizes, the random
-Llama benchmarks/rl_phases.py uses, vocabulary 128), bf16, 16 prompts x 8 samples x 128 new
-tokens and ``--rollout_engine vllm``. Both devices: GRPO (group-normalised advantages, clipped ratio, token-mean
+Llama benchmarks/rl_phases.py uses, vocabulary 128), bf16, 16 prompts x 8 samples x up to 128 new
+tokens (varied lengths, varied prompts: below) and ``--rollout_engine vllm``. ``--shape qwen2.5-0.5b``
+and ``--shape qwen2.5-1.5b`` are those models' real shapes (vocabulary 151,936, tied embeddings). Both devices: GRPO (group-normalised advantages, clipped ratio, token-mean
 loss = TRL's default ``dapo``), no KL term (TRL's default ``beta`` is 0.0); micro-batches of 16,
 gradient accumulation up to the batch: one optimizer step per batch on both sides; AdamW, lr 1e-6
 constant, betas (0.9, 0.95), gradient clipping 1.0, no gradient checkpointing.
@@ -46,10 +47,24 @@ constant, betas (0.9, 0.95), gradient clipping 1.0, no gradient checkpointing.
   RANK / LOCAL_RANK / WORLD_SIZE for one process itself, the benchmark gives its process
   MASTER_ADDR and a free MASTER_PORT.
 
-Full-length generations on both sides, so both train on the same number of tokens:
+Generation lengths forced on both sides, so both generate and train on the same tokens:
 ours samples with ``ignore_eos`` and no stop tokens (the benchmark wraps the engine's
 ``generate``), TRL with ``min_new_tokens`` (transformers) or ``ignore_eos`` (vLLM) in
-``generation_kwargs``. The generated tokens per step are counted on each side and printed.
+``generation_kwargs``. ``--lengths full`` forces every sample to ``--max_new_tokens``;
+``--lengths varied`` (the default with vLLM, so on a GPU) draws each request's length from a
+long tail the way RL answers spread: log-normal, median max_new_tokens / 4, sigma 0.8, clipped
+to 64..max_new_tokens (about 4% of requests run to the cap), a deterministic function of
+(``--seed``, prompt, sample, step). Ours splits each prompt's request into one per sample, each
+with its own ``max_new_tokens`` (and seed), and gathers the samples back into their group; TRL's
+colocated ``vllm.LLM.generate`` (called once per generation batch by ``VLLMGeneration.generate``
+in TRL 1.16) is wrapped to pass one SamplingParams per prompt, TRL's own with ``max_tokens`` the
+drawn length. The prompt of a request is known by its text (its letter), the sample by its order
+among that prompt's requests in the call, the step by the conductor's count. TRL's transformers
+path (``--rollout_engine hf``) has one length per generate call, so ``--lengths varied`` there
+is refused. ``--prompt_lengths varied`` (default on a GPU) puts a filler of 8-256 characters
+(log-uniform, seeded per prompt, no letters) before each prompt's instruction. The generated
+tokens per step, and each request's length, are counted on each side, checked against the draws
+and printed (a mismatch is a WARNING line, stored as ``tokens_check`` in ``--out``'s info).
 
 Fairness of the timing: each side runs in its own process (spawned; both models stay
 loaded) and the two alternate step by step, ours then TRL, under one conductor: while
@@ -94,14 +109,18 @@ SHAPES = {
     # character one, padded with <extra_N> tokens to that size, so sampled ids beyond ASCII decode as such
     "qwen2.5-0.5b": {"hidden_size": 896, "num_layers": 24, "num_heads": 14, "num_kv_heads": 2,
                      "intermediate_size": 4864, "max_position_embeddings": 4096, "vocab_size": 151_936},
+    # Qwen2.5-1.5B's real shape, the same way (tied embeddings as the real model: 1.54B parameters)
+    "qwen2.5-1.5b": {"hidden_size": 1536, "num_layers": 28, "num_heads": 12, "num_kv_heads": 2,
+                     "intermediate_size": 8960, "max_position_embeddings": 4096, "vocab_size": 151_936},
 }
 for _shape in SHAPES.values():
     _shape.setdefault("vocab_size", 128)
 # What a flag left unset means on each device (the CPU run of docs/performance.md; the GPU run of issue 16's table).
 DEVICE_DEFAULTS = {
-    "cpu": {"shape": "11m", "bf16": False, "prompts": 8, "samples": 8, "max_new_tokens": 64, "rollout_engine": "hf"},
+    "cpu": {"shape": "11m", "bf16": False, "prompts": 8, "samples": 8, "max_new_tokens": 64, "rollout_engine": "hf",
+            "prompt_lengths": "fixed"},
     "cuda": {"shape": "0.5b", "bf16": True, "prompts": 16, "samples": 8, "max_new_tokens": 128,
-             "rollout_engine": "vllm"},
+             "rollout_engine": "vllm", "prompt_lengths": "varied"},
 }
 
 
@@ -130,6 +149,71 @@ def reward_ours(prompt: str, response: str, label: str | None, **info) -> float:
 
 def reward_trl(prompts, completions, label, **kwargs) -> list[float]:
     return [letter_reward(p, c, y) for p, c, y in zip(prompts, completions, label, strict=True)]
+
+
+# ----- varied lengths: the same number of tokens per request on both sides -----------------------------------
+# A request's generated length is drawn from a log-normal (median max_new_tokens / 4, sigma 0.8: about 4% of the
+# draws reach max_new_tokens), clipped to [LENGTH_MIN, max_new_tokens], as a deterministic function of (seed,
+# prompt index, sample index, step); both sides then force exactly that many tokens (ignore_eos, max_tokens = the
+# draw), so both train on the same tokens while a batch's lengths spread the way RL answers do.
+LENGTH_MIN, LENGTH_SIGMA = 64, 0.8
+# varied prompt lengths: a filler of PROMPT_FILL_MIN..PROMPT_FILL_MAX characters (the character tokenizer: one token
+# each) after the instruction, log-uniform per prompt, deterministic in (seed, prompt index)
+PROMPT_FILL_MIN, PROMPT_FILL_MAX = 8, 256
+_PROMPT_RE = None
+
+
+def response_length(seed: int, prompt: int, sample: int, step: int, max_new_tokens: int) -> int:
+    """Generated tokens of sample ``sample`` of prompt ``prompt`` in step ``step`` (0-based, warm-up included)."""
+    import math
+    import random
+
+    z = random.Random(f"grpo_vs_trl:{seed}:{prompt}:{sample}:{step}").gauss(0.0, 1.0)
+    lo = min(LENGTH_MIN, max_new_tokens)
+    return max(lo, min(max_new_tokens, round(max_new_tokens / 4 * math.exp(LENGTH_SIGMA * z))))
+
+
+def step_lengths(seed: int, prompts: int, samples: int, step: int, max_new_tokens: int) -> list[int]:
+    """Every request's length in one step (prompt-major): what both sides must generate."""
+    return [response_length(seed, p, s, step, max_new_tokens) for p in range(prompts) for s in range(samples)]
+
+
+def prompt_text(index: int, varied: bool, seed: int) -> str:
+    """Prompt ``index``'s text: the instruction for its letter, with a filler of varied length if ``varied``."""
+    import math
+    import random
+
+    text = f"Repeat the letter {LETTERS[index]}: "
+    if not varied:
+        return text
+    rng = random.Random(f"grpo_vs_trl:prompt:{seed}:{index}")
+    n = round(math.exp(rng.uniform(math.log(PROMPT_FILL_MIN), math.log(PROMPT_FILL_MAX))))
+    filler = "".join(rng.choice("0123456789 .,;-") for _ in range(n))  # no letters: the reward counts letters
+    return f"[{filler}] {text}"
+
+
+def prompt_index(text: str) -> int:
+    """The prompt's index from its (decoded) text: the letter it asks for."""
+    import re
+
+    global _PROMPT_RE
+    _PROMPT_RE = _PROMPT_RE or re.compile(r"Repeat the letter ([a-z]):")
+    m = _PROMPT_RE.search(text)
+    if m is None:
+        raise ValueError(f"not one of the benchmark's prompts: {text[:80]!r}")
+    return LETTERS.index(m.group(1))
+
+
+def request_lengths(prompt_indices: list[int], seed: int, step: int, max_new_tokens: int) -> list[int]:
+    """Lengths for one generate call's requests, one sample each, given each request's prompt index: the k-th
+    request of a prompt in the call is its sample k."""
+    seen: dict[int, int] = {}
+    out = []
+    for p in prompt_indices:
+        k = seen.get(p, 0)
+        seen[p] = k + 1
+        out.append(response_length(seed, p, k, step, max_new_tokens))
+    return out
 
 
 class ThreadSampler:
@@ -199,7 +283,18 @@ def arg_parser() -> argparse.ArgumentParser:
                     help="prompts per step (rollout_batch_size). Default: cpu 8, cuda 16")
     ap.add_argument("--samples", type=int, default=None, help="samples per prompt (num_generations). Default: 8")
     ap.add_argument("--max_new_tokens", type=int, default=None,
-                    help="generated tokens per sample (forced full length). Default: cpu 64, cuda 128")
+                    help="generated tokens per sample: every sample's with --lengths full, the longest with "
+                         "--lengths varied. Default: cpu 64, cuda 128")
+    ap.add_argument("--lengths", default=None, choices=("full", "varied"),
+                    help="full: every sample forced to --max_new_tokens; varied: each request's length drawn from a "
+                         "long-tailed spread (log-normal, median max_new_tokens / 4, clipped to 64..max_new_tokens, "
+                         "seeded by (--seed, prompt, sample, step)) and forced on both sides, so both generate and "
+                         "train on the same tokens (vllm only: TRL's transformers generate takes one length per "
+                         "batch). Default: varied with --rollout_engine vllm, else full")
+    ap.add_argument("--prompt_lengths", default=None, choices=("fixed", "varied"),
+                    help="fixed: 'Repeat the letter x: ' (21 tokens); varied: a filler of 8-256 characters "
+                         "(log-uniform, seeded per prompt) before it, the same prompts on both sides. Default: cpu "
+                         "fixed, cuda varied")
     ap.add_argument("--micro_batch", type=int, default=16,
                     help="sequences per forward (ours: micro_train_batch_size; TRL: per_device_train_batch_size)")
     ap.add_argument("--zero_stage", type=_auto_int, default=None,
@@ -275,6 +370,12 @@ def resolve_args(a: argparse.Namespace) -> argparse.Namespace:
     for k, v in SHAPES[a.shape].items():
         if getattr(a, k, None) is None:
             setattr(a, k, v)
+    if a.lengths is None:
+        a.lengths = "varied" if a.rollout_engine == "vllm" else "full"
+    if a.lengths == "varied" and a.rollout_engine != "vllm":
+        sys.exit("--lengths varied needs --rollout_engine vllm: TRL's transformers generate (use_vllm=False) runs "
+                 "one generate call per batch with one max_new_tokens / min_new_tokens for every row, so it cannot "
+                 "force a length per request; use --lengths full with --rollout_engine hf")
     n_seq = a.prompts * a.samples
     if a.samples < 2:
         sys.exit(f"--samples {a.samples}: must be >= 2 (GRPO's group baseline)")
@@ -313,6 +414,7 @@ class _Conductor:
 
         self.conn = conn
         self.go_t = self.go_cpu = 0.0
+        self.steps = 0  # steps handed over so far: the step now running (0-based, warm-up included)
         self.gc_s, self.gc_full, self._gc_t0 = 0.0, 0, 0.0  # Python's garbage collector inside the step
         gc.callbacks.append(self._gc)
 
@@ -338,6 +440,11 @@ class _Conductor:
         record["go_to_done_s"] = time.perf_counter() - self.go_t  # the step as the conductor saw it
         record["cpu_s"] = time.process_time() - self.go_cpu  # CPU seconds of this process (all threads) in it
         record["gc_s"], record["gc_full"] = self.gc_s, self.gc_full
+        self.steps += 1
+        import torch
+
+        if torch.cuda.is_available():  # the waiting side keeps no allocator cache: both sides must fit one GPU
+            torch.cuda.empty_cache()
         self.conn.send(("step", record))
         self.wait()
 
@@ -396,7 +503,7 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
             super().log(step, metrics)
             record = {k.removeprefix("rl/"): float(v) for k, v in metrics.items()}
             record.update(step_s=record["iteration_s"], generated_tokens=counts["tokens"],
-                          sequences=counts["sequences"])
+                          sequences=counts["sequences"], lengths=sorted(counts.get("lengths", [])))
             counts.update(tokens=0, sequences=0)
             c.step(record)
 
@@ -414,13 +521,33 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
     rollout = run.trainer.rollout
     generate = rollout.generate
 
+    index_of = {tuple(p["prompt_ids"]): prompt_index(tok.decode(p["prompt_ids"])) for p in prompts}
+
     def full_length_generate(requests):
-        """The loop's requests with ignore_eos and no stop tokens: every sample is max_new_tokens long."""
+        """The loop's requests with ignore_eos and no stop tokens: every sample is max_new_tokens long, or with
+        --lengths varied the length response_length draws for it (each request split into one per sample, given
+        its own max_new_tokens and seed, the samples gathered back into their group)."""
         forced = [dataclasses.replace(r, params=dataclasses.replace(r.params, ignore_eos=True, stop_token_ids=()))
                   for r in requests]
-        groups = generate(forced)
+        if cfg["lengths"] == "varied":
+            keys = [index_of[tuple(r.prompt_token_ids)] for r in forced for _ in range(r.params.n)]
+            lengths = iter(request_lengths(keys, cfg["seed"], c.steps, cfg["max_new_tokens"]))
+            split = [dataclasses.replace(r, request_id=f"{r.request_id}-{j}", params=dataclasses.replace(
+                         r.params, n=1, max_new_tokens=next(lengths),
+                         seed=None if r.params.seed is None else (r.params.seed * 1_000_003 + j) % 2**31))
+                     for r in forced for j in range(r.params.n)]
+            singles, groups, at = generate(split), [], 0
+            for r in forced:
+                group = [g[0] for g in singles[at:at + r.params.n]]
+                for j, sample in enumerate(group):
+                    sample.info.update(request_id=r.request_id, sample_index=j)
+                groups.append(group)
+                at += r.params.n
+        else:
+            groups = generate(forced)
         counts["tokens"] += sum(len(s.response_ids) for g in groups for s in g)
         counts["sequences"] += sum(len(g) for g in groups)
+        counts["lengths"] = [len(s.response_ids) for g in groups for s in g]
         return groups
 
     rollout.generate = full_length_generate
@@ -539,7 +666,8 @@ def _run_trl(c: _Conductor, cfg: dict) -> None:
                            "sync_s": timing["sync_s"],
                            "score_and_prepare_s": timing["generate_and_score_s"] - timing["generate_s"],
                            "train_s": step_s - timing["generate_and_score_s"],
-                           "generated_tokens": timing["tokens"], "sequences": timing["sequences"]}
+                           "generated_tokens": timing["tokens"], "sequences": timing["sequences"],
+                           "lengths": sorted(timing.get("lengths", []))}
 
         def on_log(self, args, state, control, logs=None, **kwargs):
             if self.record is None:  # the end-of-training summary: no step to hand over
@@ -570,6 +698,7 @@ def _run_trl(c: _Conductor, cfg: dict) -> None:
         completion_ids, logprobs = gen_single(*a, **kw)
         timing["tokens"] += sum(len(ids) for ids in completion_ids)
         timing["sequences"] += len(completion_ids)
+        timing["lengths"] = [len(ids) for ids in completion_ids]
         return completion_ids, logprobs
 
     trainer._generate_single_turn = timed(counted_generate, "generate_s")
@@ -580,6 +709,8 @@ def _run_trl(c: _Conductor, cfg: dict) -> None:
         vgen = trainer.vllm_generation
         # TRL syncs inside _generate_single_turn (and inside generate after a level-2 sleep): timed apart
         vgen.sync_weights = timed(vgen.sync_weights, "sync_s")
+        if cfg["lengths"] == "varied":
+            vgen.llm.generate = varied_length_generate(vgen.llm.generate, tok, cfg, c)
         engine_config.update(vllm_mode=args.vllm_mode, enable_sleep=args.vllm_enable_sleep_mode,
                              **({"sleep_level": 2} if args.vllm_enable_sleep_mode else {}),  # TRL's only level
                              importance_sampling_correction=args.vllm_importance_sampling_correction,
@@ -589,6 +720,33 @@ def _run_trl(c: _Conductor, cfg: dict) -> None:
              "use_vllm": args.use_vllm, "generation_kwargs": full_length, "engine_config": engine_config,
              **device_memory()})
     trainer.train()
+
+
+def varied_length_generate(llm_generate, tok, cfg: dict, c: _Conductor):
+    """TRL's colocated ``vllm.LLM.generate`` (TRL 1.16 calls it once per generation batch from
+    ``VLLMGeneration.generate``, one prompt per completion, ``n=1``, one SamplingParams for all) given one
+    SamplingParams per prompt: TRL's own, with ``max_tokens`` the length response_length draws for that request
+    and ``ignore_eos`` (from generation_kwargs) kept."""
+    cache: dict[tuple[int, ...], int] = {}
+
+    def generate(prompts, sampling_params=None, *args, **kwargs):
+        if sampling_params is None or isinstance(sampling_params, (list, tuple)) or sampling_params.n != 1:
+            raise RuntimeError(f"--lengths varied expects TRL to call vllm.LLM.generate with one SamplingParams of "
+                               f"n=1 (TRL 1.16's colocate mode), got {sampling_params!r}")
+        keys = []
+        for prompt in prompts:
+            ids = tuple(prompt["prompt_token_ids"])
+            if ids not in cache:
+                cache[ids] = prompt_index(tok.decode(list(ids)))
+            keys.append(cache[ids])
+        per_request = []
+        for n in request_lengths(keys, cfg["seed"], c.steps, cfg["max_new_tokens"]):
+            sp = sampling_params.clone()
+            sp.max_tokens = n
+            per_request.append(sp)
+        return llm_generate(prompts, per_request, *args, **kwargs)
+
+    return generate
 
 
 def engine_config(engine, llm) -> dict:
@@ -730,6 +888,21 @@ def summarize(records: dict[str, list[dict]], warmup: int, threads: dict[str, in
     return out
 
 
+def check_tokens(records: dict[str, list[dict]], a: argparse.Namespace) -> dict:
+    """Did both sides generate the same tokens in every step (totals, and each request's length as a multiset), and
+    what the lengths asked for?"""
+    n = min(len(records[side]) for side in SIDES)
+    expected = [sum(step_lengths(a.seed, a.prompts, a.samples, i, a.max_new_tokens)) if a.lengths == "varied"
+                else a.prompts * a.samples * a.max_new_tokens for i in range(n)]
+    got = {side: [r["generated_tokens"] for r in records[side][:n]] for side in SIDES}
+    same_lengths = all(records["ours"][i].get("lengths") == records["trl"][i].get("lengths") for i in range(n))
+    ok = got["ours"] == got["trl"] == expected and same_lengths
+    line = (f"generated tokens per step, identical on both sides and as asked ({a.lengths} lengths): {expected}"
+            if ok else f"WARNING: the sides generated different tokens ({a.lengths} lengths): asked {expected}, ours "
+                       f"{got['ours']}, TRL {got['trl']}, per-request lengths the same: {same_lengths}")
+    return {"ok": ok, "expected": expected, **got, "same_lengths": same_lengths, "line": line}
+
+
 def report(summary: dict, info: dict) -> None:
     o, t = summary["ours"], summary["trl"]
     print(f"\n== GRPO, {info['shape']}, {info['batch']}, {info['dtype']}, device {info['device']} ==")
@@ -783,6 +956,8 @@ def report(summary: dict, info: dict) -> None:
     print("Python GC (s):  ours " + " ".join(f"{x:.3f}" for x in o["gc_s"]) +
           " | TRL " + " ".join(f"{x:.3f}" for x in t["gc_s"]) +
           f"  (full collections: ours {o['gc_full']}, TRL {t['gc_full']})")
+    if "tokens_check" in info:
+        print(info["tokens_check"]["line"])
     print(f"machine load (1-min average, {info['cpu_count']} cores) after the measured steps: ours "
           f"{o['loadavg_1m_mean']:.1f}, TRL {t['loadavg_1m_mean']:.1f}; ours skips the old-logprob forward: "
           f"{info['ours_skips_old_logprob_forward']}")
@@ -810,8 +985,8 @@ def main(argv: list[str] | None = None) -> int:
                                       max_position_embeddings=a.max_position_embeddings,
                                       dtype="bfloat16" if a.bf16 else "float32"))
     prompt_file = work / "prompts.jsonl"
-    prompt_file.write_text("".join(json.dumps({"prompt": f"Repeat the letter {x}: ", "label": x}) + "\n"
-                                   for x in LETTERS[:a.prompts]))
+    prompt_file.write_text("".join(json.dumps({"prompt": prompt_text(i, a.prompt_lengths == "varied", a.seed),
+                                               "label": x}) + "\n" for i, x in enumerate(LETTERS[:a.prompts])))
     cfg = {**vars(a), "prompt_file": str(prompt_file)}
 
     import torch
@@ -826,7 +1001,11 @@ def main(argv: list[str] | None = None) -> int:
             "shape": (f"{mcfg.model_type} hidden {mcfg.hidden_size}, {mcfg.num_hidden_layers} layers, "
                       f"{mcfg.num_attention_heads} heads, {mcfg.num_key_value_heads} KV heads, intermediate "
                       f"{mcfg.intermediate_size}, vocab {mcfg.vocab_size}, {params / 1e6:.2f}M params"),
-            "batch": f"{a.prompts} prompts x {a.samples} samples x {a.max_new_tokens} new tokens"
+            "batch": f"{a.prompts} prompts ({a.prompt_lengths} length) x {a.samples} samples x "
+                     + (f"{a.max_new_tokens} new tokens" if a.lengths == "full" else
+                        f"varied lengths {min(LENGTH_MIN, a.max_new_tokens)}-{a.max_new_tokens} new tokens "
+                        f"(log-normal, median {a.max_new_tokens // 4}; step 1: "
+                        f"{sum(step_lengths(a.seed, a.prompts, a.samples, 0, a.max_new_tokens))} tokens)")
                      + (f", each side capped at {a.memory_share} of the GPU" if a.device == "cuda" else ""),
             "params": params, "cpu_count": os.cpu_count(), "zero_stage": "auto" if a.zero_stage is None else a.zero_stage,
             "ours_only": ", ".join(f"{flag} {getattr(a, key)}" for flag, key in (
@@ -882,6 +1061,9 @@ def main(argv: list[str] | None = None) -> int:
                 ours_skips_old_logprob_forward=ready["ours"]["on_policy"], ours_auto=ready["ours"].get("auto", []))
     if info["prompt_tokens"]["ours"] != info["prompt_tokens"]["trl"]:
         print(f"[grpo_vs_trl] WARNING: the prompts tokenize differently: {info['prompt_tokens']}", flush=True)
+    info["lengths"], info["prompt_lengths"] = a.lengths, a.prompt_lengths
+    info["tokens_check"] = check_tokens(records, a)
+    print(f"[grpo_vs_trl] {info['tokens_check']['line']}", flush=True)
     info["quiet_util"] = a.quiet_util if a.device == "cpu" else None
     info["engine_config"] = {s: ready[s]["engine_config"] for s in SIDES}
     info["gpu_in_use_gib"] = {s: ready[s].get("gpu_in_use_gib") for s in SIDES if "gpu_in_use_gib" in ready[s]}
