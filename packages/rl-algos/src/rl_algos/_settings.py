@@ -1,4 +1,5 @@
-"""``KEY=VALUE`` texts -> typed settings of a registry entry's own parameters (an estimator's ``params``, a
+"""Config plumbing of rl-algos' typed nodes: field metadata for command-line builders (:func:`field_meta`) and
+``KEY=VALUE`` texts -> typed settings of a registry entry's own parameters (an estimator's ``params``, a
 policy-loss variant's fields beyond the shared ones): how a run sets what an extension adds, from a command
 line or a YAML list, without a flag per parameter."""
 
@@ -7,6 +8,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 TRUE, FALSE = {"1", "true", "yes", "on"}, {"0", "false", "no", "off"}
+
+
+def field_meta(help: str, flat: str | None = None, openrlhf: str | None = None) -> dict:
+    """A config field's metadata for command-line builders (its help, our flat flag name, OpenRLHF's name), as
+    plain data: rl-algos imports nothing but torch (rl-rollout's ``meta`` is the same shape)."""
+    return {"help": help, "flags": (flat,) if flat else (), "openrlhf": (openrlhf,) if openrlhf else ()}
 
 
 def _typed(text: str, tp: type, key: str, owner: str):

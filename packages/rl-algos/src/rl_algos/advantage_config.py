@@ -14,12 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rl_algos._settings import field_meta as _meta
 from rl_algos.advantages import ESTIMATORS, EstimatorSpec, estimator_names, get_estimator
-
-
-def _meta(help: str, flat: str | None = None, openrlhf: str | None = None) -> dict:
-    """Field metadata for command-line builders (help, our flat flag name, OpenRLHF's name), as plain data."""
-    return {"help": help, "flags": (flat,) if flat else (), "openrlhf": (openrlhf,) if openrlhf else ()}
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from rl_algos._masked import check_same_shape
+from rl_algos._settings import field_meta as _meta
 
 Tensor = torch.Tensor
 
@@ -110,12 +111,6 @@ class AdaptiveKLController:
         proportional_error = min(max(current_kl / self.target - 1.0, -0.2), 0.2)
         self.value *= 1.0 + proportional_error * n_steps / self.horizon
         return self.value
-
-
-def _meta(help: str, flat: str, openrlhf: str) -> dict:
-    """Field metadata for command-line builders (help, our flat flag name, OpenRLHF's name), as plain data:
-    rl-algos imports nothing but torch."""
-    return {"help": help, "flags": (flat,), "openrlhf": (openrlhf,)}
 
 
 @dataclass(frozen=True)

@@ -19,6 +19,12 @@ from dataclasses import dataclass, field
 import torch
 
 from rl_algos._masked import check_same_shape, compute_dtype, place_on_last_token
+from rl_algos._settings import field_meta
+
+
+def _meta(help: str, flat: str) -> dict:
+    """OpenRLHF's name of a shaping flag is ``reward.<flat name less reward_>``."""
+    return field_meta(help, flat, f"reward.{flat.removeprefix('reward_')}")
 
 Tensor = torch.Tensor
 
@@ -80,11 +86,6 @@ def kl_penalized_rewards(
         dt = compute_dtype(out, kl_BT)
         out = out.to(dt) - kl_coef * kl_BT.to(dt) * mask_BT.to(dt)
     return out
-
-
-def _meta(help: str, flat: str) -> dict:
-    """Field metadata for command-line builders (help, our flat name, OpenRLHF's), as plain data (torch only)."""
-    return {"help": help, "flags": (flat,), "openrlhf": (f"reward.{flat.removeprefix('reward_')}",)}
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,7 @@ from typing import Any, ClassVar
 
 import torch
 
+from rl_algos._settings import field_meta as _meta
 from rl_algos._settings import parse_settings
 from rl_algos.losses.aggregate import parse_aggregation
 from rl_algos.losses.policy import ISCorrection, PolicyLossOutput, policy_loss
@@ -156,11 +157,6 @@ def policy_loss_config(type: str = "ppo", **fields) -> PPOLossConfig:
         raise ValueError(f"policy loss {type!r} has no field(s) {', '.join(unknown)}; its fields: "
                          f"{', '.join(sorted(names))}")
     return cls(**fields)
-
-
-def _meta(help: str, flat: str | None = None, openrlhf: str | None = None) -> dict:
-    """Field metadata for command-line builders (help, our flat flag name, OpenRLHF's name), as plain data."""
-    return {"help": help, "flags": (flat,) if flat else (), "openrlhf": (openrlhf,) if openrlhf else ()}
 
 
 @dataclass(frozen=True)
