@@ -118,6 +118,29 @@ def test_eight_hanging_inprocess_samples_run_alongside_each_other(release):
     assert runner.last_counts.timeouts == 8
 
 
+def test_many_hanging_calls_cost_the_documented_ceil_h_over_in_flight_timeouts(release):
+    """issue 40 finding 8: 16 hanging calls cost ~15 s at a 3 s timeout, not "about one timeout". The documented
+    cost (rl_rollout.rewards.runner, docs/reliability.md) is ceil(H / max_in_flight) timeouts per batch, with
+    max_in_flight 4 x max(workers, 1): here 16 hanging in-process calls, 4 in flight, so about 4 timeouts (one
+    would be too few to be true, 16 is calling them in turn)."""
+    import math
+
+    def reward(prompt, response, label, **info):
+        if response == "hang":
+            release.wait(60)
+        return 1.0
+
+    runner = RewardRunner(reward, timeout_s=T)
+    assert runner.max_in_flight == 4
+    start = time.monotonic()
+    assert runner.score(["p"] * 17, ["hang"] * 16 + ["ok"]) == [0.0] * 16 + [1.0]
+    elapsed = time.monotonic() - start
+    rounds = math.ceil(16 / runner.max_in_flight)
+    assert (rounds - 1) * T <= elapsed <= (rounds + 2) * T, (
+        f"16 hanging calls took {elapsed:.1f}s at timeout {T}s: the documented cost is about {rounds} timeouts")
+    assert runner.last_counts.timeouts == 16
+
+
 def test_quick_inprocess_calls_run_one_at_a_time_on_one_thread():
     """Extra threads start only for stragglers: a function that is not thread-safe keeps working."""
     seen, active, most = set(), [0], [0]
