@@ -280,7 +280,7 @@ def test_bad_eval_settings_fail_with_the_fix(setup, tmp_path):
     s = DeepSpeedStrategy(StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=2, train_batch_size=4))
     with pytest.raises(ValueError, match=r"--eval_steps 2 needs --eval_dataset PATH"):
         SFTTrainer(s, None, tok, ds, SFTConfig(eval_steps=2))
-    with pytest.raises(ValueError, match="the eval set has no rows"):
+    with pytest.raises(ValueError, match="the eval set has no usable rows; fix the file or drop --eval_dataset"):
         SFTTrainer(s, None, tok, ds, SFTConfig(), eval_dataset=[])
 
 

@@ -125,7 +125,7 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         parser.error("--pretrain is required: a local HF model folder (config.json, weights, tokenizer)")
     if not d.dataset:
         parser.error("--prompt_data (or --dataset) is required: prompts as .jsonl/.json/.parquet or a datasets folder")
-    from rl_core.configs import check_eval_set
+    from rl_core.configs import check_eval_rows, check_eval_set
     from rl_core.rl.roles import require_reward
 
     try:
@@ -181,9 +181,10 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
                                          processor=proc)
         except DataError as e:  # say which of the two sets is bad
             raise type(e)(f"eval set (--eval_dataset {d.eval_dataset}): {e}") from None
-        if len(eval_prompts) == 0:
-            raise UserError(f"the eval set (--eval_dataset {d.eval_dataset}) has no usable prompts; fix the file or "
-                            "drop the flag")
+        try:
+            check_eval_rows(len(eval_prompts), d.eval_dataset)
+        except ValueError as e:
+            raise UserError(str(e)) from None
         e = p.eval
         when = f"every {e.steps} iterations and " if e.steps > 0 else ""
         print(f"[rl {name}] eval: {len(eval_prompts)} prompts x {e.n_samples_per_prompt} samples at "

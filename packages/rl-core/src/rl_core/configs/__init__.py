@@ -13,12 +13,12 @@ from rl_core.configs.agent import AgentConfig
 from rl_core.configs.async_rl import AsyncConfig
 from rl_core.configs.checkpoint import CheckpointConfig
 from rl_core.configs.ema import EMAConfig
-from rl_core.configs.eval import EvalConfig, best_metric_name, check_eval_set, eval_metric_names
+from rl_core.configs.eval import EvalConfig, best_metric_name, check_eval_rows, check_eval_set, eval_metric_names
 from rl_core.configs.filtering import DynamicFilteringConfig
 from rl_core.configs.flat import flat_table, from_flat
 from rl_core.configs.optimizer import CriticOptimizerConfig
 from rl_core.configs.ptx import PtxConfig
 
 __all__ = ["AgentConfig", "AsyncConfig", "CheckpointConfig", "CriticOptimizerConfig", "DynamicFilteringConfig",
-           "EMAConfig", "EvalConfig", "PtxConfig", "best_metric_name", "check_eval_set", "eval_metric_names", "flat_table",
+           "EMAConfig", "EvalConfig", "PtxConfig", "best_metric_name", "check_eval_rows", "check_eval_set", "eval_metric_names", "flat_table",
            "from_flat"]

@@ -43,6 +43,14 @@ def check_eval_set(steps: int, has_eval_set: bool) -> None:
                          f"--eval_steps")
 
 
+def check_eval_rows(rows: int, source: str | None = None) -> None:
+    """An eval set that is given has rows (the one check of it: every trainer, the RL loop and rl-cli, which
+    names the file as ``source``)."""
+    if rows == 0:
+        where = f" (--eval_dataset {source})" if source else ""
+        raise ValueError(f"the eval set{where} has no usable rows; fix the file or drop --eval_dataset")
+
+
 @dataclass(frozen=True)
 class EvalConfig:
     """When the eval pass runs, how it samples, and which of its metrics picks the best checkpoint."""

@@ -36,7 +36,7 @@ import torch
 from tqdm import tqdm
 
 from rl_core.checkpoint import CheckpointManager
-from rl_core.configs import CheckpointConfig, check_eval_set, from_flat
+from rl_core.configs import CheckpointConfig, check_eval_rows, check_eval_set, from_flat
 from rl_core.data import pack_collate, pad_collate
 from rl_core.folder_lock import hold
 from rl_core.hf_export import export_hf
@@ -106,8 +106,8 @@ class Trainer:
                  logger: LoggerConfig | None = None):
         self.s, self.tokenizer, self.dataset, self.cfg = strategy, tokenizer, dataset, cfg
         self.eval_dataset = eval_dataset
-        if eval_dataset is not None and len(eval_dataset) == 0:
-            raise ValueError("the eval set has no rows; pass --eval_dataset a file with usable rows, or leave it unset")
+        if eval_dataset is not None:
+            check_eval_rows(len(eval_dataset))
         check_eval_set(cfg.eval_steps, eval_dataset is not None)
         self.eval_history: list[dict[str, float]] = []  # {"step": N, NAME: value, ...} per evaluation of fit()
         self.packing = bool(getattr(getattr(dataset, "cfg", None), "packing", False))

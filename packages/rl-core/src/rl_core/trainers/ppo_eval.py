@@ -30,7 +30,7 @@ import time
 
 import torch
 
-from rl_core.configs.eval import best_metric_name, eval_metric_names  # noqa: F401  (re-exported)
+from rl_core.configs.eval import best_metric_name, check_eval_rows, eval_metric_names  # noqa: F401  (re-exported)
 from rl_core.rl.experience import make_item
 
 EVAL_SEED_OFFSET = 1_000_003  # eval requests' seeds: apart from the training rounds' seed + 1000 x it + round
@@ -54,8 +54,7 @@ class EvalPass:
     sampled and scored by ``sampler``."""
 
     def __init__(self, cfg, prompts, sampler, *, chunk: int, num_iterations: int):
-        if len(prompts) == 0:
-            raise ValueError("the eval set has no rows; pass --eval_dataset a file with usable rows, or leave it unset")
+        check_eval_rows(len(prompts))
         self.cfg, self.prompts, self.sampler, self.chunk, self.num_iterations = (
             cfg, prompts, sampler, chunk, num_iterations)
 
