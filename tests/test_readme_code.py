@@ -72,6 +72,14 @@ def test_the_plain_torch_loop_example_runs(tmp_path):
     assert out.returncode == 0, out.stderr[-3000:]
 
 
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.mark.timeout(900)
 def test_the_placement_readme_runs_beside_a_cluster_the_user_started():
     """issue 40 finding 9: with a `ray start --head` cluster up on the machine, the README's bare
@@ -87,8 +95,11 @@ def test_the_placement_readme_runs_beside_a_cluster_the_user_started():
     env = {k: v for k, v in os.environ.items() if k not in {"RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE",
                                                             "MASTER_ADDR", "MASTER_PORT", "RAY_ADDRESS"}}
     env.update(RAY_TMPDIR=str(short), RAY_ENABLE_UV_RUN_RUNTIME_ENV="0", PYTHONPATH=str(short))
-    started = subprocess.run([str(ray_bin), "start", "--head", "--num-cpus", "1", "--include-dashboard", "false",
-                              "--disable-usage-stats"], capture_output=True, text=True, timeout=300, env=env)
+    # ports of its own: a cluster the user runs here holds Ray's defaults (GCS 6379, client server 10001), and a
+    # second head on them joins that GCS ("Session name ... does not match persisted value")
+    ports = ["--port", str(_free_port()), "--ray-client-server-port", str(_free_port())]
+    started = subprocess.run([str(ray_bin), "start", "--head", *ports, "--num-cpus", "1", "--include-dashboard",
+                              "false", "--disable-usage-stats"], capture_output=True, text=True, timeout=300, env=env)
     try:
         assert started.returncode == 0, started.stderr[-3000:]
         assert (short / "ray" / "ray_current_cluster").is_file()  # the address a bare ray.init() would find
