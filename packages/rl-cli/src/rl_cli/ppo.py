@@ -184,10 +184,10 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         if len(eval_prompts) == 0:
             raise UserError(f"the eval set (--eval_dataset {d.eval_dataset}) has no usable prompts; fix the file or "
                             "drop the flag")
-        e = p.eval
-        when = f"every {e.steps} iterations and " if e.steps > 0 else ""
-        print(f"[rl {name}] eval: {len(eval_prompts)} prompts x {e.n_samples_per_prompt} samples at "
-              f"temperature {e.temperature}, {when}after the last iteration", flush=True)
+        ev = p.eval  # not `e`: that name is the except clause's above
+        when = f"every {ev.steps} iterations and " if ev.steps > 0 else ""
+        print(f"[rl {name}] eval: {len(eval_prompts)} prompts x {ev.n_samples_per_prompt} samples at "
+              f"temperature {ev.temperature}, {when}after the last iteration", flush=True)
     s = cfgs["strategy"]
     samples = p.rollout_batch_size * p.sampling.n_samples_per_prompt
     steps = p.optimizer_steps(len(prompts), s.train_batch_size) if samples % s.train_batch_size == 0 else 1
