@@ -56,7 +56,7 @@ class MicroBatchConfig:
         if isinstance(value, str):  # the command line's text: auto, none, or a number
             text = value.strip().lower()
             value = None if text in ("none", "null") else text
-            if value not in (None, "auto", "memory"):
+            if value is not None and value not in ("auto", "memory"):
                 if not (value.isascii() and value.isdigit()):
                     raise ValueError(f"max_tokens_per_gpu (--max_tokens_per_gpu) must be a number of tokens, auto, "
                                      f"memory or none, got {self.max_tokens_per_gpu!r}")
