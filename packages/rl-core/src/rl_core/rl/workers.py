@@ -108,13 +108,19 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         use_rollout = variant.needs_rollout_logprobs or (on_policy and has_rollout)
         kl_loss = o.kl_loss is not None  # no reference (--init_kl_coef 0): no KL to measure, 0 logged
         fields: list[TokenField] = ["advantages"]
-        fields += ([] if on_policy else ["old_logprobs"]) + (["ref_logprobs"] if kl_loss else []) \
-            + (["rollout_logprobs"] if use_rollout else [])
-        sums = {"policy_loss": 0.0, "clip_fraction": 0.0, "kl_loss": 0.0}
+        if not on_policy:
+            fields.append("old_logprobs")
+        if kl_loss:
+            fields.append("ref_logprobs")
+        if use_rollout:
+            fields.append("rollout_logprobs")
+        # device tensors as they accumulate (no host sync per micro-batch), floats once read_once reads them
+        sums: dict[str, float | torch.Tensor] = {"policy_loss": 0.0, "clip_fraction": 0.0, "kl_loss": 0.0}
         entropy = entropy_coef is not None  # OpenRLHF: any coefficient, 0 too, computes and logs it
         if entropy:
             sums["entropy"] = 0.0
-        gap_sum = gap_tokens = 0.0
+        gap_sum: float | torch.Tensor = 0.0
+        gap_tokens: float | torch.Tensor = 0.0
         steps = 0
         self.engine.train()
         G = self._global_seqs()
@@ -164,6 +170,8 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                     loss = loss + aux_coef * share_n * aux[0]
                     sums["aux_loss"] += aux[0].detach() * share_n / world
                 if self._ptx:  # one backward for both: the policy micro-batch and a pretraining one
+                    if o.ptx_coef is None:  # not reached: __init__ refuses pretraining rows without a coefficient
+                        raise ValueError("pretraining rows need the objective's ptx_coef")
                     nll = self._ptx_nll()
                     loss = loss + o.ptx_coef * nll / len(groups)
                     sums["ptx_loss"] += nll.detach() / len(groups) / world
