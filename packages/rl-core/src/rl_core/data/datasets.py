@@ -174,10 +174,11 @@ class PromptDataset(_EagerDataset):
         if not prompt.strip():
             raise DataError(f"{where}: prompt {cfg.input_key!r} is empty (fix or drop the row)")
         label = None if cfg.label_key is None else _get(row, cfg.label_key, "label_key", where, "the label")
-        refs, images = None, []
+        refs: object = None
+        images: list = []
         if self.processor is not None:
             refs, images = self._images(row, where)
-        if images:
+        if images and self.processor is not None:  # (images: loaded through the processor's branch above)
             try:
                 ids = self.processor(text=[prompt], images=images, add_special_tokens=False)["input_ids"][0]
             except ValueError as e:  # e.g. placeholders and images do not match in number
@@ -324,6 +325,8 @@ class KTODataset(_EagerDataset):
     def _encode(self, row: dict, where: str) -> dict:
         cfg = self.cfg
         prompt = _get(row, cfg.input_key, "input_key", where, "the prompt")
+        if cfg.output_key is None:  # not reached: _check_config refuses it
+            raise ValueError("KTODataset needs --output_key: the column that holds each completion")
         completion = _get(row, cfg.output_key, "output_key", where, "the completion")
         if not isinstance(completion, str):
             raise DataError(
