@@ -151,12 +151,12 @@ class Actor(nn.Module):
         return head
 
     def _fused_logprobs(self, hidden: Tensor, labels: Tensor, temperature: float, entropy: bool):
-        from rl_algos import logprobs_from_hidden
+        from rl_algos import LogprobsEntropy, logprobs_from_hidden
 
         head = self._head()
         out = logprobs_from_hidden(hidden, head.weight, labels, bias=head.bias, temperature=temperature,
                                    return_entropy=entropy)
-        return (out.logprobs, out.entropy) if entropy else (out, None)
+        return (out.logprobs, out.entropy) if isinstance(out, LogprobsEntropy) else (out, None)  # (as entropy asked)
 
     def _fused_weighted(self, hidden: Tensor, labels: Tensor, lp_weights_BT: Tensor, pos_for_shift: Tensor | None,
                         temperature: float) -> tuple[Tensor, Tensor]:

@@ -214,7 +214,8 @@ class ModelInputs:
         if pixels:
             from rl_rollout.vision import cat_image_inputs
 
-            kw.update({k: v.to(device) for k, v in cat_image_inputs([it.image_inputs for it in items]).items()})
+            parts = [it.image_inputs for it in items if it.image_inputs]  # (cat_image_inputs skips the rest too)
+            kw.update({k: v.to(device) for k, v in cat_image_inputs(parts).items()})
         return cls(kw, lengths, packing)
 
     def rows(self, out):

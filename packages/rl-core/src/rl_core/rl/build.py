@@ -174,7 +174,8 @@ class LocalFactory:
     def rollout(self, engine_cfg: EngineConfig, model: str, *, dtype: str, seed: int, device: str):
         return engine_cfg.make(model, dtype=dtype, seed=seed, device=device, in_process=True, kind=self.engine_kind)
 
-    def weight_sync(self, policy: LocalGroup, rollout: Any, sync_cfg: WeightSyncConfig) -> DirectWeightSync:
+    # policy: a WorkerGroup, as GroupFactory's (this factory's roles are LocalGroups)
+    def weight_sync(self, policy: WorkerGroup, rollout: Any, sync_cfg: WeightSyncConfig) -> DirectWeightSync:
         sync_cfg.resolve(in_process=True, on_gpu=False)  # refuses gloo/nccl/ipc with the reason
         return DirectWeightSync(policy, rollout, verify=sync_cfg.verify)
 

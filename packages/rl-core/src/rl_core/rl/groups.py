@@ -340,7 +340,7 @@ class DirectWeightSync:
     """Policy (a :class:`LocalGroup`) -> an engine object in this process, in one update (one vLLM session);
     ``verify``: the engine checks it holds what was sent after every sync."""
 
-    def __init__(self, policy: LocalGroup, engine: Any, *, verify: bool = False):
+    def __init__(self, policy: WorkerGroup, engine: Any, *, verify: bool = False):  # call_rank is all it uses
         self.policy, self.engine, self.verify = policy, engine, verify
 
     def __call__(self, version: int) -> dict:

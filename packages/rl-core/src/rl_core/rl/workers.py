@@ -155,12 +155,14 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                                    rollout_logprobs_BT=rollout if variant.needs_rollout_logprobs else None,
                                    global_tokens=total, global_seqs=G, dp_size=world, norm_len=o.norm_len)
                 loss = out.loss
-                if kl_loss:
+                if o.kl_loss is not None:  # kl_loss
                     kl = approx_kl(lp, b.token("ref_logprobs"), o.kl_loss, mask=m)
                     kl_term = aggregate_loss(kl, m, "token-mean", global_tokens=total, dp_size=world)
                     loss = loss + kl_coef * kl_term
                     sums["kl_loss"] += kl_term.detach() / world
                 if entropy:
+                    if ent is None:  # not reached: a forward asked for the entropy returns it
+                        raise RuntimeError("the policy's forward returned no entropy")
                     ent_term = aggregate_loss(ent, m, "token-mean", global_tokens=total, dp_size=world)
                     if entropy_coef:
                         loss = loss - entropy_coef * ent_term
