@@ -197,7 +197,10 @@ def field_at(groups: dict[str, type], dotted: str) -> dataclasses.Field:
         f = next(f for f in dataclasses.fields(cls) if f.name == name)
         if i == len(path) - 1:
             return f
-        cls = node_type(typing.get_type_hints(cls)[name])[0]
+        node = node_type(typing.get_type_hints(cls)[name])
+        if node is None:  # a setting, not a node: nothing below it
+            raise KeyError(dotted)
+        cls = node[0]
     raise KeyError(dotted)
 
 

@@ -15,12 +15,13 @@ import difflib
 import enum
 import typing
 from pathlib import Path
+from typing import Any
 
 from rl_cli import openrlhf
 from rl_cli.config import ALIASES, Flag, Node, collect_nodes, node_type, shown_name
 
 
-def _flatten_yaml(data: dict, groups: dict[str, type], flags: list[Flag], source: str) -> dict[str, object]:
+def _flatten_yaml(data: dict | None, groups: dict[str, type], flags: list[Flag], source: str) -> dict[str, object]:
     by_dotted = {f.dotted: f for f in flags}
     by_field: dict[str, list[Flag]] = {}
     for f in flags:
@@ -122,7 +123,7 @@ def _build(cls: type, prefix: str, values: dict[str, object], names: dict[str, s
     return cls(**kw)
 
 
-def resolve(groups: dict[str, type], args: argparse.Namespace, flags: list[Flag]) -> dict[str, object]:
+def resolve(groups: dict[str, type], args: argparse.Namespace, flags: list[Flag]) -> dict[str, Any]:
     """Defaults < OpenRLHF's defaults its flags bring < YAML < command line -> one instance per group (the
     dataclasses validate)."""
     return build(groups, settings(groups, args, flags), flags)
@@ -134,9 +135,9 @@ def given(groups: dict[str, type], args: argparse.Namespace, flags: list[Flag]) 
 
 
 def settings(groups: dict[str, type], args: argparse.Namespace, flags: list[Flag], *,
-             openrlhf_defaults: bool = True) -> dict[str, object]:
+             openrlhf_defaults: bool = True) -> dict[str, Any]:
     """``{dotted: value}`` of every setting given: OpenRLHF's defaults its flags bring, YAML, command line."""
-    values: dict[str, object] = dict(getattr(args, openrlhf.DEFAULTS, {})) if openrlhf_defaults else {}
+    values: dict[str, Any] = dict(getattr(args, openrlhf.DEFAULTS, {})) if openrlhf_defaults else {}
     cfg_file = getattr(args, "config", None)
     if cfg_file:
         import yaml
@@ -155,10 +156,11 @@ def settings(groups: dict[str, type], args: argparse.Namespace, flags: list[Flag
     return values
 
 
-def build(groups: dict[str, type], values: dict[str, object], flags: list[Flag]) -> dict[str, object]:
-    """One instance per group from :func:`settings`' values (the dataclasses validate)."""
+def build(groups: dict[str, type], values: dict[str, object], flags: list[Flag]) -> dict[str, Any]:
+    """One instance per group from :func:`settings`' values (the dataclasses validate); a group's instance is
+    its dataclass, so the values are typed Any."""
     names = {f.dotted: shown_name(f) for f in flags}
-    out = {}
+    out: dict[str, Any] = {}
     for group, cls in groups.items():
         try:
             out[group] = _build(cls, group, values, names)

@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 from dataclasses import dataclass
+from typing import Any
 
 from rl_cli.openrlhf_tables import (  # noqa: F401  (the tables' names, re-exported)
     ALIAS,
@@ -110,7 +111,7 @@ def install(parser: argparse.ArgumentParser, command: str | None, owner: dict[st
         if refuse is None and conv is None and target is None:
             refuse = REFUSED.get(name)
         if refuse is None and conv is not None:
-            meta = {} if conv.nargs == 0 else {"metavar": name.split(".")[-1].upper()}
+            meta: dict[str, Any] = {} if conv.nargs == 0 else {"metavar": name.split(".")[-1].upper()}
             group.add_argument(opt, action=_Converted, conv=conv, dest=argparse.SUPPRESS,
                                help=argparse.SUPPRESS, **meta)  # docs/openrlhf.md: "sets {conv.ours}"
             owner[opt] = f"openrlhf:{name}"

@@ -12,6 +12,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
+from typing import Any
 
 FLAGS_FILE = Path(__file__).with_name("openrlhf_flags.json")
 COMMANDS = ("sft", "rm", "dpo", "kto", "ppo", "ppo-ray")
@@ -106,8 +107,8 @@ class Convert:
     """An OpenRLHF flag whose value becomes other values of ours: ``convert(value) -> {dotted: value}``."""
 
     ours: str  # what it sets, for the table
-    convert: Callable[[object, argparse.Namespace], dict[str, object]]
-    nargs: object = None  # None: one value; 0: a switch; "*", 2 ...
+    convert: Callable[[Any, argparse.Namespace], dict[str, object]]  # the value: whatever nargs/type parse
+    nargs: int | str | None = None  # None: one value; 0: a switch; "*", 2 ...
     type: Callable = str
 
 

@@ -183,12 +183,12 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
             raise type(e)(f"eval set (--eval_dataset {d.eval_dataset}): {e}") from None
         try:
             check_eval_rows(len(eval_prompts), d.eval_dataset)
-        except ValueError as e:
-            raise UserError(str(e)) from None
-        e = p.eval
-        when = f"every {e.steps} iterations and " if e.steps > 0 else ""
-        print(f"[rl {name}] eval: {len(eval_prompts)} prompts x {e.n_samples_per_prompt} samples at "
-              f"temperature {e.temperature}, {when}after the last iteration", flush=True)
+        except ValueError as err:
+            raise UserError(str(err)) from None
+        ev = p.eval  # not `e`: that name is the except clause's above
+        when = f"every {ev.steps} iterations and " if ev.steps > 0 else ""
+        print(f"[rl {name}] eval: {len(eval_prompts)} prompts x {ev.n_samples_per_prompt} samples at "
+              f"temperature {ev.temperature}, {when}after the last iteration", flush=True)
     s = cfgs["strategy"]
     samples = p.rollout_batch_size * p.sampling.n_samples_per_prompt
     steps = p.optimizer_steps(len(prompts), s.train_batch_size) if samples % s.train_batch_size == 0 else 1

@@ -105,7 +105,7 @@ def _refused_at_once(address: str) -> None:
     if "://" in address or not _answers(address):
         return
     try:
-        from ray._raylet import GcsClient
+        from ray._raylet import GcsClient  # type: ignore[attr-defined]  # Cython class; ray's _raylet.pyi omits it
     except ImportError:
         return
     try:

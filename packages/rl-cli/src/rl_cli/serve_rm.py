@@ -79,6 +79,8 @@ class RewardModelScorer:
 
         from rl_core.models import RewardModel
 
+        if a.reward_pretrain is None:
+            raise ValueError("a reward model scorer needs --reward_pretrain FOLDER")
         path = Path(a.reward_pretrain)
         if not (path / "config.json").is_file():
             raise ValueError(f"--reward_pretrain {path}: not a model folder (no config.json)")

@@ -279,7 +279,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
             raise UserError(f"--pretrain_mode trains on the --input_key text as is; {', '.join(unread)} would not be "
                             f"used: drop it (or drop --pretrain_mode for prompt/response SFT)")
 
-        dataset_cls = PretrainDataset
+        dataset_cls: type = PretrainDataset  # as Command.dataset_cls gives
     else:
         dataset_cls = cmd.dataset_cls()
     ds = dataset_cls(training_rows(data, cfgs["strategy"].seed), tok, data)

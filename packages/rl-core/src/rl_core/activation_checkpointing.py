@@ -104,7 +104,7 @@ class ActivationEstimate:
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
         kv_dim = (getattr(c, "num_key_value_heads", None) or heads) * head_dim
         e = next(module.parameters()).element_size()
-        lm_head = hf.get_output_embeddings() is not None
+        lm_head = hf is not None and hf.get_output_embeddings() is not None  # (hf is: it has the config c)
         per_layer = layer_activation_bytes(c.hidden_size, kv_dim, c.intermediate_size, e)
         if any(type(m).__name__.startswith("Liger") for m in module.modules()):
             # liger's RMSNorm keeps its e-byte input, not an fp32 one (-8h), and its SwiGLU gate and up, not
@@ -131,7 +131,8 @@ def set_checkpointed(layers: list[nn.Module], n: int) -> None:
     """Checkpoint ``layers[:n]``, keep activations in the rest (the checkpoint function was set by
     ``gradient_checkpointing_enable``)."""
     for k, layer in enumerate(layers):
-        layer.gradient_checkpointing = k < n
+        # the ignore: torch's stub types Module.__setattr__'s value as Tensor | Module; a plain flag is fine
+        layer.gradient_checkpointing = k < n  # type: ignore[assignment]
 
 
 def select_checkpointed_layers(module: nn.Module, spec: str, *, device: torch.device, optimizer=None) -> str:

@@ -91,8 +91,8 @@ def attention_implementation(requested: str | None = None, *, packed: bool = Fal
     if requested == "torch_varlen":
         from rl_core.varlen_attention import register, varlen_available
 
-        if (why := varlen_available()) is not None:
-            raise InputError(f"attention implementation torch_varlen cannot run here: {why}; use sdpa "
+        if (unusable := varlen_available()) is not None:
+            raise InputError(f"attention implementation torch_varlen cannot run here: {unusable}; use sdpa "
                              f"(--attn_implementation sdpa) on this machine")
         register()
     if requested == "flex_attention" and not _cuda():

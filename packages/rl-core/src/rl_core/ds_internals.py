@@ -5,6 +5,7 @@ DeepSpeed's shared-memory all-reduce on CPU. Kept apart so the strategy reads as
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 from torch import nn
@@ -76,7 +77,8 @@ def _skip_deepspeed_shm_comm() -> None:
     import importlib
 
     # (not `import deepspeed.comm.torch as m`: that reads the attribute `torch` of deepspeed.comm, the torch module)
-    importlib.import_module("deepspeed.comm.torch").build_shm_op = lambda: None
+    module: Any = importlib.import_module("deepspeed.comm.torch")  # a module: any attribute may be set
+    module.build_shm_op = lambda: None
 
 
 def _full_numel(p: nn.Parameter) -> int:

@@ -69,7 +69,7 @@ class MetricsLogger:
         self.history: dict[str, list[tuple[int, float]]] = {}
         self.run_dir = Path(run_dir) if run_dir is not None else None
         self._jsonl = self._tb = None
-        if self.enabled:
+        if self.enabled and self.run_dir is not None:  # (enabled: run_dir is set)
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._jsonl = (self.run_dir / "metrics.jsonl").open("a")
         tb_dir = Path(tensorboard) if isinstance(tensorboard, (str, Path)) else (
@@ -94,6 +94,8 @@ class MetricsLogger:
             self._tb = SummaryWriter(str(self._tb_dir), purge_step=step + 1)
         if not self.enabled:
             return 0
+        if self.run_dir is None or self._jsonl is None:  # not reached: an enabled logger has both
+            raise RuntimeError("MetricsLogger: enabled without a run_dir and its metrics.jsonl")
         self._jsonl.close()
         path = self.run_dir / "metrics.jsonl"
         lines = path.read_text().splitlines(keepends=True)
@@ -125,6 +127,8 @@ class MetricsLogger:
                 self._tb.add_scalar(k, v, step)
         if not self.enabled:
             return
+        if self._jsonl is None:  # not reached: an enabled logger opened it
+            raise RuntimeError("MetricsLogger: enabled without its metrics.jsonl")
         self._jsonl.write(json.dumps({"step": step, **clean}) + "\n")
         self._jsonl.flush()
 
@@ -138,6 +142,8 @@ class MetricsLogger:
             self._tb = None
         if not self.enabled:
             return None
+        if self.run_dir is None or self._jsonl is None:  # not reached: an enabled logger has both
+            raise RuntimeError("MetricsLogger: enabled without a run_dir and its metrics.jsonl")
         self._jsonl.close()
         if not self.history:
             return None

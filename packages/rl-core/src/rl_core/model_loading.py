@@ -103,7 +103,8 @@ def _lora(model, lora: LoraSpec):
 
     model.enable_input_require_grads()
     return get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                            target_modules=lora.target_modules, bias="none"))
+                                            target_modules=lora.target_modules if isinstance(lora.target_modules, str)
+                                            else list(lora.target_modules), bias="none"))  # peft's type: a list
 
 
 def check_moe_aux_loss(config) -> None:

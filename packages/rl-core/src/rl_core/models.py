@@ -36,6 +36,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -79,7 +80,9 @@ class Actor(nn.Module):
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        self.model = model
+        # a transformers causal LM, or a peft model around one (its attributes forward to it): typed Any, since
+        # nn.Module's stubs give every attribute as Tensor | Module
+        self.model: Any = model
         self.moe_aux_loss = False  # enable_moe_aux_loss(): forwards return the router's load-balancing loss
         self.fused_lm_head = False  # enable_fused_lm_head(): log-probs from the hidden states, chunk by chunk
         from rl_rollout.vision import placeholder_token_ids
@@ -148,12 +151,12 @@ class Actor(nn.Module):
         return head
 
     def _fused_logprobs(self, hidden: Tensor, labels: Tensor, temperature: float, entropy: bool):
-        from rl_algos import logprobs_from_hidden
+        from rl_algos import LogprobsEntropy, logprobs_from_hidden
 
         head = self._head()
         out = logprobs_from_hidden(hidden, head.weight, labels, bias=head.bias, temperature=temperature,
                                    return_entropy=entropy)
-        return (out.logprobs, out.entropy) if entropy else (out, None)
+        return (out.logprobs, out.entropy) if isinstance(out, LogprobsEntropy) else (out, None)  # (as entropy asked)
 
     def _fused_weighted(self, hidden: Tensor, labels: Tensor, lp_weights_BT: Tensor, pos_for_shift: Tensor | None,
                         temperature: float) -> tuple[Tensor, Tensor]:
@@ -226,7 +229,8 @@ class Actor(nn.Module):
         if images and (attention_mask is None or _ring_padded(attention_mask)):
             raise ValueError("packed rows with images are not built (nor ring attention): run vision-language "
                              "prompts without --packing and with --ring_attn_size 1")
-        if _ring_padded(attention_mask):  # ring attention computes packed rows: pack, run, put back
+        # ring attention computes packed rows: pack, run, put back (_ring_padded: a mask is given)
+        if attention_mask is not None and _ring_padded(attention_mask):
             ids, pos, idx = _unpad(input_ids, attention_mask)
             o = self.forward(ids, position_ids=pos, temperature=temperature, return_entropy=return_entropy)
             ent = None if o.entropy is None else _repad(o.entropy, idx, input_ids.shape)

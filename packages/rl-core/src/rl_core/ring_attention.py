@@ -77,6 +77,8 @@ def setup(size: int, head_stride: int = 1) -> RingGroup | None:
         g = dist.new_group(list(range(first, first + size)))
         if first <= me < first + size:
             mine = RingGroup(g, size, me - first, first, head_stride)
+    if mine is None:  # not reached: check_sizes makes the groups cover every rank
+        raise RuntimeError(f"ring attention: rank {me} of {world} is in none of the groups of {size} ranks")
     _GROUP = mine
     logger.info("ring attention: rank %d is %d of %d in ranks %d-%d (head stride %d)", me, mine.rank, size,
                 mine.first, mine.first + size - 1, head_stride)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -24,7 +25,9 @@ class _ScalarHeadModel(nn.Module):
 
     head_kind = "value"
 
-    def __init__(self, body: nn.Module, head: nn.Linear | None = None, mean: float = 0.0, std: float = 1.0):
+    # ``body``: a transformers AutoModel, or a peft model around one (its attributes forward to it): typed Any,
+    # since nn.Module's stubs give every attribute as Tensor | Module
+    def __init__(self, body: Any, head: nn.Linear | None = None, mean: float = 0.0, std: float = 1.0):
         super().__init__()
         self.body = body
         hidden = body.config.hidden_size

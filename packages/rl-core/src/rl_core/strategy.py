@@ -35,6 +35,7 @@ import random
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -220,7 +221,7 @@ class DeepSpeedStrategy:
             zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
         if train and c.adam_offload:
             zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
-        extra = {}
+        extra: dict[str, Any] = {}  # DeepSpeed config sections
         if train:  # OpenRLHF's get_train_ds_config (its eval config has none of these)
             if c.overlap_comm:
                 zero.update(overlap_comm=True, contiguous_gradients=True)
@@ -254,7 +255,8 @@ class DeepSpeedStrategy:
 
     def param_groups(self, model: nn.Module) -> list[dict]:
         """The trainable parameters in two groups: decayed by --l2, and norms and biases, not decayed."""
-        decay, no_decay = [], []
+        decay: list[nn.Parameter] = []
+        no_decay: list[nn.Parameter] = []
         for name, p in model.named_parameters():
             if p.requires_grad:
                 (no_decay if p.ndim < 2 or "norm" in name.lower() or name.endswith(".bias") else decay).append(p)

@@ -19,6 +19,7 @@ import functools
 import inspect
 import logging
 import math
+from typing import Any
 
 import torch
 
@@ -79,7 +80,8 @@ def _varlen(q, k, v, cu, longest: int, scaling: float | None):
     """q (T, H, D), k/v (T, Hkv, D) -> (T, H, D), causal within each sequence."""
     from torch.nn.attention.varlen import varlen_attn
 
-    params, kw = _params(), {}
+    params = _params()
+    kw: dict[str, Any] = {}
     kw.update(window_size=(-1, 0)) if "window_size" in params else kw.update(is_causal=True)
     if scaling is not None:
         if "scale" in params:

@@ -163,6 +163,8 @@ class DataConfig:
         except ValueError:
             raise ValueError(f"{flag} must be numbers separated by commas, one per --dataset file, e.g. 0.7,0.3"
                              ) from None
+        if probs is None:  # not reached: dataset_probs is set
+            return
         if self.dataset is not None:
             files = [p for p in self.dataset.split(",") if p.strip()]
             if len(files) != len(probs):

@@ -22,6 +22,7 @@ Leaves out: file reading (loading.py), text/segment rules (encoding.py), batchin
 from __future__ import annotations
 
 import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -71,7 +72,7 @@ class _Dropped(Exception):
 class _EagerDataset(Dataset):
     """Shared loop: encode each row with ``_encode``, count outcomes, refuse emptiness."""
 
-    def __init__(self, rows: list[dict], tokenizer, cfg: DataConfig) -> None:
+    def __init__(self, rows: Sequence[dict], tokenizer, cfg: DataConfig) -> None:
         self.tokenizer = tokenizer
         self.cfg = cfg
         check_tokenizer(tokenizer, cfg)
@@ -157,7 +158,7 @@ class PromptDataset(_EagerDataset):
     once here: a missing file, or more than ``max_images_per_prompt``, is a :class:`DataError` naming the row.
     """
 
-    def __init__(self, rows: list[dict], tokenizer, cfg: DataConfig, processor=None) -> None:
+    def __init__(self, rows: Sequence[dict], tokenizer, cfg: DataConfig, processor=None) -> None:
         if cfg.image_key is not None and processor is None:
             raise ValueError(f"--image_key {cfg.image_key!r} reads images for a vision-language model, but no "
                              f"processor was given: --pretrain must be a VLM folder with its processor "
@@ -174,10 +175,11 @@ class PromptDataset(_EagerDataset):
         if not prompt.strip():
             raise DataError(f"{where}: prompt {cfg.input_key!r} is empty (fix or drop the row)")
         label = None if cfg.label_key is None else _get(row, cfg.label_key, "label_key", where, "the label")
-        refs, images = None, []
+        refs: object = None
+        images: list = []
         if self.processor is not None:
             refs, images = self._images(row, where)
-        if images:
+        if images and self.processor is not None:  # (images: loaded through the processor's branch above)
             try:
                 ids = self.processor(text=[prompt], images=images, add_special_tokens=False)["input_ids"][0]
             except ValueError as e:  # e.g. placeholders and images do not match in number
@@ -308,7 +310,7 @@ class KTODataset(_EagerDataset):
     ``desirable_key``: a bool or the integers 0 / 1; anything else is a bad row.
     """
 
-    def __init__(self, rows: list[dict], tokenizer, cfg: DataConfig) -> None:
+    def __init__(self, rows: Sequence[dict], tokenizer, cfg: DataConfig) -> None:
         super().__init__(rows, tokenizer, cfg)
         n_good = sum(item["desirable"] for item in self.items)
         if n_good in (0, len(self.items)):
@@ -324,6 +326,8 @@ class KTODataset(_EagerDataset):
     def _encode(self, row: dict, where: str) -> dict:
         cfg = self.cfg
         prompt = _get(row, cfg.input_key, "input_key", where, "the prompt")
+        if cfg.output_key is None:  # not reached: _check_config refuses it
+            raise ValueError("KTODataset needs --output_key: the column that holds each completion")
         completion = _get(row, cfg.output_key, "output_key", where, "the completion")
         if not isinstance(completion, str):
             raise DataError(

@@ -124,7 +124,8 @@ def _not_utf8(path: Path, e: UnicodeDecodeError, offset: int, lineno: int) -> st
 def _read_jsonl(path: Path, limit: int | None, data: bytes | None = None, *, skip_bad: bool = False) -> list[Row]:
     if data is None:
         data = path.read_bytes()
-    records, numbers, skipped = [], [], []
+    records: list[Row] = []
+    numbers, skipped = [], []
     offset = 0
     for lineno, raw in enumerate(data.split(b"\n"), start=1):
         start, offset = offset, offset + len(raw) + 1

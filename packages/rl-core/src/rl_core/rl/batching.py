@@ -56,7 +56,7 @@ class MicroBatchConfig:
         if isinstance(value, str):  # the command line's text: auto, none, or a number
             text = value.strip().lower()
             value = None if text in ("none", "null") else text
-            if value not in (None, "auto", "memory"):
+            if value is not None and value not in ("auto", "memory"):
                 if not (value.isascii() and value.isdigit()):
                     raise ValueError(f"max_tokens_per_gpu (--max_tokens_per_gpu) must be a number of tokens, auto, "
                                      f"memory or none, got {self.max_tokens_per_gpu!r}")
@@ -214,7 +214,8 @@ class ModelInputs:
         if pixels:
             from rl_rollout.vision import cat_image_inputs
 
-            kw.update({k: v.to(device) for k, v in cat_image_inputs([it.image_inputs for it in items]).items()})
+            parts = [it.image_inputs for it in items if it.image_inputs]  # (cat_image_inputs skips the rest too)
+            kw.update({k: v.to(device) for k, v in cat_image_inputs(parts).items()})
         return cls(kw, lengths, packing)
 
     def rows(self, out):

@@ -174,7 +174,8 @@ class LocalFactory:
     def rollout(self, engine_cfg: EngineConfig, model: str, *, dtype: str, seed: int, device: str):
         return engine_cfg.make(model, dtype=dtype, seed=seed, device=device, in_process=True, kind=self.engine_kind)
 
-    def weight_sync(self, policy: LocalGroup, rollout: Any, sync_cfg: WeightSyncConfig) -> DirectWeightSync:
+    # policy: a WorkerGroup, as GroupFactory's (this factory's roles are LocalGroups)
+    def weight_sync(self, policy: WorkerGroup, rollout: Any, sync_cfg: WeightSyncConfig) -> DirectWeightSync:
         sync_cfg.resolve(in_process=True, on_gpu=False)  # refuses gloo/nccl/ipc with the reason
         return DirectWeightSync(policy, rollout, verify=sync_cfg.verify)
 
@@ -225,6 +226,8 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
     for choice in choices:  # the CLI resolved them already and printed why; a Python caller learns it here
         logger.info("auto: %s", choice)
     m, s, p = cfg.model, cfg.strategy, cfg.ppo
+    if m.pretrain is None:  # not reached: checked above, and resolve_auto keeps the model folder
+        raise ValueError("RLModelConfig.pretrain (--pretrain) is required: a local HF model folder")
     require_reward(reward_fn=reward_fn is not None, reward_model=bool(m.reward_pretrain), agent=bool(p.agent))
     roles = run_roles(p, reward_model=bool(m.reward_pretrain))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id

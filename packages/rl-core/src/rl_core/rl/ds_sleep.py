@@ -22,8 +22,12 @@ nothing and free nothing: ``ds_sleep_gb`` still counts what the offload covers, 
 from __future__ import annotations
 
 import time
+from typing import TYPE_CHECKING, Any
 
 import torch
+
+if TYPE_CHECKING:
+    from rl_core.strategy import DeepSpeedStrategy
 
 
 def check_ds_sleep(enabled: bool, strategy_cfg) -> None:
@@ -156,6 +160,9 @@ def call_roles(groups, method: str, parallel: bool, *args) -> dict[str, float]:
 class DeepSpeedSleep:
     """The worker methods (a mixin of the trained roles' workers, whose ``s`` is the strategy and ``engine`` the
     DeepSpeed engine): called through the groups, so they run in-process and over Ray alike."""
+
+    s: DeepSpeedStrategy  # the worker's
+    engine: Any  # the worker's
 
     def ds_offload(self, optimizer_only: bool = False) -> dict[str, float]:
         return offload(self.s, self.engine, optimizer_only)

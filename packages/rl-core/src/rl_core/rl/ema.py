@@ -73,7 +73,8 @@ class EmaWeights:
             group = getattr(p, "ds_process_group", None)
             parts = [torch.empty_like(e, device=p.ds_tensor.device) for _ in range(dist.get_world_size(group))]
             dist.all_gather(parts, e.to(p.ds_tensor.device), group=group)
-            yield n, torch.cat(parts)[:p.ds_numel].view(p.ds_shape).cpu()
+            # ds_numel, ds_shape: what DeepSpeed ZeRO-3 adds to the parameters it partitions (p has ds_tensor)
+            yield n, torch.cat(parts)[:p.ds_numel].view(p.ds_shape).cpu()  # type: ignore[attr-defined]
 
     def save(self, folder: str | Path, rank: int) -> Path:
         """This rank's shadow into ``folder`` (a checkpoint's role folder), on disk when it returns."""

@@ -18,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal, get_args
+from typing import Any, Literal, get_args
 
 import torch
 
@@ -103,8 +103,9 @@ class ExperienceBatch:
 
     def to(self, move) -> ExperienceBatch:
         """Every tensor through ``move`` (e.g. ``lambda t: to_device(t, device)``)."""
-        return ExperienceBatch(**{f.name: None if (t := getattr(self, f.name)) is None else move(t)
-                                  for f in dataclasses.fields(self)})
+        moved: dict[str, Any] = {f.name: None if (t := getattr(self, f.name)) is None else move(t)
+                                 for f in dataclasses.fields(self)}
+        return ExperienceBatch(**moved)
 
 
 def make_item(prompt_ids: Sequence[int], response_ids: Sequence[int], response_mask: Sequence[int] | None = None,

@@ -27,12 +27,16 @@ methods. rl-core never imports Ray.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import queue
 import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from rl_rollout.pool import EnginePool
 
 logger = logging.getLogger(__name__)
 
@@ -170,13 +174,18 @@ def sync_calls(what: str, policy: WorkerGroup, policy_call: tuple[str, Callable[
         outcomes[k] = outcome
         if k > 0 and outcome[1] is not None and not _alive(engines[k - 1]):
             raise engine_failure(k - 1, outcome[1], died=True) from outcome[1]
-    policy_error = outcomes[0][1]
-    failed = [(i, o[1]) for i, o in enumerate(outcomes[1:]) if o[1] is not None]
+    ended: list[tuple[Any, BaseException | None]] = []
+    for o in outcomes:
+        if o is None:  # not reached: the loop above takes one outcome per call
+            raise RuntimeError(f"{what}: a call ended without an outcome")
+        ended.append(o)
+    policy_error = ended[0][1]
+    failed = [(i, o[1]) for i, o in enumerate(ended[1:]) if o[1] is not None]
     if policy_error is None and not failed:
-        return [o[0] for o in outcomes]
+        return [o[0] for o in ended]
     if policy_error is not None and not _alive(policy):
         raise policy_error
-    if failed:
+    if failed or policy_error is None:  # (policy_error None: then failed is not empty)
         raise engine_failure(*failed[0], died=False) from failed[0][1]
     raise policy_error
 
@@ -201,7 +210,7 @@ class GroupRollout:
         if not engines:
             raise ValueError("GroupRollout needs at least one engine group")
         self.engines = list(engines)
-        self.pool = None  # agenerate's EnginePool of _EngineTurns, made on first use
+        self.pool: EnginePool | None = None  # agenerate's EnginePool of _EngineTurns, made on first use
 
     def generate(self, requests: list) -> list[list]:
         n, k = len(requests), len(self.engines)
@@ -262,9 +271,8 @@ class BroadcastWeightSync:
                    ("init_weight_sender", lambda: self.policy.call("init_weight_sender", addr, port, world,
                                                                    self.backend, t)),
                    self.rollout.engines,
-                   [("init_weight_group", lambda g=g, off=off: g.call_rank(0, "init_weight_group", addr, port, world,
-                                                                          rank_offset=off, backend=self.backend,
-                                                                          timeout_s=t))
+                   [("init_weight_group", functools.partial(g.call_rank, 0, "init_weight_group", addr, port, world,
+                                                            rank_offset=off, backend=self.backend, timeout_s=t))
                     for g, off in zip(self.rollout.engines, offsets, strict=True)], self.pids)
         logger.info("weight group: %s:%d, %d ranks (%s)", addr, port, world, self.backend)
         self._ready = True
@@ -276,7 +284,7 @@ class BroadcastWeightSync:
             f"weight sync to version {version}", self.policy,
             ("broadcast_weights", lambda: self.policy.call("broadcast_weights", version, self.verify)),
             self.rollout.engines,
-            [("receive_weights", lambda g=g: g.call_rank(0, "receive_weights", verify=self.verify))
+            [("receive_weights", functools.partial(g.call_rank, 0, "receive_weights", verify=self.verify))
              for g in self.rollout.engines], self.pids)
         stats = results[0][0]
         stats = stats if isinstance(stats, dict) else {}
@@ -322,7 +330,7 @@ class IpcWeightSync:
         if "work_s" in shared[0]:  # inside the policy's method; the rest of share_s is the Ray call
             out["share_work_s"] = max(s["work_s"] for s in shared)
         if all(w is not None for w in work):  # inside the engines' actors; the rest of load_s is the Ray call
-            out["load_work_s"] = max(work)
+            out["load_work_s"] = max(w for w in work if w is not None)  # all of them
         if self.verify:
             out["verify_s"] = verify_engines(self.policy, self.rollout.engines)
         return out
@@ -332,7 +340,7 @@ class DirectWeightSync:
     """Policy (a :class:`LocalGroup`) -> an engine object in this process, in one update (one vLLM session);
     ``verify``: the engine checks it holds what was sent after every sync."""
 
-    def __init__(self, policy: LocalGroup, engine: Any, *, verify: bool = False):
+    def __init__(self, policy: WorkerGroup, engine: Any, *, verify: bool = False):  # call_rank is all it uses
         self.policy, self.engine, self.verify = policy, engine, verify
 
     def __call__(self, version: int) -> dict:

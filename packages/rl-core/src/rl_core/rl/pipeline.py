@@ -25,6 +25,7 @@ reproducibility across runs (the two threads interleave differently).
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable
@@ -61,7 +62,7 @@ class AsyncRollout:
         for k in range(self.first, self.last + 1):
             t0 = time.perf_counter()
             with self._cond:
-                self._cond.wait_for(lambda k=k: self._may_start(k))
+                self._cond.wait_for(functools.partial(self._may_start, k))
                 if self._stop:
                     return
             self.gate_wait_s += time.perf_counter() - t0

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+from typing import Any
 
 import torch
 
@@ -27,6 +28,8 @@ def read_once(sums: dict, device: torch.device) -> dict[str, float]:
 
 class _Worker:
     """Strategy, distributed init and micro-batched no-grad forwards shared by every role."""
+
+    engine: Any  # the role's DeepSpeed engine (Strategy.prepare), which each role's __init__ sets
 
     def __init__(self, strategy_cfg, *, pad_id: int = 0, batching: MicroBatchConfig | None = None,
                  packing: bool = False):
@@ -75,6 +78,8 @@ class _Worker:
             budget = "memory" if self.s.device.type == "cuda" and self.packing else None
         if budget == "memory":  # from free device memory now (rl_core.rl.auto chooses it on CUDA)
             budget = self._memory_budget(train)
+        if isinstance(budget, str):  # not reached: MicroBatchConfig leaves no other text than auto and memory
+            raise ValueError(f"max_tokens_per_gpu {budget!r}: not a number of tokens, auto, memory or none")
         if budget is not None:  # per rank: with ring attention a rank holds 1/ring of each row (as OpenRLHF counts)
             budget *= self.s.cfg.ring_attn_size
         groups = plan_micro_batches(lengths, micro_batch=micro, max_tokens=budget, packing=self.packing)

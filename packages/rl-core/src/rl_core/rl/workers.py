@@ -108,13 +108,19 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         use_rollout = variant.needs_rollout_logprobs or (on_policy and has_rollout)
         kl_loss = o.kl_loss is not None  # no reference (--init_kl_coef 0): no KL to measure, 0 logged
         fields: list[TokenField] = ["advantages"]
-        fields += ([] if on_policy else ["old_logprobs"]) + (["ref_logprobs"] if kl_loss else []) \
-            + (["rollout_logprobs"] if use_rollout else [])
-        sums = {"policy_loss": 0.0, "clip_fraction": 0.0, "kl_loss": 0.0}
+        if not on_policy:
+            fields.append("old_logprobs")
+        if kl_loss:
+            fields.append("ref_logprobs")
+        if use_rollout:
+            fields.append("rollout_logprobs")
+        # device tensors as they accumulate (no host sync per micro-batch), floats once read_once reads them
+        sums: dict[str, float | torch.Tensor] = {"policy_loss": 0.0, "clip_fraction": 0.0, "kl_loss": 0.0}
         entropy = entropy_coef is not None  # OpenRLHF: any coefficient, 0 too, computes and logs it
         if entropy:
             sums["entropy"] = 0.0
-        gap_sum = gap_tokens = 0.0
+        gap_sum: float | torch.Tensor = 0.0
+        gap_tokens: float | torch.Tensor = 0.0
         steps = 0
         self.engine.train()
         G = self._global_seqs()
@@ -149,12 +155,14 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                                    rollout_logprobs_BT=rollout if variant.needs_rollout_logprobs else None,
                                    global_tokens=total, global_seqs=G, dp_size=world, norm_len=o.norm_len)
                 loss = out.loss
-                if kl_loss:
+                if o.kl_loss is not None:  # kl_loss
                     kl = approx_kl(lp, b.token("ref_logprobs"), o.kl_loss, mask=m)
                     kl_term = aggregate_loss(kl, m, "token-mean", global_tokens=total, dp_size=world)
                     loss = loss + kl_coef * kl_term
                     sums["kl_loss"] += kl_term.detach() / world
                 if entropy:
+                    if ent is None:  # not reached: a forward asked for the entropy returns it
+                        raise RuntimeError("the policy's forward returned no entropy")
                     ent_term = aggregate_loss(ent, m, "token-mean", global_tokens=total, dp_size=world)
                     if entropy_coef:
                         loss = loss - entropy_coef * ent_term
@@ -164,6 +172,8 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                     loss = loss + aux_coef * share_n * aux[0]
                     sums["aux_loss"] += aux[0].detach() * share_n / world
                 if self._ptx:  # one backward for both: the policy micro-batch and a pretraining one
+                    if o.ptx_coef is None:  # not reached: __init__ refuses pretraining rows without a coefficient
+                        raise ValueError("pretraining rows need the objective's ptx_coef")
                     nll = self._ptx_nll()
                     loss = loss + o.ptx_coef * nll / len(groups)
                     sums["ptx_loss"] += nll.detach() / len(groups) / world

@@ -268,6 +268,8 @@ class Trainer:
         self.step = 0
         ck = self.cfg.ckpt
         if ck.load_checkpoint:
+            if self.ckpt is None:  # not reached: CheckpointConfig refuses load_checkpoint without ckpt_path
+                raise ValueError("load_checkpoint needs ckpt_path (--ckpt_path DIR) to find checkpoints in")
             meta = self.ckpt.load(self.engine)
             if meta is not None:
                 step, start_epoch, start_index = meta["step"], meta["epoch"], meta["batch_in_epoch"]
@@ -300,6 +302,8 @@ class Trainer:
                     nxt_epoch, nxt_index = (epoch, index + 1) if index + 1 < self.steps_per_epoch else (epoch + 1, 0)
                     self.ckpt.save(self.engine, step, {"epoch": nxt_epoch, "batch_in_epoch": nxt_index})
                 if ck.save_hf_ckpt and step % ck.save_steps == 0:  # collective (ZeRO-3 gathers)
+                    if ck.ckpt_path is None:  # not reached: CheckpointConfig refuses save_steps without ckpt_path
+                        raise ValueError("save_hf_ckpt needs ckpt_path (--ckpt_path DIR) to write the exports to")
                     export_hf(self.s, self.engine, os.path.join(ck.ckpt_path, f"step_{step:08d}_hf"),
                               tokenizer=self.tokenizer)
                 if self.eval_dataset is not None and self.cfg.eval_steps > 0 and step % self.cfg.eval_steps == 0:
@@ -313,4 +317,4 @@ class Trainer:
             export_hf(self.s, self.engine, ck.save_path, tokenizer=self.tokenizer)
         return losses
 
-    progress_keys = ("loss",)
+    progress_keys: tuple[str, ...] = ("loss",)

@@ -70,6 +70,7 @@ class DPOTrainer(Trainer):
     name = "dpo"
     progress_keys = ("loss", "acc", "reward_margin")
     supports_packing = True
+    cfg: DPOConfig  # the Trainer's cfg, as __init__ takes it
 
     def __init__(self, strategy, actor, ref_actor, tokenizer, dataset, cfg: DPOConfig, *, eval_dataset=None,
                  logger=None):
@@ -117,7 +118,7 @@ class DPOTrainer(Trainer):
             pol = self.engine(**model_inputs(b))
             logps = sequence_sums(pol.logprobs, b)
             nll = None
-            if cfg.nll_loss_coef:
+            if chosen_tokens is not None:  # set above iff cfg.nll_loss_coef
                 # token-mean over the global batch's chosen tokens, times dp (DeepSpeed averages ranks)
                 nll = -logps[:m].sum() / chosen_tokens * self.plan.dp_size * acc
             out = dpo_loss(logps[:m], logps[m:], ref[:, 0], ref[:, 1], beta=cfg.beta,

@@ -70,6 +70,7 @@ class KTOTrainer(Trainer):
     name = "kto"
     progress_keys = ("loss", "kl", "reward_margin")
     supports_packing = True
+    cfg: KTOConfig  # the Trainer's cfg, as __init__ takes it
 
     def __init__(self, strategy, actor, ref_actor, tokenizer, dataset, cfg: KTOConfig, *, eval_dataset=None,
                  logger=None):

@@ -122,7 +122,7 @@ class PPOTrainer:
         if sleep_level not in (1, 2):
             raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
         self.sleep_level = sleep_level
-        self.batching, self._budget_warned = batching, set()  # the workers' token budgets; phases warned of
+        self.batching, self._budget_warned = batching, set[str]()  # the workers' token budgets; phases warned of
         check_eval_set(cfg.eval.steps, eval_prompts is not None)
         if eval_prompts is not None and cfg.async_rl:
             raise ValueError("--eval_dataset with --async_train is not built (the eval pass would share the engines "
@@ -240,7 +240,9 @@ class PPOTrainer:
         for phase, (budget, flag), what in (
                 ("train", (b.max_tokens_per_gpu, "--max_tokens_per_gpu"), "trains"),
                 ("forward", b.forward_budget(), "goes through the experience forwards")):
-            if budget is None or budget in ("auto", "memory"):  # sized from free memory on each rank, not known here
+            # "auto" or "memory" (the only text MicroBatchConfig leaves): sized from free memory on each rank, not
+            # known here
+            if budget is None or isinstance(budget, str):
                 continue
             n, longest = over_budget(lengths, budget)
             out[f"budget/over_{phase}"] = float(n)
@@ -374,7 +376,7 @@ class PPOTrainer:
                              f"would train; raise --max_iterations (or --num_episodes) above {newest}, or give a "
                              f"fresh --ckpt_path")
         changed = resumed_settings((self.ckpt.peek() or {}).get("settings"), self._settings()) \
-            if newest is not None else []  # before any role's state is read: a prompt order it cannot continue
+            if newest is not None and self.ckpt is not None else []  # before any role's state is read: a prompt order it cannot continue
         state = self.ckpt.load() if self.ckpt is not None else None
         if state is None:
             return 0

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any
 
 from rl_core.preflight import InputError
 from rl_core.rl.checkpoint import LOOP_STATE, RLCheckpoints
@@ -81,7 +82,8 @@ class LoopCheckpoints:
     def __init__(self, cfg, *, policy, critic=None, tokenizer_path: str | None = None, best_key: str | None = None):
         self.cfg, self.policy, self.critic, self.tokenizer_path = cfg, policy, critic, tokenizer_path
         self.store = RLCheckpoints(cfg.ckpt_path, cfg.max_ckpt_num, cfg.max_ckpt_mem)
-        self.best_key, self.best = best_key, None
+        self.best_key = best_key
+        self.best: dict[str, Any] | None = None  # {"key", "value", "iteration"}: JSON in the loop state
         _refuse_mixing(cfg, self.store)
 
     def _roles_with_state(self) -> dict:

@@ -16,11 +16,15 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 
 from rl_algos import clip_rewards, overlong_penalty, stop_properly_penalty
 from rl_core.rl.experience import Experience, make_item
+
+if TYPE_CHECKING:
+    from rl_rollout.rewards import RewardCounts
 
 logger = logging.getLogger(__name__)
 
@@ -90,7 +94,7 @@ class Scored:
     scores_B: torch.Tensor
     info: dict[str, float]
     filter_B: torch.Tensor
-    counts: object | None = None
+    counts: RewardCounts | None = None
 
 
 class Sampler:
@@ -117,7 +121,8 @@ class Sampler:
         self.generate_batch_size = cfg.async_rl.generate_batch_size if cfg.async_rl else None
 
     def take_prompts(self, k: int) -> list[dict]:
-        n, out = len(self.prompts), []
+        n = len(self.prompts)
+        out: list[dict] = []
         while len(out) < k:
             epoch, i = divmod(self.cursor, n)
             order = torch.randperm(n, generator=torch.Generator().manual_seed(self.seed + epoch)).tolist()
@@ -133,7 +138,7 @@ class Sampler:
         from rl_rollout import RolloutRequest
 
         sampling = self.cfg.sampling
-        over = {"n": n} if n is not None else {}
+        over: dict[str, float] = {"n": n} if n is not None else {}
         if temperature is not None:
             over["temperature"] = temperature
         params = sampling.params(stop_token_ids=self.eos, seed=seed, **over)
@@ -230,6 +235,8 @@ class Sampler:
                     own = torch.tensor(record.scores, dtype=torch.float32)
         if self.reward_model is not None:
             pad = -len(items) % self.reward_ranks  # eval sets need not split over the ranks: repeat one
+            if self.sharded is None:
+                raise ValueError("Sampler: a reward_model needs sharded (the call that spreads items over its ranks)")
             scored = self.sharded(self.reward_model, "score", items + items[-1:] * pad)
             parts.append(torch.tensor(scored[:len(items)], dtype=torch.float32))
             info["reward_model_mean"] = parts[-1].mean().item()
@@ -276,7 +283,7 @@ class Sampler:
         del buffer[:want]
         dropped: list[tuple] = []
         stats = {"generate_s": 0.0, "reward_s": 0.0, "rounds": 0, "groups_seen": 0}
-        counts = []  # the reward scorer's counts, one per round
+        counts: list[RewardCounts] = []  # the reward scorer's counts, one per round
         kept_new = 0
         for r in range(c.dynamic_filtering.max_rounds if c.dynamic_filtering else 1):
             if len(kept) >= want:

@@ -43,6 +43,7 @@ class RewardModelTrainer(Trainer):
     name = "rm"
     progress_keys = ("loss", "acc")
     supports_packing = True
+    cfg: RMConfig  # the Trainer's cfg (RewardModelTrainer takes the Trainer's __init__)
 
     def collate(self, items: list[dict]) -> dict:
         return preference_collate(items, self.pad_id, packing=self.packing)
