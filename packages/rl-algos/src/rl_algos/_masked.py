@@ -70,9 +70,7 @@ def last_token_index(mask_BT: Tensor) -> tuple[Tensor, Tensor]:
 def place_on_last_token(scores_B: Tensor, mask_BT: Tensor) -> Tensor:
     """``[B, T]`` tensor holding ``scores_B[b]`` on row b's last masked-in token, 0 elsewhere."""
     if scores_B.dim() != 1 or scores_B.shape[0] != mask_BT.shape[0]:
-        raise ValueError(
-            f"scores must be [batch]={mask_BT.shape[0]}, got shape {tuple(scores_B.shape)}"
-        )
+        raise ValueError(f"scores must be [batch]={mask_BT.shape[0]}, got shape {tuple(scores_B.shape)}")
     dt = compute_dtype(scores_B)
     out = torch.zeros(mask_BT.shape, dtype=dt, device=mask_BT.device)
     idx, has = last_token_index(mask_BT)

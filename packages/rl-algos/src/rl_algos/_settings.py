@@ -27,8 +27,9 @@ def _typed(text: str, tp: type, key: str, owner: str):
             return tp(text)
         except ValueError:
             raise ValueError(f"{owner}: {key}={text!r} is not {'an' if tp is int else 'a'} {tp.__name__}") from None
-    raise ValueError(f"{owner}: parameter {key!r} has type {tp!r}, which a KEY=VALUE setting cannot give "
-                     f"(int, float, bool, str)")
+    raise ValueError(
+        f"{owner}: parameter {key!r} has type {tp!r}, which a KEY=VALUE setting cannot give (int, float, bool, str)"
+    )
 
 
 def parse_settings(items: Sequence[str], params: Mapping[str, type], owner: str) -> dict:

@@ -22,21 +22,42 @@ from rl_algos.advantages import ESTIMATORS, EstimatorSpec, estimator_names, get_
 class AdvantageConfig:
     """Which estimator turns rewards into advantages, and its settings."""
 
-    estimator: str = field(default="gae", metadata={**_meta(
-        "a registered estimator (rl_algos.ESTIMATORS): gae is PPO's (with a critic), group_norm GRPO's; an "
-        "extension module (--extension) registers more", "advantage_estimator", "algo.advantage.estimator"),
-        "names": estimator_names})
-    args: tuple[str, ...] = field(default=(), metadata=_meta(
-        "KEY=VALUE settings of the estimator's own parameters (its registry entry's params; an extension's)",
-        "estimator_args"))
+    estimator: str = field(
+        default="gae",
+        metadata={
+            **_meta(
+                "a registered estimator (rl_algos.ESTIMATORS): gae is PPO's (with a critic), group_norm GRPO's; an "
+                "extension module (--extension) registers more",
+                "advantage_estimator",
+                "algo.advantage.estimator",
+            ),
+            "names": estimator_names,
+        },
+    )
+    args: tuple[str, ...] = field(
+        default=(),
+        metadata=_meta(
+            "KEY=VALUE settings of the estimator's own parameters (its registry entry's params; an extension's)",
+            "estimator_args",
+        ),
+    )
     gamma: float = field(default=1.0, metadata=_meta("discount", None, "algo.advantage.gamma"))
     lambd: float = field(default=0.95, metadata=_meta("GAE lambda", None, "algo.advantage.lambd"))
-    whiten: bool | None = field(default=None, metadata=_meta(
-        "batch-whiten the advantages (default: what the estimator's registry entry says)", "whiten_advantages"))
-    no_std_norm: bool = field(default=False, metadata=_meta(
-        "batch normalisation of the advantages subtracts the mean only, without dividing by the std (OpenRLHF: "
-        "gae, reinforce, reinforce_baseline, the estimators it whitens)", "no_advantage_std_norm",
-        "algo.advantage.no_std_norm"))
+    whiten: bool | None = field(
+        default=None,
+        metadata=_meta(
+            "batch-whiten the advantages (default: what the estimator's registry entry says)", "whiten_advantages"
+        ),
+    )
+    no_std_norm: bool = field(
+        default=False,
+        metadata=_meta(
+            "batch normalisation of the advantages subtracts the mean only, without dividing by the std (OpenRLHF: "
+            "gae, reinforce, reinforce_baseline, the estimators it whitens)",
+            "no_advantage_std_norm",
+            "algo.advantage.no_std_norm",
+        ),
+    )
 
     def __post_init__(self) -> None:
         spec = get_estimator(self.estimator)  # an unknown name fails listing the registered ones
@@ -50,9 +71,11 @@ class AdvantageConfig:
         except ValueError as e:
             raise ValueError(f"{e} (--estimator_args)") from None
         if self.no_std_norm and not self.whitens:
-            raise ValueError(f"--no_advantage_std_norm changes the batch normalisation of the advantages, which "
-                             f"--advantage_estimator {self.estimator} does not do (as in OpenRLHF, where it then "
-                             f"has no effect): drop the flag, or use dr_grpo for the group mean without the std")
+            raise ValueError(
+                f"--no_advantage_std_norm changes the batch normalisation of the advantages, which "
+                f"--advantage_estimator {self.estimator} does not do (as in OpenRLHF, where it then "
+                f"has no effect): drop the flag, or use dr_grpo for the group mean without the std"
+            )
 
     @property
     def spec(self) -> EstimatorSpec:

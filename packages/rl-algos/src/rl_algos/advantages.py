@@ -188,9 +188,7 @@ def _check_scores(scores_B: Tensor, mask_BT: Tensor, name: str) -> None:
     if mask_BT.dim() != 2:
         raise ValueError(f"{name}: mask must be [batch, seq], got shape {tuple(mask_BT.shape)}")
     if scores_B.dim() != 1 or scores_B.shape[0] != mask_BT.shape[0]:
-        raise ValueError(
-            f"{name}: scores must be [batch]=[{mask_BT.shape[0]}], got shape {tuple(scores_B.shape)}"
-        )
+        raise ValueError(f"{name}: scores must be [batch]=[{mask_BT.shape[0]}], got shape {tuple(scores_B.shape)}")
 
 
 def _returns_based(name: str, shape: Callable[[Tensor, int], Tensor] | None) -> EstimatorFn:
@@ -227,8 +225,10 @@ def gae(
     """PPO's estimator: GAE over token rewards and critic values (see module docstring)."""
     _check_scores(scores_B, mask_BT, "gae")
     if values_BT is None:
-        raise ValueError("gae needs critic values (values_BT); use a critic or a critic-free estimator "
-                         f"({', '.join(estimator_names(critic_free=True))})")
+        raise ValueError(
+            "gae needs critic values (values_BT); use a critic or a critic-free estimator "
+            f"({', '.join(estimator_names(critic_free=True))})"
+        )
     shaped = scores_B.to(compute_dtype(scores_B))
     adv, ret = gae_advantages(_token_rewards(shaped, mask_BT, token_rewards_BT), values_BT, mask_BT, gamma, lambd)
     return Advantages(advantages=adv, returns=ret, scores=shaped)
@@ -295,11 +295,18 @@ class _Registry(dict[str, EstimatorSpec]):
 
 
 ESTIMATORS = _Registry()
-ESTIMATORS.register("gae", gae, needs_critic=True, whiten_by_default=True, turn_rewards=True,
-                    inputs=("token_rewards_BT", "values_BT", "gamma", "lambd"))
+ESTIMATORS.register(
+    "gae",
+    gae,
+    needs_critic=True,
+    whiten_by_default=True,
+    turn_rewards=True,
+    inputs=("token_rewards_BT", "values_BT", "gamma", "lambd"),
+)
 ESTIMATORS.register("reinforce", reinforce, whiten_by_default=True, turn_rewards=True)
-ESTIMATORS.register("reinforce_baseline", reinforce_baseline, min_group_size=2, whiten_by_default=True,
-                    turn_rewards=True)
+ESTIMATORS.register(
+    "reinforce_baseline", reinforce_baseline, min_group_size=2, whiten_by_default=True, turn_rewards=True
+)
 ESTIMATORS.register("rloo", rloo, min_group_size=2)
 ESTIMATORS.register("group_norm", group_norm, min_group_size=2)
 ESTIMATORS.register("dr_grpo", dr_grpo, min_group_size=2)
@@ -320,8 +327,9 @@ def compute_advantages(name: str, scores_B: Tensor, mask_BT: Tensor, **kwargs) -
     return get_estimator(name)(scores_B, mask_BT, **kwargs)
 
 
-def masked_whiten(x_BT: Tensor, mask_BT: Tensor, shift_mean: bool = True, eps: float = 1e-8,
-                  scale: bool = True) -> Tensor:
+def masked_whiten(
+    x_BT: Tensor, mask_BT: Tensor, shift_mean: bool = True, eps: float = 1e-8, scale: bool = True
+) -> Tensor:
     """Normalise the masked-in elements to zero mean and unit variance (biased variance,
     clamped at ``eps``), as OpenRLHF normalises advantages; masked-out elements become 0.
     With ``shift_mean=False`` the mean is added back (only the scale changes); with

@@ -119,23 +119,30 @@ class KLConfig:
     ``target`` by :class:`AdaptiveKLController`) or as a loss term beside the policy loss (``use_loss``, GRPO).
     ``init_coef`` 0 turns KL off (no reference model is needed)."""
 
-    init_coef: float = field(default=0.01, metadata=_meta(
-        "KL to the reference (0: no reference model)", "init_kl_coef", "algo.kl.init_coef"))
-    target: float | None = field(default=None, metadata=_meta(
-        "adaptive KL coefficient steering to this KL", "kl_target", "algo.kl.target"))
+    init_coef: float = field(
+        default=0.01, metadata=_meta("KL to the reference (0: no reference model)", "init_kl_coef", "algo.kl.init_coef")
+    )
+    target: float | None = field(
+        default=None, metadata=_meta("adaptive KL coefficient steering to this KL", "kl_target", "algo.kl.target")
+    )
     horizon: int = field(default=10000, metadata=_meta("adaptive KL horizon", "kl_horizon", "algo.kl.horizon"))
-    use_loss: bool = field(default=False, metadata=_meta(
-        "KL as a loss term (GRPO) instead of a reward penalty", "use_kl_loss", "algo.kl.use_loss"))
-    estimator: KLEstimator = field(default=KLEstimator.K1, metadata=_meta(
-        "k1 | k2 | k3 (Schulman's estimators)", "kl_estimator", "algo.kl.estimator"))
+    use_loss: bool = field(
+        default=False,
+        metadata=_meta("KL as a loss term (GRPO) instead of a reward penalty", "use_kl_loss", "algo.kl.use_loss"),
+    )
+    estimator: KLEstimator = field(
+        default=KLEstimator.K1,
+        metadata=_meta("k1 | k2 | k3 (Schulman's estimators)", "kl_estimator", "algo.kl.estimator"),
+    )
 
     def __post_init__(self) -> None:
         try:
             object.__setattr__(self, "estimator", KLEstimator(self.estimator))  # "k3" -> KLEstimator.K3
         except ValueError:
             *rest, last = [e.value for e in KLEstimator]
-            raise ValueError(f"kl_estimator (--kl_estimator) must be {', '.join(rest)} or {last}, got "
-                             f"{self.estimator!r}") from None
+            raise ValueError(
+                f"kl_estimator (--kl_estimator) must be {', '.join(rest)} or {last}, got {self.estimator!r}"
+            ) from None
         if not (self.init_coef >= 0 and self.init_coef != float("inf")):
             raise ValueError(f"init_kl_coef (--init_kl_coef) must be a finite number >= 0, got {self.init_coef}")
         if self.target is not None and not 0 < self.target < float("inf"):

@@ -83,18 +83,24 @@ def node_type(tp) -> tuple[type, bool] | None:
 def _field_kwargs(tp) -> dict:
     base, optional = _unwrap_optional(tp)
     if isinstance(base, type) and issubclass(base, enum.Enum):  # a StrEnum-like field: its values are the choices
+
         def member(text: str, cls=base):
             try:
                 return cls(text)
             except ValueError:
                 raise argparse.ArgumentTypeError(
-                    f"{text!r} is not one of {', '.join(str(e.value) for e in cls)}") from None
+                    f"{text!r} is not one of {', '.join(str(e.value) for e in cls)}"
+                ) from None
 
         return {"type": member, "metavar": "|".join(str(e.value) for e in base)}
     if base is bool:
         if optional:  # unset means auto (rl_core.rl.auto): "auto" says so explicitly
-            return {"type": lambda s: None if s.strip().lower() in AUTO else parse_bool(s), "nargs": "?",
-                    "const": True, "metavar": "BOOL|auto"}
+            return {
+                "type": lambda s: None if s.strip().lower() in AUTO else parse_bool(s),
+                "nargs": "?",
+                "const": True,
+                "metavar": "BOOL|auto",
+            }
         return {"type": parse_bool, "nargs": "?", "const": True, "metavar": "BOOL"}
     if typing.get_origin(base) is tuple:
         args = typing.get_args(base)
@@ -232,6 +238,7 @@ class _Parser(argparse.ArgumentParser):
 
 def build_parser(prog: str, description: str, groups: dict[str, type]) -> tuple[argparse.ArgumentParser, list[Flag]]:
     flags = collect_flags(groups)
+
     def bare_ok(f: Flag) -> bool:  # a node's field with a flat name of its own takes that, not its bare name
         return not ((f.nested or f.switch) and any("." not in a for a in f.aliases))
 
@@ -239,14 +246,19 @@ def build_parser(prog: str, description: str, groups: dict[str, type]) -> tuple[
     for f in flags:
         if bare_ok(f):
             counts[f.field] = counts.get(f.field, 0) + 1
-    parser = _Parser(prog=prog, description=description, argument_default=argparse.SUPPRESS,
-                     usage="%(prog)s [--config FILE.yaml] [--print_config] [--SETTING VALUE ...]",
-                     epilog="Each setting is listed once, by its flat name (or dotted, where a flat one would be "
-                            "ambiguous); its dotted name (--GROUP.NODE.NAME) and OpenRLHF's names (both dialects) "
-                            "are accepted too: docs/openrlhf.md lists them.")
+    parser = _Parser(
+        prog=prog,
+        description=description,
+        argument_default=argparse.SUPPRESS,
+        usage="%(prog)s [--config FILE.yaml] [--print_config] [--SETTING VALUE ...]",
+        epilog="Each setting is listed once, by its flat name (or dotted, where a flat one would be "
+        "ambiguous); its dotted name (--GROUP.NODE.NAME) and OpenRLHF's names (both dialects) "
+        "are accepted too: docs/openrlhf.md lists them.",
+    )
     parser.add_argument("--config", metavar="FILE.yaml", help="read settings from YAML first; flags override it")
-    parser.add_argument("--print_config", action="store_true",
-                        help="print the resolved settings and the batch arithmetic, then exit")
+    parser.add_argument(
+        "--print_config", action="store_true", help="print the resolved settings and the batch arithmetic, then exit"
+    )
     by_dotted = {f.dotted: f for f in flags}
     reverse_alias: dict[str, list[str]] = {}
     for alias, dotted in ALIASES.items():
@@ -272,7 +284,8 @@ def build_parser(prog: str, description: str, groups: dict[str, type]) -> tuple[
                 note = field_at(groups, path).metadata.get("help", "")
                 how = "Off unless its switch below is given. " if node.switch else ""
                 sections[path] = parser.add_argument_group(
-                    path, f"{note}. {how}Each setting is also --{path}.NAME; in YAML, a mapping at {path}.")
+                    path, f"{note}. {how}Each setting is also --{path}.NAME; in YAML, a mapping at {path}."
+                )
         return sections[path]
 
     for group in groups:
@@ -285,8 +298,10 @@ def build_parser(prog: str, description: str, groups: dict[str, type]) -> tuple[
             names = [n for n in dict.fromkeys(names) if n == f"--{f.dotted}" or n not in converted]
             for n in names:
                 if n in owner:
-                    raise TypeError(f"{prog}: flag {n} would set both {owner[n]} and {f.dotted}; rename one "
-                                    f"(field metadata 'flags'/'openrlhf' or ALIASES)")
+                    raise TypeError(
+                        f"{prog}: flag {n} would set both {owner[n]} and {f.dotted}; rename one "
+                        f"(field metadata 'flags'/'openrlhf' or ALIASES)"
+                    )
                 owner[n] = f.dotted
             f.shown = next((n for n in names[1:] if "." not in n), names[0])
             where = f.dotted if f.switch else f.dotted.rsplit(".", 1)[0]

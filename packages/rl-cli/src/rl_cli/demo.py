@@ -37,8 +37,9 @@ def letter_reward(prompt: str, response: str, label: str | None, **info) -> floa
 
 
 def arg_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="rl demo", description=__doc__,
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="rl demo", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("--workdir", default="rl-demo", help="where the model, data and run go (default ./rl-demo)")
     ap.add_argument("--iterations", type=int, default=100)
     ap.add_argument("--max_new_tokens", type=int, default=8)
@@ -52,11 +53,18 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--debug", action="store_true", help=CliArgs.__dataclass_fields__["debug"].metadata["help"])
     from rl_rollout import engine_names
 
-    ap.add_argument("--rollout_engine", choices=("auto", *engine_names()), default="hf",
-                    help="hf (transformers, default) | vllm (needs vLLM: the CPU build in .venv-vllm) | auto | an "
-                         "installed plug-in's name (entry point group rl_rollout.engines)")
-    ap.add_argument("--enforce_eager", action="store_true",
-                    help="vLLM: no torch.compile / CUDA graphs (faster start, slower decode); refused with --rollout_engine hf")
+    ap.add_argument(
+        "--rollout_engine",
+        choices=("auto", *engine_names()),
+        default="hf",
+        help="hf (transformers, default) | vllm (needs vLLM: the CPU build in .venv-vllm) | auto | an "
+        "installed plug-in's name (entry point group rl_rollout.engines)",
+    )
+    ap.add_argument(
+        "--enforce_eager",
+        action="store_true",
+        help="vLLM: no torch.compile / CUDA graphs (faster start, slower decode); refused with --rollout_engine hf",
+    )
     return ap
 
 
@@ -68,8 +76,10 @@ def main(argv: list[str] | None = None) -> int:
         from rl_rollout.engine import resolve_engine
 
         if resolve_engine(args.rollout_engine).name == "hf":  # auto may resolve to hf too (no vLLM here)
-            ap.error(f"--enforce_eager is a vLLM setting and --rollout_engine {args.rollout_engine} runs the HF "
-                     f"engine, which compiles nothing: drop the flag, or use --rollout_engine vllm (from .venv-vllm)")
+            ap.error(
+                f"--enforce_eager is a vLLM setting and --rollout_engine {args.rollout_engine} runs the HF "
+                f"engine, which compiles nothing: drop the flag, or use --rollout_engine vllm (from .venv-vllm)"
+            )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
     from functools import partial
@@ -89,40 +99,70 @@ def main(argv: list[str] | None = None) -> int:
     work.mkdir(parents=True, exist_ok=True)
     model = make_tiny_model(work / "model", seed=args.seed)
     data = work / "prompts.jsonl"
-    data.write_text("".join(json.dumps({"prompt": f"Repeat the letter {c}: ", "label": c}) + "\n" for c in LETTERS[:args.letters]))
+    data.write_text(
+        "".join(json.dumps({"prompt": f"Repeat the letter {c}: ", "label": c}) + "\n" for c in LETTERS[: args.letters])
+    )
     tok = AutoTokenizer.from_pretrained(model)
     if not 1 <= args.letters <= len(LETTERS):
         ap.error(f"--letters must be in 1..{len(LETTERS)}, got {args.letters}")
     prompts = PromptDataset(load_rows(str(data)), tok, DataConfig(input_key="prompt", label_key="label", max_len=64))
     samples = args.rollout_batch_size * args.n_samples_per_prompt
-    strategy = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=samples // 2, train_batch_size=samples,
-                              learning_rate=args.learning_rate, lr_warmup_ratio=0.0, lr_scheduler="constant",
-                              seed=args.seed, max_norm=args.max_norm)
-    cfg = PPOConfig(advantage=AdvantageConfig("group_norm"), kl=KLConfig(init_coef=0.0),
-                    sampling=SamplingConfig(args.n_samples_per_prompt, args.max_new_tokens),
-                    rollout_batch_size=args.rollout_batch_size, max_iterations=args.iterations, run_dir=str(work / "run"),
-                    ckpt=CheckpointConfig(save_path=str(work / "final")), max_epochs=args.max_epochs)
+    strategy = StrategyConfig(
+        zero_stage=0,
+        bf16=False,
+        micro_train_batch_size=samples // 2,
+        train_batch_size=samples,
+        learning_rate=args.learning_rate,
+        lr_warmup_ratio=0.0,
+        lr_scheduler="constant",
+        seed=args.seed,
+        max_norm=args.max_norm,
+    )
+    cfg = PPOConfig(
+        advantage=AdvantageConfig("group_norm"),
+        kl=KLConfig(init_coef=0.0),
+        sampling=SamplingConfig(args.n_samples_per_prompt, args.max_new_tokens),
+        rollout_batch_size=args.rollout_batch_size,
+        max_iterations=args.iterations,
+        run_dir=str(work / "run"),
+        ckpt=CheckpointConfig(save_path=str(work / "final")),
+        max_epochs=args.max_epochs,
+    )
     reward = RewardRunner(partial(letter_reward, max_new_tokens=args.max_new_tokens), workers=0)
     # verify: after every sync the engine checks it holds the policy's weights (about 5 ms here)
     engine = EngineConfig(kind=args.rollout_engine, enforce_eager=args.enforce_eager)
-    run = build_run(RunConfig(RLModelConfig(pretrain=str(model)), strategy, cfg, engine, WeightSyncConfig(verify=True)),
-                    LocalFactory(), prompts=prompts, tokenizer=tok, reward_fn=reward)
+    run = build_run(
+        RunConfig(RLModelConfig(pretrain=str(model)), strategy, cfg, engine, WeightSyncConfig(verify=True)),
+        LocalFactory(),
+        prompts=prompts,
+        tokenizer=tok,
+        reward_fn=reward,
+    )
     trainer = run.trainer
-    print(f"[rl demo] {len(prompts)} prompts x {cfg.sampling.n_samples_per_prompt} samples, {trainer.num_iterations} iterations; "
-          f"GRPO (group_norm), ZeRO-0 fp32, one process, rollout {type(run.rollout).__name__}"
-          f"{' (eager)' if args.enforce_eager else ''}", flush=True)
+    print(
+        f"[rl demo] {len(prompts)} prompts x {cfg.sampling.n_samples_per_prompt} samples, {trainer.num_iterations} iterations; "
+        f"GRPO (group_norm), ZeRO-0 fp32, one process, rollout {type(run.rollout).__name__}"
+        f"{' (eager)' if args.enforce_eager else ''}",
+        flush=True,
+    )
     try:
         history = trainer.fit()
     finally:
         run.close()
     for i, m in enumerate(history, 1):
-        print(f"[rl demo] iteration {i:3d}  reward {m['reward_mean']:.3f}  loss {m['policy_loss']:+.4f}  "
-              f"length {m['response_length']:.1f}")
+        print(
+            f"[rl demo] iteration {i:3d}  reward {m['reward_mean']:.3f}  loss {m['policy_loss']:+.4f}  "
+            f"length {m['response_length']:.1f}"
+        )
     k = max(1, len(history) // 5)
     first = sum(m["reward_mean"] for m in history[:k]) / k
     last = sum(m["reward_mean"] for m in history[-k:]) / k
-    print(f"[rl demo] reward {first:.3f} (first {k} iterations) -> {last:.3f} (last {k}); "
-          f"curves: {work / 'run' / 'curves.png'}; model: {work / 'final'}; reward calls {reward.metrics()}", flush=True)
-    (work / "summary.json").write_text(json.dumps({"first": first, "last": last, "k": k,
-                                                   "rewards": [m["reward_mean"] for m in history]}))
+    print(
+        f"[rl demo] reward {first:.3f} (first {k} iterations) -> {last:.3f} (last {k}); "
+        f"curves: {work / 'run' / 'curves.png'}; model: {work / 'final'}; reward calls {reward.metrics()}",
+        flush=True,
+    )
+    (work / "summary.json").write_text(
+        json.dumps({"first": first, "last": last, "k": k, "rewards": [m["reward_mean"] for m in history]})
+    )
     return 0

@@ -43,11 +43,15 @@ def _offline_batches(cfgs: dict) -> list[str]:
     world = int(os.environ.get("WORLD_SIZE", "1"))  # under torchrun / deepspeed: the launcher's ranks
     per_step = s.micro_train_batch_size * world
     if s.train_batch_size % per_step:
-        raise ValueError(f"--train_batch_size {s.train_batch_size} is not a multiple of --micro_train_batch_size "
-                         f"{s.micro_train_batch_size} x {world} data-parallel rank(s) = {per_step}")
-    return [f"global batch {s.train_batch_size} = micro batch {s.micro_train_batch_size} x accumulation "
-            f"{s.train_batch_size // per_step} x data parallel {world} (WORLD_SIZE)",
-            f"optimizer steps = dataset rows // {s.train_batch_size} x {cfgs['train'].max_epochs} epoch(s)"]
+        raise ValueError(
+            f"--train_batch_size {s.train_batch_size} is not a multiple of --micro_train_batch_size "
+            f"{s.micro_train_batch_size} x {world} data-parallel rank(s) = {per_step}"
+        )
+    return [
+        f"global batch {s.train_batch_size} = micro batch {s.micro_train_batch_size} x accumulation "
+        f"{s.train_batch_size // per_step} x data parallel {world} (WORLD_SIZE)",
+        f"optimizer steps = dataset rows // {s.train_batch_size} x {cfgs['train'].max_epochs} epoch(s)",
+    ]
 
 
 def _rl_batches(cfgs: dict, ray: bool) -> list[str]:
@@ -56,8 +60,11 @@ def _rl_batches(cfgs: dict, ray: bool) -> list[str]:
     samples = p.rollout_batch_size * p.sampling.n_samples_per_prompt
     g, micro = s.train_batch_size, s.micro_train_batch_size
     check_rl_batches(p, s, world_sizes={"policy": world})  # rl_core.preflight: the one place of these rules
-    iters = (f"{p.max_iterations} (--max_iterations)" if p.max_iterations
-             else f"{p.num_episodes} episode(s) x prompts // {p.rollout_batch_size}")
+    iters = (
+        f"{p.max_iterations} (--max_iterations)"
+        if p.max_iterations
+        else f"{p.num_episodes} episode(s) x prompts // {p.rollout_batch_size}"
+    )
     roles = run_roles(p, reward_model=bool(cfgs["model"].reward_pretrain)).names()
     b, rows = cfgs["batching"], "packed rows" if cfgs["data"].packing else "padded rows"
     budget, _ = b.forward_budget()
@@ -67,14 +74,16 @@ def _rl_batches(cfgs: dict, ray: bool) -> list[str]:
 
     train_mb = tokens(b.max_tokens_per_gpu) if b.max_tokens_per_gpu else f"{micro} samples"
     fwd_mb = tokens(budget) if budget else f"{b.forward_micro_batch_size or micro} samples"
-    return [f"per iteration: {p.rollout_batch_size} prompts x {p.sampling.n_samples_per_prompt} samples = {samples} samples",
-            f"global batch {g} = micro batch {micro} x accumulation {g // (micro * world)} x data parallel {world}",
-            f"micro-batches per rank: {rows}; training {train_mb}, experience forwards {fwd_mb}"
-            + (" (the count per step varies; every rank runs the largest)" if b.max_tokens_per_gpu else ""),
-            f"optimizer steps per iteration (each trained model): {samples} // {g} x {p.max_epochs} epoch(s) = "
-            f"{samples // g * p.max_epochs}",
-            f"iterations: {iters}",
-            f"estimator {p.advantage.estimator}, policy loss {p.policy_loss.type}; models: {', '.join(roles)}"]
+    return [
+        f"per iteration: {p.rollout_batch_size} prompts x {p.sampling.n_samples_per_prompt} samples = {samples} samples",
+        f"global batch {g} = micro batch {micro} x accumulation {g // (micro * world)} x data parallel {world}",
+        f"micro-batches per rank: {rows}; training {train_mb}, experience forwards {fwd_mb}"
+        + (" (the count per step varies; every rank runs the largest)" if b.max_tokens_per_gpu else ""),
+        f"optimizer steps per iteration (each trained model): {samples} // {g} x {p.max_epochs} epoch(s) = "
+        f"{samples // g * p.max_epochs}",
+        f"iterations: {iters}",
+        f"estimator {p.advantage.estimator}, policy loss {p.policy_loss.type}; models: {', '.join(roles)}",
+    ]
 
 
 def print_config(command: str, cfgs: dict, chosen=()) -> None:

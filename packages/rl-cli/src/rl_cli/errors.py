@@ -26,9 +26,15 @@ EXIT_USER_ERROR = 2  # argparse's code for a usage error too
 
 # (module, class): a user's input that cannot work. Looked up only in modules already imported: an error
 # can only come from one that was.
-INPUT_ERRORS = (("rl_core.preflight", "InputError"), ("rl_core.folder_lock", "FolderInUse"), ("rl_core.hub", "ModelNotFoundError"),
-                ("rl_core.data.loading", "DataError"), ("rl_rollout.rewards.loading", "RewardLoadError"),
-                ("rl_rollout.rewards.remote", "RemoteRewardError"), ("rl_placement.specs", "PlacementError"))
+INPUT_ERRORS = (
+    ("rl_core.preflight", "InputError"),
+    ("rl_core.folder_lock", "FolderInUse"),
+    ("rl_core.hub", "ModelNotFoundError"),
+    ("rl_core.data.loading", "DataError"),
+    ("rl_rollout.rewards.loading", "RewardLoadError"),
+    ("rl_rollout.rewards.remote", "RemoteRewardError"),
+    ("rl_placement.specs", "PlacementError"),
+)
 
 
 class UserError(Exception):
@@ -39,13 +45,21 @@ class UserError(Exception):
 class CliArgs:
     """Settings of the command itself."""
 
-    debug: bool = field(default=False, metadata=meta(
-        "on a user mistake (a bad path, value or URL) also print the Python traceback; without it the command "
-        "prints one line and exits with code 2"))
-    extension: tuple[str, ...] = field(default=(), metadata=meta(
-        "Python files or modules imported before the settings are read: each registers what it adds with the "
-        "packages' registries (rl_algos.ESTIMATORS.register, rl_algos.POLICY_LOSSES.register, "
-        "rl_rollout.register_engine), which the settings then name (rl_cli.extensions)"))
+    debug: bool = field(
+        default=False,
+        metadata=meta(
+            "on a user mistake (a bad path, value or URL) also print the Python traceback; without it the command "
+            "prints one line and exits with code 2"
+        ),
+    )
+    extension: tuple[str, ...] = field(
+        default=(),
+        metadata=meta(
+            "Python files or modules imported before the settings are read: each registers what it adds with the "
+            "packages' registries (rl_algos.ESTIMATORS.register, rl_algos.POLICY_LOSSES.register, "
+            "rl_rollout.register_engine), which the settings then name (rl_cli.extensions)"
+        ),
+    )
 
 
 _debug = False

@@ -42,8 +42,11 @@ def _flatten_yaml(data: dict | None, groups: dict[str, type], flags: list[Flag],
     def below(prefix: str, name: str) -> str | None:
         """A flat name given inside a group's or node's mapping (``ppo: {max_staleness: 2}``, the layout of
         files written before that setting moved into a node): the one setting of that name below it."""
-        hits = {d for d in ([by_alias[name]] if name in by_alias else []) + [f.dotted for f in by_field.get(name, [])]
-                if d.startswith(prefix + ".")}
+        hits = {
+            d
+            for d in ([by_alias[name]] if name in by_alias else []) + [f.dotted for f in by_field.get(name, [])]
+            if d.startswith(prefix + ".")
+        }
         return hits.pop() if len(hits) == 1 else None
 
     def put(key: str, value):
@@ -58,8 +61,9 @@ def _flatten_yaml(data: dict | None, groups: dict[str, type], flags: list[Flag],
         elif len(by_field.get(key, [])) == 1:
             out[by_field[key][0].dotted] = coerce(by_field[key][0].dotted, value)
         elif key in by_field:
-            raise ValueError(f"{source}: key {key!r} is ambiguous; write one of "
-                             f"{', '.join(f.dotted for f in by_field[key])}")
+            raise ValueError(
+                f"{source}: key {key!r} is ambiguous; write one of {', '.join(f.dotted for f in by_field[key])}"
+            )
         else:
             close = difflib.get_close_matches(key, list(by_dotted) + list(by_field), n=3, cutoff=0.6)
             hint = f"; did you mean {', '.join(close)}?" if close else ""
@@ -79,8 +83,9 @@ def _flatten_yaml(data: dict | None, groups: dict[str, type], flags: list[Flag],
             elif value:
                 out.setdefault(f"{node.path}.", True)  # present with its defaults (the marker resolve reads)
         else:
-            raise ValueError(f"{source}: {node.path} is a group of settings: write a mapping, true, or null "
-                             f"(absent), got {value!r}")
+            raise ValueError(
+                f"{source}: {node.path} is a group of settings: write a mapping, true, or null (absent), got {value!r}"
+            )
 
     for key, value in (data or {}).items():
         if key in groups and isinstance(value, dict):
@@ -112,9 +117,11 @@ def _build(cls: type, prefix: str, values: dict[str, object], names: dict[str, s
             on = bool(values.get(key)) if switch else bool(given) or (key + ".") in values
             if switch and not on and given:
                 shown = ", ".join(names.get(k, f"--{k}") for k in given)
-                raise ValueError(f"{shown} set{'s' if len(given) == 1 else ''} {names.get(key, '--' + key)}'s "
-                                 f"settings: add {names.get(key, '--' + key)}, or drop "
-                                 f"{'it' if len(given) == 1 else 'them'}")
+                raise ValueError(
+                    f"{shown} set{'s' if len(given) == 1 else ''} {names.get(key, '--' + key)}'s "
+                    f"settings: add {names.get(key, '--' + key)}, or drop "
+                    f"{'it' if len(given) == 1 else 'them'}"
+                )
             if not on:
                 continue  # an optional node's default: absent
         elif not given and (key + ".") not in values:
@@ -134,8 +141,9 @@ def given(groups: dict[str, type], args: argparse.Namespace, flags: list[Flag]) 
     return frozenset(k for k in settings(groups, args, flags, openrlhf_defaults=False) if not k.endswith("."))
 
 
-def settings(groups: dict[str, type], args: argparse.Namespace, flags: list[Flag], *,
-             openrlhf_defaults: bool = True) -> dict[str, Any]:
+def settings(
+    groups: dict[str, type], args: argparse.Namespace, flags: list[Flag], *, openrlhf_defaults: bool = True
+) -> dict[str, Any]:
     """``{dotted: value}`` of every setting given: OpenRLHF's defaults its flags bring, YAML, command line."""
     values: dict[str, Any] = dict(getattr(args, openrlhf.DEFAULTS, {})) if openrlhf_defaults else {}
     cfg_file = getattr(args, "config", None)
@@ -172,6 +180,7 @@ def build(groups: dict[str, type], values: dict[str, object], flags: list[Flag])
 def as_plain(cfg) -> dict:
     """A config tree as plain data (nodes as mappings, absent ones as None, enums as their values, tuples as
     lists): what ``--print_config`` writes and ``--config`` reads back."""
+
     def plain(v):
         if dataclasses.is_dataclass(v) and not isinstance(v, type):
             return {f.name: plain(getattr(v, f.name)) for f in dataclasses.fields(v) if not f.name.startswith("_")}

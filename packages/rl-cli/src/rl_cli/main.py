@@ -16,8 +16,10 @@ import importlib
 import importlib.metadata as md
 import sys
 
-RL_COMMANDS = {"ppo": ("ppo:run_local", "PPO / GRPO / REINFORCE++ / RLOO in one process"),
-               "ppo-ray": ("ppo_ray:run_ray", "the same RL loop over Ray: a placement plan, actors per role, vLLM/HF engines")}
+RL_COMMANDS = {
+    "ppo": ("ppo:run_local", "PPO / GRPO / REINFORCE++ / RLOO in one process"),
+    "ppo-ray": ("ppo_ray:run_ray", "the same RL loop over Ray: a placement plan, actors per role, vLLM/HF engines"),
+}
 PACKAGES = ("rl-algos", "rl-rollout", "rl-placement", "rl-core", "rl-cli")
 
 
@@ -65,8 +67,11 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command")
     sub.add_parser("doctor", help="what this machine can run")
     sub.add_parser("demo", help="GRPO on a tiny model and a synthetic task, CPU, minutes (rl demo --help)")
-    sub.add_parser("serve-rm", help="serve a reward model or reward functions over HTTP, to rl ppo and OpenRLHF's "
-                                    "client (rl serve-rm --help for its flags)")
+    sub.add_parser(
+        "serve-rm",
+        help="serve a reward model or reward functions over HTTP, to rl ppo and OpenRLHF's "
+        "client (rl serve-rm --help for its flags)",
+    )
     for name, cmd in COMMANDS.items():
         sub.add_parser(name, help=f"{cmd.help} (rl {name} --help for its flags)")
     for name, (_, text) in RL_COMMANDS.items():

@@ -92,8 +92,9 @@ class _Refused(argparse.Action):
         parser.error(f"{option_string} (OpenRLHF) is not supported: {self.refuse.why}")
 
 
-def install(parser: argparse.ArgumentParser, command: str | None, owner: dict[str, str],
-            kwargs_of: dict[str, dict]) -> list[str]:
+def install(
+    parser: argparse.ArgumentParser, command: str | None, owner: dict[str, str], kwargs_of: dict[str, dict]
+) -> list[str]:
     """Add the command's OpenRLHF flags that the fields did not already give; returns the names added."""
     if command not in COMMANDS:
         return []
@@ -112,15 +113,22 @@ def install(parser: argparse.ArgumentParser, command: str | None, owner: dict[st
             refuse = REFUSED.get(name)
         if refuse is None and conv is not None:
             meta: dict[str, Any] = {} if conv.nargs == 0 else {"metavar": name.split(".")[-1].upper()}
-            group.add_argument(opt, action=_Converted, conv=conv, dest=argparse.SUPPRESS,
-                               help=argparse.SUPPRESS, **meta)  # docs/openrlhf.md: "sets {conv.ours}"
+            group.add_argument(
+                opt, action=_Converted, conv=conv, dest=argparse.SUPPRESS, help=argparse.SUPPRESS, **meta
+            )  # docs/openrlhf.md: "sets {conv.ours}"
             owner[opt] = f"openrlhf:{name}"
         elif refuse is None and target is not None:
             group.add_argument(opt, dest=target, **{**kwargs_of[target], "help": argparse.SUPPRESS})
             owner[opt] = target
         elif refuse is not None:
-            group.add_argument(opt, action=_Refused, refuse=refuse, switch=shape.get("action") == "store_true",
-                               dest=argparse.SUPPRESS, help=argparse.SUPPRESS)
+            group.add_argument(
+                opt,
+                action=_Refused,
+                refuse=refuse,
+                switch=shape.get("action") == "store_true",
+                dest=argparse.SUPPRESS,
+                help=argparse.SUPPRESS,
+            )
             owner[opt] = f"refused:{name}"
         else:
             continue  # missing from every table: tests/test_openrlhf_flags.py names it
@@ -158,8 +166,11 @@ def _default_gap(command: str, dest: str, shape: dict) -> str:
     from rl_cli.config import field_at
 
     f = field_at(groups_of(command), dest)
-    ours = f.default if f.default is not dataclasses.MISSING else (
-        f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+    ours = (
+        f.default
+        if f.default is not dataclasses.MISSING
+        else (f.default_factory() if f.default_factory is not dataclasses.MISSING else None)
+    )
     same = theirs == ours or (isinstance(theirs, list) and ours is not None and tuple(theirs) == tuple(ours))
     auto = ours is None and "auto" in f.metadata.get("help", "")  # unset: the hardware decides (rl_core.rl.auto)
     return "" if same else f"{theirs!r} / {'auto' if auto else repr(ours)}"
@@ -191,12 +202,23 @@ def rows(command: str) -> list[Row]:
                 out.append(Row(name, dialect, "", "refused", act.refuse.why + off))
             elif isinstance(act, _Converted):
                 out.append(Row(name, dialect, act.conv.ours, "accepted", NOTES.get((command, name), "")))
-            elif command in ("ppo", "ppo-ray") and act.dest.split(".")[-1] in UNUSED_BY_RL \
-                    and act.dest.startswith("data."):
+            elif (
+                command in ("ppo", "ppo-ray")
+                and act.dest.split(".")[-1] in UNUSED_BY_RL
+                and act.dest.startswith("data.")
+            ):
                 out.append(Row(name, dialect, act.dest, "refused", UNUSED_BY_RL[act.dest.split(".")[-1]]))
             else:
-                out.append(Row(name, dialect, act.dest, "accepted", NOTES.get((command, name), ""),
-                               _default_gap(command, act.dest, shape)))
+                out.append(
+                    Row(
+                        name,
+                        dialect,
+                        act.dest,
+                        "accepted",
+                        NOTES.get((command, name), ""),
+                        _default_gap(command, act.dest, shape),
+                    )
+                )
     return out
 
 
@@ -217,21 +239,30 @@ def markdown() -> str:
     ]
     for tag, commit in data["releases"].items():
         lines.append(f"- {tag}: {data['source']}/tree/{commit}")
-    lines += ["", "OpenRLHF's example scripts (`examples/scripts/`), one by one, and what stops those that do not run: "
-              "[packages/rl-cli/README.md](../packages/rl-cli/README.md#openrlhfs-example-scripts).",
-              "", "`python -m openrlhf.cli.train_X` becomes `python -m rl_cli.train_X` or `rl X`. `ours` is the "
-              "setting the flag sets (`rl X --print_config` shows them all resolved). A refused flag given "
-              "the value that leaves its feature off in OpenRLHF (e.g. `--ring_attn_size 1`) is accepted as the "
-              "no-op it is. The last column shows where a run that leaves a flag out differs from OpenRLHF's "
-              "(pass the flag to get OpenRLHF's value; `None` on our side means derived, see `rl X --help`).", ""]
+    lines += [
+        "",
+        "OpenRLHF's example scripts (`examples/scripts/`), one by one, and what stops those that do not run: "
+        "[packages/rl-cli/README.md](../packages/rl-cli/README.md#openrlhfs-example-scripts).",
+        "",
+        "`python -m openrlhf.cli.train_X` becomes `python -m rl_cli.train_X` or `rl X`. `ours` is the "
+        "setting the flag sets (`rl X --print_config` shows them all resolved). A refused flag given "
+        "the value that leaves its feature off in OpenRLHF (e.g. `--ring_attn_size 1`) is accepted as the "
+        "no-op it is. The last column shows where a run that leaves a flag out differs from OpenRLHF's "
+        "(pass the flag to get OpenRLHF's value; `None` on our side means derived, see `rl X --help`).",
+        "",
+    ]
     for command in COMMANDS:
         rs = rows(command)
         acc = sum(r.status == "accepted" for r in rs)
         src = sorted({s["from"] for d in flags_of(command).values() for s in d.values()})
-        lines += [f"## rl {command}", "",
-                  f"{len(rs)} OpenRLHF flags ({', '.join(src)}): {acc} accepted, {len(rs) - acc} refused.", "",
-                  "| OpenRLHF flag | ours | status | default: OpenRLHF / ours, where they differ |",
-                  "|---|---|---|---|"]
+        lines += [
+            f"## rl {command}",
+            "",
+            f"{len(rs)} OpenRLHF flags ({', '.join(src)}): {acc} accepted, {len(rs) - acc} refused.",
+            "",
+            "| OpenRLHF flag | ours | status | default: OpenRLHF / ours, where they differ |",
+            "|---|---|---|---|",
+        ]
         for r in rs:
             status = r.status if not r.why else f"{r.status}: {r.why}"
             cells = [f"`--{r.flag}`", f"`{r.ours}`" if r.ours else "", status, f"`{r.defaults}`" if r.defaults else ""]

@@ -121,8 +121,10 @@ def _param_dtype(v, _ns):
 def _ns_steps(v, _ns):
     if v == 5:
         return {}
-    raise ValueError(f"{v}: DeepSpeed's Muon runs 5 Newton-Schulz steps, fixed in its muon_update (OpenRLHF's run "
-                     f"ignores the flag there); drop the flag or pass 5")
+    raise ValueError(
+        f"{v}: DeepSpeed's Muon runs 5 Newton-Schulz steps, fixed in its muon_update (OpenRLHF's run "
+        f"ignores the flag there); drop the flag or pass 5"
+    )
 
 
 _IS_TYPE = "_openrlhf_is_correction_type"  # OpenRLHF's type takes effect only with its enable flag
@@ -171,42 +173,88 @@ def _not_negative(field: str):
 
 
 CONVERT: dict[str, Convert] = {
-    "eps_clip_low_high": Convert("ppo.policy_loss.eps_clip, ppo.policy_loss.eps_clip_high",
-                                 lambda v, _ns: {"ppo.policy_loss.eps_clip": v[0], "ppo.policy_loss.eps_clip_high": v[1]}, 2, float),
-    "actor.eps_clip_low_high": Convert("ppo.policy_loss.eps_clip, ppo.policy_loss.eps_clip_high",
-                                       lambda v, _ns: {"ppo.policy_loss.eps_clip": v[0], "ppo.policy_loss.eps_clip_high": v[1]}, 2, float),
-    "target_modules": Convert("model.target_modules (names joined by commas)",
-                              lambda v, _ns: {"model.target_modules": ",".join(v) if v else "all-linear"}, "*"),
-    "ds.lora.target_modules": Convert("model.target_modules (names joined by commas)",
-                                      lambda v, _ns: {"model.target_modules": ",".join(v) if v else "all-linear"},
-                                      "*"),
+    "eps_clip_low_high": Convert(
+        "ppo.policy_loss.eps_clip, ppo.policy_loss.eps_clip_high",
+        lambda v, _ns: {"ppo.policy_loss.eps_clip": v[0], "ppo.policy_loss.eps_clip_high": v[1]},
+        2,
+        float,
+    ),
+    "actor.eps_clip_low_high": Convert(
+        "ppo.policy_loss.eps_clip, ppo.policy_loss.eps_clip_high",
+        lambda v, _ns: {"ppo.policy_loss.eps_clip": v[0], "ppo.policy_loss.eps_clip_high": v[1]},
+        2,
+        float,
+    ),
+    "target_modules": Convert(
+        "model.target_modules (names joined by commas)",
+        lambda v, _ns: {"model.target_modules": ",".join(v) if v else "all-linear"},
+        "*",
+    ),
+    "ds.lora.target_modules": Convert(
+        "model.target_modules (names joined by commas)",
+        lambda v, _ns: {"model.target_modules": ",".join(v) if v else "all-linear"},
+        "*",
+    ),
     "param_dtype": Convert("strategy.bf16 (bf16 only)", _param_dtype),
     "ds.param_dtype": Convert("strategy.bf16 (bf16 only)", _param_dtype),
-    **{f"{p}muon.ns_steps": Convert("nothing: 5 only, DeepSpeed's Muon runs 5 Newton-Schulz steps", _ns_steps, None,
-                                    int) for p in ("", "actor.", "critic.")},
-    **{f"{p}muon.nesterov": Convert("nothing: DeepSpeed's Muon always uses Nesterov momentum", lambda _v, _ns: {}, 0)
-       for p in ("", "actor.", "critic.")},
-    "multiturn": Convert("data.apply_chat_template (multi-turn = a message list in --input_key, no --output_key)",
-                         lambda _v, _ns: {"data.apply_chat_template": True}, 0),
-    "data.multiturn": Convert("data.apply_chat_template (multi-turn = a message list in --input_key, no --output_key)",
-                              lambda _v, _ns: {"data.apply_chat_template": True}, 0),
+    **{
+        f"{p}muon.ns_steps": Convert(
+            "nothing: 5 only, DeepSpeed's Muon runs 5 Newton-Schulz steps", _ns_steps, None, int
+        )
+        for p in ("", "actor.", "critic.")
+    },
+    **{
+        f"{p}muon.nesterov": Convert("nothing: DeepSpeed's Muon always uses Nesterov momentum", lambda _v, _ns: {}, 0)
+        for p in ("", "actor.", "critic.")
+    },
+    "multiturn": Convert(
+        "data.apply_chat_template (multi-turn = a message list in --input_key, no --output_key)",
+        lambda _v, _ns: {"data.apply_chat_template": True},
+        0,
+    ),
+    "data.multiturn": Convert(
+        "data.apply_chat_template (multi-turn = a message list in --input_key, no --output_key)",
+        lambda _v, _ns: {"data.apply_chat_template": True},
+        0,
+    ),
     "enable_vllm_is_correction": Convert("ppo.policy_loss.is_correction (tis unless a type is given)", _is_enable, 0),
-    "algo.advantage.is_correction_enable": Convert("ppo.policy_loss.is_correction (tis unless a type is given)", _is_enable, 0),
+    "algo.advantage.is_correction_enable": Convert(
+        "ppo.policy_loss.is_correction (tis unless a type is given)", _is_enable, 0
+    ),
     "vllm_is_correction_type": Convert("ppo.policy_loss.is_correction (with --enable_vllm_is_correction)", _is_type),
-    "algo.advantage.is_correction_type": Convert("ppo.policy_loss.is_correction (with --algo.advantage.is_correction_enable)",
-                                                 _is_type),
-    "freezing_actor_steps": Convert("ppo.freezing_actor_steps (-1: 0)", _not_negative("ppo.freezing_actor_steps"),
-                                    None, int),
-    "critic.freezing_steps": Convert("ppo.freezing_actor_steps (-1: 0)", _not_negative("ppo.freezing_actor_steps"),
-                                     None, int),
-    "ref_reward_offload": Convert("model.ref_offload, model.reward_offload",
-                                  lambda _v, _ns: {"model.ref_offload": True, "model.reward_offload": True}, 0),
-    **{k: Convert("data.packing, batching.max_tokens_per_gpu (16192 unless given)", _dynamic_batch, 0)
-       for k in ("use_dynamic_batch", "train.dynamic_batch_enable")},
-    **{k: Convert("batching.max_tokens_per_gpu (with --use_dynamic_batch, as in OpenRLHF)", _budget("train"), None,
-                  int) for k in ("train_max_tokens_per_gpu", "train.max_tokens_per_gpu")},
-    **{k: Convert("batching.forward_max_tokens_per_gpu (with --use_dynamic_batch, as in OpenRLHF)",
-                  _budget("rollout"), None, int) for k in ("rollout_max_tokens_per_gpu", "rollout.max_tokens_per_gpu")},
+    "algo.advantage.is_correction_type": Convert(
+        "ppo.policy_loss.is_correction (with --algo.advantage.is_correction_enable)", _is_type
+    ),
+    "freezing_actor_steps": Convert(
+        "ppo.freezing_actor_steps (-1: 0)", _not_negative("ppo.freezing_actor_steps"), None, int
+    ),
+    "critic.freezing_steps": Convert(
+        "ppo.freezing_actor_steps (-1: 0)", _not_negative("ppo.freezing_actor_steps"), None, int
+    ),
+    "ref_reward_offload": Convert(
+        "model.ref_offload, model.reward_offload",
+        lambda _v, _ns: {"model.ref_offload": True, "model.reward_offload": True},
+        0,
+    ),
+    **{
+        k: Convert("data.packing, batching.max_tokens_per_gpu (16192 unless given)", _dynamic_batch, 0)
+        for k in ("use_dynamic_batch", "train.dynamic_batch_enable")
+    },
+    **{
+        k: Convert(
+            "batching.max_tokens_per_gpu (with --use_dynamic_batch, as in OpenRLHF)", _budget("train"), None, int
+        )
+        for k in ("train_max_tokens_per_gpu", "train.max_tokens_per_gpu")
+    },
+    **{
+        k: Convert(
+            "batching.forward_max_tokens_per_gpu (with --use_dynamic_batch, as in OpenRLHF)",
+            _budget("rollout"),
+            None,
+            int,
+        )
+        for k in ("rollout_max_tokens_per_gpu", "rollout.max_tokens_per_gpu")
+    },
 }
 
 DEFAULTS = "_openrlhf_defaults"  # {dotted: value} below YAML and the command line (rl_cli.loading.resolve)
@@ -229,10 +277,14 @@ def _ckpt(group: str, folder: str, field: str):
 def _ckpt_converts(command: str) -> dict[str, Convert]:
     folder = flags_of(command)["flat"]["ckpt_path"]["default"]
     group = "ppo.ckpt" if command in ("ppo", "ppo-ray") else "train.ckpt"
-    return {"ckpt.load_enable": Convert(f"{group}.load_checkpoint (no --ckpt.path: {folder})",
-                                        _ckpt(group, folder, "load_checkpoint"), 0),
-            "ckpt.save_steps": Convert(f"{group}.save_steps (N > 0, no --ckpt.path: {folder})",
-                                       _ckpt(group, folder, "save_steps"), None, int)}
+    return {
+        "ckpt.load_enable": Convert(
+            f"{group}.load_checkpoint (no --ckpt.path: {folder})", _ckpt(group, folder, "load_checkpoint"), 0
+        ),
+        "ckpt.save_steps": Convert(
+            f"{group}.save_steps (N > 0, no --ckpt.path: {folder})", _ckpt(group, folder, "save_steps"), None, int
+        ),
+    }
 
 
 # Conversions of one command only (they come before CONVERT).
@@ -245,23 +297,43 @@ def convert_of(command: str | None, name: str) -> Convert | None:
 
 # Accepted flags whose meaning differs in a way a user should know: shown in the table.
 NOTES: dict[tuple[str, str], str] = {
-    **{(c, n): "OpenRLHF: prompt + response; here it caps the prompt, and --max_new_tokens the response"
-       for c in ("ppo", "ppo-ray") for n in ("max_len", "data.max_len")},
-    **{(c, n): "OpenRLHF -1: no evaluation; here -1 evaluates the --eval_dataset once, after the last iteration"
-       for c in ("ppo", "ppo-ray") for n in ("eval_steps", "eval.steps")},
-    **{(c, n): "gae, reinforce, reinforce_baseline (the batch-normalised estimators); refused with the others, "
-               "where OpenRLHF ignores it" for c in ("ppo", "ppo-ray")
-       for n in ("no_advantage_std_norm", "algo.advantage.no_std_norm")},
-    **{(c, n): "AutoTokenizer(use_fast=False), as OpenRLHF; transformers 5 (both pin it) ignores use_fast"
-       for c in COMMANDS for n in ("disable_fast_tokenizer", "data.disable_fast_tokenizer")},
-    **{(c, n): "groups of this many ranks compute each row in slices (padded rows packed first); local attention "
-               "by torch sdpa with a document mask (OpenRLHF: ring-flash-attn)"
-       for c in ("sft", "rm", "dpo", "kto") for n in ("ring_attn_size", "ds.ring_attn_size")},
-    **{("ppo", n): "rl ppo runs each role as one process: a value above 1 stops the run at start (use rl ppo-ray)"
-       for n in ("ring_attn_size", "ds.ring_attn_size")},
-    **{("ppo-ray", n): "every role (policy, critic, reference, reward model) in groups of this many ranks, each "
-                       "row in slices (padded rows packed first); local attention by torch sdpa with a document "
-                       "mask (OpenRLHF: ring-flash-attn)" for n in ("ring_attn_size", "ds.ring_attn_size")},
+    **{
+        (c, n): "OpenRLHF: prompt + response; here it caps the prompt, and --max_new_tokens the response"
+        for c in ("ppo", "ppo-ray")
+        for n in ("max_len", "data.max_len")
+    },
+    **{
+        (c, n): "OpenRLHF -1: no evaluation; here -1 evaluates the --eval_dataset once, after the last iteration"
+        for c in ("ppo", "ppo-ray")
+        for n in ("eval_steps", "eval.steps")
+    },
+    **{
+        (c, n): "gae, reinforce, reinforce_baseline (the batch-normalised estimators); refused with the others, "
+        "where OpenRLHF ignores it"
+        for c in ("ppo", "ppo-ray")
+        for n in ("no_advantage_std_norm", "algo.advantage.no_std_norm")
+    },
+    **{
+        (c, n): "AutoTokenizer(use_fast=False), as OpenRLHF; transformers 5 (both pin it) ignores use_fast"
+        for c in COMMANDS
+        for n in ("disable_fast_tokenizer", "data.disable_fast_tokenizer")
+    },
+    **{
+        (c, n): "groups of this many ranks compute each row in slices (padded rows packed first); local attention "
+        "by torch sdpa with a document mask (OpenRLHF: ring-flash-attn)"
+        for c in ("sft", "rm", "dpo", "kto")
+        for n in ("ring_attn_size", "ds.ring_attn_size")
+    },
+    **{
+        ("ppo", n): "rl ppo runs each role as one process: a value above 1 stops the run at start (use rl ppo-ray)"
+        for n in ("ring_attn_size", "ds.ring_attn_size")
+    },
+    **{
+        ("ppo-ray", n): "every role (policy, critic, reference, reward model) in groups of this many ranks, each "
+        "row in slices (padded rows packed first); local attention by torch sdpa with a document "
+        "mask (OpenRLHF: ring-flash-attn)"
+        for n in ("ring_attn_size", "ds.ring_attn_size")
+    },
 }
 
 
@@ -271,14 +343,20 @@ class Refuse:
     off: tuple = ()  # values that leave the feature off in OpenRLHF: accepted as the no-ops they are
 
 
-_MUON_NESTEROV = ("DeepSpeed's Muon always uses Nesterov momentum, fixed in its muon_update (OpenRLHF's run ignores "
-                  "the flag there); drop the flag")
+_MUON_NESTEROV = (
+    "DeepSpeed's Muon always uses Nesterov momentum, fixed in its muon_update (OpenRLHF's run ignores "
+    "the flag there); drop the flag"
+)
 _NO_DS_TP = "DeepSpeed tensor-parallel training (AutoTP) is not built; use ZeRO-3 (--zero_stage 3)"
-_MOE_AUX = ("the MoE load-balancing loss is built for the causal-LM trainers (rl sft, dpo, kto) and the RL loop's "
-            "policy (rl ppo, ppo-ray), not for a reward or value head (OpenRLHF's fails there: its body returns no "
-            "aux_loss)")
-_NO_HEAD = ("rl rm saves its head as rl_head.safetensors beside the model, under a fixed name; rl ppo / ppo-ray "
-            "and rl serve-rm read it, and read OpenRLHF's <prefix>.weight heads (--value_head_prefix in rl ppo)")
+_MOE_AUX = (
+    "the MoE load-balancing loss is built for the causal-LM trainers (rl sft, dpo, kto) and the RL loop's "
+    "policy (rl ppo, ppo-ray), not for a reward or value head (OpenRLHF's fails there: its body returns no "
+    "aux_loss)"
+)
+_NO_HEAD = (
+    "rl rm saves its head as rl_head.safetensors beside the model, under a fixed name; rl ppo / ppo-ray "
+    "and rl serve-rm read it, and read OpenRLHF's <prefix>.weight heads (--value_head_prefix in rl ppo)"
+)
 
 REFUSED: dict[str, Refuse] = {
     # not built
@@ -299,12 +377,16 @@ REFUSED: dict[str, Refuse] = {
     "value_head_prefix": Refuse(_NO_HEAD, off=("score", "value_head")),
     "ds.value_head_prefix": Refuse(_NO_HEAD, off=("score", "value_head")),
     "actor_init_on_gpu": Refuse("not needed: every model loads straight onto its device"),
-    "perf": Refuse("OpenRLHF defines --perf and never reads it (v0.10.1's train_ppo_ray.py); per-phase seconds are "
-                   "in the metrics (--run_dir)"),
-    "vllm_sync_with_ray": Refuse("weights go over rl-rollout's transport, not Ray's object store: "
-                                 "--vllm_sync_backend nccl | gloo | ipc"),
-    "vllm.sync_with_ray": Refuse("weights go over rl-rollout's transport, not Ray's object store: "
-                                 "--vllm_sync_backend nccl | gloo | ipc"),
+    "perf": Refuse(
+        "OpenRLHF defines --perf and never reads it (v0.10.1's train_ppo_ray.py); per-phase seconds are "
+        "in the metrics (--run_dir)"
+    ),
+    "vllm_sync_with_ray": Refuse(
+        "weights go over rl-rollout's transport, not Ray's object store: --vllm_sync_backend nccl | gloo | ipc"
+    ),
+    "vllm.sync_with_ray": Refuse(
+        "weights go over rl-rollout's transport, not Ray's object store: --vllm_sync_backend nccl | gloo | ipc"
+    ),
     **{f"{p}muon.no_nesterov": Refuse(_MUON_NESTEROV) for p in ("", "actor.", "critic.")},
 }
 
@@ -312,14 +394,39 @@ _PLACEMENT = "placement is rl ppo-ray's: rl ppo runs every role in this process"
 # Refusals of one command only (the same name works elsewhere); they come before ALIAS and CONVERT.
 COMMAND_REFUSED: dict[str, dict[str, Refuse]] = {
     "ppo-ray": {},
-    "ppo": {**{k: Refuse(_PLACEMENT) for k in (
-        "actor_num_nodes", "actor_num_gpus_per_node", "critic_num_nodes", "critic_num_gpus_per_node",
-        "ref_num_nodes", "ref_num_gpus_per_node", "reward_num_nodes", "reward_num_gpus_per_node",
-        "vllm_num_engines", "vllm_tensor_parallel_size", "colocate_actor_ref", "colocate_critic_reward",
-        "colocate_all_models", "actor.num_nodes", "actor.num_gpus_per_node", "critic.num_nodes",
-        "critic.num_gpus_per_node", "ref.num_nodes", "ref.num_gpus_per_node", "reward.num_nodes",
-        "reward.num_gpus_per_node", "vllm.num_engines", "vllm.tensor_parallel_size", "train.colocate_actor_ref",
-        "train.colocate_critic_reward", "train.colocate_all")}},
+    "ppo": {
+        **{
+            k: Refuse(_PLACEMENT)
+            for k in (
+                "actor_num_nodes",
+                "actor_num_gpus_per_node",
+                "critic_num_nodes",
+                "critic_num_gpus_per_node",
+                "ref_num_nodes",
+                "ref_num_gpus_per_node",
+                "reward_num_nodes",
+                "reward_num_gpus_per_node",
+                "vllm_num_engines",
+                "vllm_tensor_parallel_size",
+                "colocate_actor_ref",
+                "colocate_critic_reward",
+                "colocate_all_models",
+                "actor.num_nodes",
+                "actor.num_gpus_per_node",
+                "critic.num_nodes",
+                "critic.num_gpus_per_node",
+                "ref.num_nodes",
+                "ref.num_gpus_per_node",
+                "reward.num_nodes",
+                "reward.num_gpus_per_node",
+                "vllm.num_engines",
+                "vllm.tensor_parallel_size",
+                "train.colocate_actor_ref",
+                "train.colocate_critic_reward",
+                "train.colocate_all",
+            )
+        }
+    },
 }
 
 

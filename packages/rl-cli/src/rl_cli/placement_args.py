@@ -14,32 +14,61 @@ class RayArgs:
     """Placement (OpenRLHF names); a role's counts default to the actor's when the run needs it."""
 
     actor_num_nodes: int = field(default=1, metadata=meta("nodes of the actor (policy) group"))
-    actor_num_gpus_per_node: int = field(default=1, metadata=meta("GPUs per node of the actor group (its data-parallel ranks)"))
-    critic_num_nodes: int | None = field(default=None, metadata=meta("nodes of the critic group (default: the actor's, when the run has a critic)"))
-    critic_num_gpus_per_node: int | None = field(default=None, metadata=meta("GPUs per node of the critic group (default: the actor's)"))
-    ref_num_nodes: int | None = field(default=None, metadata=meta("nodes of the reference group (default: the actor's, when init_kl_coef > 0)"))
-    ref_num_gpus_per_node: int | None = field(default=None, metadata=meta("GPUs per node of the reference group (default: the actor's)"))
-    reward_num_nodes: int | None = field(default=None, metadata=meta("nodes of the reward-model group (default: the actor's, with --reward_pretrain)"))
-    reward_num_gpus_per_node: int | None = field(default=None, metadata=meta("GPUs per node of the reward-model group (default: the actor's)"))
+    actor_num_gpus_per_node: int = field(
+        default=1, metadata=meta("GPUs per node of the actor group (its data-parallel ranks)")
+    )
+    critic_num_nodes: int | None = field(
+        default=None, metadata=meta("nodes of the critic group (default: the actor's, when the run has a critic)")
+    )
+    critic_num_gpus_per_node: int | None = field(
+        default=None, metadata=meta("GPUs per node of the critic group (default: the actor's)")
+    )
+    ref_num_nodes: int | None = field(
+        default=None, metadata=meta("nodes of the reference group (default: the actor's, when init_kl_coef > 0)")
+    )
+    ref_num_gpus_per_node: int | None = field(
+        default=None, metadata=meta("GPUs per node of the reference group (default: the actor's)")
+    )
+    reward_num_nodes: int | None = field(
+        default=None, metadata=meta("nodes of the reward-model group (default: the actor's, with --reward_pretrain)")
+    )
+    reward_num_gpus_per_node: int | None = field(
+        default=None, metadata=meta("GPUs per node of the reward-model group (default: the actor's)")
+    )
     vllm_num_engines: int = field(default=1, metadata=meta("rollout engines (replicas)"))
     vllm_tensor_parallel_size: int = field(default=1, metadata=meta("GPUs per engine (vLLM tensor parallel)"))
     colocate_actor_ref: bool = field(default=False, metadata=meta("actor and reference share GPUs"))
     colocate_critic_reward: bool = field(default=False, metadata=meta("critic and reward model share GPUs"))
     colocate_all_models: bool = field(default=False, metadata=meta("the hybrid engine (every model with the engines)"))
-    ray_address: str | None = field(default=None, metadata=meta(
-        "an existing cluster (default: RAY_ADDRESS, else the cluster `ray start --head` runs on this machine, "
-        "else a local Ray); token authentication is handled (rl_cli.ray_cluster)"))
-    num_gpus: int | None = field(default=None, metadata=meta(
-        "start a fresh local Ray with this many logical GPUs, even where a cluster runs (for machines without "
-        "GPUs; tests, dry runs)"))
+    ray_address: str | None = field(
+        default=None,
+        metadata=meta(
+            "an existing cluster (default: RAY_ADDRESS, else the cluster `ray start --head` runs on this machine, "
+            "else a local Ray); token authentication is handled (rl_cli.ray_cluster)"
+        ),
+    )
+    num_gpus: int | None = field(
+        default=None,
+        metadata=meta(
+            "start a fresh local Ray with this many logical GPUs, even where a cluster runs (for machines without "
+            "GPUs; tests, dry runs)"
+        ),
+    )
     placement_strategy: str = field(default="PACK", metadata=meta("PACK | SPREAD for the model groups"))
-    call_timeout_s: float = field(default=3600.0, metadata=meta(
-        "a role call that takes longer fails, naming the role and rank"))
+    call_timeout_s: float = field(
+        default=3600.0, metadata=meta("a role call that takes longer fails, naming the role and rank")
+    )
 
     def __post_init__(self) -> None:
-        check_numbers(self, positive=("call_timeout_s",), non_negative=(
-            "num_gpus", *(f"{r}_{c}" for r in ("critic", "ref", "reward") for c in ("num_nodes", "num_gpus_per_node"))),
-            at_least_1=("actor_num_nodes", "actor_num_gpus_per_node", "vllm_num_engines", "vllm_tensor_parallel_size"))
+        check_numbers(
+            self,
+            positive=("call_timeout_s",),
+            non_negative=(
+                "num_gpus",
+                *(f"{r}_{c}" for r in ("critic", "ref", "reward") for c in ("num_nodes", "num_gpus_per_node")),
+            ),
+            at_least_1=("actor_num_nodes", "actor_num_gpus_per_node", "vllm_num_engines", "vllm_tensor_parallel_size"),
+        )
 
 
 def _role_counts(ray_args: RayArgs, ppo, model) -> dict[str, tuple[int, int]]:
@@ -55,8 +84,12 @@ def _role_counts(ray_args: RayArgs, ppo, model) -> dict[str, tuple[int, int]]:
             return 0, 0
         return (a.actor_num_nodes if nodes is None else nodes), (a.actor_num_gpus_per_node if gpus is None else gpus)
 
-    return {"policy": (a.actor_num_nodes, a.actor_num_gpus_per_node), "critic": counts("critic", roles.critic),
-            "ref": counts("ref", roles.ref), "reward": counts("reward", roles.reward_model)}
+    return {
+        "policy": (a.actor_num_nodes, a.actor_num_gpus_per_node),
+        "critic": counts("critic", roles.critic),
+        "ref": counts("ref", roles.ref),
+        "reward": counts("reward", roles.reward_model),
+    }
 
 
 def _world_sizes(cfgs: dict) -> dict[str, int]:
@@ -71,9 +104,17 @@ def plan_from(ray_args: RayArgs, ppo, model):
 
     a, c = ray_args, _role_counts(ray_args, ppo, model)
     return PlacementPlan.from_flags(
-        actor_num_nodes=a.actor_num_nodes, actor_num_gpus_per_node=a.actor_num_gpus_per_node,
-        critic_num_nodes=c["critic"][0], critic_num_gpus_per_node=c["critic"][1], ref_num_nodes=c["ref"][0],
-        ref_num_gpus_per_node=c["ref"][1], reward_num_nodes=c["reward"][0], reward_num_gpus_per_node=c["reward"][1],
-        vllm_num_engines=a.vllm_num_engines, vllm_tensor_parallel_size=a.vllm_tensor_parallel_size,
-        colocate_actor_ref=a.colocate_actor_ref, colocate_critic_reward=a.colocate_critic_reward,
-        colocate_all_models=a.colocate_all_models)
+        actor_num_nodes=a.actor_num_nodes,
+        actor_num_gpus_per_node=a.actor_num_gpus_per_node,
+        critic_num_nodes=c["critic"][0],
+        critic_num_gpus_per_node=c["critic"][1],
+        ref_num_nodes=c["ref"][0],
+        ref_num_gpus_per_node=c["ref"][1],
+        reward_num_nodes=c["reward"][0],
+        reward_num_gpus_per_node=c["reward"][1],
+        vllm_num_engines=a.vllm_num_engines,
+        vllm_tensor_parallel_size=a.vllm_tensor_parallel_size,
+        colocate_actor_ref=a.colocate_actor_ref,
+        colocate_critic_reward=a.colocate_critic_reward,
+        colocate_all_models=a.colocate_all_models,
+    )

@@ -50,9 +50,18 @@ def _groups(ray: bool) -> dict[str, type]:
     from rl_core.trainers.ppo import PPOConfig
     from rl_rollout.config import EngineConfig, RewardConfig, WeightSyncConfig
 
-    g = {"model": RLModelConfig, "data": DataConfig, "strategy": StrategyConfig, "ppo": PPOConfig,
-         "reward": RewardConfig, "rollout": EngineConfig, "sync": WeightSyncConfig, "batching": MicroBatchConfig,
-         "logger": LoggerConfig, "cli": CliArgs}
+    g = {
+        "model": RLModelConfig,
+        "data": DataConfig,
+        "strategy": StrategyConfig,
+        "ppo": PPOConfig,
+        "reward": RewardConfig,
+        "rollout": EngineConfig,
+        "sync": WeightSyncConfig,
+        "batching": MicroBatchConfig,
+        "logger": LoggerConfig,
+        "cli": CliArgs,
+    }
     if ray:
         g["ray"] = RayArgs
     return g
@@ -87,8 +96,12 @@ def _auto(cfgs: dict, given: frozenset[str], ray: bool) -> tuple:
     sizes = _world_sizes(cfgs) if ray else {"policy": 1}
     hw = Hardware.here(trained_ranks=max(sizes.get("policy", 1), sizes.get("critic", 0)))
     rc, chosen = resolve_auto(run_config(cfgs), hw, given=given, images=cfgs["data"].image_key is not None)
-    cfgs.update(model=rc.model, strategy=rc.strategy, batching=rc.batching,
-                data=dataclasses.replace(cfgs["data"], packing=rc.packing))
+    cfgs.update(
+        model=rc.model,
+        strategy=rc.strategy,
+        batching=rc.batching,
+        data=dataclasses.replace(cfgs["data"], packing=rc.packing),
+    )
     return chosen
 
 
@@ -109,12 +122,17 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         parser.error(str(e))
     p, ring = cfgs["ppo"], cfgs["strategy"].ring_attn_size
     if ring > 1 and not ray:
-        parser.error(f"--ring_attn_size {ring} splits each packed row over {ring} ranks of a role; rl ppo runs every "
-                     f"role as one process: use rl ppo-ray with --actor_num_gpus_per_node a multiple of {ring}")
+        parser.error(
+            f"--ring_attn_size {ring} splits each packed row over {ring} ranks of a role; rl ppo runs every "
+            f"role as one process: use rl ppo-ray with --actor_num_gpus_per_node a multiple of {ring}"
+        )
     ck = p.ckpt
     if ck.save_hf_ckpt and ck.save_steps <= 0:  # OpenRLHF's run then writes no checkpoint to put an export in either
-        print(f"[rl {name}] --ckpt.save_hf: no checkpoints are written without --ckpt.save_steps; the final model "
-              f"goes to --save_path ({ck.save_path or 'not set: the run saves nothing'})", flush=True)
+        print(
+            f"[rl {name}] --ckpt.save_hf: no checkpoints are written without --ckpt.save_steps; the final model "
+            f"goes to --save_path ({ck.save_path or 'not set: the run saves nothing'})",
+            flush=True,
+        )
     if getattr(args, "print_config", False):  # a dry run: before any path is read, model loaded or Ray started
         from rl_cli.dry_run import print_config
 
@@ -135,8 +153,10 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         parser.error(str(e))
     _refuse_unused(cfgs, parser)
     if d.eval_dataset and p.async_rl:
-        parser.error("--eval_dataset with --async_train is not built (the eval pass would share the engines with "
-                     "the sampling that runs ahead): drop one of them")
+        parser.error(
+            "--eval_dataset with --async_train is not built (the eval pass would share the engines with "
+            "the sampling that runs ahead): drop one of them"
+        )
     cfgs["model"] = m = _local_models(f"rl {name}", m)  # hub ids -> local HF cache folders, before any model loads
     _wandb_installed(f"rl {name}", cfgs["logger"])
     set_debug(cfgs["cli"].debug)
@@ -169,16 +189,21 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         import importlib.util
 
         if importlib.util.find_spec("torchvision") is None:  # vLLM's multimodal models import it: fail before loading
-            raise UserError("prompts with images (--image_key) on vLLM engines need torchvision (vLLM's multimodal "
-                            "models import it), which is not installed: install the torchvision built for your "
-                            "torch, or add --rollout_engine hf (the transformers engine generates from the images)")
+            raise UserError(
+                "prompts with images (--image_key) on vLLM engines need torchvision (vLLM's multimodal "
+                "models import it), which is not installed: install the torchvision built for your "
+                "torch, or add --rollout_engine hf (the transformers engine generates from the images)"
+            )
     prompts = PromptDataset(training_rows(d, cfgs["strategy"].seed), tok, d, processor=proc)
     eval_prompts = None
     if d.eval_dataset:
         try:
-            eval_prompts = PromptDataset(load_rows(d.eval_dataset, d.eval_split, d.max_eval_samples,
-                                                   skip_bad=d.skip_bad_rows), tok, d,
-                                         processor=proc)
+            eval_prompts = PromptDataset(
+                load_rows(d.eval_dataset, d.eval_split, d.max_eval_samples, skip_bad=d.skip_bad_rows),
+                tok,
+                d,
+                processor=proc,
+            )
         except DataError as e:  # say which of the two sets is bad
             raise type(e)(f"eval set (--eval_dataset {d.eval_dataset}): {e}") from None
         try:
@@ -187,18 +212,23 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
             raise UserError(str(err)) from None
         ev = p.eval  # not `e`: that name is the except clause's above
         when = f"every {ev.steps} iterations and " if ev.steps > 0 else ""
-        print(f"[rl {name}] eval: {len(eval_prompts)} prompts x {ev.n_samples_per_prompt} samples at "
-              f"temperature {ev.temperature}, {when}after the last iteration", flush=True)
+        print(
+            f"[rl {name}] eval: {len(eval_prompts)} prompts x {ev.n_samples_per_prompt} samples at "
+            f"temperature {ev.temperature}, {when}after the last iteration",
+            flush=True,
+        )
     s = cfgs["strategy"]
     samples = p.rollout_batch_size * p.sampling.n_samples_per_prompt
     steps = p.optimizer_steps(len(prompts), s.train_batch_size) if samples % s.train_batch_size == 0 else 1
     print(f"[rl {name}] {prompts.report.summary()}")
-    print(f"[rl {name}] {p.iterations(len(prompts))} iterations x {p.rollout_batch_size} prompts x "
-          f"{p.sampling.n_samples_per_prompt} samples = {samples} samples each; train_batch_size {s.train_batch_size}, "
-          f"micro {s.micro_train_batch_size}, {p.max_epochs} epoch(s) -> {steps} optimizer steps per model; "
-          f"estimator {p.advantage.estimator}{', critic' if p.needs_critic else ''}, loss {p.policy_loss.type}"
-          f"{', reference (kl ' + str(p.kl.init_coef) + (' loss' if p.kl.use_loss else ' penalty') + ')' if p.needs_reference else ''}",
-          flush=True)
+    print(
+        f"[rl {name}] {p.iterations(len(prompts))} iterations x {p.rollout_batch_size} prompts x "
+        f"{p.sampling.n_samples_per_prompt} samples = {samples} samples each; train_batch_size {s.train_batch_size}, "
+        f"micro {s.micro_train_batch_size}, {p.max_epochs} epoch(s) -> {steps} optimizer steps per model; "
+        f"estimator {p.advantage.estimator}{', critic' if p.needs_critic else ''}, loss {p.policy_loss.type}"
+        f"{', reference (kl ' + str(p.kl.init_coef) + (' loss' if p.kl.use_loss else ' penalty') + ')' if p.needs_reference else ''}",
+        flush=True,
+    )
     check_rl_batches(p, s, len(prompts), _world_sizes(cfgs) if ray else None)  # before any model loads
     return cfgs, tok, prompts, eval_prompts
 
@@ -214,10 +244,20 @@ def pretrain_items(cfgs: dict, tok, n_prompts: int):
 
     from rl_core.data import DataError, PretrainDataset, training_rows
 
-    cfg = replace(d, dataset=p.ptx.data, dataset_probs=p.ptx.data_probs, split=p.ptx.split,
-                  max_len=d.max_len + p.sampling.max_new_tokens, max_samples=p.max_epochs * n_prompts * p.sampling.n_samples_per_prompt,
-                  apply_chat_template=False, tokenizer_chat_template=None, input_template=None, image_key=None,
-                  eval_dataset=None, packing=False)
+    cfg = replace(
+        d,
+        dataset=p.ptx.data,
+        dataset_probs=p.ptx.data_probs,
+        split=p.ptx.split,
+        max_len=d.max_len + p.sampling.max_new_tokens,
+        max_samples=p.max_epochs * n_prompts * p.sampling.n_samples_per_prompt,
+        apply_chat_template=False,
+        tokenizer_chat_template=None,
+        input_template=None,
+        image_key=None,
+        eval_dataset=None,
+        packing=False,
+    )
     try:
         return PretrainDataset(training_rows(cfg, cfgs["strategy"].seed), tok, cfg)
     except DataError as e:  # say which set is bad
@@ -227,8 +267,15 @@ def pretrain_items(cfgs: dict, tok, n_prompts: int):
 def run_config(cfgs: dict):
     from rl_core.rl.build import RunConfig
 
-    return RunConfig(model=cfgs["model"], strategy=cfgs["strategy"], ppo=cfgs["ppo"], engine=cfgs["rollout"],
-                     sync=cfgs["sync"], batching=cfgs["batching"], packing=cfgs["data"].packing)
+    return RunConfig(
+        model=cfgs["model"],
+        strategy=cfgs["strategy"],
+        ppo=cfgs["ppo"],
+        engine=cfgs["rollout"],
+        sync=cfgs["sync"],
+        batching=cfgs["batching"],
+        packing=cfgs["data"].packing,
+    )
 
 
 def metrics_logger(cfgs: dict):
@@ -236,8 +283,15 @@ def metrics_logger(cfgs: dict):
     run's settings as its config (minus tokens)."""
     from rl_core.metrics import MetricsLogger
 
-    run_config = {g: {k: v for k, v in dataclasses.asdict(c).items() if "token" not in k}
-                  for g, c in cfgs.items() if g != "logger"} if cfgs["logger"].use_wandb else None
+    run_config = (
+        {
+            g: {k: v for k, v in dataclasses.asdict(c).items() if "token" not in k}
+            for g, c in cfgs.items()
+            if g != "logger"
+        }
+        if cfgs["logger"].use_wandb
+        else None
+    )
     return MetricsLogger.from_config(cfgs["ppo"].run_dir, cfgs["logger"], run_config=run_config)
 
 
@@ -248,13 +302,18 @@ def _finish(name: str, trainer, cfgs) -> int:
         first = sum(x["reward_mean"] for x in h[:k]) / k
         last = sum(x["reward_mean"] for x in h[-k:]) / k
         p = cfgs["ppo"]
-        where = {f: v for f, v in (("save_path", p.ckpt.save_path), ("ckpt_path", p.ckpt.ckpt_path),
-                                   ("run_dir", p.run_dir)) if v}
-        print(f"[rl {name}] done: {len(h)} iterations, reward {first:.3f} (first {k}) -> {last:.3f} (last {k}); "
-              f"{where}", flush=True)
+        where = {
+            f: v
+            for f, v in (("save_path", p.ckpt.save_path), ("ckpt_path", p.ckpt.ckpt_path), ("run_dir", p.run_dir))
+            if v
+        }
+        print(
+            f"[rl {name}] done: {len(h)} iterations, reward {first:.3f} (first {k}) -> {last:.3f} (last {k}); {where}",
+            flush=True,
+        )
     if trainer.eval_history:
         e = trainer.eval_history[-1]
-        shown = ", ".join(f"{k[len('eval/'):]} {v:.4g}" for k, v in e.items() if k.startswith("eval/"))
+        shown = ", ".join(f"{k[len('eval/') :]} {v:.4g}" for k, v in e.items() if k.startswith("eval/"))
         print(f"[rl {name}] eval at iteration {e['iteration']}: {shown}", flush=True)
     return 0
 
@@ -287,11 +346,21 @@ def run_local(argv: list[str] | None = None) -> int:
     from rl_rollout.rewards import RewardError
 
     with run_folders(cfgs):  # before any model loads: a folder another run writes is refused at once
-        run = build_run(run_config(cfgs), LocalFactory(), prompts=prompts, tokenizer=tok,
-                        reward_fn=cfgs["reward"].build(), metrics=metrics_logger(cfgs), eval_prompts=eval_prompts,
-                        ptx=pretrain_items(cfgs, tok, len(prompts)))
-        print(f"[rl ppo] one process: {run.roles()} on {run.policy.call_rank(0, 'world')['device']}; rollout "
-              f"{type(run.rollout).__name__}", flush=True)
+        run = build_run(
+            run_config(cfgs),
+            LocalFactory(),
+            prompts=prompts,
+            tokenizer=tok,
+            reward_fn=cfgs["reward"].build(),
+            metrics=metrics_logger(cfgs),
+            eval_prompts=eval_prompts,
+            ptx=pretrain_items(cfgs, tok, len(prompts)),
+        )
+        print(
+            f"[rl ppo] one process: {run.roles()} on {run.policy.call_rank(0, 'world')['device']}; rollout "
+            f"{type(run.rollout).__name__}",
+            flush=True,
+        )
         try:
             run.trainer.fit()
         except RewardError as e:  # more reward calls failed than --reward_max_failure_rate tolerates

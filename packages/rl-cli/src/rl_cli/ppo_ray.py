@@ -53,8 +53,10 @@ def run_ray(argv: list[str] | None = None) -> int:
     print(f"[rl ppo-ray] placement:\n{plan.describe()}", flush=True)
     tp = a.vllm_tensor_parallel_size
     if tp > 1 and r.kind != "auto" and not engine_spec(r.kind).tensor_parallel:
-        raise SystemExit(f"rl ppo-ray: --vllm_tensor_parallel_size {tp} shards each engine over {tp} GPUs, which "
-                         f"the {r.kind} engine cannot: use --rollout_engine vllm (or auto), or tensor parallel 1")
+        raise SystemExit(
+            f"rl ppo-ray: --vllm_tensor_parallel_size {tp} shards each engine over {tp} GPUs, which "
+            f"the {r.kind} engine cannot: use --rollout_engine vllm (or auto), or tensor parallel 1"
+        )
     try:
         cfgs["sync"].check(in_process=False, colocated=a.colocate_all_models, tensor_parallel_size=tp)
     except ValueError as e:
@@ -90,14 +92,25 @@ def _run_on_ray(cfgs: dict, tok, prompts, eval_prompts, plan) -> int:
         from rl_cli import extensions
 
         exts = extensions.resolved(cfgs["cli"].extension)  # the role actors import them before they build
-        factory = RayFactory(placed, colocated=a.colocate_all_models, call_timeout_s=a.call_timeout_s,
-                             engine_env=DETERMINISTIC_VLLM_ENV if cfgs["strategy"].full_determinism else None,
-                             role_env={extensions.ENV: os.pathsep.join(exts)} if exts else None)
+        factory = RayFactory(
+            placed,
+            colocated=a.colocate_all_models,
+            call_timeout_s=a.call_timeout_s,
+            engine_env=DETERMINISTIC_VLLM_ENV if cfgs["strategy"].full_determinism else None,
+            role_env={extensions.ENV: os.pathsep.join(exts)} if exts else None,
+        )
         factory.spawn_engines(r.kind)  # the engines' processes and imports start beside the models' loading
         try:
-            run = build_run(run_config(cfgs), factory, prompts=prompts, tokenizer=tok,
-                            reward_fn=cfgs["reward"].build(), metrics=metrics_logger(cfgs), eval_prompts=eval_prompts,
-                            ptx=pretrain_items(cfgs, tok, len(prompts)))
+            run = build_run(
+                run_config(cfgs),
+                factory,
+                prompts=prompts,
+                tokenizer=tok,
+                reward_fn=cfgs["reward"].build(),
+                metrics=metrics_logger(cfgs),
+                eval_prompts=eval_prompts,
+                ptx=pretrain_items(cfgs, tok, len(prompts)),
+            )
         except ValueError as e:
             raise SystemExit(f"rl ppo-ray: {e}") from None
         print(f"[rl ppo-ray] {factory.describe()}", flush=True)

@@ -25,8 +25,10 @@ import os
 import socket
 from pathlib import Path
 
-TOKEN_HINT = ("run with RAY_AUTH_MODE=token and the cluster's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN / "
-              "RAY_AUTH_TOKEN_PATH); on the head node `ray get-auth-token` prints it")
+TOKEN_HINT = (
+    "run with RAY_AUTH_MODE=token and the cluster's token in ~/.ray/auth_token (or RAY_AUTH_TOKEN / "
+    "RAY_AUTH_TOKEN_PATH); on the head node `ray get-auth-token` prints it"
+)
 
 
 def token_available() -> bool:
@@ -86,12 +88,17 @@ def connect(address: str, prog: str = "rl ppo-ray") -> None:
         ray.init(address=address, include_dashboard=False)
     except (ConnectionError, ray.exceptions.AuthenticationError, RuntimeError) as e:
         mode = os.environ.get("RAY_AUTH_MODE")
-        why = (f"RAY_AUTH_MODE is {mode or 'unset'}, and no token was found" if mode != "token" or
-               not token_available() else "the token here is not the cluster's")
+        why = (
+            f"RAY_AUTH_MODE is {mode or 'unset'}, and no token was found"
+            if mode != "token" or not token_available()
+            else "the token here is not the cluster's"
+        )
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise SystemExit(f"{prog}: cannot join the Ray cluster at {address} ({type(e).__name__}: {first}). If it "
-                         f"uses token authentication (Ray 2.52+ `ray start --head` turns it on when a token exists; "
-                         f"{why}): {TOKEN_HINT}") from None
+        raise SystemExit(
+            f"{prog}: cannot join the Ray cluster at {address} ({type(e).__name__}: {first}). If it "
+            f"uses token authentication (Ray 2.52+ `ray start --head` turns it on when a token exists; "
+            f"{why}): {TOKEN_HINT}"
+        ) from None
 
 
 def _refused_at_once(address: str) -> None:

@@ -55,16 +55,26 @@ class RolloutEngineActor:
 
         # the actor's own device: Ray narrowed CUDA_VISIBLE_DEVICES to its GPU (none on a CPU cluster)
         context = dataclasses.replace(context, device="cuda" if torch.cuda.is_available() else "cpu")
-        self.engine = engine_cfg.make(model, dtype=context.dtype, seed=context.seed, device=context.device,
-                                      in_process=context.in_process,
-                                      tensor_parallel_size=context.tensor_parallel_size, extra=extra)
+        self.engine = engine_cfg.make(
+            model,
+            dtype=context.dtype,
+            seed=context.seed,
+            device=context.device,
+            in_process=context.in_process,
+            tensor_parallel_size=context.tensor_parallel_size,
+            extra=extra,
+        )
         self.kind = type(self.engine).__name__
         return self.kind
 
     def describe(self) -> dict:
-        return {"kind": self.kind, "pid": os.getpid(), "policy_version": self.engine.policy_version,
-                "tensor_parallel_size": getattr(self.engine, "tensor_parallel_size", 1),
-                "visible_devices": self.visible_devices}
+        return {
+            "kind": self.kind,
+            "pid": os.getpid(),
+            "policy_version": self.engine.policy_version,
+            "tensor_parallel_size": getattr(self.engine, "tensor_parallel_size", 1),
+            "visible_devices": self.visible_devices,
+        }
 
     def generate(self, requests: list) -> list[list]:
         return self.engine.generate(requests)
@@ -126,13 +136,22 @@ def engine_gpus(placed) -> dict[int, list[str]]:
     """Engine index -> the GPU ids of its bundles, for the engines with TP > 1 (call before any actor starts)."""
     from rl_placement import bundle_gpu_ids
 
-    return {pe.engine: bundle_gpu_ids(pe.placement_group, pe.bundle_indices)
-            for pe in placed.engines() if len(pe.bundle_indices) > 1}
+    return {
+        pe.engine: bundle_gpu_ids(pe.placement_group, pe.bundle_indices)
+        for pe in placed.engines()
+        if len(pe.bundle_indices) > 1
+    }
 
 
-def spawn_engines(placed, *, engine_kind: str | None = None, gpus: dict[int, list[str]] | None = None,
-                  env: dict[str, str] | None = None, call_timeout_s: float = 3600.0,
-                  start_timeout_s: float = 600.0) -> list[Any]:
+def spawn_engines(
+    placed,
+    *,
+    engine_kind: str | None = None,
+    gpus: dict[int, list[str]] | None = None,
+    env: dict[str, str] | None = None,
+    call_timeout_s: float = 3600.0,
+    start_timeout_s: float = 600.0,
+) -> list[Any]:
     """One empty :class:`RolloutEngineActor` group per engine of the plan, not waited for: the actors start and
     import ``engine_kind``'s libraries while the models load; :func:`start_engines` with ``actors=`` builds the
     engines in them later (an engine sizes its KV cache from the GPU memory the models left)."""
@@ -142,11 +161,21 @@ def spawn_engines(placed, *, engine_kind: str | None = None, gpus: dict[int, lis
     try:
         for pe in placed.engines():
             visible = (gpus or {}).get(pe.engine) if len(pe.bundle_indices) > 1 else None
-            groups.append(RayActorGroup(
-                RolloutEngineActor, f"engine{pe.engine}", 1, placement_group=pe.placement_group,
-                bundle_indices=[pe.bundle_indices[0]], num_gpus_per_actor=pe.gpu_share, env=env,
-                init_kwargs={"visible_devices": visible, "engine_kind": engine_kind},
-                call_timeout_s=call_timeout_s, start_timeout_s=start_timeout_s, wait=False))
+            groups.append(
+                RayActorGroup(
+                    RolloutEngineActor,
+                    f"engine{pe.engine}",
+                    1,
+                    placement_group=pe.placement_group,
+                    bundle_indices=[pe.bundle_indices[0]],
+                    num_gpus_per_actor=pe.gpu_share,
+                    env=env,
+                    init_kwargs={"visible_devices": visible, "engine_kind": engine_kind},
+                    call_timeout_s=call_timeout_s,
+                    start_timeout_s=start_timeout_s,
+                    wait=False,
+                )
+            )
     except BaseException:
         for g in groups:
             g.shutdown()
@@ -154,10 +183,20 @@ def spawn_engines(placed, *, engine_kind: str | None = None, gpus: dict[int, lis
     return groups
 
 
-def start_engines(placed, engine_cfg, model: str, *, gpus: dict[int, list[str]] | None = None,
-                  dtype: str = "float32", seed: int = 0, extra: dict | None = None,
-                  env: dict[str, str] | None = None, call_timeout_s: float = 3600.0,
-                  start_timeout_s: float = 600.0, actors: list[Any] | None = None) -> list[Any]:
+def start_engines(
+    placed,
+    engine_cfg,
+    model: str,
+    *,
+    gpus: dict[int, list[str]] | None = None,
+    dtype: str = "float32",
+    seed: int = 0,
+    extra: dict | None = None,
+    env: dict[str, str] | None = None,
+    call_timeout_s: float = 3600.0,
+    start_timeout_s: float = 600.0,
+    actors: list[Any] | None = None,
+) -> list[Any]:
     """One :class:`RolloutEngineActor` group per engine of the plan; ``gpus`` from :func:`engine_gpus`.
 
     ``engine_cfg``: an :class:`rl_rollout.config.EngineConfig` (or a backend's name); each actor
@@ -186,24 +225,33 @@ def start_engines(placed, engine_cfg, model: str, *, gpus: dict[int, list[str]] 
                     sharded = [n for n in engine_names() if engine_spec(n).tensor_parallel]
                     cfg = dataclasses.replace(cfg, kind=sharded[0])
                 elif not engine_spec(cfg.kind).tensor_parallel:
-                    raise ValueError(f"engine {pe.engine} has tensor parallel size {tp}: the {cfg.kind} engine "
-                                     f"runs on one GPU; use --rollout_engine vllm (or tensor parallel 1 with "
-                                     f"more engines)")
+                    raise ValueError(
+                        f"engine {pe.engine} has tensor parallel size {tp}: the {cfg.kind} engine "
+                        f"runs on one GPU; use --rollout_engine vllm (or tensor parallel 1 with "
+                        f"more engines)"
+                    )
                 visible = (gpus or {}).get(pe.engine)
                 if not visible or len(visible) != tp:
-                    raise ValueError(f"engine {pe.engine} (TP {tp}) needs the GPU ids of its {tp} bundles: "
-                                     f"pass gpus=engine_gpus(placed), read before any actor started")
+                    raise ValueError(
+                        f"engine {pe.engine} (TP {tp}) needs the GPU ids of its {tp} bundles: "
+                        f"pass gpus=engine_gpus(placed), read before any actor started"
+                    )
             todo.append((cfg, EngineContext(dtype=dtype, seed=seed + pe.engine, tensor_parallel_size=tp)))
         if actors is None:
-            groups = actors = spawn_engines(placed, gpus=gpus, env=env, call_timeout_s=call_timeout_s,
-                                            start_timeout_s=start_timeout_s)
+            groups = actors = spawn_engines(
+                placed, gpus=gpus, env=env, call_timeout_s=call_timeout_s, start_timeout_s=start_timeout_s
+            )
         elif len(actors) != len(todo):
-            raise ValueError(f"{len(actors)} spawned engine actors for a plan of {len(todo)} engines: pass "
-                             f"the groups spawn_engines made for this plan")
+            raise ValueError(
+                f"{len(actors)} spawned engine actors for a plan of {len(todo)} engines: pass "
+                f"the groups spawn_engines made for this plan"
+            )
         # the engines start together; an actor that could not start (its __init__, its bundle) is named here
         with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
-            done = [pool.submit(g.call_rank, 0, "start", cfg, model, ctx, extra, timeout=start_timeout_s)
-                    for g, (cfg, ctx) in zip(actors, todo, strict=True)]
+            done = [
+                pool.submit(g.call_rank, 0, "start", cfg, model, ctx, extra, timeout=start_timeout_s)
+                for g, (cfg, ctx) in zip(actors, todo, strict=True)
+            ]
             for f in done:
                 f.result()
     except BaseException:

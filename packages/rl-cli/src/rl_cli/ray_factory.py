@@ -27,15 +27,26 @@ from rl_placement import RayActorGroup
 from rl_rollout.config import EngineConfig, WeightSyncConfig
 
 # rl-core's role -> (the Ray actor class, the plan's role name)
-RAY_ROLES = {PolicyWorker: (rw.RayPolicyWorker, "actor"), CriticWorker: (rw.RayCriticWorker, "critic"),
-             ReferenceWorker: (rw.RayReferenceWorker, "ref"), RewardModelWorker: (rw.RayRewardModelWorker, "reward")}
+RAY_ROLES = {
+    PolicyWorker: (rw.RayPolicyWorker, "actor"),
+    CriticWorker: (rw.RayCriticWorker, "critic"),
+    ReferenceWorker: (rw.RayReferenceWorker, "ref"),
+    RewardModelWorker: (rw.RayRewardModelWorker, "reward"),
+}
 
 
 class RayFactory:
     """Roles, engines and weight sync over a placed plan (``rl_placement.create_placement_groups``)."""
 
-    def __init__(self, placed, *, colocated: bool, call_timeout_s: float = 3600.0,
-                 engine_env: dict[str, str] | None = None, role_env: dict[str, str] | None = None):
+    def __init__(
+        self,
+        placed,
+        *,
+        colocated: bool,
+        call_timeout_s: float = 3600.0,
+        engine_env: dict[str, str] | None = None,
+        role_env: dict[str, str] | None = None,
+    ):
         self.placed, self.colocated, self.call_timeout_s = placed, colocated, call_timeout_s
         self.engine_env = engine_env  # set in each engine actor before its engine starts
         self.role_env = role_env  # set in each role actor before it builds (e.g. rl_cli.extensions.ENV)
@@ -57,15 +68,28 @@ class RayFactory:
         """Start the engine actors now, empty: their processes start and import ``engine_kind``'s libraries
         while the models load (vLLM's import alone takes seconds); :meth:`rollout` builds the engines in them
         after the models, as before. Call before :meth:`role`."""
-        self._spawned = spawn_engines(self.placed, engine_kind=engine_kind, gpus=self.gpus, env=self.engine_env,
-                                      call_timeout_s=self.call_timeout_s)
+        self._spawned = spawn_engines(
+            self.placed,
+            engine_kind=engine_kind,
+            gpus=self.gpus,
+            env=self.engine_env,
+            call_timeout_s=self.call_timeout_s,
+        )
 
     def role(self, name: str, worker_cls: type, *args: Any, **kwargs: Any):
         """The role's actors, asked for without waiting for their ``__init__`` (model load, DeepSpeed): the roles
         load at the same time, as OpenRLHF's do; the first call to a group, or :meth:`rollout`, waits."""
         ray_cls, plan_role = RAY_ROLES[worker_cls]
-        g = RayActorGroup.from_plan(ray_cls, self.placed, plan_role, init_args=args, init_kwargs=kwargs,
-                                    call_timeout_s=self.call_timeout_s, wait=False, env=self.role_env)
+        g = RayActorGroup.from_plan(
+            ray_cls,
+            self.placed,
+            plan_role,
+            init_args=args,
+            init_kwargs=kwargs,
+            call_timeout_s=self.call_timeout_s,
+            wait=False,
+            env=self.role_env,
+        )
         self.groups.append(g)
         return g
 
@@ -76,19 +100,32 @@ class RayFactory:
             g.wait_ready()
         # each engine actor builds its own options (its device is the GPU Ray gives it; seed + its index)
         spawned, self._spawned = self._spawned, None  # start_engines owns them now (shuts them down on a failure)
-        self.engines = start_engines(self.placed, engine_cfg, model, gpus=self.gpus, dtype=dtype, seed=seed,
-                                     env=self.engine_env, call_timeout_s=self.call_timeout_s, actors=spawned)
+        self.engines = start_engines(
+            self.placed,
+            engine_cfg,
+            model,
+            gpus=self.gpus,
+            dtype=dtype,
+            seed=seed,
+            env=self.engine_env,
+            call_timeout_s=self.call_timeout_s,
+            actors=spawned,
+        )
         self.groups.extend(self.engines)
         return GroupRollout(self.engines)
 
     def weight_sync(self, policy, rollout: GroupRollout, sync_cfg: WeightSyncConfig):
         ranks = policy.call("world")
-        self.device = f'{ranks[0]["device"]} x {policy.world_size}'
+        self.device = f"{ranks[0]['device']} x {policy.world_size}"
         if ranks[0].get("ring_attn"):  # what the ranks themselves report: their place in their ring group
             self.device += " in ring attention groups (" + ", ".join(r["ring_attn"] for r in ranks) + ")"
         tps = [g.call_rank(0, "describe")["tensor_parallel_size"] for g in self.engines]
-        self.backend = sync_cfg.resolve(in_process=False, on_gpu=self.device.startswith("cuda"),
-                                        colocated=self.colocated, tensor_parallel_size=max(tps))
+        self.backend = sync_cfg.resolve(
+            in_process=False,
+            on_gpu=self.device.startswith("cuda"),
+            colocated=self.colocated,
+            tensor_parallel_size=max(tps),
+        )
         if self.backend == "ipc":
             return IpcWeightSync(policy, rollout, verify=sync_cfg.verify)
         return BroadcastWeightSync(policy, rollout, backend=self.backend, engine_workers=tps, verify=sync_cfg.verify)
@@ -96,9 +133,11 @@ class RayFactory:
     def describe(self) -> str:
         e0 = self.engines[0].call_rank(0, "describe") if self.engines else {}
         gpus = ",".join(e0.get("visible_devices") or [])
-        return (f"{len(self.groups)} actor groups up; policy on {self.device}; {len(self.engines)} engine(s) "
-                f"{e0.get('kind')} TP {e0.get('tensor_parallel_size')}{' on GPUs ' + gpus if gpus else ''}; "
-                f"weight sync {self.backend}")
+        return (
+            f"{len(self.groups)} actor groups up; policy on {self.device}; {len(self.engines)} engine(s) "
+            f"{e0.get('kind')} TP {e0.get('tensor_parallel_size')}{' on GPUs ' + gpus if gpus else ''}; "
+            f"weight sync {self.backend}"
+        )
 
     def shutdown(self) -> None:
         for g in reversed(self.groups + (self._spawned or [])):

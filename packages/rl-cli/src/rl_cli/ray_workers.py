@@ -19,13 +19,17 @@ __all__ = ["RayCriticWorker", "RayPolicyWorker", "RayReferenceWorker", "RayRewar
 
 def _as_actor(cls: type) -> type:
     """``cls`` whose ``__init__`` first sets the actor's device and imports the run's extensions."""
+
     def __init__(self, *args, **kwargs):
         _one_visible_gpu()
         extensions.from_env()
         cls.__init__(self, *args, **kwargs)
 
-    return type(f"Ray{cls.__name__}", (cls,), {"__init__": __init__, "__module__": __name__,
-                                               "__qualname__": f"Ray{cls.__name__}"})
+    return type(
+        f"Ray{cls.__name__}",
+        (cls,),
+        {"__init__": __init__, "__module__": __name__, "__qualname__": f"Ray{cls.__name__}"},
+    )
 
 
 RayPolicyWorker = _as_actor(PolicyWorker)

@@ -37,21 +37,33 @@ from rl_rollout.config import meta
 class RewardModelArgs:
     """A reward model to serve (OpenRLHF's ``serve_rm`` flags)."""
 
-    reward_pretrain: str | None = field(default=None, metadata=meta(
-        "a reward model folder (rl rm's output, with its score head), or its hub id in the local HF cache, to serve",
-        openrlhf=("reward.model_name_or_path",)))
-    normalize_reward: bool = field(default=False, metadata=meta(
-        "apply the model's stored reward mean/std", openrlhf=("reward.normalize_enable",)))
-    max_len: int = field(default=2048, metadata=meta(
-        "tokens per prompt + response; longer ones are truncated", openrlhf=("data.max_len",)))
+    reward_pretrain: str | None = field(
+        default=None,
+        metadata=meta(
+            "a reward model folder (rl rm's output, with its score head), or its hub id in the local HF cache, to serve",
+            openrlhf=("reward.model_name_or_path",),
+        ),
+    )
+    normalize_reward: bool = field(
+        default=False, metadata=meta("apply the model's stored reward mean/std", openrlhf=("reward.normalize_enable",))
+    )
+    max_len: int = field(
+        default=2048,
+        metadata=meta("tokens per prompt + response; longer ones are truncated", openrlhf=("data.max_len",)),
+    )
     batch_size: int | None = field(default=None, metadata=meta("texts per forward pass (default: the whole request)"))
     bf16: bool = field(default=True, metadata=meta("bfloat16 weights (false: float32); --param_dtype overrides"))
-    param_dtype: str | None = field(default=None, metadata=meta(
-        "bf16 | fp16 | fp32 (default: from --bf16)", openrlhf=("ds.param_dtype",)))
+    param_dtype: str | None = field(
+        default=None, metadata=meta("bf16 | fp16 | fp32 (default: from --bf16)", openrlhf=("ds.param_dtype",))
+    )
     flash_attn: bool = field(default=False, metadata=meta("flash_attention_2 (needs flash-attn installed)"))
-    attn_implementation: str | None = field(default=None, metadata=meta(
-        "sdpa | eager | flash_attention_2 (default: flash-attn when importable, else sdpa)",
-        openrlhf=("ds.attn_implementation",)))
+    attn_implementation: str | None = field(
+        default=None,
+        metadata=meta(
+            "sdpa | eager | flash_attention_2 (default: flash-attn when importable, else sdpa)",
+            openrlhf=("ds.attn_implementation",),
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.max_len < 1 or (self.batch_size is not None and self.batch_size < 1):
@@ -87,8 +99,7 @@ class RewardModelScorer:
         self.torch = torch
         self.device = "cuda" if torch.cuda.is_available() else "cpu"
         try:  # rl rm's head or OpenRLHF's (<value_head_prefix>.weight); none: a random head would serve noise
-            self.model = RewardModel.from_pretrained(path, dtype=a.dtype, attn_implementation=a.attn,
-                                                     require_head=True)
+            self.model = RewardModel.from_pretrained(path, dtype=a.dtype, attn_implementation=a.attn, require_head=True)
         except ValueError as e:
             raise ValueError(f"--reward_pretrain {e}; or serve a reward function with --reward_fn") from None
         self.model = self.model.to(self.device).eval()
@@ -104,10 +115,17 @@ class RewardModelScorer:
         out: list[float] = []
         with self.torch.no_grad():
             for i in range(0, len(texts), size):
-                enc = self.tok(texts[i:i + size], return_tensors="pt", add_special_tokens=False, padding=True,
-                               truncation=True, max_length=self.args.max_len).to(self.device)
-                out += self.model(enc["input_ids"], enc["attention_mask"],
-                                  normalize=self.args.normalize_reward).tolist()
+                enc = self.tok(
+                    texts[i : i + size],
+                    return_tensors="pt",
+                    add_special_tokens=False,
+                    padding=True,
+                    truncation=True,
+                    max_length=self.args.max_len,
+                ).to(self.device)
+                out += self.model(
+                    enc["input_ids"], enc["attention_mask"], normalize=self.args.normalize_reward
+                ).tolist()
         return out
 
 
@@ -139,8 +157,10 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(str(e))
     m, r = cfgs["model"], cfgs["reward"]
     if bool(m.reward_pretrain) == r.given:
-        parser.error("serve one thing: --reward_pretrain FOLDER (a reward model), or --reward_fn SPEC / "
-                     "--remote_rm_url FILE.py (reward functions, as rl ppo takes them)")
+        parser.error(
+            "serve one thing: --reward_pretrain FOLDER (a reward model), or --reward_fn SPEC / "
+            "--remote_rm_url FILE.py (reward functions, as rl ppo takes them)"
+        )
     if m.reward_pretrain:
         cfgs["model"] = m = _local_models("rl serve-rm", m)  # a hub id -> its local HF cache folder
         set_debug(cfgs["cli"].debug)
@@ -162,8 +182,11 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, OSError, RewardLoadError) as e:
         parser.error(str(e))
     what = m.reward_pretrain or r.reward_fn or r.remote_rm_url
-    print(f"[rl serve-rm] serving {what} at {server.url} (POST /, /score, /get_reward; GET /health); token "
-          f"{'required' if token else 'NOT required (--allow_no_token)'}", flush=True)
+    print(
+        f"[rl serve-rm] serving {what} at {server.url} (POST /, /score, /get_reward; GET /health); token "
+        f"{'required' if token else 'NOT required (--allow_no_token)'}",
+        flush=True,
+    )
 
     def stop(signum, frame):
         raise KeyboardInterrupt

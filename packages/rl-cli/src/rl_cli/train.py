@@ -30,25 +30,45 @@ logger = logging.getLogger(__name__)
 class ModelArgs:
     """Which model folders to load, and how (OpenRLHF flag names)."""
 
-    pretrain: str | None = field(default=None, metadata=meta(
-        "the model to train: a local HF folder, or a hub id (org/name) in the local HF cache (HF_HOME, HF_HUB_CACHE)"))
-    ref_pretrain: str | None = field(default=None, metadata=meta(
-        "reference for DPO/KTO, a folder or a cached hub id (default: --pretrain)"))
+    pretrain: str | None = field(
+        default=None,
+        metadata=meta(
+            "the model to train: a local HF folder, or a hub id (org/name) in the local HF cache (HF_HOME, HF_HUB_CACHE)"
+        ),
+    )
+    ref_pretrain: str | None = field(
+        default=None, metadata=meta("reference for DPO/KTO, a folder or a cached hub id (default: --pretrain)")
+    )
     flash_attn: bool = field(default=False, metadata=meta("flash_attention_2 (needs flash-attn; default sdpa)"))
-    attn_implementation: str | None = field(default=None, metadata=meta(
-        "the attention kernel: sdpa | eager | flash_attention_2 | torch_varlen | flex_attention (default: "
-        "flash-attn when importable, else sdpa); with --packing_samples, torch_varlen / flex_attention skip sdpa's "
-        "dense block-diagonal mask (CUDA; rl-core README)", openrlhf=("ds.attn_implementation",)))
-    use_liger_kernel: bool = field(default=False, metadata=meta(
-        "liger-kernel's fused RMSNorm / SwiGLU / RoPE on the model (CUDA; the rl-core[liger] extra)"))
-    experts_implementation: str | None = field(default=None, metadata=meta(
-        "MoE expert kernels, passed to transformers' from_pretrained: eager | batched_mm | grouped_mm | deepgemm "
-        "(default: transformers' choice, grouped_mm where it runs, else eager); the trained and frozen models",
-        openrlhf=("ds.experts_implementation",)))
-    fused_lm_head: bool = field(default=False, metadata=meta(
-        "the LM head and the token log-probs computed together, chunk by chunk: the [tokens, vocabulary] logits are "
-        "never held whole (rl_algos.logprobs_from_hidden; one more LM-head matmul in backward); sft, dpo and kto, "
-        "Llama / Mistral / Qwen2 / Qwen3 / Mixtral text models, not with --zero_stage 3"))
+    attn_implementation: str | None = field(
+        default=None,
+        metadata=meta(
+            "the attention kernel: sdpa | eager | flash_attention_2 | torch_varlen | flex_attention (default: "
+            "flash-attn when importable, else sdpa); with --packing_samples, torch_varlen / flex_attention skip sdpa's "
+            "dense block-diagonal mask (CUDA; rl-core README)",
+            openrlhf=("ds.attn_implementation",),
+        ),
+    )
+    use_liger_kernel: bool = field(
+        default=False,
+        metadata=meta("liger-kernel's fused RMSNorm / SwiGLU / RoPE on the model (CUDA; the rl-core[liger] extra)"),
+    )
+    experts_implementation: str | None = field(
+        default=None,
+        metadata=meta(
+            "MoE expert kernels, passed to transformers' from_pretrained: eager | batched_mm | grouped_mm | deepgemm "
+            "(default: transformers' choice, grouped_mm where it runs, else eager); the trained and frozen models",
+            openrlhf=("ds.experts_implementation",),
+        ),
+    )
+    fused_lm_head: bool = field(
+        default=False,
+        metadata=meta(
+            "the LM head and the token log-probs computed together, chunk by chunk: the [tokens, vocabulary] logits are "
+            "never held whole (rl_algos.logprobs_from_hidden; one more LM-head matmul in backward); sft, dpo and kto, "
+            "Llama / Mistral / Qwen2 / Qwen3 / Mixtral text models, not with --zero_stage 3"
+        ),
+    )
     lora_rank: int = field(default=0, metadata=meta(">0 trains a LoRA adapter (peft) instead of all weights"))
     lora_alpha: int = field(default=16, metadata=meta("LoRA scaling alpha"))
     lora_dropout: float = field(default=0.0, metadata=meta("LoRA dropout"))
@@ -82,13 +102,16 @@ def _load_kw(cfgs: dict, strategy_cfg) -> dict:
 
     model = cfgs["model"]
     attn = requested_attention(model.attn_implementation, model.flash_attn)
-    return {"dtype": "bf16" if strategy_cfg.bf16 else "fp32",
-            # ring attention: every model of the run computes its slice of each row (rl_core.ring_attention)
-            "attn_implementation": "rl_ring" if strategy_cfg.ring_attn_size > 1 else attn,
-            "gradient_checkpointing": strategy_cfg.gradient_checkpointing, "lora": model.lora(),
-            "use_liger_kernel": model.use_liger_kernel,
-            "packed": bool(getattr(cfgs.get("data"), "packing", False)),  # the default attention for packed rows
-            "experts_implementation": model.experts_implementation}
+    return {
+        "dtype": "bf16" if strategy_cfg.bf16 else "fp32",
+        # ring attention: every model of the run computes its slice of each row (rl_core.ring_attention)
+        "attn_implementation": "rl_ring" if strategy_cfg.ring_attn_size > 1 else attn,
+        "gradient_checkpointing": strategy_cfg.gradient_checkpointing,
+        "lora": model.lora(),
+        "use_liger_kernel": model.use_liger_kernel,
+        "packed": bool(getattr(cfgs.get("data"), "packing", False)),  # the default attention for packed rows
+        "experts_implementation": model.experts_implementation,
+    }
 
 
 def _build_sft(strategy, cfgs, tok, ds, train, eval_ds):
@@ -97,8 +120,9 @@ def _build_sft(strategy, cfgs, tok, ds, train, eval_ds):
 
     m = cfgs["model"]
     kw = {**_load_kw(cfgs, strategy.cfg), "fused_lm_head": m.fused_lm_head}
-    return SFTTrainer(strategy, Actor.from_pretrained(m.pretrain, **kw), tok,
-                      ds, train, eval_dataset=eval_ds, logger=cfgs["logger"])
+    return SFTTrainer(
+        strategy, Actor.from_pretrained(m.pretrain, **kw), tok, ds, train, eval_dataset=eval_ds, logger=cfgs["logger"]
+    )
 
 
 def _build_rm(strategy, cfgs, tok, ds, train, eval_ds):
@@ -106,8 +130,15 @@ def _build_rm(strategy, cfgs, tok, ds, train, eval_ds):
     from rl_core.trainers import RewardModelTrainer
 
     m = cfgs["model"]
-    return RewardModelTrainer(strategy, RewardModel.from_pretrained(m.pretrain, **_load_kw(cfgs, strategy.cfg)),
-                              tok, ds, train, eval_dataset=eval_ds, logger=cfgs["logger"])
+    return RewardModelTrainer(
+        strategy,
+        RewardModel.from_pretrained(m.pretrain, **_load_kw(cfgs, strategy.cfg)),
+        tok,
+        ds,
+        train,
+        eval_dataset=eval_ds,
+        logger=cfgs["logger"],
+    )
 
 
 def _with_reference(trainer_name: str):
@@ -117,10 +148,19 @@ def _with_reference(trainer_name: str):
 
         m = cfgs["model"]
         kw = {**_load_kw(cfgs, strategy.cfg), "fused_lm_head": m.fused_lm_head}
-        ref = frozen(Actor.from_pretrained(m.ref_pretrain or m.pretrain, **{**kw, "lora": None,
-                                                                             "gradient_checkpointing": False}))
-        return getattr(trainers, trainer_name)(strategy, Actor.from_pretrained(m.pretrain, **kw), ref, tok, ds, train,
-                                               eval_dataset=eval_ds, logger=cfgs["logger"])
+        ref = frozen(
+            Actor.from_pretrained(m.ref_pretrain or m.pretrain, **{**kw, "lora": None, "gradient_checkpointing": False})
+        )
+        return getattr(trainers, trainer_name)(
+            strategy,
+            Actor.from_pretrained(m.pretrain, **kw),
+            ref,
+            tok,
+            ds,
+            train,
+            eval_dataset=eval_ds,
+            logger=cfgs["logger"],
+        )
 
     return build
 
@@ -135,14 +175,34 @@ def _cls(module: str, name: str):
 
 
 COMMANDS = {
-    "sft": Command("sft", "supervised fine-tuning", _cls("rl_core.trainers", "SFTConfig"),
-                   _cls("rl_core.data", "SFTDataset"), _build_sft),
-    "rm": Command("rm", "reward model (pairwise)", _cls("rl_core.trainers", "RMConfig"),
-                  _cls("rl_core.data", "PreferenceDataset"), _build_rm),
-    "dpo": Command("dpo", "direct preference optimization (DPO, IPO, cDPO)", _cls("rl_core.trainers", "DPOConfig"),
-                   _cls("rl_core.data", "PreferenceDataset"), _with_reference("DPOTrainer")),
-    "kto": Command("kto", "Kahneman-Tversky optimization", _cls("rl_core.trainers", "KTOConfig"),
-                   _cls("rl_core.data", "KTODataset"), _with_reference("KTOTrainer")),
+    "sft": Command(
+        "sft",
+        "supervised fine-tuning",
+        _cls("rl_core.trainers", "SFTConfig"),
+        _cls("rl_core.data", "SFTDataset"),
+        _build_sft,
+    ),
+    "rm": Command(
+        "rm",
+        "reward model (pairwise)",
+        _cls("rl_core.trainers", "RMConfig"),
+        _cls("rl_core.data", "PreferenceDataset"),
+        _build_rm,
+    ),
+    "dpo": Command(
+        "dpo",
+        "direct preference optimization (DPO, IPO, cDPO)",
+        _cls("rl_core.trainers", "DPOConfig"),
+        _cls("rl_core.data", "PreferenceDataset"),
+        _with_reference("DPOTrainer"),
+    ),
+    "kto": Command(
+        "kto",
+        "Kahneman-Tversky optimization",
+        _cls("rl_core.trainers", "KTOConfig"),
+        _cls("rl_core.data", "KTODataset"),
+        _with_reference("KTOTrainer"),
+    ),
 }
 
 
@@ -151,8 +211,14 @@ def _groups(cmd: Command) -> dict[str, type]:
     from rl_core.metrics import LoggerConfig
     from rl_core.strategy import StrategyConfig
 
-    return {"model": ModelArgs, "data": DataConfig, "strategy": StrategyConfig, "train": cmd.config_cls(),
-            "logger": LoggerConfig, "cli": CliArgs}
+    return {
+        "model": ModelArgs,
+        "data": DataConfig,
+        "strategy": StrategyConfig,
+        "train": cmd.config_cls(),
+        "logger": LoggerConfig,
+        "cli": CliArgs,
+    }
 
 
 def _wandb_key(argv: list[str], parser=None) -> list[str]:
@@ -163,8 +229,11 @@ def _wandb_key(argv: list[str], parser=None) -> list[str]:
     """
     from rl_cli.config import FALSE, TRUE
 
-    names = {n for a in getattr(parser, "_actions", ()) if a.dest == "logger.use_wandb" for n in a.option_strings} \
-        or {"--use_wandb", "--logger.use_wandb", "--logger.wandb.key"}  # (the flag and its hidden aliases)
+    names = {n for a in getattr(parser, "_actions", ()) if a.dest == "logger.use_wandb" for n in a.option_strings} or {
+        "--use_wandb",
+        "--logger.use_wandb",
+        "--logger.wandb.key",
+    }  # (the flag and its hidden aliases)
     out = list(argv)
     for i, a in enumerate(out):
         flag, eq, value = a.partition("=")
@@ -225,8 +294,10 @@ def run(name: str, argv: list[str] | None = None) -> int:
         parser.error(str(e))
     if cfgs["model"].fused_lm_head:
         if name == "rm":
-            parser.error("--fused_lm_head: rl rm trains a reward model, whose head gives a score, not token "
-                         "log-probs; drop --fused_lm_head")
+            parser.error(
+                "--fused_lm_head: rl rm trains a reward model, whose head gives a score, not token "
+                "log-probs; drop --fused_lm_head"
+            )
         from rl_core.models import check_fused_lm_head
 
         try:
@@ -239,8 +310,10 @@ def run(name: str, argv: list[str] | None = None) -> int:
         print_config(name, cfgs)
         return 0
     if not cfgs["model"].pretrain:
-        parser.error("--pretrain is required: a local HF model folder (config.json, weights, tokenizer) or a hub "
-                     "id in the local Hugging Face cache")
+        parser.error(
+            "--pretrain is required: a local HF model folder (config.json, weights, tokenizer) or a hub "
+            "id in the local Hugging Face cache"
+        )
     if not cfgs["data"].dataset:
         parser.error("--dataset is required: a .jsonl/.json/.parquet file or a save_to_disk folder")
     cfgs["model"] = _local_models(f"rl {name}", cfgs["model"])
@@ -268,16 +341,26 @@ def run(name: str, argv: list[str] | None = None) -> int:
 
     strategy = DeepSpeedStrategy(cfgs["strategy"])
     data = cfgs["data"]
-    tok = load_tokenizer(cfgs["model"].pretrain, use_fast=not data.disable_fast_tokenizer,
-                         chat_template=data.tokenizer_chat_template)
+    tok = load_tokenizer(
+        cfgs["model"].pretrain, use_fast=not data.disable_fast_tokenizer, chat_template=data.tokenizer_chat_template
+    )
     if getattr(cfgs["train"], "pretrain_mode", False):  # rl sft --pretrain_mode: every token of the text
         from rl_core.data import PretrainDataset
 
-        unread = [f for f, on in (("--output_key", data.output_key), ("--apply_chat_template", data.apply_chat_template),
-                                  ("--input_template", data.input_template)) if on]
+        unread = [
+            f
+            for f, on in (
+                ("--output_key", data.output_key),
+                ("--apply_chat_template", data.apply_chat_template),
+                ("--input_template", data.input_template),
+            )
+            if on
+        ]
         if unread:
-            raise UserError(f"--pretrain_mode trains on the --input_key text as is; {', '.join(unread)} would not be "
-                            f"used: drop it (or drop --pretrain_mode for prompt/response SFT)")
+            raise UserError(
+                f"--pretrain_mode trains on the --input_key text as is; {', '.join(unread)} would not be "
+                f"used: drop it (or drop --pretrain_mode for prompt/response SFT)"
+            )
 
         dataset_cls: type = PretrainDataset  # as Command.dataset_cls gives
     else:
@@ -286,15 +369,20 @@ def run(name: str, argv: list[str] | None = None) -> int:
     eval_ds = None
     if data.eval_dataset:
         try:
-            eval_ds = dataset_cls(load_rows(data.eval_dataset, data.eval_split, data.max_eval_samples,
-                                             skip_bad=data.skip_bad_rows), tok, data)
+            eval_ds = dataset_cls(
+                load_rows(data.eval_dataset, data.eval_split, data.max_eval_samples, skip_bad=data.skip_bad_rows),
+                tok,
+                data,
+            )
         except DataError as e:  # say which of the two sets is bad
             raise type(e)(f"eval set (--eval_dataset {data.eval_dataset}): {e}") from None
     global_batch = cfgs["strategy"].train_batch_size
     if len(ds) < global_batch:  # the trainer would find it after the model loaded
-        raise UserError(f"the dataset ({data.dataset}) has {len(ds)} usable rows, fewer than one global batch "
-                        f"(--train_batch_size {global_batch}); lower --train_batch_size to at most {len(ds)} "
-                        f"or add data")
+        raise UserError(
+            f"the dataset ({data.dataset}) has {len(ds)} usable rows, fewer than one global batch "
+            f"(--train_batch_size {global_batch}); lower --train_batch_size to at most {len(ds)} "
+            f"or add data"
+        )
     strategy.setup_distributed()  # after the checks above: joining the ranks can take a while
     rank0 = strategy.is_rank_0()
     try:
@@ -311,8 +399,11 @@ def run(name: str, argv: list[str] | None = None) -> int:
 
     # before the model loads: the folders this run writes are its own (rank 0 locks them for all; the trainer
     # shares the locks), then a damaged newest checkpoint is skipped and named, a folder with none usable refused
-    with hold({"--run_dir": cfgs["train"].run_dir, "--ckpt_path": ck.ckpt_path}, {"--save_path": ck.save_path}) \
-            if rank0 else hold({}):
+    with (
+        hold({"--run_dir": cfgs["train"].run_dir, "--ckpt_path": ck.ckpt_path}, {"--save_path": ck.save_path})
+        if rank0
+        else hold({})
+    ):
         if ck.load_checkpoint and ck.ckpt_path:
             from rl_core.checkpoint import CheckpointManager
 
@@ -321,8 +412,11 @@ def run(name: str, argv: list[str] | None = None) -> int:
         losses = trainer.fit()
     if rank0:
         t = cfgs["train"]
-        where = {k: v for k, v in (("save_path", t.ckpt.save_path), ("ckpt_path", t.ckpt.ckpt_path),
-                                   ("run_dir", t.run_dir)) if v}
+        where = {
+            k: v
+            for k, v in (("save_path", t.ckpt.save_path), ("ckpt_path", t.ckpt.ckpt_path), ("run_dir", t.run_dir))
+            if v
+        }
         first, last = (f"{losses[0]:.4f}", f"{losses[-1]:.4f}") if losses else ("-", "-")
         evals = trainer.eval_history
         ev = f", eval loss {evals[0]['loss']:.4f} -> {evals[-1]['loss']:.4f}" if evals else ""

@@ -64,8 +64,9 @@ def parse_layers(value) -> str:
         return text
     if text.isascii() and text.isdigit() and not isinstance(value, bool):
         return str(int(text))
-    raise InputError(f"{FLAG} must be all, auto or a number of decoder layers >= 0 (the first N recompute), "
-                     f"got {value!r}")
+    raise InputError(
+        f"{FLAG} must be all, auto or a number of decoder layers >= 0 (the first N recompute), got {value!r}"
+    )
 
 
 def decoder_layers(module: nn.Module) -> list[nn.Module]:
@@ -97,9 +98,11 @@ class ActivationEstimate:
         c = getattr(hf, "config", None)
         c = getattr(c, "text_config", None) or c
         if c is None or not all(hasattr(c, k) for k in ("hidden_size", "num_attention_heads", "intermediate_size")):
-            raise InputError(f"{FLAG}=auto estimates activations from a decoder config (hidden_size, "
-                             f"num_attention_heads, intermediate_size); {type(module).__name__} has none: pass a "
-                             f"number of layers or all")
+            raise InputError(
+                f"{FLAG}=auto estimates activations from a decoder config (hidden_size, "
+                f"num_attention_heads, intermediate_size); {type(module).__name__} has none: pass a "
+                f"number of layers or all"
+            )
         heads = c.num_attention_heads
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
         kv_dim = (getattr(c, "num_key_value_heads", None) or heads) * head_dim
@@ -111,8 +114,12 @@ class ActivationEstimate:
             # SiLU(gate) (-e i): 1.58 MB per token at the 0.5B shape with the head below, against 1.54 MB
             # measured (docs/performance.md, SFT with liger: 31.5 GiB at 16,384 tokens, ~7.4 GiB of it states)
             per_layer -= 8 * c.hidden_size + e * c.intermediate_size
-        return cls(layers=layers, per_layer=per_layer, per_input=e * c.hidden_size,
-                   head=c.vocab_size * (e + 4) if lm_head else 0)
+        return cls(
+            layers=layers,
+            per_layer=per_layer,
+            per_input=e * c.hidden_size,
+            head=c.vocab_size * (e + 4) if lm_head else 0,
+        )
 
     def bytes(self, n: int, tokens: int) -> int:
         kept = self.layers - n
@@ -146,21 +153,27 @@ def select_checkpointed_layers(module: nn.Module, spec: str, *, device: torch.de
         return "every decoder layer recomputes"
     layers = decoder_layers(module)
     if not layers:
-        raise InputError(f"{FLAG}={spec} needs transformers decoder layers (GradientCheckpointingLayer) to choose "
-                         f"from; {type(module).__name__} has none: pass all")
+        raise InputError(
+            f"{FLAG}={spec} needs transformers decoder layers (GradientCheckpointingLayer) to choose "
+            f"from; {type(module).__name__} has none: pass all"
+        )
     if not all(hasattr(layer, "_gradient_checkpointing_func") for layer in layers):
-        raise ValueError(f"{FLAG}={spec}: the layers of {type(module).__name__} have no checkpoint function yet; "
-                         f"call the transformers model's gradient_checkpointing_enable() first")
+        raise ValueError(
+            f"{FLAG}={spec}: the layers of {type(module).__name__} have no checkpoint function yet; "
+            f"call the transformers model's gradient_checkpointing_enable() first"
+        )
     if spec != "auto":
         n = int(spec)
         if n > len(layers):
-            raise InputError(f"{FLAG}={n} is more than the model's {len(layers)} decoder layers; pass 0..{len(layers)}"
-                             f", all or auto")
+            raise InputError(
+                f"{FLAG}={n} is more than the model's {len(layers)} decoder layers; pass 0..{len(layers)}, all or auto"
+            )
         set_checkpointed(layers, n)
         return f"the first {n} of {len(layers)} decoder layers recompute"
     if device.type != "cuda":
-        logger.warning("%s=auto: no device memory to read on %s, so every decoder layer recomputes (as 'all')",
-                       FLAG, device.type)
+        logger.warning(
+            "%s=auto: no device memory to read on %s, so every decoder layer recomputes (as 'all')", FLAG, device.type
+        )
         return f"every decoder layer recomputes (auto on {device.type}: no device memory to read)"
     hook = AutoCheckpointing(module, layers, ActivationEstimate.of(module, len(layers)), device, optimizer)
     module.register_forward_pre_hook(hook, with_kwargs=True)
@@ -170,8 +183,14 @@ def select_checkpointed_layers(module: nn.Module, spec: str, *, device: torch.de
 class AutoCheckpointing:
     """The forward pre-hook of ``auto`` (module docstring): sets the layers before each training forward."""
 
-    def __init__(self, module: nn.Module, layers: list[nn.Module], estimate: ActivationEstimate,
-                 device: torch.device, optimizer=None):
+    def __init__(
+        self,
+        module: nn.Module,
+        layers: list[nn.Module],
+        estimate: ActivationEstimate,
+        device: torch.device,
+        optimizer=None,
+    ):
         self.module, self.layers, self.estimate, self.device = module, layers, estimate, device
         self.optimizer = optimizer
         self.high = -1  # the most layers chosen so far (logged when exceeded)
@@ -190,12 +209,17 @@ class AutoCheckpointing:
         self.choices = (self.choices + [(tokens, budget, n)])[-8:]
         if n > self.high or not fits:
             self.high = max(self.high, n)
-            gib = 2 ** 30
+            gib = 2**30
             (logger.info if fits else logger.warning)(
                 "gradient checkpointing auto: %d of %d decoder layers recompute for %d tokens (estimate %.1f GiB, "
-                "budget %.1f GiB%s)", n, len(self.layers), tokens, self.estimate.bytes(n, tokens) / gib, budget / gib,
-                "" if fits else "; it does not fit even so: lower --micro_train_batch_size, in RL "
-                                "--max_tokens_per_gpu")
+                "budget %.1f GiB%s)",
+                n,
+                len(self.layers),
+                tokens,
+                self.estimate.bytes(n, tokens) / gib,
+                budget / gib,
+                "" if fits else "; it does not fit even so: lower --micro_train_batch_size, in RL --max_tokens_per_gpu",
+            )
         return None
 
     def budget(self) -> int:
@@ -212,8 +236,11 @@ def free_bytes(module: nn.Module, device: torch.device, optimizer=None) -> int:
     fraction = getattr(torch.cuda, "get_per_process_memory_fraction", lambda _: 1.0)(device)
     if fraction < 1:  # this process is capped (torch.cuda.set_per_process_memory_fraction): what its cap leaves
         free = min(free, int(fraction * total) - reserved)
-    grads = sum(p.numel() * p.element_size() for p in module.parameters()
-                if p.requires_grad and p.grad is None and p.device.type == "cuda")
+    grads = sum(
+        p.numel() * p.element_size()
+        for p in module.parameters()
+        if p.requires_grad and p.grad is None and p.device.type == "cuda"
+    )
     return free + cached - grads - pending_moments(optimizer) - int(MARGIN * total)
 
 
@@ -227,5 +254,9 @@ def pending_moments(optimizer) -> int:
         opt = opt.optimizer
     if not isinstance(opt, torch.optim.Optimizer):
         return 0
-    return sum(2 * p.numel() * p.element_size() for g in opt.param_groups for p in g["params"]
-               if p.device.type == "cuda" and not opt.state.get(p))
+    return sum(
+        2 * p.numel() * p.element_size()
+        for g in opt.param_groups
+        for p in g["params"]
+        if p.device.type == "cuda" and not opt.state.get(p)
+    )

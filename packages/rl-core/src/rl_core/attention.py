@@ -51,12 +51,15 @@ def _packed_default(dtype: str | None, model_config) -> tuple[str, str]:
     window = getattr(model_config, "sliding_window", None)
     if window and getattr(model_config, "use_sliding_window", True):
         return "sdpa", f"packed rows, but the model attends in a sliding window of {window}"
-    return "torch_varlen", ("packed rows on CUDA in bf16, flash-attn not installed: torch's varlen kernel (3.6x sdpa's "
-                            "masked path on a packed 0.5B train step, H200; --attn_implementation sdpa to opt out)")
+    return "torch_varlen", (
+        "packed rows on CUDA in bf16, flash-attn not installed: torch's varlen kernel (3.6x sdpa's "
+        "masked path on a packed 0.5B train step, H200; --attn_implementation sdpa to opt out)"
+    )
 
 
-def attention_implementation(requested: str | None = None, *, packed: bool = False, dtype: str | None = None,
-                             model_config=None) -> str:
+def attention_implementation(
+    requested: str | None = None, *, packed: bool = False, dtype: str | None = None, model_config=None
+) -> str:
     """The ``attn_implementation`` to pass to ``from_pretrained``.
 
     ``requested=None`` picks flash_attention_2 if ``flash_attn`` is importable, else, for a model that will see
@@ -92,11 +95,15 @@ def attention_implementation(requested: str | None = None, *, packed: bool = Fal
         from rl_core.varlen_attention import register, varlen_available
 
         if (unusable := varlen_available()) is not None:
-            raise InputError(f"attention implementation torch_varlen cannot run here: {unusable}; use sdpa "
-                             f"(--attn_implementation sdpa) on this machine")
+            raise InputError(
+                f"attention implementation torch_varlen cannot run here: {unusable}; use sdpa "
+                f"(--attn_implementation sdpa) on this machine"
+            )
         register()
     if requested == "flex_attention" and not _cuda():
-        raise InputError("attention implementation flex_attention needs a CUDA device here (torch's FlexAttention "
-                         "has no CPU backward); use sdpa (--attn_implementation sdpa) on this machine")
+        raise InputError(
+            "attention implementation flex_attention needs a CUDA device here (torch's FlexAttention "
+            "has no CPU backward); use sdpa (--attn_implementation sdpa) on this machine"
+        )
     _log_choice(requested, "requested")
     return requested

@@ -73,8 +73,12 @@ def save_engine_state(strategy, engine, path: str | Path, client_state: dict | N
     if strategy.is_rank_0():
         path.mkdir(parents=True, exist_ok=True)
     strategy.barrier()
-    engine.save_checkpoint(str(path), tag=DS_TAG, client_state={**(client_state or {}), "rng": rng_state()},
-                           exclude_frozen_parameters=is_peft(engine.module))
+    engine.save_checkpoint(
+        str(path),
+        tag=DS_TAG,
+        client_state={**(client_state or {}), "rng": rng_state()},
+        exclude_frozen_parameters=is_peft(engine.module),
+    )
     fsync_tree(path)
     strategy.barrier()
     return path
@@ -88,8 +92,10 @@ def _hyper(engine) -> list[dict]:
     eps, weight decay."""
     groups = engine.optimizer.param_groups if engine.optimizer is not None else []
     peaks = list(getattr(engine.lr_scheduler, "base_lrs", ()))
-    return [{"lr": peaks[i] if i < len(peaks) else g.get("initial_lr", g.get("lr")),
-             **{k: g[k] for k in _HYPER if k in g}} for i, g in enumerate(groups)]
+    return [
+        {"lr": peaks[i] if i < len(peaks) else g.get("initial_lr", g.get("lr")), **{k: g[k] for k in _HYPER if k in g}}
+        for i, g in enumerate(groups)
+    ]
 
 
 def _plain(v):
@@ -131,24 +137,31 @@ def load_engine_state(engine, path: str | Path) -> dict:
     configured = _hyper(engine)
     if engine.load_universal_checkpoint():  # --use_ds_universal_ckpt: any number of ranks
         if is_peft(engine.module):
-            raise ValueError(f"--use_ds_universal_ckpt with a LoRA model: its checkpoint {path} holds only the "
-                             f"adapter, which DeepSpeed's universal conversion does not take; resume on the same "
-                             f"number of ranks without the flag")
-        load_path, client = engine.load_checkpoint(str(to_universal(path)), tag=UNIVERSAL_TAG,
-                                                   load_module_strict=True)
+            raise ValueError(
+                f"--use_ds_universal_ckpt with a LoRA model: its checkpoint {path} holds only the "
+                f"adapter, which DeepSpeed's universal conversion does not take; resume on the same "
+                f"number of ranks without the flag"
+            )
+        load_path, client = engine.load_checkpoint(str(to_universal(path)), tag=UNIVERSAL_TAG, load_module_strict=True)
     elif is_peft(engine.module):  # saved without the frozen base weights (see the module docstring)
-        load_path, client = engine.load_checkpoint(str(path), tag=DS_TAG, load_module_strict=False,
-                                                   custom_load_fn=_load_trainable(path))
+        load_path, client = engine.load_checkpoint(
+            str(path), tag=DS_TAG, load_module_strict=False, custom_load_fn=_load_trainable(path)
+        )
     else:
         load_path, client = engine.load_checkpoint(str(path), tag=DS_TAG, load_module_strict=True)
     if load_path is None:
-        raise ValueError(f"checkpoint {path} has no DeepSpeed state under tag {DS_TAG!r}; delete the folder "
-                         f"to resume from the previous one")
+        raise ValueError(
+            f"checkpoint {path} has no DeepSpeed state under tag {DS_TAG!r}; delete the folder "
+            f"to resume from the previous one"
+        )
     set_rng_state(client["rng"])
     changed = _reapply(engine, configured)
     if changed and (not dist.is_initialized() or dist.get_rank() == 0):
-        logger.warning("resumed %s with optimizer settings other than the checkpoint's, applied from here on: %s",
-                       path, ", ".join(changed))
+        logger.warning(
+            "resumed %s with optimizer settings other than the checkpoint's, applied from here on: %s",
+            path,
+            ", ".join(changed),
+        )
     return client
 
 
@@ -168,14 +181,15 @@ def prune_count(sizes: list[int], other_bytes: int, keep_last: int, max_gb: floa
     if max_gb is None:
         return n
     left = other_bytes + sum(sizes[n:-1])
-    while n < len(sizes) - 1 and left > max_gb * 1024 ** 3:
+    while n < len(sizes) - 1 and left > max_gb * 1024**3:
         left -= sizes[n]
         n += 1
     return n
 
 
-def prune(root: Path, complete: list[Path], keep_last: int, max_gb: float | None,
-          remove: Callable[[Path], None] | None = None) -> list[Path]:
+def prune(
+    root: Path, complete: list[Path], keep_last: int, max_gb: float | None, remove: Callable[[Path], None] | None = None
+) -> list[Path]:
     """Remove what :func:`prune_count` says of ``complete`` (oldest first) under ``root``, each by ``remove``
     (default: :func:`_uncommit_and_remove`, marker first); returns the removed folders."""
     remove = remove or _uncommit_and_remove
@@ -183,12 +197,16 @@ def prune(root: Path, complete: list[Path], keep_last: int, max_gb: float | None
         return []
     sizes = [folder_bytes(d) for d in complete] if max_gb is not None else [0] * len(complete)
     other = folder_bytes(root) - sum(sizes) if max_gb is not None else 0
-    gone = complete[:prune_count(sizes, other, keep_last, max_gb)]
+    gone = complete[: prune_count(sizes, other, keep_last, max_gb)]
     for old in gone:
         remove(old)
     if max_gb is not None and gone:
-        logger.info("checkpoints removed (--max_ckpt_num %d, --max_ckpt_mem %g GB): %s", keep_last, max_gb,
-                    ", ".join(d.name for d in gone))
+        logger.info(
+            "checkpoints removed (--max_ckpt_num %d, --max_ckpt_mem %g GB): %s",
+            keep_last,
+            max_gb,
+            ", ".join(d.name for d in gone),
+        )
     return gone
 
 
@@ -201,8 +219,10 @@ def unset_infinite_budget(cfg) -> None:
 
 def check_max_gb(max_gb: float | None) -> None:
     if max_gb is not None and not max_gb > 0:
-        raise ValueError(f"max_ckpt_mem (--max_ckpt_mem) is a budget in GB and must be > 0, got {max_gb}; leave it "
-                         f"unset for no budget")
+        raise ValueError(
+            f"max_ckpt_mem (--max_ckpt_mem) is a budget in GB and must be > 0, got {max_gb}; leave it "
+            f"unset for no budget"
+        )
 
 
 def _step_dir(root: Path, step: int) -> Path:
@@ -216,6 +236,7 @@ def is_peft(module: torch.nn.Module) -> bool:
 
 def _load_trainable(where: Path):
     """DeepSpeed ``custom_load_fn``: a checkpoint without frozen parameters into the full model."""
+
     def load(src: dict, dst: torch.nn.Module) -> None:
         result = dst.load_state_dict(src, strict=False)
         frozen = {n for n, p in dst.named_parameters(remove_duplicate=False) if not p.requires_grad}
@@ -225,7 +246,9 @@ def _load_trainable(where: Path):
                 f"checkpoint {where} does not fit the model: missing trainable {missing[:5]} ({len(missing)}), "
                 f"unexpected {result.unexpected_keys[:5]} ({len(result.unexpected_keys)}); it was written for a "
                 f"different model or LoRA setting (--lora_rank, --target_modules): resume with the run's settings, "
-                f"or point --ckpt_path at a new folder")
+                f"or point --ckpt_path at a new folder"
+            )
+
     return load
 
 
@@ -248,8 +271,12 @@ class CheckpointManager:
             if (d / MARKER).is_file():
                 done.append(d)
             else:
-                logger.warning("ignoring %s: it has no %s (a save that did not finish); resuming from the last "
-                               "complete checkpoint instead", d, MARKER)
+                logger.warning(
+                    "ignoring %s: it has no %s (a save that did not finish); resuming from the last "
+                    "complete checkpoint instead",
+                    d,
+                    MARKER,
+                )
         return done
 
     def latest(self) -> Path | None:
@@ -282,10 +309,12 @@ class CheckpointManager:
                 shutil.rmtree(old, ignore_errors=True)
         s.barrier()
         previous = self.latest()  # its size: what a save needs, said if the disk is full
-        with named_if_full(tmp, f"the checkpoint of step {step}",
-                           need=lambda: folder_bytes(previous) if previous is not None else None,
-                           fix="the checkpoints before it are intact; free space there or point --ckpt_path at "
-                               "another disk"):
+        with named_if_full(
+            tmp,
+            f"the checkpoint of step {step}",
+            need=lambda: folder_bytes(previous) if previous is not None else None,
+            fix="the checkpoints before it are intact; free space there or point --ckpt_path at another disk",
+        ):
             save_engine_state(s, engine, tmp)
             if s.is_rank_0():
                 files = manifest(tmp, skip=(MARKER,))
@@ -311,8 +340,9 @@ class CheckpointManager:
             return None
         wrong = self.problem(path)
         if wrong is not None:
-            raise InputError(f"checkpoint {path} cannot be resumed: {wrong}; delete the folder to resume from the "
-                             f"previous one")
+            raise InputError(
+                f"checkpoint {path} cannot be resumed: {wrong}; delete the folder to resume from the previous one"
+            )
         meta = json.loads((path / MARKER).read_text())
         meta.pop("files", None)
         load_engine_state(engine, path)

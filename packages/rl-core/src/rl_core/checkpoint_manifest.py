@@ -74,8 +74,11 @@ def _verify(folder: Path, files: dict[str, list]) -> str | None:
         if not p.is_file():
             return f"{rel} is missing"
         if p.stat().st_size != size:
-            return f"{rel} is {p.stat().st_size:,} bytes, {size:,} when saved" if isinstance(size, int) else \
-                f"{rel} has a malformed manifest entry {entry!r}"
+            return (
+                f"{rel} is {p.stat().st_size:,} bytes, {size:,} when saved"
+                if isinstance(size, int)
+                else f"{rel} has a malformed manifest entry {entry!r}"
+            )
     paths = [folder / rel for rel in sorted(files)]
     with ThreadPoolExecutor(max_workers=max(1, min(8, len(paths), os.cpu_count() or 1))) as pool:
         digests = list(pool.map(_sha256, paths))
@@ -86,8 +89,9 @@ def _verify(folder: Path, files: dict[str, list]) -> str | None:
     return None
 
 
-def newest_usable(folders: Sequence[Path], problem: Callable[[Path], str | None], root: Path,
-                  log: logging.Logger) -> Path | None:
+def newest_usable(
+    folders: Sequence[Path], problem: Callable[[Path], str | None], root: Path, log: logging.Logger
+) -> Path | None:
     """The newest of ``folders`` (committed checkpoints, oldest first) for which ``problem`` says nothing; each
     newer one skipped is named in a warning with what is wrong. None when there are none; an InputError (one
     line, every skipped folder and its problem) when there are some and none is usable."""
@@ -99,6 +103,8 @@ def newest_usable(folders: Sequence[Path], problem: Callable[[Path], str | None]
         log.warning("checkpoint %s cannot be resumed: %s; falling back to the previous one", d, wrong)
         skipped.append(f"{d.name}: {wrong}")
     if skipped:
-        raise InputError(f"no checkpoint under {root} can be resumed ({'; '.join(skipped)}): move the damaged "
-                         f"folders away to start over, or point --ckpt_path at a new folder")
+        raise InputError(
+            f"no checkpoint under {root} can be resumed ({'; '.join(skipped)}): move the damaged "
+            f"folders away to start over, or point --ckpt_path at a new folder"
+        )
     return None

@@ -41,9 +41,13 @@ def free_bytes(folder: str | Path) -> int:
 
 
 @contextmanager
-def named_if_full(folder: str | Path, what: str, need: Callable[[], int | None] = lambda: None,
-                  fix: str = "free space there or point --ckpt_path at another disk",
-                  on_full: Callable[[], None] | None = None) -> Iterator[None]:
+def named_if_full(
+    folder: str | Path,
+    what: str,
+    need: Callable[[], int | None] = lambda: None,
+    fix: str = "free space there or point --ckpt_path at another disk",
+    on_full: Callable[[], None] | None = None,
+) -> Iterator[None]:
     """Run the block (a save into ``folder``); a failure from a full disk becomes one InputError line: ``what``
     (e.g. "the checkpoint of iteration 3"), the folder, the free bytes, ``need()`` (bytes, estimated only on
     failure; None: unknown) and ``fix``. ``on_full`` runs first (removing the half-written folder)."""
@@ -57,5 +61,7 @@ def named_if_full(folder: str | Path, what: str, need: Callable[[], int | None] 
         if on_full is not None:
             on_full()
         wanted = f", about {needed:,} needed" if needed else ""
-        raise InputError(f"{what} into {folder} failed: the disk is full ({free:,} bytes free{wanted}); {fix} "
-                         f"({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})") from e
+        raise InputError(
+            f"{what} into {folder} failed: the disk is full ({free:,} bytes free{wanted}); {fix} "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''})"
+        ) from e

@@ -29,9 +29,15 @@ def _gather_bucket(bucket: list[tuple[str, nn.Parameter]], dtype: torch.dtype | 
 def _coalescible(cfg: StrategyConfig, world_size: int, engine) -> bool:
     """ZeRO-2 alone (one rank, no ring group): reduce each step's gradients once instead of per micro-batch."""
     params_dtype = "bf16" if cfg.bf16 else "fp32"
-    return (world_size == 1 and cfg.zero_stage == 2 and not cfg.adam_offload and not cfg.overlap_comm
-            and cfg.grad_accum_dtype in (None, params_dtype) and hasattr(engine, "coalesce_grad_reduction")
-            and hasattr(engine.optimizer, "_coalesce_grad_reduction"))
+    return (
+        world_size == 1
+        and cfg.zero_stage == 2
+        and not cfg.adam_offload
+        and not cfg.overlap_comm
+        and cfg.grad_accum_dtype in (None, params_dtype)
+        and hasattr(engine, "coalesce_grad_reduction")
+        and hasattr(engine.optimizer, "_coalesce_grad_reduction")
+    )
 
 
 class _OneRankCoalescing:

@@ -45,8 +45,13 @@ def to_universal(path: Path) -> Path:
         except Exception as e:  # noqa: BLE001 (told to every rank below, then raised)
             error = e
     if group is not None:
-        said = [None if error is None else str(error) if isinstance(error, RuntimeError)
-                else f"{type(error).__name__}: {error}"]
+        said = [
+            None
+            if error is None
+            else str(error)
+            if isinstance(error, RuntimeError)
+            else f"{type(error).__name__}: {error}"
+        ]
         try:
             dist.broadcast_object_list(said, src=0, group=group)
         finally:
@@ -64,14 +69,26 @@ def _convert_to_universal(path: Path, final: Path) -> None:
 
     tmp = path / f".tmp-{UNIVERSAL_TAG}"
     shutil.rmtree(tmp, ignore_errors=True)
-    out = subprocess.run([sys.executable, "-m", "deepspeed.checkpoint.ds_to_universal",
-                          "--input_folder", str(path / DS_TAG),  # ds_to_universal's own options
-                          "--output_folder", str(tmp), "--inject_missing_state"],  # ds_to_universal's too
-                         capture_output=True, text=True)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "deepspeed.checkpoint.ds_to_universal",
+            "--input_folder",
+            str(path / DS_TAG),  # ds_to_universal's own options
+            "--output_folder",
+            str(tmp),
+            "--inject_missing_state",
+        ],  # ds_to_universal's too
+        capture_output=True,
+        text=True,
+    )
     if out.returncode != 0:
-        raise RuntimeError(f"DeepSpeed's ds_to_universal could not convert {path / DS_TAG} "
-                           f"(--use_ds_universal_ckpt): {out.stderr.strip().splitlines()[-1:]}; resume on the "
-                           f"number of ranks that saved it without the flag")
+        raise RuntimeError(
+            f"DeepSpeed's ds_to_universal could not convert {path / DS_TAG} "
+            f"(--use_ds_universal_ckpt): {out.stderr.strip().splitlines()[-1:]}; resume on the "
+            f"number of ranks that saved it without the flag"
+        )
     fsync_tree(tmp)
     tmp.rename(final)
     fsync_dir(path)

@@ -49,12 +49,15 @@ class _Lock:
         except BlockingIOError:
             holder = os.pread(fd, 512, 0).decode(errors="replace").strip() or "a process that wrote no details"
             os.close(fd)
-            raise FolderInUse(f"{self.flag} {self.folder} is in use by another run ({holder}): wait for it to end, "
-                              f"stop it, or give this run another {self.flag}") from None
+            raise FolderInUse(
+                f"{self.flag} {self.folder} is in use by another run ({holder}): wait for it to end, "
+                f"stop it, or give this run another {self.flag}"
+            ) from None
         previous = os.pread(fd, 512, 0).decode(errors="replace").strip()
         if previous:
-            logger.warning("%s %s: taking over the lock of a run whose process is gone (%s)", self.flag, self.folder,
-                           previous)
+            logger.warning(
+                "%s %s: taking over the lock of a run whose process is gone (%s)", self.flag, self.folder, previous
+            )
         since = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"host {socket.gethostname()}, pid {os.getpid()}, since {since}\n".encode(), 0)

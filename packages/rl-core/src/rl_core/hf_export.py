@@ -24,12 +24,13 @@ def lora_scale(peft_config: dict) -> tuple[str, float]:
     """The one adapter's name and its scale: ``alpha / r`` (``alpha / sqrt(r)`` with rsLoRA)."""
     if len(peft_config) != 1:
         raise NotImplementedError(f"merging a model with {len(peft_config)} LoRA adapters; merge one first")
-    (name, cfg), = peft_config.items()
-    return name, cfg.lora_alpha / (cfg.r ** 0.5 if getattr(cfg, "use_rslora", False) else cfg.r)
+    ((name, cfg),) = peft_config.items()
+    return name, cfg.lora_alpha / (cfg.r**0.5 if getattr(cfg, "use_rslora", False) else cfg.r)
 
 
-def merge_lora_stream(named: Iterable[tuple[str, torch.Tensor]], peft_config: dict
-                      ) -> Iterator[tuple[str, torch.Tensor]]:
+def merge_lora_stream(
+    named: Iterable[tuple[str, torch.Tensor]], peft_config: dict
+) -> Iterator[tuple[str, torch.Tensor]]:
     """A peft LoRA model's ``(name, tensor)`` stream -> the base model's, with ``W + scale * B @ A`` merged in.
 
     Names ``base_model.model.X.base_layer.weight`` / ``X.lora_A.NAME.weight`` / ``X.lora_B.NAME.weight``
@@ -43,7 +44,7 @@ def merge_lora_stream(named: Iterable[tuple[str, torch.Tensor]], peft_config: di
     parts = {"base_layer.weight": "w", f"lora_A.{adapter}.weight": "a", f"lora_B.{adapter}.weight": "b"}
     pending: dict[str, dict[str, torch.Tensor]] = {}
     for key, value in named:
-        k = key[len(prefix):] if key.startswith(prefix) else key
+        k = key[len(prefix) :] if key.startswith(prefix) else key
         layer, part = _lora_part(k, parts)
         if part is None:
             if ".lora_" in k:  # another adapter's (or an embedding adapter's) tensors: not part of the base
@@ -64,7 +65,7 @@ def merge_lora_stream(named: Iterable[tuple[str, torch.Tensor]], peft_config: di
 def _lora_part(name: str, parts: dict[str, str]) -> tuple[str, str | None]:
     for suffix, part in parts.items():
         if name.endswith("." + suffix):
-            return name[:-len(suffix) - 1], part
+            return name[: -len(suffix) - 1], part
     return name, None
 
 
@@ -94,7 +95,7 @@ def export_hf(strategy, model, save_path: str | Path, tokenizer=None, state: dic
             module.save_pretrained(tmp, state_dict=state)
         else:
             inner = module.model
-            state = {k[len("model."):]: v for k, v in state.items()}
+            state = {k[len("model.") :]: v for k, v in state.items()}
             if hasattr(inner, "peft_config"):  # LoRA: merged weights for transformers/vLLM + the adapter
                 inner.save_pretrained(tmp / "adapter", state_dict=state)
                 inner.get_base_model().save_pretrained(tmp, state_dict=merge_lora_state(state, inner.peft_config))

@@ -64,15 +64,18 @@ def resolve_model(path_or_id: str, *, flag: str = "--pretrain") -> str:
         return value
     cache = hub_cache_dir()
     if not _is_repo_id(value):
-        raise ModelNotFoundError(f"{flag} {value}: no such folder (and not a hub id like org/name to look up in "
-                                 f"the Hugging Face cache {cache})")
+        raise ModelNotFoundError(
+            f"{flag} {value}: no such folder (and not a hub id like org/name to look up in "
+            f"the Hugging Face cache {cache})"
+        )
     try:
         return snapshot_download(value, cache_dir=str(cache), local_files_only=True)
     except (LocalEntryNotFoundError, FileNotFoundError, OSError):
         raise ModelNotFoundError(
             f"{flag} {value}: not a local folder, and model {value} is not in the Hugging Face cache {cache} "
             f"(HF_HUB_CACHE / HF_HOME); this stack never downloads: fetch it first (hf download {value}) "
-            f"or pass a local folder") from None
+            f"or pass a local folder"
+        ) from None
 
 
 def resolve_models(cfg):

@@ -18,8 +18,13 @@ import importlib.util
 import torch
 from torch import nn
 
-LIGER_KWARGS = {"rope": True, "rms_norm": True, "swiglu": True, "cross_entropy": False,
-                "fused_linear_cross_entropy": False}
+LIGER_KWARGS = {
+    "rope": True,
+    "rms_norm": True,
+    "swiglu": True,
+    "cross_entropy": False,
+    "fused_linear_cross_entropy": False,
+}
 
 
 def require_liger() -> None:
@@ -40,7 +45,9 @@ def apply_liger_kernel(model: nn.Module) -> nn.Module:
 
     model_type = getattr(getattr(model, "config", None), "model_type", None)
     if model_type not in MODEL_TYPE_TO_APPLY_LIGER_FN:
-        raise ValueError(f"use_liger_kernel: liger-kernel has no kernels for model type {model_type!r}; drop "
-                         f"--use_liger_kernel (supported: {', '.join(sorted(MODEL_TYPE_TO_APPLY_LIGER_FN))})")
+        raise ValueError(
+            f"use_liger_kernel: liger-kernel has no kernels for model type {model_type!r}; drop "
+            f"--use_liger_kernel (supported: {', '.join(sorted(MODEL_TYPE_TO_APPLY_LIGER_FN))})"
+        )
     _apply_liger_kernel_to_instance(model, **LIGER_KWARGS)
     return model

@@ -33,20 +33,30 @@ logger = logging.getLogger(__name__)
 class LoggerConfig:
     """Where a run's metrics go besides ``run_dir`` (metrics.jsonl, curves.png): wandb and TensorBoard."""
 
-    use_wandb: bool = field(default=False, metadata=meta(
-        "also log to wandb (needs rl-core[wandb]); OpenRLHF's --use_wandb KEY works: the key goes to "
-        "WANDB_API_KEY and is never printed; true uses WANDB_API_KEY or wandb login; WANDB_MODE=offline logs "
-        "without an account", openrlhf=("logger.wandb.key",)))
+    use_wandb: bool = field(
+        default=False,
+        metadata=meta(
+            "also log to wandb (needs rl-core[wandb]); OpenRLHF's --use_wandb KEY works: the key goes to "
+            "WANDB_API_KEY and is never printed; true uses WANDB_API_KEY or wandb login; WANDB_MODE=offline logs "
+            "without an account",
+            openrlhf=("logger.wandb.key",),
+        ),
+    )
     wandb_project: str = field(default="rl", metadata=meta("wandb project", openrlhf=("logger.wandb.project",)))
-    wandb_run_name: str | None = field(default=None, metadata=meta(
-        "wandb run name (default: wandb's)", openrlhf=("logger.wandb.run_name",)))
-    wandb_org: str | None = field(default=None, metadata=meta(
-        "wandb entity (team or user; default: the key's)", openrlhf=("logger.wandb.org",)))
-    wandb_group: str | None = field(default=None, metadata=meta(
-        "wandb run group", openrlhf=("logger.wandb.group",)))
-    use_tensorboard: str | None = field(default=None, metadata=meta(
-        "TensorBoard event folder (default: RUN_DIR/tensorboard when --run_dir is set, else none)",
-        openrlhf=("logger.tensorboard_dir",)))
+    wandb_run_name: str | None = field(
+        default=None, metadata=meta("wandb run name (default: wandb's)", openrlhf=("logger.wandb.run_name",))
+    )
+    wandb_org: str | None = field(
+        default=None, metadata=meta("wandb entity (team or user; default: the key's)", openrlhf=("logger.wandb.org",))
+    )
+    wandb_group: str | None = field(default=None, metadata=meta("wandb run group", openrlhf=("logger.wandb.group",)))
+    use_tensorboard: str | None = field(
+        default=None,
+        metadata=meta(
+            "TensorBoard event folder (default: RUN_DIR/tensorboard when --run_dir is set, else none)",
+            openrlhf=("logger.tensorboard_dir",),
+        ),
+    )
 
     def check(self) -> None:
         """Fail now, in one line, when ``use_wandb`` is set and wandb cannot be imported."""
@@ -56,13 +66,24 @@ class LoggerConfig:
     def wandb_settings(self, config: dict | None = None) -> dict | None:
         if not self.use_wandb:
             return None
-        return {"project": self.wandb_project, "name": self.wandb_run_name, "entity": self.wandb_org,
-                "group": self.wandb_group, "config": config or {}}
+        return {
+            "project": self.wandb_project,
+            "name": self.wandb_run_name,
+            "entity": self.wandb_org,
+            "group": self.wandb_group,
+            "config": config or {},
+        }
 
 
 class MetricsLogger:
-    def __init__(self, run_dir: str | Path | None, *, enabled: bool = True, tensorboard: bool | str | Path = True,
-                 wandb: dict | None = None):
+    def __init__(
+        self,
+        run_dir: str | Path | None,
+        *,
+        enabled: bool = True,
+        tensorboard: bool | str | Path = True,
+        wandb: dict | None = None,
+    ):
         """``tensorboard``: True writes events to ``run_dir/tensorboard``, a path to that folder, False nowhere."""
         self.enabled = enabled and run_dir is not None
         self._wandb = _start_wandb(wandb, run_dir) if enabled and wandb is not None else None
@@ -72,8 +93,11 @@ class MetricsLogger:
         if self.enabled and self.run_dir is not None:  # (enabled: run_dir is set)
             self.run_dir.mkdir(parents=True, exist_ok=True)
             self._jsonl = (self.run_dir / "metrics.jsonl").open("a")
-        tb_dir = Path(tensorboard) if isinstance(tensorboard, (str, Path)) else (
-            self.run_dir / "tensorboard" if tensorboard and self.run_dir is not None else None)
+        tb_dir = (
+            Path(tensorboard)
+            if isinstance(tensorboard, (str, Path))
+            else (self.run_dir / "tensorboard" if tensorboard and self.run_dir is not None else None)
+        )
         self._tb_dir = tb_dir if enabled else None
         if self._tb_dir is not None:
             from torch.utils.tensorboard import SummaryWriter
@@ -107,11 +131,13 @@ class MetricsLogger:
         return len([x for x in lines if x.strip()]) - len(kept)
 
     @classmethod
-    def from_config(cls, run_dir: str | Path | None, cfg: LoggerConfig, *, enabled: bool = True,
-                    run_config: dict | None = None) -> MetricsLogger:
+    def from_config(
+        cls, run_dir: str | Path | None, cfg: LoggerConfig, *, enabled: bool = True, run_config: dict | None = None
+    ) -> MetricsLogger:
         """The logger a run's settings ask for; ``run_config`` is what wandb records as the run's config."""
-        return cls(run_dir, enabled=enabled, tensorboard=cfg.use_tensorboard or True,
-                   wandb=cfg.wandb_settings(run_config))
+        return cls(
+            run_dir, enabled=enabled, tensorboard=cfg.use_tensorboard or True, wandb=cfg.wandb_settings(run_config)
+        )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
         clean = {k: float(v) for k, v in metrics.items()}
@@ -165,7 +191,7 @@ class MetricsLogger:
             ax.set_title(name, fontsize=9)
             ax.tick_params(labelsize=7)
             ax.locator_params(nbins=5)
-        for ax in list(axes.flat)[len(names):]:
+        for ax in list(axes.flat)[len(names) :]:
             ax.axis("off")
         fig.supxlabel("step", fontsize=9, y=0.05 / rows)
         out = self.run_dir / "curves.png"
@@ -177,17 +203,23 @@ def _import_wandb():
     try:
         import wandb
     except ImportError:
-        raise RuntimeError("--use_wandb needs the wandb package, which is not installed: pip install "
-                           "'rl-core[wandb]' (or pip install wandb); set WANDB_MODE=offline to log without an "
-                           "account") from None
+        raise RuntimeError(
+            "--use_wandb needs the wandb package, which is not installed: pip install "
+            "'rl-core[wandb]' (or pip install wandb); set WANDB_MODE=offline to log without an "
+            "account"
+        ) from None
     return wandb
 
 
 def _start_wandb(settings: dict, run_dir: str | Path | None):
     wandb = _import_wandb()
-    kw = {"project": settings.get("project", "rl"), "name": settings.get("name"),
-          "entity": settings.get("entity"), "group": settings.get("group"),
-          "config": settings.get("config") or {}}
+    kw = {
+        "project": settings.get("project", "rl"),
+        "name": settings.get("name"),
+        "entity": settings.get("entity"),
+        "group": settings.get("group"),
+        "config": settings.get("config") or {},
+    }
     if run_dir is not None:
         Path(run_dir).mkdir(parents=True, exist_ok=True)
         kw["dir"] = str(run_dir)

@@ -33,19 +33,30 @@ class LoraSpec:
             raise ValueError(f"lora_rank (--lora_rank) must be >= 0, got {rank}")
         if rank == 0:
             return None
-        mods = target_modules if target_modules == "all-linear" else tuple(
-            m.strip() for m in target_modules.split(",") if m.strip())
+        mods = (
+            target_modules
+            if target_modules == "all-linear"
+            else tuple(m.strip() for m in target_modules.split(",") if m.strip())
+        )
         if not mods:
-            raise ValueError(f"--target_modules {target_modules!r} names no module; give module names joined by "
-                             f"commas (q_proj,v_proj) or all-linear")
+            raise ValueError(
+                f"--target_modules {target_modules!r} names no module; give module names joined by "
+                f"commas (q_proj,v_proj) or all-linear"
+            )
         return cls(rank, alpha, dropout, mods)
 
 
 def _dtype(name: str | torch.dtype) -> torch.dtype:
     if isinstance(name, torch.dtype):
         return name
-    table = {"bf16": torch.bfloat16, "bfloat16": torch.bfloat16, "fp32": torch.float32, "float32": torch.float32,
-             "fp16": torch.float16, "float16": torch.float16}
+    table = {
+        "bf16": torch.bfloat16,
+        "bfloat16": torch.bfloat16,
+        "fp32": torch.float32,
+        "float32": torch.float32,
+        "fp16": torch.float16,
+        "float16": torch.float16,
+    }
     if name not in table:
         raise ValueError(f"unknown dtype {name!r}; valid: {', '.join(table)}")
     return table[name]
@@ -56,12 +67,22 @@ def _check_folder(path: str | Path) -> Path:
     if not (p / "config.json").is_file():
         raise FileNotFoundError(
             f"{p} is not a transformers model folder (no config.json); pass --pretrain a local folder saved "
-            f"with save_pretrained (this stack never downloads weights at run time)")
+            f"with save_pretrained (this stack never downloads weights at run time)"
+        )
     return p
 
 
-def _load(auto_cls, path, dtype, attn, gradient_checkpointing, lora: LoraSpec | None, use_liger_kernel: bool = False,
-          packed: bool = False, experts_implementation: str | None = None):
+def _load(
+    auto_cls,
+    path,
+    dtype,
+    attn,
+    gradient_checkpointing,
+    lora: LoraSpec | None,
+    use_liger_kernel: bool = False,
+    packed: bool = False,
+    experts_implementation: str | None = None,
+):
     if use_liger_kernel:
         from rl_core.liger import require_liger
 
@@ -102,18 +123,27 @@ def _lora(model, lora: LoraSpec):
     from peft import LoraConfig, get_peft_model
 
     model.enable_input_require_grads()
-    return get_peft_model(model, LoraConfig(r=lora.rank, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                                            target_modules=lora.target_modules if isinstance(lora.target_modules, str)
-                                            else list(lora.target_modules), bias="none"))  # peft's type: a list
+    return get_peft_model(
+        model,
+        LoraConfig(
+            r=lora.rank,
+            lora_alpha=lora.alpha,
+            lora_dropout=lora.dropout,
+            target_modules=lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules),
+            bias="none",
+        ),
+    )  # peft's type: a list
 
 
 def check_moe_aux_loss(config) -> None:
     """Raises ValueError (one line) unless the transformers ``config`` is a mixture of experts whose forward
     returns the router's load-balancing loss (``output_router_logits``, as OpenRLHF checks)."""
     if "output_router_logits" not in config.to_dict():
-        raise ValueError(f"--aux_loss_coef is the MoE load-balancing loss, but the model ({config.model_type}) is "
-                         f"not a mixture of experts (its config has no output_router_logits); drop --aux_loss_coef "
-                         f"or give 0")
+        raise ValueError(
+            f"--aux_loss_coef is the MoE load-balancing loss, but the model ({config.model_type}) is "
+            f"not a mixture of experts (its config has no output_router_logits); drop --aux_loss_coef "
+            f"or give 0"
+        )
 
 
 def _openrlhf_head(path: Path, prefix: str) -> Tensor | None:

@@ -15,11 +15,14 @@ def _ring_slice(input_ids: Tensor, attention_mask: Tensor | None, position_ids: 
     """:func:`rl_core.ring_attention.sharded` for a packed row (padded rows are packed first: :func:`_ring_padded`)."""
     from rl_core import ring_attention
 
-    if ring_attention.current() is not None and (attention_mask is not None or position_ids is None
-                                                 or input_ids.shape[0] != 1):
-        raise ValueError(f"ring attention splits one packed row per forward; got {input_ids.shape[0]} padded "
-                         f"rows (position_ids given: {position_ids is not None}, attention_mask given: "
-                         f"{attention_mask is not None})")
+    if ring_attention.current() is not None and (
+        attention_mask is not None or position_ids is None or input_ids.shape[0] != 1
+    ):
+        raise ValueError(
+            f"ring attention splits one packed row per forward; got {input_ids.shape[0]} padded "
+            f"rows (position_ids given: {position_ids is not None}, attention_mask given: "
+            f"{attention_mask is not None})"
+        )
     return ring_attention.sharded(position_ids) if position_ids is not None else contextlib.nullcontext()
 
 

@@ -47,8 +47,21 @@ from rl_core.model_loading import HEAD_FILE, HEAD_META, LoraSpec, _check_folder,
 from rl_core.model_rows import _positions, _repad, _ring_padded, _ring_slice, _shift_right, _unpad
 from rl_core.scalar_models import Critic, RewardModel
 
-__all__ = ["HEAD_FILE", "HEAD_META", "Actor", "ActorOutput", "Critic", "LoraSpec", "ModelNotFoundError", "RewardModel",
-           "check_fused_lm_head", "check_moe_aux_loss", "frozen", "resolve_model", "resolve_models"]
+__all__ = [
+    "HEAD_FILE",
+    "HEAD_META",
+    "Actor",
+    "ActorOutput",
+    "Critic",
+    "LoraSpec",
+    "ModelNotFoundError",
+    "RewardModel",
+    "check_fused_lm_head",
+    "check_moe_aux_loss",
+    "frozen",
+    "resolve_model",
+    "resolve_models",
+]
 
 logger = logging.getLogger(__name__)
 Tensor = torch.Tensor
@@ -62,9 +75,11 @@ def check_fused_lm_head(fused_lm_head: bool, strategy_cfg) -> None:
     """Before any model loads: the fused head reads the LM head's weight outside the head's own forward, where
     ZeRO-3 keeps it partitioned."""
     if fused_lm_head and strategy_cfg.zero_stage == 3:
-        raise ValueError("--fused_lm_head with --zero_stage 3 is not built: ZeRO-3 gathers the LM head's weight only "
-                         "inside the head's own forward, which the fused path skips; use --zero_stage 0, 1 or 2, or "
-                         "drop --fused_lm_head")
+        raise ValueError(
+            "--fused_lm_head with --zero_stage 3 is not built: ZeRO-3 gathers the LM head's weight only "
+            "inside the head's own forward, which the fused path skips; use --zero_stage 0, 1 or 2, or "
+            "drop --fused_lm_head"
+        )
 
 
 @dataclass
@@ -102,8 +117,10 @@ class Actor(nn.Module):
         vision tower, the projector) stops training; returns how many tensors were frozen. A text-only model
         raises: the flag would do nothing."""
         if not self.is_vlm:
-            raise ValueError(f"--freeze_visual_encoder freezes a vision-language model's vision tower, but the "
-                             f"policy ({self.config.model_type}) has none; drop --freeze_visual_encoder")
+            raise ValueError(
+                f"--freeze_visual_encoder freezes a vision-language model's vision tower, but the "
+                f"policy ({self.config.model_type}) has none; drop --freeze_visual_encoder"
+            )
         frozen_n = 0
         for name, p in self.model.named_parameters():
             if "language_model" not in name and "lm_head" not in name:
@@ -117,6 +134,7 @@ class Actor(nn.Module):
         more LM-head matmul in backward. For text models whose causal-LM output is exactly ``lm_head(decoder
         output)``: the architectures of :data:`FUSED_LM_HEAD_MODELS`, an ``nn.Linear`` head (a LoRA adapter on
         the head is refused), no MoE load-balancing loss; anything else fails here, naming the flag."""
+
         def refuse(why: str):
             raise ValueError(f"--fused_lm_head: {why}; drop --fused_lm_head")
 
@@ -124,8 +142,10 @@ class Actor(nn.Module):
         if self.is_vlm:
             refuse(f"not built for vision-language models ({model_type}): their forward merges the images in")
         if model_type not in FUSED_LM_HEAD_MODELS:
-            refuse(f"model type {model_type!r} is not one whose logits are exactly lm_head(hidden) here (built for "
-                   f"{', '.join(sorted(FUSED_LM_HEAD_MODELS))})")
+            refuse(
+                f"model type {model_type!r} is not one whose logits are exactly lm_head(hidden) here (built for "
+                f"{', '.join(sorted(FUSED_LM_HEAD_MODELS))})"
+            )
         for key in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
             if getattr(self.config, key, None) not in (None, 1, 1.0):
                 refuse(f"the model scales its logits ({key}={getattr(self.config, key)})")
@@ -145,21 +165,25 @@ class Actor(nn.Module):
     def _head(self) -> nn.Linear:
         head = self.model.get_output_embeddings()
         if hasattr(head.weight, "ds_id"):
-            raise ValueError("--fused_lm_head with ZeRO-3 (--zero_stage 3) is not built: the head's weight is "
-                             "partitioned and gathered only inside its own forward; drop --fused_lm_head or use "
-                             "--zero_stage 0, 1 or 2")
+            raise ValueError(
+                "--fused_lm_head with ZeRO-3 (--zero_stage 3) is not built: the head's weight is "
+                "partitioned and gathered only inside its own forward; drop --fused_lm_head or use "
+                "--zero_stage 0, 1 or 2"
+            )
         return head
 
     def _fused_logprobs(self, hidden: Tensor, labels: Tensor, temperature: float, entropy: bool):
         from rl_algos import LogprobsEntropy, logprobs_from_hidden
 
         head = self._head()
-        out = logprobs_from_hidden(hidden, head.weight, labels, bias=head.bias, temperature=temperature,
-                                   return_entropy=entropy)
+        out = logprobs_from_hidden(
+            hidden, head.weight, labels, bias=head.bias, temperature=temperature, return_entropy=entropy
+        )
         return (out.logprobs, out.entropy) if isinstance(out, LogprobsEntropy) else (out, None)  # (as entropy asked)
 
-    def _fused_weighted(self, hidden: Tensor, labels: Tensor, lp_weights_BT: Tensor, pos_for_shift: Tensor | None,
-                        temperature: float) -> tuple[Tensor, Tensor]:
+    def _fused_weighted(
+        self, hidden: Tensor, labels: Tensor, lp_weights_BT: Tensor, pos_for_shift: Tensor | None, temperature: float
+    ) -> tuple[Tensor, Tensor]:
         """``(sum(w * lp), lp)`` with the gradients made in forward. The weights sit on the output's positions
         (``lp_BT[:, t]`` predicts token t); the kernel's row t predicts token t + 1, so they move one to the left;
         the last row's wrapped-around label and, in packed rows, the rows that predict a sequence's first token
@@ -172,8 +196,7 @@ class Actor(nn.Module):
             w = w.masked_fill(pos_for_shift == 0, 0.0)
         w = torch.roll(w, -1, dims=1)
         w[:, -1] = 0.0
-        return weighted_logprob_sum_from_hidden(hidden, head.weight, labels, w, bias=head.bias,
-                                                temperature=temperature)
+        return weighted_logprob_sum_from_hidden(hidden, head.weight, labels, w, bias=head.bias, temperature=temperature)
 
     def enable_moe_aux_loss(self) -> None:
         """Every forward returns ``aux_loss``: the router's load-balancing loss of a mixture-of-experts model
@@ -181,16 +204,27 @@ class Actor(nn.Module):
         router (no ``output_router_logits`` in its config) raises: a coefficient on it would do nothing."""
         check_moe_aux_loss(self.config)
         if self.fused_lm_head:
-            raise ValueError("--aux_loss_coef with --fused_lm_head: the MoE load-balancing loss needs the router "
-                             "logits of the full forward, which the fused head skips; drop one of the two")
+            raise ValueError(
+                "--aux_loss_coef with --fused_lm_head: the MoE load-balancing loss needs the router "
+                "logits of the full forward, which the fused head skips; drop one of the two"
+            )
         self.moe_aux_loss = True
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, dtype: str = "bf16", attn_implementation: str | None = None,
-                        gradient_checkpointing: bool = False, lora: LoraSpec | None = None,
-                        use_liger_kernel: bool = False, packed: bool = False,
-                        freeze_visual_encoder: bool = False, experts_implementation: str | None = None,
-                        fused_lm_head: bool = False) -> Actor:
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        dtype: str = "bf16",
+        attn_implementation: str | None = None,
+        gradient_checkpointing: bool = False,
+        lora: LoraSpec | None = None,
+        use_liger_kernel: bool = False,
+        packed: bool = False,
+        freeze_visual_encoder: bool = False,
+        experts_implementation: str | None = None,
+        fused_lm_head: bool = False,
+    ) -> Actor:
         """``use_liger_kernel``: liger-kernel's fused RMSNorm / SwiGLU / RoPE (CUDA; rl_core.liger). ``packed``: the
         model will see packed rows (the default attention is then torch_varlen where it runs: rl_core.attention).
         A vision-language folder loads as ``AutoModelForImageTextToText``; ``freeze_visual_encoder``: see
@@ -200,11 +234,33 @@ class Actor(nn.Module):
 
         auto_cls = causal_lm_class(_check_folder(path))
         if not freeze_visual_encoder:
-            actor = cls(_load(auto_cls, path, dtype, attn_implementation, gradient_checkpointing, lora,
-                              use_liger_kernel, packed, experts_implementation))
+            actor = cls(
+                _load(
+                    auto_cls,
+                    path,
+                    dtype,
+                    attn_implementation,
+                    gradient_checkpointing,
+                    lora,
+                    use_liger_kernel,
+                    packed,
+                    experts_implementation,
+                )
+            )
         else:
-            actor = cls(_load(auto_cls, path, dtype, attn_implementation, gradient_checkpointing, None,
-                              use_liger_kernel, packed, experts_implementation))
+            actor = cls(
+                _load(
+                    auto_cls,
+                    path,
+                    dtype,
+                    attn_implementation,
+                    gradient_checkpointing,
+                    None,
+                    use_liger_kernel,
+                    packed,
+                    experts_implementation,
+                )
+            )
             actor.freeze_visual_encoder()
             if lora is not None and lora.rank > 0:
                 actor.model = _lora(actor.model, lora)
@@ -216,9 +272,17 @@ class Actor(nn.Module):
     def config(self):
         return self.model.config
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                *, temperature: float = 1.0, return_entropy: bool = False, lp_weights: Tensor | None = None,
-                **images: Tensor) -> ActorOutput:
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        *,
+        temperature: float = 1.0,
+        return_entropy: bool = False,
+        lp_weights: Tensor | None = None,
+        **images: Tensor,
+    ) -> ActorOutput:
         """``images``: a vision-language model's image tensors of the batch (``pixel_values`` ...), padded rows
         only; the model then computes its own positions (multimodal RoPE) from the right-padded mask.
 
@@ -227,8 +291,10 @@ class Actor(nn.Module):
         gradients are computed during forward (:func:`rl_algos.weighted_logprob_sum_from_hidden`: no recompute
         in backward) and ``logprobs`` are values only; use ``weighted`` for the loss."""
         if images and (attention_mask is None or _ring_padded(attention_mask)):
-            raise ValueError("packed rows with images are not built (nor ring attention): run vision-language "
-                             "prompts without --packing and with --ring_attn_size 1")
+            raise ValueError(
+                "packed rows with images are not built (nor ring attention): run vision-language "
+                "prompts without --packing and with --ring_attn_size 1"
+            )
         # ring attention computes packed rows: pack, run, put back (_ring_padded: a mask is given)
         if attention_mask is not None and _ring_padded(attention_mask):
             ids, pos, idx = _unpad(input_ids, attention_mask)
@@ -253,23 +319,31 @@ class Actor(nn.Module):
         with _ring_slice(input_ids, attention_mask, position_ids) as shard:
             if shard is not None:  # ring attention: this rank's slice of the row (labels cut after the roll)
                 if self.moe_aux_loss:
-                    raise ValueError("the MoE load-balancing loss is not built with ring attention (each rank "
-                                     "sees a slice of the router's tokens): drop --aux_loss_coef or use "
-                                     "--ring_attn_size 1")
-                input_ids, position_ids, labels = (shard.local(input_ids, 0), shard.positions,
-                                                   shard.local(labels, 0))
+                    raise ValueError(
+                        "the MoE load-balancing loss is not built with ring attention (each rank "
+                        "sees a slice of the router's tokens): drop --aux_loss_coef or use "
+                        "--ring_attn_size 1"
+                    )
+                input_ids, position_ids, labels = (shard.local(input_ids, 0), shard.positions, shard.local(labels, 0))
             aux = weighted = None
             if self.fused_lm_head:  # the head and the log-probs together, chunk by chunk: no [B, T, V] logits
-                hidden = self._hidden(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                      use_cache=False)
+                hidden = self._hidden(
+                    input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+                )
                 if lp_weights is not None and shard is None and not return_entropy:  # gradients in forward
                     weighted, lp = self._fused_weighted(hidden, labels, lp_weights, pos_for_shift, temperature)
                     ent = None
                 else:
                     lp, ent = self._fused_logprobs(hidden, labels, temperature, return_entropy)
             else:
-                out = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                                 use_cache=False, **moe, **images)
+                out = self.model(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    use_cache=False,
+                    **moe,
+                    **images,
+                )
                 ent, logits, aux = None, out.logits, out.aux_loss if self.moe_aux_loss else None
                 if self._placeholders:  # the distribution the engine sampled from: no image placeholder (-1e4: no
                     ids = torch.tensor(self._placeholders, device=logits.device)  # inf: the entropy stays finite)

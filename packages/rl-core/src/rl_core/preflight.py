@@ -46,26 +46,35 @@ def check_model(path_or_id: str, *, flag: str = "--pretrain") -> str:
     shown = f"{flag} {path_or_id}" + ("" if str(path_or_id) == str(folder) else f" ({folder})")
     config = folder / "config.json"
     if not config.is_file():
-        raise InputError(f"{shown} is not a transformers model folder: no config.json (it holds {_listing(folder)}); "
-                         f"pass the folder save_pretrained wrote (config.json, weights, tokenizer)")
+        raise InputError(
+            f"{shown} is not a transformers model folder: no config.json (it holds {_listing(folder)}); "
+            f"pass the folder save_pretrained wrote (config.json, weights, tokenizer)"
+        )
     try:
         model_type = json.loads(config.read_text()).get("model_type")
     except (ValueError, OSError, AttributeError) as e:
-        raise InputError(f"{shown}: config.json is not a readable JSON object ({type(e).__name__}: {e}); "
-                         f"re-export the model with save_pretrained") from None
+        raise InputError(
+            f"{shown}: config.json is not a readable JSON object ({type(e).__name__}: {e}); "
+            f"re-export the model with save_pretrained"
+        ) from None
     if not model_type:
-        raise InputError(f"{shown}: config.json has no model_type, so transformers cannot tell which model it is; "
-                         f"re-export the model with save_pretrained")
+        raise InputError(
+            f"{shown}: config.json has no model_type, so transformers cannot tell which model it is; "
+            f"re-export the model with save_pretrained"
+        )
     if not any(next(folder.glob(pattern), None) for pattern in WEIGHT_PATTERNS):
-        raise InputError(f"{shown} has a config.json but no weights (*.safetensors or pytorch_model*.bin; it holds "
-                         f"{_listing(folder)}); copy the weight files there or pass the folder that has them")
+        raise InputError(
+            f"{shown} has a config.json but no weights (*.safetensors or pytorch_model*.bin; it holds "
+            f"{_listing(folder)}); copy the weight files there or pass the folder that has them"
+        )
     return str(folder) if str(path_or_id) != str(folder) else str(path_or_id)
 
 
 def check_models(cfg):
     """``cfg`` (a dataclass) with each set model field (:data:`rl_core.hub.MODEL_FIELDS`) checked and resolved."""
-    changes = {name: check_model(getattr(cfg, name), flag=f"--{name}") for name in MODEL_FIELDS
-               if getattr(cfg, name, None)}
+    changes = {
+        name: check_model(getattr(cfg, name), flag=f"--{name}") for name in MODEL_FIELDS if getattr(cfg, name, None)
+    }
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
@@ -78,14 +87,18 @@ def load_tokenizer(folder: str, *, flag: str = "--pretrain", use_fast: bool = Tr
 
     path = Path(folder)
     if path.is_dir() and not any((path / f).is_file() for f in TOKENIZER_FILES):
-        raise InputError(f"{flag} {folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); copy the "
-                         f"tokenizer files of the model it was trained from into it (tokenizer.save_pretrained)")
+        raise InputError(
+            f"{flag} {folder} has no tokenizer (none of {', '.join(TOKENIZER_FILES)}); copy the "
+            f"tokenizer files of the model it was trained from into it (tokenizer.save_pretrained)"
+        )
     try:
         tok = AutoTokenizer.from_pretrained(folder, use_fast=use_fast)
     except (OSError, ValueError, ImportError, KeyError, TypeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InputError(f"{flag} {folder}: its tokenizer does not load ({type(e).__name__}: {first}); save the "
-                         f"model's tokenizer there with tokenizer.save_pretrained") from e
+        raise InputError(
+            f"{flag} {folder}: its tokenizer does not load ({type(e).__name__}: {first}); save the "
+            f"model's tokenizer there with tokenizer.save_pretrained"
+        ) from e
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
     if chat_template is not None:
@@ -94,8 +107,10 @@ def load_tokenizer(folder: str, *, flag: str = "--pretrain", use_fast: bool = Tr
             tok.apply_chat_template([{"role": "user", "content": "hi"}], tokenize=False, add_generation_prompt=True)
         except Exception as e:  # jinja's syntax and undefined-name errors, the template's own raise_exception
             first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-            raise InputError(f"--tokenizer_chat_template does not render a user message ({type(e).__name__}: "
-                             f"{first}); fix the Jinja template or drop the flag") from None
+            raise InputError(
+                f"--tokenizer_chat_template does not render a user message ({type(e).__name__}: "
+                f"{first}); fix the Jinja template or drop the flag"
+            ) from None
     return tok
 
 
@@ -108,26 +123,42 @@ def load_processor(folder: str, *, flag: str = "--pretrain"):
         proc = AutoProcessor.from_pretrained(folder)
     except (OSError, ValueError, ImportError, KeyError, TypeError, AttributeError) as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise InputError(f"{flag} {folder}: its processor does not load ({type(e).__name__}: {first}); --image_key "
-                         f"needs a vision-language model saved with its processor (processor.save_pretrained; "
-                         f"Qwen-VL processors also need torchvision installed)") from e
+        raise InputError(
+            f"{flag} {folder}: its processor does not load ({type(e).__name__}: {first}); --image_key "
+            f"needs a vision-language model saved with its processor (processor.save_pretrained; "
+            f"Qwen-VL processors also need torchvision installed)"
+        ) from e
     if getattr(proc, "image_processor", None) is None:
-        raise InputError(f"{flag} {folder} has no image processor ({type(proc).__name__}): --image_key needs a "
-                         f"vision-language model; leave --image_key unset for text-only prompts")
+        raise InputError(
+            f"{flag} {folder} has no image processor ({type(proc).__name__}): --image_key needs a "
+            f"vision-language model; leave --image_key unset for text-only prompts"
+        )
     return proc
 
 
-def check_rl_batches(ppo, strategy, num_prompts: int | None = None,
-                     world_sizes: dict[str, int] | None = None) -> None:
+def check_rl_batches(ppo, strategy, num_prompts: int | None = None, world_sizes: dict[str, int] | None = None) -> None:
     """The PPO loop's batch arithmetic (``ppo``: a PPOConfig, ``strategy``: a StrategyConfig) for
     ``num_prompts`` prompts (None: not known yet) and the ranks of each role (``{"policy": 2, "critic": 1}``);
     InputError with the flag to change. :func:`check_rl_arithmetic` with the strategy's numbers."""
-    check_rl_arithmetic(ppo, strategy.train_batch_size, micro=strategy.micro_train_batch_size,
-                        ring=strategy.ring_attn_size, num_prompts=num_prompts, world_sizes=world_sizes)
+    check_rl_arithmetic(
+        ppo,
+        strategy.train_batch_size,
+        micro=strategy.micro_train_batch_size,
+        ring=strategy.ring_attn_size,
+        num_prompts=num_prompts,
+        world_sizes=world_sizes,
+    )
 
 
-def check_rl_arithmetic(ppo, train_batch_size: int, *, micro: int | None = None, ring: int = 1,
-                        num_prompts: int | None = None, world_sizes: dict[str, int] | None = None) -> None:
+def check_rl_arithmetic(
+    ppo,
+    train_batch_size: int,
+    *,
+    micro: int | None = None,
+    ring: int = 1,
+    num_prompts: int | None = None,
+    world_sizes: dict[str, int] | None = None,
+) -> None:
     """The one place of the RL loop's batch rules, run by rl-cli before any model loads (``--print_config``
     too) and by the loop when it starts (a Python caller's first check): the samples of an iteration fill
     whole global batches, there are enough prompts, each role's ranks split into ring groups and divide the
@@ -136,26 +167,36 @@ def check_rl_arithmetic(ppo, train_batch_size: int, *, micro: int | None = None,
     g = train_batch_size
     if samples % g:
         fit = [t for t in range(g, 0, -1) if samples % t == 0][0]
-        raise InputError(f"--rollout_batch_size {ppo.rollout_batch_size} x --n_samples_per_prompt "
-                         f"{ppo.sampling.n_samples_per_prompt} = {samples} samples per iteration is not a multiple of "
-                         f"--train_batch_size {g}; use --train_batch_size {fit} (or {samples}), or change the "
-                         f"rollout batch")
+        raise InputError(
+            f"--rollout_batch_size {ppo.rollout_batch_size} x --n_samples_per_prompt "
+            f"{ppo.sampling.n_samples_per_prompt} = {samples} samples per iteration is not a multiple of "
+            f"--train_batch_size {g}; use --train_batch_size {fit} (or {samples}), or change the "
+            f"rollout batch"
+        )
     if num_prompts is not None and num_prompts < ppo.rollout_batch_size:
-        raise InputError(f"the prompt set has {num_prompts} prompts, fewer than --rollout_batch_size "
-                         f"{ppo.rollout_batch_size}; lower it to at most {num_prompts} or add prompts")
+        raise InputError(
+            f"the prompt set has {num_prompts} prompts, fewer than --rollout_batch_size "
+            f"{ppo.rollout_batch_size}; lower it to at most {num_prompts} or add prompts"
+        )
     for role, ranks in (world_sizes or {}).items():
         if ranks < 1:
             continue
         if ranks % ring:
-            raise InputError(f"{role}: --ring_attn_size {ring} must divide its {ranks} ranks (each ring group of "
-                             f"{ring} ranks holds one data-parallel slice); give {role} a multiple of {ring} ranks "
-                             f"(--*_num_gpus_per_node) or a ring size that divides {ranks}")
+            raise InputError(
+                f"{role}: --ring_attn_size {ring} must divide its {ranks} ranks (each ring group of "
+                f"{ring} ranks holds one data-parallel slice); give {role} a multiple of {ring} ranks "
+                f"(--*_num_gpus_per_node) or a ring size that divides {ranks}"
+            )
         world = ranks // ring  # data-parallel ranks
         if samples % world or g % world:
-            raise InputError(f"{role}: {world} ranks do not divide the {samples} samples per iteration and "
-                             f"--train_batch_size {g}; use a rank count that divides both")
+            raise InputError(
+                f"{role}: {world} ranks do not divide the {samples} samples per iteration and "
+                f"--train_batch_size {g}; use a rank count that divides both"
+            )
         if micro is not None and role in ("policy", "critic") and g % (micro * world):
-            raise InputError(f"--train_batch_size {g} is not a multiple of --micro_train_batch_size {micro} x "
-                             f"{world} {role} rank(s) = {micro * world}; use --micro_train_batch_size "
-                             f"{max(d for d in range(1, g // world + 1) if (g // world) % d == 0 and d <= micro)} "
-                             f"or a --train_batch_size that is a multiple of {micro * world}")
+            raise InputError(
+                f"--train_batch_size {g} is not a multiple of --micro_train_batch_size {micro} x "
+                f"{world} {role} rank(s) = {micro * world}; use --micro_train_batch_size "
+                f"{max(d for d in range(1, g // world + 1) if (g // world) % d == 0 and d <= micro)} "
+                f"or a --train_batch_size that is a multiple of {micro * world}"
+            )

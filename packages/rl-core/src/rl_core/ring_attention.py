@@ -59,9 +59,11 @@ def check_sizes(world: int, size: int, head_stride: int, what: str = "the role")
     if size < 1 or head_stride < 1:
         raise ValueError(f"--ring_attn_size {size} and --ring_head_stride {head_stride} must be at least 1")
     if world % size:
-        raise ValueError(f"--ring_attn_size {size} must divide the {world} ranks of {what}: each ring group is "
-                         f"{size} ranks holding one data-parallel slice; give {what} a multiple of {size} ranks "
-                         f"or a ring size that divides {world}")
+        raise ValueError(
+            f"--ring_attn_size {size} must divide the {world} ranks of {what}: each ring group is "
+            f"{size} ranks holding one data-parallel slice; give {what} a multiple of {size} ranks "
+            f"or a ring size that divides {world}"
+        )
 
 
 def setup(size: int, head_stride: int = 1) -> RingGroup | None:
@@ -80,8 +82,15 @@ def setup(size: int, head_stride: int = 1) -> RingGroup | None:
     if mine is None:  # not reached: check_sizes makes the groups cover every rank
         raise RuntimeError(f"ring attention: rank {me} of {world} is in none of the groups of {size} ranks")
     _GROUP = mine
-    logger.info("ring attention: rank %d is %d of %d in ranks %d-%d (head stride %d)", me, mine.rank, size,
-                mine.first, mine.first + size - 1, head_stride)
+    logger.info(
+        "ring attention: rank %d is %d of %d in ranks %d-%d (head stride %d)",
+        me,
+        mine.rank,
+        size,
+        mine.first,
+        mine.first + size - 1,
+        head_stride,
+    )
     return mine
 
 
@@ -134,8 +143,10 @@ class Shard:
 
     def __init__(self, ring: RingGroup, position_ids: torch.Tensor):
         if position_ids.dim() != 2 or position_ids.shape[0] != 1:
-            raise ValueError(f"ring attention splits one packed row [1, T]; got position_ids of shape "
-                             f"{tuple(position_ids.shape)} (run with --packing so each micro-batch is one row)")
+            raise ValueError(
+                f"ring attention splits one packed row [1, T]; got position_ids of shape "
+                f"{tuple(position_ids.shape)} (run with --packing so each micro-batch is one row)"
+            )
         self.ring = ring
         self.length = position_ids.shape[1]
         self.pad = -self.length % ring.size
@@ -158,11 +169,11 @@ class Shard:
             shape = list(x.shape)
             shape[1] = self.pad
             x = torch.cat([x, x.new_full(shape, pad_value)], dim=1)
-        return x[:, self.start:self.start + self.local_len]
+        return x[:, self.start : self.start + self.local_len]
 
     def gather(self, x: torch.Tensor) -> torch.Tensor:
         """The whole row ``[1, T, ...]`` from every rank's ``[1, L, ...]`` slice (differentiable)."""
-        return gather_seq(x, self.ring, dim=1)[:, :self.length]
+        return gather_seq(x, self.ring, dim=1)[:, : self.length]
 
 
 _SHARD: Shard | None = None
@@ -188,19 +199,40 @@ def sharded(position_ids: torch.Tensor):
 # ----- the attention function ------------------------------------------------------------------------------------
 
 
-def ring_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
-                           scaling: float | None = None, sliding_window: int | None = None,
-                           is_causal: bool | None = None, **kwargs):
+def ring_attention_forward(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+):
     """transformers' attention-function contract: q/k/v ``(B, H, S, D)`` -> ``((B, S, H, D), None)``."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
     shard = _SHARD
     if shard is None:  # not inside sharded(): a plain forward (export checks, generation)
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      sliding_window=sliding_window, is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            sliding_window=sliding_window,
+            is_causal=is_causal,
+            **kwargs,
+        )
     if sliding_window is not None or (dropout > 0 and module.training):
-        raise ValueError(f"ring attention runs causal full attention without dropout; this layer asks for "
-                         f"sliding_window={sliding_window}, dropout={dropout}: use --ring_attn_size 1")
+        raise ValueError(
+            f"ring attention runs causal full attention without dropout; this layer asks for "
+            f"sliding_window={sliding_window}, dropout={dropout}: use --ring_attn_size 1"
+        )
     ring = shard.ring
     B, H, L, D = query.shape
     Hkv = key.shape[1]
@@ -211,24 +243,30 @@ def ring_attention_forward(module, query, key, value, attention_mask, dropout: f
     mask = shard.mask.to(query.device)[None, None]
     outs = []
     for h in range(0, Hkv, stride):  # gather `stride` KV heads at a time: less memory per collective
-        k = gather_seq(key[:, h:h + stride], ring, dim=2)
-        v = gather_seq(value[:, h:h + stride], ring, dim=2)
-        q = query[:, h * rep:(h + stride) * rep]
+        k = gather_seq(key[:, h : h + stride], ring, dim=2)
+        v = gather_seq(value[:, h : h + stride], ring, dim=2)
+        q = query[:, h * rep : (h + stride) * rep]
         if rep > 1:
             k, v = k.repeat_interleave(rep, dim=1), v.repeat_interleave(rep, dim=1)
         outs.append(torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scaling))
     return torch.cat(outs, dim=1).transpose(1, 2).contiguous(), None
 
 
-def ring_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0, attention_mask=None,
-              **kwargs):
+def ring_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0, attention_mask=None, **kwargs):
     """No transformers mask inside :func:`sharded` (the shard has its own); sdpa's otherwise."""
     from transformers.masking_utils import sdpa_mask
 
     if _SHARD is not None:
         return None
-    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
-                     kv_offset=kv_offset, attention_mask=attention_mask, **kwargs)
+    return sdpa_mask(
+        batch_size=batch_size,
+        q_length=q_length,
+        kv_length=kv_length,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        attention_mask=attention_mask,
+        **kwargs,
+    )
 
 
 @functools.cache

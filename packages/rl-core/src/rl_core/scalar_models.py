@@ -42,10 +42,20 @@ class _ScalarHeadModel(nn.Module):
         return self.body.config
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, dtype: str = "bf16", attn_implementation: str | None = None,
-                        gradient_checkpointing: bool = False, lora: LoraSpec | None = None,
-                        use_liger_kernel: bool = False, packed: bool = False, value_head_prefix: str | None = None,
-                        require_head: bool = False, experts_implementation: str | None = None):
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        dtype: str = "bf16",
+        attn_implementation: str | None = None,
+        gradient_checkpointing: bool = False,
+        lora: LoraSpec | None = None,
+        use_liger_kernel: bool = False,
+        packed: bool = False,
+        value_head_prefix: str | None = None,
+        require_head: bool = False,
+        experts_implementation: str | None = None,
+    ):
         """Load the body from ``path`` and its head: ours (``rl_head.safetensors``, what rl rm writes), else
         OpenRLHF's (``<value_head_prefix>.weight`` in the model's own weights, the prefix from its config.json or
         ``score``; mean and std from config.json, as OpenRLHF's reward models keep them), else a fresh head, which
@@ -56,16 +66,27 @@ class _ScalarHeadModel(nn.Module):
         from transformers import AutoModel
 
         path = _check_folder(path)
-        body = _load(AutoModel, path, dtype, attn_implementation, gradient_checkpointing, lora, use_liger_kernel,
-                     packed, experts_implementation)
+        body = _load(
+            AutoModel,
+            path,
+            dtype,
+            attn_implementation,
+            gradient_checkpointing,
+            lora,
+            use_liger_kernel,
+            packed,
+            experts_implementation,
+        )
         head, mean, std = None, 0.0, 1.0
         kinds = ("value", "score") if cls.head_kind == "value" else (cls.head_kind,)
         prefix = value_head_prefix or getattr(body.config, "value_head_prefix", None) or "score"
         if (path / HEAD_META).is_file():
             meta = json.loads((path / HEAD_META).read_text())
             if meta.get("kind") not in kinds:
-                raise ValueError(f"{path} holds a {meta.get('kind')!r} head, but {cls.__name__} needs a "
-                                 f"{cls.head_kind!r} head; load it with the matching class")
+                raise ValueError(
+                    f"{path} holds a {meta.get('kind')!r} head, but {cls.__name__} needs a "
+                    f"{cls.head_kind!r} head; load it with the matching class"
+                )
             head = nn.Linear(body.config.hidden_size, 1, bias=False)
             head.load_state_dict(load_file(path / HEAD_FILE))
             mean, std = meta.get("mean", 0.0), meta.get("std", 1.0)
@@ -75,12 +96,20 @@ class _ScalarHeadModel(nn.Module):
             head = nn.Linear(body.config.hidden_size, 1, bias=False)
             head.load_state_dict({"weight": weight.reshape(1, -1)})
             mean, std = float(getattr(body.config, "mean", 0.0)), float(getattr(body.config, "std", 1.0))
-            logger.info("%s: %s is an OpenRLHF-style model: head %s.weight, mean %g, std %g", cls.__name__, path,
-                        prefix, mean, std)
+            logger.info(
+                "%s: %s is an OpenRLHF-style model: head %s.weight, mean %g, std %g",
+                cls.__name__,
+                path,
+                prefix,
+                mean,
+                std,
+            )
         elif require_head:
-            raise ValueError(f"{path} holds no {cls.head_kind} head: no {HEAD_META} (rl rm's) and no "
-                             f"{prefix}.weight in its weights (OpenRLHF's); it is not a trained reward model. Train "
-                             f"one with rl rm, or give --value_head_prefix if its head has another name")
+            raise ValueError(
+                f"{path} holds no {cls.head_kind} head: no {HEAD_META} (rl rm's) and no "
+                f"{prefix}.weight in its weights (OpenRLHF's); it is not a trained reward model. Train "
+                f"one with rl rm, or give --value_head_prefix if its head has another name"
+            )
         else:
             logger.info("%s: %s has no %s head, starting a fresh one", cls.__name__, path, cls.head_kind)
         return cls(body, head, mean, std)
@@ -88,8 +117,9 @@ class _ScalarHeadModel(nn.Module):
     def hidden(self, input_ids, attention_mask=None, position_ids=None) -> Tensor:
         if position_ids is None and attention_mask is not None:
             position_ids = _positions(attention_mask)
-        return self.body(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
-                         use_cache=False).last_hidden_state
+        return self.body(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids, use_cache=False
+        ).last_hidden_state
 
     def per_token(self, input_ids, attention_mask=None, position_ids=None) -> Tensor:
         """The head's number at every position ``[B, T]`` float32 (with ring attention: this rank computes its
@@ -109,13 +139,14 @@ class _ScalarHeadModel(nn.Module):
 
         path = Path(path)
         state = state_dict if state_dict is not None else self.state_dict()
-        body_state = {k[len("body."):]: v for k, v in state.items() if k.startswith("body.")}
+        body_state = {k[len("body.") :]: v for k, v in state.items() if k.startswith("body.")}
         if hasattr(self.body, "peft_config"):  # LoRA: the merged body (transformers/vLLM load it), the adapter apart
             from rl_core.hf_export import merge_lora_state
 
             self.body.save_pretrained(path / "adapter", state_dict=body_state, **kw)
-            self.body.get_base_model().save_pretrained(path, state_dict=merge_lora_state(body_state,
-                                                                                         self.body.peft_config), **kw)
+            self.body.get_base_model().save_pretrained(
+                path, state_dict=merge_lora_state(body_state, self.body.peft_config), **kw
+            )
         else:
             self.body.save_pretrained(path, state_dict=body_state, **kw)
         save_file({"weight": state["head.weight"].detach().contiguous().cpu()}, path / HEAD_FILE)
@@ -127,8 +158,9 @@ class Critic(_ScalarHeadModel):
 
     head_kind = "value"
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None,
-                position_ids: Tensor | None = None) -> Tensor:
+    def forward(
+        self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None
+    ) -> Tensor:
         v = self.per_token(input_ids, attention_mask, position_ids)
         return _shift_right(v, position_ids if attention_mask is None else None)
 
@@ -143,14 +175,22 @@ class RewardModel(_ScalarHeadModel):
 
     head_kind = "score"
 
-    def forward(self, input_ids: Tensor, attention_mask: Tensor | None = None, position_ids: Tensor | None = None,
-                *, normalize: bool = False) -> Tensor:
+    def forward(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor | None = None,
+        position_ids: Tensor | None = None,
+        *,
+        normalize: bool = False,
+    ) -> Tensor:
         """Padded rows ``[B, T]`` (``attention_mask``; padding left or right) -> ``[B]`` float32. Packed rows
         (``position_ids`` restarting at 0 per sequence, no mask) -> ``[N]``: one score per sequence, in order."""
         if attention_mask is None:
             if position_ids is None:
-                raise ValueError("RewardModel needs an attention_mask (padded rows) or position_ids (packed rows) "
-                                 "to find each sequence's last token")
+                raise ValueError(
+                    "RewardModel needs an attention_mask (padded rows) or position_ids (packed rows) "
+                    "to find each sequence's last token"
+                )
             from rl_core.varlen_attention import cu_seqlens  # transformers' own rule for where a sequence starts
 
             scores_BT = self.per_token(input_ids, position_ids=position_ids)
@@ -161,7 +201,9 @@ class RewardModel(_ScalarHeadModel):
             idx = torch.arange(attention_mask.shape[1], device=attention_mask.device).expand_as(attention_mask)
             last = torch.where(attention_mask.bool(), idx, -1).max(dim=1).values
             if (last < 0).any():
-                raise ValueError(f"RewardModel got rows with no real token (all-zero attention_mask): rows "
-                                 f"{torch.nonzero(last < 0).flatten().tolist()}")
+                raise ValueError(
+                    f"RewardModel got rows with no real token (all-zero attention_mask): rows "
+                    f"{torch.nonzero(last < 0).flatten().tolist()}"
+                )
             scores_B = scores_BT.gather(1, last.unsqueeze(1)).squeeze(1)
         return (scores_B - self.mean) / self.std if normalize else scores_B

@@ -54,8 +54,19 @@ from rl_core.strategy_config import (  # re-exported: the settings live beside, 
     lr_lambda,
 )
 
-__all__ = ["GRAD_ACCUM_DTYPES", "MUON_DEFAULTS", "OPTIMIZERS", "SCHEDULES", "BatchPlan", "DeepSpeedStrategy",
-           "StrategyConfig", "auto_zero_stage", "check_optimizer", "lr_lambda", "seed_everything"]
+__all__ = [
+    "GRAD_ACCUM_DTYPES",
+    "MUON_DEFAULTS",
+    "OPTIMIZERS",
+    "SCHEDULES",
+    "BatchPlan",
+    "DeepSpeedStrategy",
+    "StrategyConfig",
+    "auto_zero_stage",
+    "check_optimizer",
+    "lr_lambda",
+    "seed_everything",
+]
 
 logger = logging.getLogger(__name__)
 Tensor = torch.Tensor
@@ -188,12 +199,14 @@ class DeepSpeedStrategy:
             raise ValueError(
                 f"train_batch_size {c.train_batch_size} is not divisible by micro_train_batch_size "
                 f"{c.micro_train_batch_size} x data-parallel size {dp} = {per_step}; use train_batch_size {fit} "
-                f"or a micro batch that divides it")
+                f"or a micro batch that divides it"
+            )
         total = None
         if dataset_size is not None:
             total = max(1, dataset_size // c.train_batch_size) * epochs
-        return BatchPlan(self.world_size, dp, c.micro_train_batch_size, c.train_batch_size // per_step,
-                         c.train_batch_size, total)
+        return BatchPlan(
+            self.world_size, dp, c.micro_train_batch_size, c.train_batch_size // per_step, c.train_batch_size, total
+        )
 
     # ----- DeepSpeed engine -------------------------------------------------------------
 
@@ -203,20 +216,28 @@ class DeepSpeedStrategy:
         the CPU (ZeRO-3's offload_param, as OpenRLHF's --ref.offload / --reward.offload)."""
         c = self.cfg
         if offload and train:
-            raise ValueError("offload=True is for frozen models (train=False); trained ones offload their "
-                             "optimizer states: --adam_offload")
+            raise ValueError(
+                "offload=True is for frozen models (train=False); trained ones offload their "
+                "optimizer states: --adam_offload"
+            )
         if offload:
             c.check_param_offload("--ref_offload / --reward_offload")
         plan = self.batch_plan()
-        zero: dict = {"stage": c.zero_stage if train else (3 if c.zero_stage == 3 else 0),
-                      "reduce_bucket_size": c.zero_bucket_bytes, "allgather_bucket_size": c.zero_bucket_bytes}
+        zero: dict = {
+            "stage": c.zero_stage if train else (3 if c.zero_stage == 3 else 0),
+            "reduce_bucket_size": c.zero_bucket_bytes,
+            "allgather_bucket_size": c.zero_bucket_bytes,
+        }
         if zero["stage"] in (1, 2):
             # the contiguous gradient buffer serves the reduce over ranks; alone, it is one more copy of
             # every gradient per step (SFT benchmark, one process: ZeRO-1 1.19x -> 1.05x a plain loop)
             zero["contiguous_gradients"] = plan.dp_size > 1
         if c.zero_stage == 3:
-            zero.update(stage3_prefetch_bucket_size=c.zero_bucket_bytes, stage3_param_persistence_threshold=10_000,
-                        stage3_gather_16bit_weights_on_model_save=True)
+            zero.update(
+                stage3_prefetch_bucket_size=c.zero_bucket_bytes,
+                stage3_param_persistence_threshold=10_000,
+                stage3_gather_16bit_weights_on_model_save=True,
+            )
         if offload:
             zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
         if train and c.adam_offload:
@@ -235,7 +256,8 @@ class DeepSpeedStrategy:
                 extra["optimizer"] = self.muon_config()
                 if c.zero_stage == 3:  # DeepSpeed: "Muon and reduce scatter cannot be used together"
                     zero["reduce_scatter"] = False
-        return {**extra,
+        return {
+            **extra,
             "train_micro_batch_size_per_gpu": plan.micro_batch,
             "gradient_accumulation_steps": plan.accumulation_steps,
             # DeepSpeed counts every rank as data parallel: a ring group's ranks are replicas of one slice
@@ -278,8 +300,15 @@ class DeepSpeedStrategy:
         momentum (neither is configurable there). The AdamW half is torch's AdamW, as our ``adam`` path's, or
         DeepSpeedCPUAdam with ``adam_offload``."""
         c = self.cfg
-        params = {"lr": c.muon_lr, "muon_lr": c.muon_lr, "adam_lr": c.learning_rate, "momentum": c.muon_momentum,
-                  "betas": list(c.adam_betas), "eps": c.adam_eps, "weight_decay": c.weight_decay}
+        params = {
+            "lr": c.muon_lr,
+            "muon_lr": c.muon_lr,
+            "adam_lr": c.learning_rate,
+            "momentum": c.muon_momentum,
+            "betas": list(c.adam_betas),
+            "eps": c.adam_eps,
+            "weight_decay": c.weight_decay,
+        }
         if not c.adam_offload:
             params["torch_adam"] = True  # instead of DeepSpeed's FusedAdam, a CUDA op built at first use
         return {"type": "Muon", "params": params}
@@ -294,11 +323,11 @@ class DeepSpeedStrategy:
         # fused on CUDA: one kernel over the fp32 weights and moments instead of foreach's dozen passes (estimated
         # 10 ms of a 0.5B SFT step on an H200); it checks the parameters' device at the first step, after DeepSpeed
         # moved them
-        return torch.optim.AdamW(groups, lr=c.learning_rate, betas=c.adam_betas, eps=c.adam_eps,
-                                 fused=self.device.type == "cuda")
+        return torch.optim.AdamW(
+            groups, lr=c.learning_rate, betas=c.adam_betas, eps=c.adam_eps, fused=self.device.type == "cuda"
+        )
 
-    def prepare(self, model: nn.Module, *, total_steps: int | None = None, train: bool = True,
-                offload: bool = False):
+    def prepare(self, model: nn.Module, *, total_steps: int | None = None, train: bool = True, offload: bool = False):
         """Wrap ``model`` in a DeepSpeed engine; with ``train`` also the optimizer (AdamW or Muon) and LR schedule.
 
         ``total_steps`` (optimizer steps) sizes the warmup and cosine schedule.
@@ -324,34 +353,43 @@ class DeepSpeedStrategy:
 
         if self.cfg.optim == "muon":  # DeepSpeed builds it from the config's optimizer section (muon_config)
             if self.cfg.max_norm > 0 and self.is_rank_0():
-                logger.warning("optim muon with max_norm %g: DeepSpeed clips after Newton-Schulz, so the norm is the "
-                               "orthogonalised update's (about sqrt(sum of min(rows, cols))), as in OpenRLHF; "
-                               "--max_norm 0 leaves Muon's step unclipped", self.cfg.max_norm)
-            engine, *_ = deepspeed.initialize(model=model, model_parameters=self.param_groups(model),
-                                              lr_scheduler=schedule, config=self.ds_config())
+                logger.warning(
+                    "optim muon with max_norm %g: DeepSpeed clips after Newton-Schulz, so the norm is the "
+                    "orthogonalised update's (about sqrt(sum of min(rows, cols))), as in OpenRLHF; "
+                    "--max_norm 0 leaves Muon's step unclipped",
+                    self.cfg.max_norm,
+                )
+            engine, *_ = deepspeed.initialize(
+                model=model, model_parameters=self.param_groups(model), lr_scheduler=schedule, config=self.ds_config()
+            )
         else:
             optim = self.make_optimizer(model)
-            engine, *_ = deepspeed.initialize(model=model, optimizer=optim, lr_scheduler=schedule(optim),
-                                              config=self.ds_config())
+            engine, *_ = deepspeed.initialize(
+                model=model, optimizer=optim, lr_scheduler=schedule(optim), config=self.ds_config()
+            )
         if self.cfg.zero_stage == 0 and self.world_size == 1:
             # one rank: DeepSpeed's all-reduce at each step's last backward would flatten every gradient into
             # buckets, reduce over nobody and copy it back (as it does when it runs without torch.distributed)
             engine.enable_backward_allreduce = False
         if _coalescible(self.cfg, self.world_size, engine):
             engine._rl_coalesce = _OneRankCoalescing(engine)
-            logger.info("ZeRO-2 on one rank: gradients reduced once per optimizer step, not per micro-batch "
-                        "(DeepSpeed's coalesce_grad_reduction)")
+            logger.info(
+                "ZeRO-2 on one rank: gradients reduced once per optimizer step, not per micro-batch "
+                "(DeepSpeed's coalesce_grad_reduction)"
+            )
         if self.cfg.gradient_checkpointing:
             inner = getattr(engine.module, "model", None) or getattr(engine.module, "body", None)
             if inner is not None and hasattr(inner, "gradient_checkpointing_enable"):
                 # a layer's recompute reads its checkpoint function at call time, so the per-layer choice below
                 # holds for either mode (tests/test_core_activation_checkpointing.py, reentrant case)
-                inner.gradient_checkpointing_enable(gradient_checkpointing_kwargs={
-                    "use_reentrant": self.cfg.gradient_checkpointing_use_reentrant})
+                inner.gradient_checkpointing_enable(
+                    gradient_checkpointing_kwargs={"use_reentrant": self.cfg.gradient_checkpointing_use_reentrant}
+                )
             from rl_core.activation_checkpointing import select_checkpointed_layers
 
-            what = select_checkpointed_layers(engine.module, self.cfg.gradient_checkpointing_layers,
-                                              device=self.device, optimizer=engine.optimizer)
+            what = select_checkpointed_layers(
+                engine.module, self.cfg.gradient_checkpointing_layers, device=self.device, optimizer=engine.optimizer
+            )
             if self.is_rank_0():
                 logger.info("gradient checkpointing: %s", what)
         return engine
@@ -404,8 +442,9 @@ class DeepSpeedStrategy:
 
     # ----- full weights ---------------------------------------------------------------------
 
-    def named_parameter_buckets(self, module: nn.Module, bucket_bytes: int = 256 << 20,
-                                dtype: torch.dtype | None = None) -> Iterator[list[tuple[str, Tensor]]]:
+    def named_parameter_buckets(
+        self, module: nn.Module, bucket_bytes: int = 256 << 20, dtype: torch.dtype | None = None
+    ) -> Iterator[list[tuple[str, Tensor]]]:
         """Yield ``[(name, full tensor), ...]`` lists of at most ``bucket_bytes`` (one tensor may exceed it).
 
         Under ZeRO-3 each bucket's partitioned parameters are gathered together

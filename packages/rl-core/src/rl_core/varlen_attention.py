@@ -69,10 +69,13 @@ def _params() -> frozenset[str]:
     from torch.nn.attention.varlen import varlen_attn
 
     params = frozenset(inspect.signature(varlen_attn).parameters)
-    logger.info("torch_varlen: packed rows run torch %s's varlen_attn (causal via %s, GQA %s, scale %s)",
-                torch.__version__, "window_size" if "window_size" in params else "is_causal",
-                "in the kernel" if "enable_gqa" in params else "by repeated KV heads",
-                "in the kernel" if "scale" in params else "folded into the query")
+    logger.info(
+        "torch_varlen: packed rows run torch %s's varlen_attn (causal via %s, GQA %s, scale %s)",
+        torch.__version__,
+        "window_size" if "window_size" in params else "is_causal",
+        "in the kernel" if "enable_gqa" in params else "by repeated KV heads",
+        "in the kernel" if "scale" in params else "folded into the query",
+    )
     return params
 
 
@@ -97,9 +100,18 @@ def _varlen(q, k, v, cu, longest: int, scaling: float | None):
     return varlen_attn(q, k, v, cu, cu, longest, longest, **kw)
 
 
-def torch_varlen_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
-                                   scaling: float | None = None, sliding_window: int | None = None,
-                                   is_causal: bool | None = None, **kwargs):
+def torch_varlen_attention_forward(
+    module,
+    query,
+    key,
+    value,
+    attention_mask,
+    dropout: float = 0.0,
+    scaling: float | None = None,
+    sliding_window: int | None = None,
+    is_causal: bool | None = None,
+    **kwargs,
+):
     """transformers' attention-function contract: q/k/v (B, H, S, D) -> ((B, S, H, D), None)."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
@@ -107,34 +119,57 @@ def torch_varlen_attention_forward(module, query, key, value, attention_mask, dr
     B, H, S, D = query.shape
     if attention_mask is not None or position_ids is None or key.shape[2] != S:
         # padding or a KV cache: the mask function below built sdpa's mask (or None for plain causal decode)
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      sliding_window=sliding_window, is_causal=is_causal, **kwargs)
+        return sdpa_attention_forward(
+            module,
+            query,
+            key,
+            value,
+            attention_mask,
+            dropout=dropout,
+            scaling=scaling,
+            sliding_window=sliding_window,
+            is_causal=is_causal,
+            **kwargs,
+        )
     causal = is_causal if is_causal is not None else getattr(module, "is_causal", True)
     if not causal or sliding_window is not None or (dropout > 0 and module.training):
         raise ValueError(
             f"attention implementation {NAME} runs causal full attention without dropout; this layer asks for "
-            f"causal={causal}, sliding_window={sliding_window}, dropout={dropout}: use --attn_implementation sdpa")
+            f"causal={causal}, sliding_window={sliding_window}, dropout={dropout}: use --attn_implementation sdpa"
+        )
     if query.dtype not in (torch.bfloat16, torch.float16) or not query.is_cuda:
         raise ValueError(
             f"attention implementation {NAME} runs torch's flash-attention varlen kernel (CUDA, bf16/fp16); got "
-            f"{query.dtype} on {query.device}: train in bf16 on a GPU or use --attn_implementation sdpa")
+            f"{query.dtype} on {query.device}: train in bf16 on a GPU or use --attn_implementation sdpa"
+        )
     cu, longest = _cached_cu_seqlens(position_ids.to(query.device), B)
-    out = _varlen(query.transpose(1, 2).reshape(B * S, H, D),
-                  key.transpose(1, 2).reshape(B * S, key.shape[1], D),
-                  value.transpose(1, 2).reshape(B * S, value.shape[1], D), cu, longest, scaling)
+    out = _varlen(
+        query.transpose(1, 2).reshape(B * S, H, D),
+        key.transpose(1, 2).reshape(B * S, key.shape[1], D),
+        value.transpose(1, 2).reshape(B * S, value.shape[1], D),
+        cu,
+        longest,
+        scaling,
+    )
     return out.view(B, S, H, D), None
 
 
-def varlen_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0, attention_mask=None,
-                **kwargs):
+def varlen_mask(batch_size: int, q_length: int, kv_length: int, q_offset=0, kv_offset=0, attention_mask=None, **kwargs):
     """No mask where the position ids say it all (no padding, no cache); sdpa's mask otherwise."""
     from transformers.masking_utils import sdpa_mask
 
     plain = isinstance(q_offset, int) and isinstance(kv_offset, int) and q_offset == kv_offset == 0
     if plain and q_length == kv_length and (attention_mask is None or bool(attention_mask.all())):
         return None
-    return sdpa_mask(batch_size=batch_size, q_length=q_length, kv_length=kv_length, q_offset=q_offset,
-                     kv_offset=kv_offset, attention_mask=attention_mask, **kwargs)
+    return sdpa_mask(
+        batch_size=batch_size,
+        q_length=q_length,
+        kv_length=kv_length,
+        q_offset=q_offset,
+        kv_offset=kv_offset,
+        attention_mask=attention_mask,
+        **kwargs,
+    )
 
 
 @functools.cache

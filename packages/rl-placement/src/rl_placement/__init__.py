@@ -51,9 +51,21 @@ __version__ = "0.4.0"
 
 # Ray names -> the submodule that defines them, imported on first use.
 _RAY_NAMES = {
-    **dict.fromkeys(("STRATEGIES", "PlacedEngine", "PlacedRole", "PlacementGroups", "bundle_gpu_ids", "bundle_node_ids",
-                     "cluster_gpus", "create_placement_group", "create_placement_groups", "node_ordered_bundles"),
-                    "rl_placement.bundles"),
+    **dict.fromkeys(
+        (
+            "STRATEGIES",
+            "PlacedEngine",
+            "PlacedRole",
+            "PlacementGroups",
+            "bundle_gpu_ids",
+            "bundle_node_ids",
+            "cluster_gpus",
+            "create_placement_group",
+            "create_placement_groups",
+            "node_ordered_bundles",
+        ),
+        "rl_placement.bundles",
+    ),
     **dict.fromkeys(("ActorCallError", "RankFailure", "RankInfo", "RayActorGroup"), "rl_placement.groups"),
 }
 
@@ -65,8 +77,29 @@ def __getattr__(name: str):
 
 
 __all__ = [
-    "STRATEGIES", "ActorCallError", "BundleGroup", "Colocation", "EngineBundles", "EngineLayout", "PlacedEngine",
-    "PlacedRole", "PlacementError", "PlacementGroups", "PlacementPlan", "RankFailure", "RankInfo", "RayActorGroup",
-    "Role", "RolePlacement", "RoleSpec", "Slot", "bundle_gpu_ids", "bundle_node_ids", "cluster_gpus", "create_placement_group",
-    "create_placement_groups", "gpu_share", "node_ordered_bundles",
+    "STRATEGIES",
+    "ActorCallError",
+    "BundleGroup",
+    "Colocation",
+    "EngineBundles",
+    "EngineLayout",
+    "PlacedEngine",
+    "PlacedRole",
+    "PlacementError",
+    "PlacementGroups",
+    "PlacementPlan",
+    "RankFailure",
+    "RankInfo",
+    "RayActorGroup",
+    "Role",
+    "RolePlacement",
+    "RoleSpec",
+    "Slot",
+    "bundle_gpu_ids",
+    "bundle_node_ids",
+    "cluster_gpus",
+    "create_placement_group",
+    "create_placement_groups",
+    "gpu_share",
+    "node_ordered_bundles",
 ]

@@ -50,8 +50,15 @@ def cluster_gpus() -> tuple[int, int]:
     return sum(per_node), max(per_node, default=0)
 
 
-def create_placement_group(num_bundles: int, *, strategy: str = "PACK", gpus_per_bundle: float = 1.0,
-                           cpus_per_bundle: float = 0.0, timeout_s: float = 60.0, name: str = "") -> PlacementGroup:
+def create_placement_group(
+    num_bundles: int,
+    *,
+    strategy: str = "PACK",
+    gpus_per_bundle: float = 1.0,
+    cpus_per_bundle: float = 0.0,
+    timeout_s: float = 60.0,
+    name: str = "",
+) -> PlacementGroup:
     """A placement group of ``num_bundles`` bundles, ready, or PlacementError after ``timeout_s``."""
     if strategy not in STRATEGIES:
         raise PlacementError(f"placement strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
@@ -72,7 +79,8 @@ def create_placement_group(num_bundles: int, *, strategy: str = "PACK", gpus_per
         raise PlacementError(
             f"placement group {name or '(unnamed)'} of {num_bundles} bundles {bundle} ({strategy}) was not placed "
             f"within {timeout_s:g} s: the cluster has {free:g} of {total} GPUs free, at most {per_node} per node "
-            f"(other placement groups or actors may hold the rest; STRICT_ strategies need the nodes to match)")
+            f"(other placement groups or actors may hold the rest; STRICT_ strategies need the nodes to match)"
+        )
     return pg
 
 
@@ -96,22 +104,30 @@ def bundle_gpu_ids(pg: PlacementGroup, bundle_indices: Sequence[int], *, timeout
     bundle's GPU free, so call this before actors fill the bundles.
     """
     nodes = bundle_node_ids(pg)
-    refs = [_visible_gpus.options(num_gpus=0.01, scheduling_strategy=PlacementGroupSchedulingStrategy(
-        pg, placement_group_bundle_index=b)).remote() for b in bundle_indices]
+    refs = [
+        _visible_gpus.options(
+            num_gpus=0.01, scheduling_strategy=PlacementGroupSchedulingStrategy(pg, placement_group_bundle_index=b)
+        ).remote()
+        for b in bundle_indices
+    ]
     ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout_s)
     if len(ready) < len(refs):
         for r in refs:
             ray.cancel(r, force=True)
-        raise PlacementError(f"bundles {list(bundle_indices)}: no GPU id within {timeout_s:g} s (a probe needs "
-                             f"0.01 GPU free on each: call bundle_gpu_ids before actors take the bundles)")
+        raise PlacementError(
+            f"bundles {list(bundle_indices)}: no GPU id within {timeout_s:g} s (a probe needs "
+            f"0.01 GPU free on each: call bundle_gpu_ids before actors take the bundles)"
+        )
     ids = ray.get(refs)
     bad = {b: g for b, g in zip(bundle_indices, ids, strict=True) if len(g) != 1}
     if bad:
-        raise PlacementError(f"bundles {bad} see {'/'.join(map(str, bad.values()))} GPUs: bundle_gpu_ids needs "
-                             f"one-GPU bundles")
+        raise PlacementError(
+            f"bundles {bad} see {'/'.join(map(str, bad.values()))} GPUs: bundle_gpu_ids needs one-GPU bundles"
+        )
     if len({nodes[b] for b in bundle_indices}) > 1:
-        raise PlacementError(f"bundles {list(bundle_indices)} are on several nodes: one process cannot drive "
-                             f"their GPUs")
+        raise PlacementError(
+            f"bundles {list(bundle_indices)} are on several nodes: one process cannot drive their GPUs"
+        )
     return [g[0] for g in ids]
 
 
@@ -208,8 +224,9 @@ def _remove_and_wait(pgs: list[PlacementGroup], deadline: float) -> None:
             time.sleep(0.05)
 
 
-def create_placement_groups(plan: PlacementPlan, *, strategy: str = "PACK", cpus_per_bundle: float = 0.0,
-                            timeout_s: float = 60.0) -> PlacementGroups:
+def create_placement_groups(
+    plan: PlacementPlan, *, strategy: str = "PACK", cpus_per_bundle: float = 0.0, timeout_s: float = 60.0
+) -> PlacementGroups:
     """Validate ``plan`` against the connected cluster, then create its placement groups.
 
     ``strategy`` applies to model groups (PACK: fewest nodes; SPREAD: across
@@ -224,8 +241,13 @@ def create_placement_groups(plan: PlacementPlan, *, strategy: str = "PACK", cpus
     made: dict[str, tuple[BundleGroup, PlacementGroup, list[int]]] = {}
     try:
         for group in plan.bundle_groups():
-            pg = create_placement_group(group.num_bundles, strategy="STRICT_PACK" if group.one_node else strategy,
-                                        cpus_per_bundle=cpus_per_bundle, timeout_s=timeout_s, name=group.name)
+            pg = create_placement_group(
+                group.num_bundles,
+                strategy="STRICT_PACK" if group.one_node else strategy,
+                cpus_per_bundle=cpus_per_bundle,
+                timeout_s=timeout_s,
+                name=group.name,
+            )
             made[group.name] = (group, pg, node_ordered_bundles(pg))
         placed = PlacementGroups(plan, made)
         for engine in placed.engines():
@@ -235,7 +257,8 @@ def create_placement_groups(plan: PlacementPlan, *, strategy: str = "PACK", cpus
                 raise PlacementError(
                     f"vLLM engine {engine.engine}'s TP bundles {list(engine.bundle_indices)} landed on "
                     f"{len(spans)} nodes: a TP group must sit on one node; use strategy PACK and a "
-                    f"vllm_tensor_parallel_size that divides the GPUs per node")
+                    f"vllm_tensor_parallel_size that divides the GPUs per node"
+                )
     except BaseException:
         PlacementGroups(plan, made).remove()
         raise

@@ -103,8 +103,9 @@ def _describe_error(err: BaseException) -> str:
     return f"{type(err).__name__}: {short(err)}"
 
 
-def _gather(role: str, method: str, refs: dict[int, ray.ObjectRef], timeout: float,
-            fail_fast: bool = True) -> dict[int, Any]:
+def _gather(
+    role: str, method: str, refs: dict[int, ray.ObjectRef], timeout: float, fail_fast: bool = True
+) -> dict[int, Any]:
     """Results by rank, or ActorCallError. Waits at most ``timeout`` seconds in all."""
     deadline = time.monotonic() + timeout
     pending = {ref: rank for rank, ref in refs.items()}
@@ -125,8 +126,10 @@ def _gather(role: str, method: str, refs: dict[int, ray.ObjectRef], timeout: flo
         if failures and fail_fast:
             break
     if not (fail_fast and failures):  # what is still pending ran out of time
-        failures += [RankFailure(rank, f"no answer within {timeout:g} s (hung, or still busy with an earlier call)")
-                     for rank in sorted(pending.values())]
+        failures += [
+            RankFailure(rank, f"no answer within {timeout:g} s (hung, or still busy with an earlier call)")
+            for rank in sorted(pending.values())
+        ]
     if failures:
         failures.sort(key=lambda f: f.rank)
         raise ActorCallError(role, method, failures) from failures[0].error
@@ -197,16 +200,31 @@ class RayActorGroup:
     load their models at the same time.
     """
 
-    def __init__(self, cls: type, role: str, num_ranks: int, *, placement_group: PlacementGroup,
-                 bundle_indices: Sequence[int] | None = None, num_gpus_per_actor: float = 1.0,
-                 num_cpus_per_actor: float = 0.0, env: dict[str, str] | None = None,
-                 init_args: Sequence[Any] = (), init_kwargs: dict[str, Any] | None = None,
-                 actor_options: dict[str, Any] | None = None, master_port: int | None = None,
-                 start_timeout_s: float = 120.0, call_timeout_s: float = 3600.0,
-                 owns_placement_group: bool = False, wait: bool = True):
+    def __init__(
+        self,
+        cls: type,
+        role: str,
+        num_ranks: int,
+        *,
+        placement_group: PlacementGroup,
+        bundle_indices: Sequence[int] | None = None,
+        num_gpus_per_actor: float = 1.0,
+        num_cpus_per_actor: float = 0.0,
+        env: dict[str, str] | None = None,
+        init_args: Sequence[Any] = (),
+        init_kwargs: dict[str, Any] | None = None,
+        actor_options: dict[str, Any] | None = None,
+        master_port: int | None = None,
+        start_timeout_s: float = 120.0,
+        call_timeout_s: float = 3600.0,
+        owns_placement_group: bool = False,
+        wait: bool = True,
+    ):
         if isinstance(cls, ray.actor.ActorClass):
-            raise TypeError(f"RayActorGroup({role!r}) needs the plain class, not a @ray.remote one: drop the "
-                            f"decorator and pass its options as actor_options={{...}}")
+            raise TypeError(
+                f"RayActorGroup({role!r}) needs the plain class, not a @ray.remote one: drop the "
+                f"decorator and pass its options as actor_options={{...}}"
+            )
         if isinstance(num_ranks, bool) or not isinstance(num_ranks, int) or num_ranks < 1:
             raise ValueError(f"{role}: num_ranks must be a positive integer, got {num_ranks!r}")
         self.role = str(role)
@@ -220,33 +238,51 @@ class RayActorGroup:
         if bundle_indices is None:
             ordered = node_ordered_bundles(placement_group)
             if num_ranks > len(ordered):
-                raise PlacementError(f"{role}: {num_ranks} ranks need {num_ranks} bundles but the placement "
-                                     f"group has {len(ordered)}")
+                raise PlacementError(
+                    f"{role}: {num_ranks} ranks need {num_ranks} bundles but the placement group has {len(ordered)}"
+                )
             bundle_indices = ordered[:num_ranks]
         bundle_indices = list(bundle_indices)
         if len(bundle_indices) != num_ranks:
-            raise PlacementError(f"{role}: {num_ranks} ranks but {len(bundle_indices)} bundle indices "
-                                 f"{bundle_indices}: give one bundle index per rank")
+            raise PlacementError(
+                f"{role}: {num_ranks} ranks but {len(bundle_indices)} bundle indices "
+                f"{bundle_indices}: give one bundle index per rank"
+            )
         unknown = [b for b in bundle_indices if b not in nodes]
         if unknown:
-            raise PlacementError(f"{role}: bundle indices {unknown} are not in the placement group "
-                                 f"(it has bundles 0..{len(nodes) - 1})")
+            raise PlacementError(
+                f"{role}: bundle indices {unknown} are not in the placement group (it has bundles 0..{len(nodes) - 1})"
+            )
         rank_nodes = [nodes[b] for b in bundle_indices]
-        self.ranks = [RankInfo(r, rank_nodes[:r].count(node), rank_nodes.count(node), b, node)
-                      for r, (b, node) in enumerate(zip(bundle_indices, rank_nodes, strict=True))]
+        self.ranks = [
+            RankInfo(r, rank_nodes[:r].count(node), rank_nodes.count(node), b, node)
+            for r, (b, node) in enumerate(zip(bundle_indices, rank_nodes, strict=True))
+        ]
         try:
             master_addr, port = self._master(rank_nodes[0], master_port, start_timeout_s)
             remote_cls: Any = ray.remote(_with_env(cls))
             for info in self.ranks:
-                rank_env = {**(env or {}), "MASTER_ADDR": master_addr, "MASTER_PORT": str(port),
-                            "RANK": str(info.rank), "WORLD_SIZE": str(num_ranks),
-                            "LOCAL_RANK": str(info.local_rank), "LOCAL_WORLD_SIZE": str(info.local_world_size)}
-                options = {"num_cpus": num_cpus_per_actor, "num_gpus": num_gpus_per_actor, "max_restarts": 0,
-                           **(actor_options or {}),
-                           "scheduling_strategy": PlacementGroupSchedulingStrategy(
-                               placement_group, placement_group_bundle_index=info.bundle_index)}
-                self.actors.append(remote_cls.options(**options).remote(
-                    *init_args, **(init_kwargs or {}), **{_ENV_KWARG: rank_env}))
+                rank_env = {
+                    **(env or {}),
+                    "MASTER_ADDR": master_addr,
+                    "MASTER_PORT": str(port),
+                    "RANK": str(info.rank),
+                    "WORLD_SIZE": str(num_ranks),
+                    "LOCAL_RANK": str(info.local_rank),
+                    "LOCAL_WORLD_SIZE": str(info.local_world_size),
+                }
+                options = {
+                    "num_cpus": num_cpus_per_actor,
+                    "num_gpus": num_gpus_per_actor,
+                    "max_restarts": 0,
+                    **(actor_options or {}),
+                    "scheduling_strategy": PlacementGroupSchedulingStrategy(
+                        placement_group, placement_group_bundle_index=info.bundle_index
+                    ),
+                }
+                self.actors.append(
+                    remote_cls.options(**options).remote(*init_args, **(init_kwargs or {}), **{_ENV_KWARG: rank_env})
+                )
             refs = {r: a.__ray_ready__.remote() for r, a in enumerate(self.actors)}
             self._init = (refs, time.monotonic() + start_timeout_s, num_gpus_per_actor, num_cpus_per_actor)
             if wait:
@@ -277,12 +313,20 @@ class RayActorGroup:
     def from_plan(cls, actor_cls: type, placed: PlacementGroups, role: Role | str, **kwargs: Any) -> RayActorGroup:
         """The group of a plan's model role: its ranks, bundles and GPU share from the plan."""
         where = placed.role(role)
-        return cls(actor_cls, where.role.value, len(where.bundle_indices), placement_group=where.placement_group,
-                   bundle_indices=where.bundle_indices, num_gpus_per_actor=where.gpu_share, **kwargs)
+        return cls(
+            actor_cls,
+            where.role.value,
+            len(where.bundle_indices),
+            placement_group=where.placement_group,
+            bundle_indices=where.bundle_indices,
+            num_gpus_per_actor=where.gpu_share,
+            **kwargs,
+        )
 
     def _master(self, node_id: str, port: int | None, timeout: float) -> tuple[str, int]:
         probe = ray.remote(num_cpus=0)(_free_port).options(
-            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False))
+            scheduling_strategy=NodeAffinitySchedulingStrategy(node_id, soft=False)
+        )
         addr, free = _gather(self.role, "find MASTER_ADDR/MASTER_PORT", {0: probe.remote()}, timeout)[0]
         return addr, port if port is not None else free
 
@@ -310,8 +354,15 @@ class RayActorGroup:
         ref = getattr(self.actors[rank], method).remote(*args, **kwargs)
         return _gather(self.role, method, {rank: ref}, self.call_timeout_s if timeout is None else timeout)[rank]
 
-    def call_sharded(self, method: str, items: Sequence[Any], *args: Any, timeout: float | None = None,
-                     allow_uneven: bool = False, **kwargs: Any) -> list[Any]:
+    def call_sharded(
+        self,
+        method: str,
+        items: Sequence[Any],
+        *args: Any,
+        timeout: float | None = None,
+        allow_uneven: bool = False,
+        **kwargs: Any,
+    ) -> list[Any]:
         """Split ``items`` into contiguous shards, rank r gets shard r; concatenate the returned lists.
 
         ``method(shard, *args, **kwargs)`` must return a list. By default the
@@ -328,18 +379,23 @@ class RayActorGroup:
             raise ValueError(
                 f"{self.role}.call_sharded({method!r}): {n} items do not split evenly over {world} ranks "
                 f"({n} = {world} x {base} + {extra}); pad to {(base + 1) * world} items, or pass "
-                f"allow_uneven=True for shards of {', '.join(map(str, sizes))}")
+                f"allow_uneven=True for shards of {', '.join(map(str, sizes))}"
+            )
         bounds = [0]
         for r in range(world):
             bounds.append(bounds[-1] + base + (r < extra))
-        refs = {r: getattr(a, method).remote(list(items[bounds[r]:bounds[r + 1]]), *args, **kwargs)
-                for r, a in enumerate(self.actors)}
+        refs = {
+            r: getattr(a, method).remote(list(items[bounds[r] : bounds[r + 1]]), *args, **kwargs)
+            for r, a in enumerate(self.actors)
+        }
         results = _gather(self.role, method, refs, self.call_timeout_s if timeout is None else timeout)
         out: list[Any] = []
         for r in range(world):
             if not isinstance(results[r], (list, tuple)):
-                raise TypeError(f"{self.role} rank {r}: {method!r} returned {type(results[r]).__name__}, "
-                                f"call_sharded needs a list per shard")
+                raise TypeError(
+                    f"{self.role} rank {r}: {method!r} returned {type(results[r]).__name__}, "
+                    f"call_sharded needs a list per shard"
+                )
             out.extend(results[r])
         return out
 

@@ -139,8 +139,11 @@ class PlacementPlan:
         n_engines = vllm_num_engines or 0
         if isinstance(n_engines, bool) or not isinstance(n_engines, int) or n_engines < 0:
             problems.append(f"vllm_num_engines must be a non-negative integer, got {vllm_num_engines!r}")
-        elif isinstance(vllm_tensor_parallel_size, bool) or not isinstance(vllm_tensor_parallel_size, int) \
-                or vllm_tensor_parallel_size < 1:
+        elif (
+            isinstance(vllm_tensor_parallel_size, bool)
+            or not isinstance(vllm_tensor_parallel_size, int)
+            or vllm_tensor_parallel_size < 1
+        ):
             problems.append(f"vllm_tensor_parallel_size must be a positive integer, got {vllm_tensor_parallel_size!r}")
         elif n_engines:
             engines = EngineLayout(n_engines, vllm_tensor_parallel_size)
@@ -188,8 +191,9 @@ class PlacementPlan:
                 for e in range(self.engines.num_engines):
                     for t in range(tp):
                         bundles[e * tp + t].append(Slot(Role.VLLM, e, t))
-            groups.append(BundleGroup("hybrid", self.actor.num_nodes, self.actor.num_gpus_per_node,
-                                      tuple(map(tuple, bundles))))
+            groups.append(
+                BundleGroup("hybrid", self.actor.num_nodes, self.actor.num_gpus_per_node, tuple(map(tuple, bundles)))
+            )
             return tuple(groups)
         if Colocation.ACTOR_REF in self.colocation:
             groups.append(model_group("actor_ref", (Role.ACTOR, Role.REF)))
@@ -240,13 +244,17 @@ class PlacementPlan:
         problems: list[str] = []
         present = self.roles
         if Colocation.ACTOR_REF in self.colocation and Role.REF not in present:
-            problems.append("colocate_actor_ref is set but the plan has no reference model: add ref_num_nodes/"
-                            "ref_num_gpus_per_node, or drop colocate_actor_ref")
+            problems.append(
+                "colocate_actor_ref is set but the plan has no reference model: add ref_num_nodes/"
+                "ref_num_gpus_per_node, or drop colocate_actor_ref"
+            )
         if Colocation.CRITIC_REWARD in self.colocation:
             missing = [r.value for r in (Role.CRITIC, Role.REWARD) if r not in present]
             if missing:
-                problems.append(f"colocate_critic_reward is set but the plan has no {' or '.join(missing)} model: "
-                                f"add it, or drop colocate_critic_reward")
+                problems.append(
+                    f"colocate_critic_reward is set but the plan has no {' or '.join(missing)} model: "
+                    f"add it, or drop colocate_critic_reward"
+                )
         if self.hybrid:
             for role in present[1:]:
                 spec: RoleSpec = getattr(self, role.value)
@@ -255,34 +263,44 @@ class PlacementPlan:
             if self.engines is not None:
                 tp, n_actor = self.engines.tensor_parallel_size, self.actor.num_gpus
                 if self.engines.num_gpus != n_actor:
-                    fix = (f"set vllm_num_engines={n_actor // tp} (with vllm_tensor_parallel_size={tp})"
-                           if n_actor % tp == 0 else
-                           f"choose a vllm_tensor_parallel_size that divides {n_actor}")
+                    fix = (
+                        f"set vllm_num_engines={n_actor // tp} (with vllm_tensor_parallel_size={tp})"
+                        if n_actor % tp == 0
+                        else f"choose a vllm_tensor_parallel_size that divides {n_actor}"
+                    )
                     problems.append(
                         f"colocate_all_models (hybrid engine) puts every vLLM engine on the actor's GPUs, so actor "
                         f"GPUs must equal vllm_num_engines x vllm_tensor_parallel_size: actor has "
                         f"{self.actor.shape()}, engines have {self.engines.shape()}; {fix}, or resize the actor to "
-                        f"{self.engines.num_gpus} GPUs")
+                        f"{self.engines.num_gpus} GPUs"
+                    )
                 elif self.actor.num_gpus_per_node % tp != 0:
                     problems.append(
                         f"vllm_tensor_parallel_size={tp} does not divide actor_num_gpus_per_node="
                         f"{self.actor.num_gpus_per_node}: in the hybrid engine an engine's TP ranks would span two "
-                        f"nodes; use a TP that divides {self.actor.num_gpus_per_node}")
+                        f"nodes; use a TP that divides {self.actor.num_gpus_per_node}"
+                    )
         else:
             if Colocation.ACTOR_REF in self.colocation and self.ref is not None and self.ref != self.actor:
                 problems.append(self._shape_mismatch("colocate_actor_ref", Role.ACTOR, Role.REF))
-            if Colocation.CRITIC_REWARD in self.colocation and self.critic is not None \
-                    and self.reward is not None and self.reward != self.critic:
+            if (
+                Colocation.CRITIC_REWARD in self.colocation
+                and self.critic is not None
+                and self.reward is not None
+                and self.reward != self.critic
+            ):
                 problems.append(self._shape_mismatch("colocate_critic_reward", Role.CRITIC, Role.REWARD))
         return problems
 
     def _shape_mismatch(self, mode: str, lead: Role, other: Role) -> str:
         a: RoleSpec = getattr(self, lead.value)
         b: RoleSpec = getattr(self, other.value)
-        return (f"{mode} puts {other.value} rank i on {lead.value} rank i's GPU, so both need the same nodes x GPUs "
-                f"per node: {lead.value} has {a.shape()}, {other.value} has {b.shape()}; set "
-                f"{_FLAG[other]}_num_nodes={a.num_nodes} and {_FLAG[other]}_num_gpus_per_node={a.num_gpus_per_node}, "
-                f"or drop {mode.split(' ')[0]}")
+        return (
+            f"{mode} puts {other.value} rank i on {lead.value} rank i's GPU, so both need the same nodes x GPUs "
+            f"per node: {lead.value} has {a.shape()}, {other.value} has {b.shape()}; set "
+            f"{_FLAG[other]}_num_nodes={a.num_nodes} and {_FLAG[other]}_num_gpus_per_node={a.num_gpus_per_node}, "
+            f"or drop {mode.split(' ')[0]}"
+        )
 
     def validate(self, cluster_gpus: int | None = None, gpus_per_node: int | None = None) -> None:
         """Check the plan against a cluster of ``cluster_gpus`` GPUs, ``gpus_per_node`` on each node.
@@ -298,7 +316,8 @@ class PlacementPlan:
         if problems:
             raise PlacementError(problems)
         sized: list[tuple[str, int, str]] = [
-            (r.value, getattr(self, r.value).num_gpus, getattr(self, r.value).shape()) for r in self.roles]
+            (r.value, getattr(self, r.value).num_gpus, getattr(self, r.value).shape()) for r in self.roles
+        ]
         if self.engines is not None:
             sized.append(("vllm", self.engines.num_gpus, self.engines.shape()))
         if gpus_per_node is not None:
@@ -306,36 +325,52 @@ class PlacementPlan:
                 spec: RoleSpec = getattr(self, role.value)
                 if spec.num_gpus_per_node > gpus_per_node:
                     nodes = math.ceil(spec.num_gpus / gpus_per_node)
-                    fix = (f"use {_FLAG[role]}_num_nodes={spec.num_gpus // gpus_per_node} and "
-                           f"{_FLAG[role]}_num_gpus_per_node={gpus_per_node}" if spec.num_gpus % gpus_per_node == 0
-                           else f"use at most {gpus_per_node} GPUs per node ({nodes} nodes or more)")
-                    problems.append(f"{role.value} asks for {spec.num_gpus_per_node} GPUs per node but the cluster's "
-                                    f"nodes have {gpus_per_node}: {fix}")
+                    fix = (
+                        f"use {_FLAG[role]}_num_nodes={spec.num_gpus // gpus_per_node} and "
+                        f"{_FLAG[role]}_num_gpus_per_node={gpus_per_node}"
+                        if spec.num_gpus % gpus_per_node == 0
+                        else f"use at most {gpus_per_node} GPUs per node ({nodes} nodes or more)"
+                    )
+                    problems.append(
+                        f"{role.value} asks for {spec.num_gpus_per_node} GPUs per node but the cluster's "
+                        f"nodes have {gpus_per_node}: {fix}"
+                    )
             if self.engines is not None and self.engines.tensor_parallel_size > gpus_per_node:
-                problems.append(f"vllm_tensor_parallel_size={self.engines.tensor_parallel_size} but the cluster's "
-                                f"nodes have {gpus_per_node} GPUs: a tensor-parallel group cannot span nodes; use "
-                                f"vllm_tensor_parallel_size <= {gpus_per_node} (and more engines)")
+                problems.append(
+                    f"vllm_tensor_parallel_size={self.engines.tensor_parallel_size} but the cluster's "
+                    f"nodes have {gpus_per_node} GPUs: a tensor-parallel group cannot span nodes; use "
+                    f"vllm_tensor_parallel_size <= {gpus_per_node} (and more engines)"
+                )
             if cluster_gpus is not None and gpus_per_node > 0:
                 cluster_nodes = cluster_gpus // gpus_per_node
                 for role in self.roles:
                     spec = getattr(self, role.value)
                     if spec.num_nodes > cluster_nodes:
-                        problems.append(f"{role.value} asks for {spec.num_nodes} nodes but the cluster has "
-                                        f"{_plural(cluster_nodes, 'node')} of {gpus_per_node} GPUs: lower "
-                                        f"{_FLAG[role]}_num_nodes or add nodes")
+                        problems.append(
+                            f"{role.value} asks for {spec.num_nodes} nodes but the cluster has "
+                            f"{_plural(cluster_nodes, 'node')} of {gpus_per_node} GPUs: lower "
+                            f"{_FLAG[role]}_num_nodes or add nodes"
+                        )
         if cluster_gpus is not None:
             for name, n, shape in sized:
                 if n > cluster_gpus:
-                    problems.append(f"{name} needs {n} GPUs ({shape}) but the cluster has {cluster_gpus}: shrink "
-                                    f"{name} or add nodes")
+                    problems.append(
+                        f"{name} needs {n} GPUs ({shape}) but the cluster has {cluster_gpus}: shrink "
+                        f"{name} or add nodes"
+                    )
             groups = self.bundle_groups()
             total = sum(g.num_bundles for g in groups)
             if total > cluster_gpus:
                 parts = ", ".join(f"{g.name} {g.num_bundles}" for g in groups)
-                hint = ("colocate roles (colocate_actor_ref, colocate_critic_reward, or colocate_all_models), "
-                        if not self.hybrid else "")
-                problems.append(f"the plan needs {total} GPUs but the cluster has {cluster_gpus} ({parts}): "
-                                f"{hint}shrink roles or engines, or add nodes")
+                hint = (
+                    "colocate roles (colocate_actor_ref, colocate_critic_reward, or colocate_all_models), "
+                    if not self.hybrid
+                    else ""
+                )
+                problems.append(
+                    f"the plan needs {total} GPUs but the cluster has {cluster_gpus} ({parts}): "
+                    f"{hint}shrink roles or engines, or add nodes"
+                )
         if problems:
             raise PlacementError(problems)
 
@@ -345,8 +380,10 @@ class PlacementPlan:
         """A GPU map: one line per GPU bundle, grouped by placement group and logical node."""
         groups = self.bundle_groups()
         total = sum(g.num_bundles for g in groups)
-        lines = [f"PlacementPlan: {total} GPUs in {len(groups)} placement group"
-                 f"{'s' if len(groups) != 1 else ''}, colocation: {self.colocation.label()}"]
+        lines = [
+            f"PlacementPlan: {total} GPUs in {len(groups)} placement group"
+            f"{'s' if len(groups) != 1 else ''}, colocation: {self.colocation.label()}"
+        ]
         for g in groups:
             where = "one node" if g.one_node else f"{_plural(g.num_nodes, 'node')} x {_plural(g.gpus_per_node, 'GPU')}"
             lines.append(f"group {g.name} ({where}, {g.gpu_share:g} GPU per process):")

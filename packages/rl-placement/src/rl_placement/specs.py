@@ -81,8 +81,11 @@ class Colocation(enum.Flag):
     ALL = enum.auto()
 
     def label(self) -> str:
-        names = {Colocation.ACTOR_REF: "actor+ref", Colocation.CRITIC_REWARD: "critic+reward",
-                 Colocation.ALL: "all models + engines (hybrid engine)"}
+        names = {
+            Colocation.ACTOR_REF: "actor+ref",
+            Colocation.CRITIC_REWARD: "critic+reward",
+            Colocation.ALL: "all models + engines (hybrid engine)",
+        }
         parts = [text for flag, text in names.items() if flag in self]
         return ", ".join(parts) if parts else "none"
 

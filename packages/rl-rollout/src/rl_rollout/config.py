@@ -33,8 +33,14 @@ def meta(help: str, *, flags: tuple[str, ...] = (), openrlhf: tuple[str, ...] = 
     return {"help": help, "flags": flags, "openrlhf": openrlhf}
 
 
-def check_numbers(cfg, *, positive: tuple[str, ...] = (), non_negative: tuple[str, ...] = (),
-                  unit: tuple[str, ...] = (), at_least_1: tuple[str, ...] = ()) -> None:
+def check_numbers(
+    cfg,
+    *,
+    positive: tuple[str, ...] = (),
+    non_negative: tuple[str, ...] = (),
+    unit: tuple[str, ...] = (),
+    at_least_1: tuple[str, ...] = (),
+) -> None:
     """A config's numbers, checked before anything heavy runs: every float field (and each number of a
     tuple field) finite, then ``positive`` fields > 0, ``non_negative`` >= 0, ``unit`` in [0, 1],
     ``at_least_1`` >= 1 (an unset optional field is skipped). ValueError naming the flag, the value and
@@ -50,16 +56,26 @@ def check_numbers(cfg, *, positive: tuple[str, ...] = (), non_negative: tuple[st
         for v in values(f.name):
             if isinstance(v, float) and not math.isfinite(v):
                 raise ValueError(f"{f.name} (--{f.name}) must be a finite number, got {getattr(cfg, f.name)}")
-    rules = ((positive, lambda v: v > 0, "> 0"), (non_negative, lambda v: v >= 0, ">= 0"),
-             (unit, lambda v: 0 <= v <= 1, "in [0, 1]"), (at_least_1, lambda v: v >= 1, ">= 1"))
+    rules = (
+        (positive, lambda v: v > 0, "> 0"),
+        (non_negative, lambda v: v >= 0, ">= 0"),
+        (unit, lambda v: 0 <= v <= 1, "in [0, 1]"),
+        (at_least_1, lambda v: v >= 1, ">= 1"),
+    )
     for names, ok, text in rules:
         for name in names:
             if not all(ok(v) for v in values(name)):
                 raise ValueError(f"{name} (--{name}) must be {text}, got {getattr(cfg, name)}")
 
 
-_DTYPES = {"bf16": "bfloat16", "bfloat16": "bfloat16", "fp32": "float32", "float32": "float32",
-           "fp16": "float16", "float16": "float16"}
+_DTYPES = {
+    "bf16": "bfloat16",
+    "bfloat16": "bfloat16",
+    "fp32": "float32",
+    "float32": "float32",
+    "fp16": "float16",
+    "float16": "float16",
+}
 
 
 def canonical_dtype(name: str) -> str:
@@ -81,30 +97,60 @@ def merge_options(base: dict, extra: dict | None) -> dict:
 class EngineConfig:
     """The rollout engine (one per engine replica)."""
 
-    kind: str = field(default="auto", metadata=meta(
-        "auto (vLLM when usable, else transformers) | vllm | hf | an installed plug-in's name (entry point "
-        "group rl_rollout.engines)", flags=("rollout_engine",)))
-    gpu_memory_utilization: float = field(default=0.5, metadata=meta(
-        "vLLM: share of the GPU's memory for weights and KV cache", flags=("vllm_gpu_memory_utilization",),
-        openrlhf=("vllm.gpu_memory_utilization",)))
-    enforce_eager: bool = field(default=False, metadata=meta(
-        "vLLM: no CUDA graphs / torch.compile (faster start, slower decode)", openrlhf=("vllm.enforce_eager",)))
-    enable_sleep: bool = field(default=False, metadata=meta(
-        "engines sleep (free their memory) while the models train, wake for the weight sync",
-        flags=("vllm_enable_sleep",), openrlhf=("vllm.enable_sleep",)))
-    sleep_level: int = field(default=1, metadata=meta(
-        "with --vllm_enable_sleep: 1 keeps the weights in host memory while asleep; 2 drops them (the next "
-        "sync refills every tensor, so nothing makes the host round trip)", flags=("vllm_sleep_level",)))
-    enable_prefix_caching: bool = field(default=True, metadata=meta(
-        "vLLM: reuse the KV cache of shared prompt prefixes (reset after every weight sync)",
-        openrlhf=("vllm.enable_prefix_caching",)))
+    kind: str = field(
+        default="auto",
+        metadata=meta(
+            "auto (vLLM when usable, else transformers) | vllm | hf | an installed plug-in's name (entry point "
+            "group rl_rollout.engines)",
+            flags=("rollout_engine",),
+        ),
+    )
+    gpu_memory_utilization: float = field(
+        default=0.5,
+        metadata=meta(
+            "vLLM: share of the GPU's memory for weights and KV cache",
+            flags=("vllm_gpu_memory_utilization",),
+            openrlhf=("vllm.gpu_memory_utilization",),
+        ),
+    )
+    enforce_eager: bool = field(
+        default=False,
+        metadata=meta(
+            "vLLM: no CUDA graphs / torch.compile (faster start, slower decode)", openrlhf=("vllm.enforce_eager",)
+        ),
+    )
+    enable_sleep: bool = field(
+        default=False,
+        metadata=meta(
+            "engines sleep (free their memory) while the models train, wake for the weight sync",
+            flags=("vllm_enable_sleep",),
+            openrlhf=("vllm.enable_sleep",),
+        ),
+    )
+    sleep_level: int = field(
+        default=1,
+        metadata=meta(
+            "with --vllm_enable_sleep: 1 keeps the weights in host memory while asleep; 2 drops them (the next "
+            "sync refills every tensor, so nothing makes the host round trip)",
+            flags=("vllm_sleep_level",),
+        ),
+    )
+    enable_prefix_caching: bool = field(
+        default=True,
+        metadata=meta(
+            "vLLM: reuse the KV cache of shared prompt prefixes (reset after every weight sync)",
+            openrlhf=("vllm.enable_prefix_caching",),
+        ),
+    )
     max_batch_sequences: int = field(default=256, metadata=meta("HF engine: sequences per generate call"))
 
     def __post_init__(self) -> None:
         valid = [AUTO, *engine_names()]
         if self.kind not in valid:
-            raise ValueError(f"rollout engine {self.kind!r} is not one of {', '.join(valid)} (--rollout_engine; "
-                             f"a plug-in adds its name through the entry point group rl_rollout.engines)")
+            raise ValueError(
+                f"rollout engine {self.kind!r} is not one of {', '.join(valid)} (--rollout_engine; "
+                f"a plug-in adds its name through the entry point group rl_rollout.engines)"
+            )
         if not 0 < self.gpu_memory_utilization <= 1:
             raise ValueError(f"vllm_gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}")
         if self.max_batch_sequences < 1:
@@ -117,9 +163,14 @@ class EngineConfig:
 
     def vllm_options(self, *, dtype: str, seed: int, in_process: bool = False, tensor_parallel_size: int = 1) -> dict:
         engine_kwargs: dict[str, Any] = {"gpu_memory_utilization": self.gpu_memory_utilization}
-        opts: dict[str, Any] = {"dtype": canonical_dtype(dtype), "seed": seed, "enforce_eager": self.enforce_eager,
-                                "enable_prefix_caching": self.enable_prefix_caching,
-                                "tensor_parallel_size": tensor_parallel_size, "engine_kwargs": engine_kwargs}
+        opts: dict[str, Any] = {
+            "dtype": canonical_dtype(dtype),
+            "seed": seed,
+            "enforce_eager": self.enforce_eager,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "tensor_parallel_size": tensor_parallel_size,
+            "engine_kwargs": engine_kwargs,
+        }
         if in_process:
             opts["in_process"] = True
         if tensor_parallel_size > 1:  # one engine over several GPUs: vLLM's multiprocessing executor
@@ -136,13 +187,24 @@ class EngineConfig:
         """The keyword arguments the engine ``kind`` (not ``auto``) is built with in ``context``."""
         return resolve_engine(kind).options(self, context)
 
-    def make(self, model: str, *, dtype: str, seed: int, device: str = "cpu", in_process: bool = False,
-             kind: str | None = None, tensor_parallel_size: int = 1, extra: dict | None = None) -> RolloutEngine:
+    def make(
+        self,
+        model: str,
+        *,
+        dtype: str,
+        seed: int,
+        device: str = "cpu",
+        in_process: bool = False,
+        kind: str | None = None,
+        tensor_parallel_size: int = 1,
+        extra: dict | None = None,
+    ) -> RolloutEngine:
         """Build the engine for ``model`` in this process (``kind`` overrides :attr:`kind`; ``extra``
         keyword arguments go to the engine class over the ones built from this config)."""
         spec = self.spec(kind)
-        ctx = EngineContext(dtype=dtype, seed=seed, device=device, in_process=in_process,
-                            tensor_parallel_size=tensor_parallel_size)
+        ctx = EngineContext(
+            dtype=dtype, seed=seed, device=device, in_process=in_process, tensor_parallel_size=tensor_parallel_size
+        )
         return spec.load()(model, **merge_options(spec.options(self, ctx), extra))
 
 
@@ -158,36 +220,51 @@ class SyncBackend(str, Enum):
 class WeightSyncConfig:
     """How the trainer's weights reach the engines after every update."""
 
-    backend: str = field(default="auto", metadata=meta(
-        "auto | direct | gloo | nccl | ipc. auto: in one process direct; over Ray on GPUs nccl, or ipc for the "
-        "hybrid engine (--colocate_all_models) with tensor parallel 1; gloo without GPUs",
-        flags=("vllm_sync_backend",), openrlhf=("vllm.sync_backend",)))
-    verify: bool = field(default=False, metadata=meta(
-        "check every sync: sha256 of the bytes on both ends, and what the engine holds against what was sent",
-        flags=("verify_weights",)))
+    backend: str = field(
+        default="auto",
+        metadata=meta(
+            "auto | direct | gloo | nccl | ipc. auto: in one process direct; over Ray on GPUs nccl, or ipc for the "
+            "hybrid engine (--colocate_all_models) with tensor parallel 1; gloo without GPUs",
+            flags=("vllm_sync_backend",),
+            openrlhf=("vllm.sync_backend",),
+        ),
+    )
+    verify: bool = field(
+        default=False,
+        metadata=meta(
+            "check every sync: sha256 of the bytes on both ends, and what the engine holds against what was sent",
+            flags=("verify_weights",),
+        ),
+    )
 
     def __post_init__(self) -> None:
         valid = [b.value for b in SyncBackend]
         if self.backend not in valid:
-            raise ValueError(f"weight-sync backend {self.backend!r} is not one of {', '.join(valid)} "
-                             f"(--vllm_sync_backend)")
+            raise ValueError(
+                f"weight-sync backend {self.backend!r} is not one of {', '.join(valid)} (--vllm_sync_backend)"
+            )
 
     def check(self, *, in_process: bool, colocated: bool = False, tensor_parallel_size: int = 1) -> None:
         """The rules that need no device: callable before any process starts. Raises ValueError with the fix."""
         b = SyncBackend(self.backend)
         if in_process and b not in (SyncBackend.AUTO, SyncBackend.DIRECT):
-            raise ValueError(f"--vllm_sync_backend {b.value}: in one process (rl ppo) the engine takes the "
-                             f"trainer's tensors in memory; drop the flag (auto) or use rl ppo-ray")
+            raise ValueError(
+                f"--vllm_sync_backend {b.value}: in one process (rl ppo) the engine takes the "
+                f"trainer's tensors in memory; drop the flag (auto) or use rl ppo-ray"
+            )
         if not in_process and b is SyncBackend.DIRECT:
-            raise ValueError("--vllm_sync_backend direct hands tensors to an engine in the trainer's process; the "
-                             "engines here are separate processes: use auto, gloo, nccl or ipc")
+            raise ValueError(
+                "--vllm_sync_backend direct hands tensors to an engine in the trainer's process; the "
+                "engines here are separate processes: use auto, gloo, nccl or ipc"
+            )
         if b is SyncBackend.IPC and (not colocated or tensor_parallel_size != 1):
-            raise ValueError("--vllm_sync_backend ipc reads the weights in place on the GPU an actor rank shares "
-                             "with its engine: it needs --colocate_all_models (the hybrid engine) with "
-                             "--vllm_tensor_parallel_size 1; use nccl or gloo otherwise")
+            raise ValueError(
+                "--vllm_sync_backend ipc reads the weights in place on the GPU an actor rank shares "
+                "with its engine: it needs --colocate_all_models (the hybrid engine) with "
+                "--vllm_tensor_parallel_size 1; use nccl or gloo otherwise"
+            )
 
-    def resolve(self, *, in_process: bool, on_gpu: bool, colocated: bool = False,
-                tensor_parallel_size: int = 1) -> str:
+    def resolve(self, *, in_process: bool, on_gpu: bool, colocated: bool = False, tensor_parallel_size: int = 1) -> str:
         """The backend for this placement. ``in_process``: the engine lives in the trainer's process;
         ``on_gpu``: the trainer runs on CUDA; ``colocated``: each trainer rank shares its GPU with an engine
         (the hybrid engine). Raises ValueError naming the conflict and the fix."""
@@ -196,8 +273,10 @@ class WeightSyncConfig:
         if in_process:
             return SyncBackend.DIRECT.value
         if b in (SyncBackend.IPC, SyncBackend.NCCL) and not on_gpu:
-            raise ValueError(f"--vllm_sync_backend {b.value} needs the policy on CUDA, but it runs on the CPU: "
-                             f"use gloo (or auto) on a machine without GPUs")
+            raise ValueError(
+                f"--vllm_sync_backend {b.value} needs the policy on CUDA, but it runs on the CPU: "
+                f"use gloo (or auto) on a machine without GPUs"
+            )
         if b is SyncBackend.AUTO:
             if not on_gpu:
                 return SyncBackend.GLOO.value
@@ -211,36 +290,57 @@ class WeightSyncConfig:
 class RewardConfig:
     """Reward functions and remote reward models (a reward-model *role* is the trainer's business)."""
 
-    reward_fn: str | None = field(default=None, metadata=meta(
-        "file.py:func | module:func | builtin:exact_match | builtin:math | builtin:format:REGEX"))
-    remote_rm_url: str | None = field(default=None, metadata=meta(
-        "a reward server URL (ours, rl serve-rm, or OpenRLHF's .../get_reward; several: comma-separated) or, "
-        "as in OpenRLHF, a .py file defining reward_func(queries, prompts, labels, **kwargs) (one call per batch, "
-        "bounded by --reward_timeout)",
-        openrlhf=("reward.remote_url",)))
-    remote_rm_token: str | None = field(default=None, metadata=meta(
-        "bearer token for --remote_rm_url (default: env RL_REWARD_TOKEN)"))
-    reward_workers: int = field(default=0, metadata=meta(
-        "processes scoring --reward_fn; a call past --reward_timeout is killed with its process (0: threads of "
-        "this process, where such a call is abandoned but runs on until it returns)"))
-    reward_timeout: float = field(default=30.0, metadata=meta(
-        "seconds a --reward_fn call may take, with or without --reward_workers; a call past it gets "
-        "--reward_fallback and counts as a timeout (a call still running after a quarter of it lets the next "
-        "sample start, up to 4 x max(--reward_workers, 1) calls at once: H hanging samples of a batch cost about "
-        "ceil(H / that) timeouts, not H). Also bounds each "
-        "batch call of a --remote_rm_url .py file"))
-    reward_fallback: float = field(default=0.0, metadata=meta(
-        "reward of a call that failed (raised, timed out, returned a non-number, NaN or inf); failures are "
-        "counted per iteration (rl/reward/failures in metrics.jsonl) and stop the run above "
-        "--reward_max_failure_rate"))
+    reward_fn: str | None = field(
+        default=None,
+        metadata=meta("file.py:func | module:func | builtin:exact_match | builtin:math | builtin:format:REGEX"),
+    )
+    remote_rm_url: str | None = field(
+        default=None,
+        metadata=meta(
+            "a reward server URL (ours, rl serve-rm, or OpenRLHF's .../get_reward; several: comma-separated) or, "
+            "as in OpenRLHF, a .py file defining reward_func(queries, prompts, labels, **kwargs) (one call per batch, "
+            "bounded by --reward_timeout)",
+            openrlhf=("reward.remote_url",),
+        ),
+    )
+    remote_rm_token: str | None = field(
+        default=None, metadata=meta("bearer token for --remote_rm_url (default: env RL_REWARD_TOKEN)")
+    )
+    reward_workers: int = field(
+        default=0,
+        metadata=meta(
+            "processes scoring --reward_fn; a call past --reward_timeout is killed with its process (0: threads of "
+            "this process, where such a call is abandoned but runs on until it returns)"
+        ),
+    )
+    reward_timeout: float = field(
+        default=30.0,
+        metadata=meta(
+            "seconds a --reward_fn call may take, with or without --reward_workers; a call past it gets "
+            "--reward_fallback and counts as a timeout (a call still running after a quarter of it lets the next "
+            "sample start, up to 4 x max(--reward_workers, 1) calls at once: H hanging samples of a batch cost about "
+            "ceil(H / that) timeouts, not H). Also bounds each "
+            "batch call of a --remote_rm_url .py file"
+        ),
+    )
+    reward_fallback: float = field(
+        default=0.0,
+        metadata=meta(
+            "reward of a call that failed (raised, timed out, returned a non-number, NaN or inf); failures are "
+            "counted per iteration (rl/reward/failures in metrics.jsonl) and stop the run above "
+            "--reward_max_failure_rate"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.reward_workers < 0:
             raise ValueError(f"reward_workers must be >= 0, got {self.reward_workers}")
         check_numbers(self)  # a NaN or inf --reward_fallback would reach the advantages
         if not 0 < self.reward_timeout < float("inf"):
-            raise ValueError(f"reward_timeout must be a finite number of seconds > 0, got {self.reward_timeout}: "
-                             "every reward call is bounded; pass a large one (e.g. 3600) for slow functions")
+            raise ValueError(
+                f"reward_timeout must be a finite number of seconds > 0, got {self.reward_timeout}: "
+                "every reward call is bounded; pass a large one (e.g. 3600) for slow functions"
+            )
 
     @property
     def given(self) -> bool:
@@ -251,9 +351,11 @@ class RewardConfig:
         from rl_rollout.rewards.verifiers import needs_label
 
         if self.reward_fn and not label_key and needs_label(self.reward_fn):
-            raise ValueError(f"--reward_fn {self.reward_fn} compares each response with the dataset's reference "
-                             "answer, but no --label_key is set: pass --label_key FIELD (the field of each row "
-                             "that holds the answer)")
+            raise ValueError(
+                f"--reward_fn {self.reward_fn} compares each response with the dataset's reference "
+                "answer, but no --label_key is set: pass --label_key FIELD (the field of each row "
+                "that holds the answer)"
+            )
 
     def check_sources(self, *, probe_timeout_s: float = 5.0) -> None:
         """What the run would find out at its first reward call, found before any model loads: the
@@ -287,11 +389,22 @@ class RewardConfig:
 
         fns = []
         if self.reward_fn:
-            fns.append(RewardRunner(self.reward_fn, workers=self.reward_workers, timeout_s=self.reward_timeout,
-                                    fallback=self.reward_fallback))
+            fns.append(
+                RewardRunner(
+                    self.reward_fn,
+                    workers=self.reward_workers,
+                    timeout_s=self.reward_timeout,
+                    fallback=self.reward_fallback,
+                )
+            )
         if self.remote_rm_url:
-            fns.append(scorer_for_remote_rm_url(self.remote_rm_url, timeout_s=self.reward_timeout,
-                                                token=self.remote_rm_token or os.environ.get("RL_REWARD_TOKEN")))
+            fns.append(
+                scorer_for_remote_rm_url(
+                    self.remote_rm_url,
+                    timeout_s=self.reward_timeout,
+                    token=self.remote_rm_token or os.environ.get("RL_REWARD_TOKEN"),
+                )
+            )
         if not fns:
             return None
         return fns[0] if len(fns) == 1 else SummedRewards(fns)

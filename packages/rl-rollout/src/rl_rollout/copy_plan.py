@@ -44,8 +44,12 @@ class ParamIndex:
     def __init__(self, model: torch.nn.Module) -> None:
         self.params: dict[str, torch.Tensor] = dict(model.named_parameters(remove_duplicate=False))
         self.params.update(model.named_buffers(remove_duplicate=False))
-        self._modules = [(parent._modules, name, child) for _, parent in model.named_modules(remove_duplicate=False)
-                         for name, child in parent._modules.items() if child is not None]
+        self._modules = [
+            (parent._modules, name, child)
+            for _, parent in model.named_modules(remove_duplicate=False)
+            for name, child in parent._modules.items()
+            if child is not None
+        ]
         self._tensors = []
         for name, t in self.params.items():
             owner, _, attr = name.rpartition(".")
@@ -54,8 +58,9 @@ class ParamIndex:
             self._tensors.append((registry, attr, t, t.data_ptr()))
 
     def current(self) -> bool:
-        return (all(reg.get(name) is child for reg, name, child in self._modules)
-                and all(reg.get(attr) is t and t.data_ptr() == ptr for reg, attr, t, ptr in self._tensors))
+        return all(reg.get(name) is child for reg, name, child in self._modules) and all(
+            reg.get(attr) is t and t.data_ptr() == ptr for reg, attr, t, ptr in self._tensors
+        )
 
 
 class CopyPlanStale(RuntimeError):
@@ -90,7 +95,7 @@ class _Recorder(TorchDispatchMode):
                 value = kwargs[a.name] if a.name in kwargs else (args[i] if i < len(args) else None)
                 for t in tree_flatten(value)[0]:
                     if isinstance(t, torch.Tensor) and t.numel():  # an empty view writes nothing (vLLM's
-                        self.other_writes.append((str(func), t))    # zero-fill of no padding rows)
+                        self.other_writes.append((str(func), t))  # zero-fill of no padding rows)
         return func(*args, **kwargs)
 
 
@@ -116,15 +121,23 @@ class CopyPlan:
     _live_views: tuple[list, list] | None = field(default=None, repr=False)
 
     @classmethod
-    def record(cls, load: Callable[[list[tuple[str, torch.Tensor]]], None],
-               weights: Iterable[tuple[str, torch.Tensor]], params: dict[str, torch.Tensor]) -> CopyPlan:
+    def record(
+        cls,
+        load: Callable[[list[tuple[str, torch.Tensor]]], None],
+        weights: Iterable[tuple[str, torch.Tensor]],
+        params: dict[str, torch.Tensor],
+    ) -> CopyPlan:
         """A new plan of ``weights`` (:meth:`add`)."""
         plan = cls()
         plan.add(load, weights, params)
         return plan
 
-    def add(self, load: Callable[[list[tuple[str, torch.Tensor]]], None],
-            weights: Iterable[tuple[str, torch.Tensor]], params: dict[str, torch.Tensor]) -> None:
+    def add(
+        self,
+        load: Callable[[list[tuple[str, torch.Tensor]]], None],
+        weights: Iterable[tuple[str, torch.Tensor]],
+        params: dict[str, torch.Tensor],
+    ) -> None:
         """Run ``load`` on each ``(name, tensor)`` alone under the recorder (this loads the weights: a
         recording sync is a normal one), and plan the inputs whose load was pure copies into ``params``
         (the model's parameters and buffers by name). A sync that arrives in several groups adds each."""
@@ -176,7 +189,9 @@ class CopyPlan:
                 if now is None or _storage_ptr(now) != self.param_ptrs[p]:
                     raise CopyPlanStale(f"parameter {p} is no longer the storage the plan writes to")
 
-    def replay(self, weights: Iterable[tuple[str, torch.Tensor]], *, live: bool = False) -> list[tuple[str, torch.Tensor]]:
+    def replay(
+        self, weights: Iterable[tuple[str, torch.Tensor]], *, live: bool = False
+    ) -> list[tuple[str, torch.Tensor]]:
         """Copy every planned input in one fused copy; returns the others (left out, or not recorded yet).
 
         Raises :class:`CopyPlanStale` when a planned input's layout (shape, strides, dtype, device)
@@ -192,8 +207,13 @@ class CopyPlan:
             last = self._live_key
             # the same tensor objects (not only equal ones) at the same addresses: a tensor object keeps its shape
             # and strides unless resized in place, which a trainer's parameters never are
-            if (last is not None and self._live_views is not None and names == last[0] and ptrs == last[2]
-                    and all(map(operator.is_, tensors, last[1]))):
+            if (
+                last is not None
+                and self._live_views is not None
+                and names == last[0]
+                and ptrs == last[2]
+                and all(map(operator.is_, tensors, last[1]))
+            ):
                 self._copy(*self._live_views)
                 return [(n, t) for n, t in weights if n not in self.entries]
         self._live_key = self._live_views = None
@@ -204,9 +224,15 @@ class CopyPlan:
                 rest.append((name, tensor))
                 continue
             if (tuple(tensor.shape), tuple(tensor.stride()), tensor.dtype, tensor.device) != (
-                    e.layout[0], e.layout[1], e.layout[3], e.layout[4]):
-                raise CopyPlanStale(f"{name}: {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}, recorded "
-                                    f"as {e.layout[0]} {e.layout[3]} on {e.layout[4]}")
+                e.layout[0],
+                e.layout[1],
+                e.layout[3],
+                e.layout[4],
+            ):
+                raise CopyPlanStale(
+                    f"{name}: {tuple(tensor.shape)} {tensor.dtype} on {tensor.device}, recorded "
+                    f"as {e.layout[0]} {e.layout[3]} on {e.layout[4]}"
+                )
             planned.append((name, tensor))
         dsts: list[torch.Tensor] = []
         srcs: list[torch.Tensor] = []

@@ -147,8 +147,10 @@ def register_engine(spec: EngineSpec, *, replace: bool = False) -> EngineSpec:
     if not isinstance(spec, EngineSpec):
         raise TypeError(f"register_engine takes an EngineSpec, got {type(spec).__name__}")
     if spec.name in _ENGINES and not replace and _ENGINES[spec.name] != spec:
-        raise ValueError(f"an engine named {spec.name!r} is already registered ({_ENGINES[spec.name].target}); "
-                         f"pick another name or pass replace=True")
+        raise ValueError(
+            f"an engine named {spec.name!r} is already registered ({_ENGINES[spec.name].target}); "
+            f"pick another name or pass replace=True"
+        )
     _ENGINES[spec.name] = spec
     return spec
 
@@ -164,12 +166,16 @@ def _load_plugins() -> None:
             try:
                 spec = ep.load()
             except Exception as e:
-                raise ImportError(f"rollout engine plug-in {ep.name!r} ({ep.value}, entry point group "
-                                  f"{ENTRY_POINT_GROUP}) failed to import: {type(e).__name__}: {e}; fix or "
-                                  f"uninstall the package that declares it") from e
+                raise ImportError(
+                    f"rollout engine plug-in {ep.name!r} ({ep.value}, entry point group "
+                    f"{ENTRY_POINT_GROUP}) failed to import: {type(e).__name__}: {e}; fix or "
+                    f"uninstall the package that declares it"
+                ) from e
             if not isinstance(spec, EngineSpec) or spec.name != ep.name:
-                raise TypeError(f"rollout engine plug-in {ep.name!r} ({ep.value}) must point at an EngineSpec "
-                                f"named {ep.name!r}, got {spec!r}")
+                raise TypeError(
+                    f"rollout engine plug-in {ep.name!r} ({ep.value}) must point at an EngineSpec "
+                    f"named {ep.name!r}, got {spec!r}"
+                )
             register_engine(spec)
 
 
@@ -183,8 +189,10 @@ def engine_spec(name: str) -> EngineSpec:
     """The registry entry ``name``; an unknown name raises, listing the valid ones."""
     _load_plugins()
     if name not in _ENGINES:
-        raise ValueError(f"unknown rollout engine {name!r}; choose one of {', '.join([AUTO, *_ENGINES])} "
-                         f"(a plug-in registers more: entry point group {ENTRY_POINT_GROUP})")
+        raise ValueError(
+            f"unknown rollout engine {name!r}; choose one of {', '.join([AUTO, *_ENGINES])} "
+            f"(a plug-in registers more: entry point group {ENTRY_POINT_GROUP})"
+        )
     return _ENGINES[name]
 
 
@@ -219,23 +227,40 @@ def vllm_usable() -> tuple[bool, str]:
 
 
 def _vllm_options(cfg: Any, ctx: EngineContext) -> dict[str, Any]:
-    return cfg.vllm_options(dtype=ctx.dtype, seed=ctx.seed, in_process=ctx.in_process,
-                            tensor_parallel_size=ctx.tensor_parallel_size)
+    return cfg.vllm_options(
+        dtype=ctx.dtype, seed=ctx.seed, in_process=ctx.in_process, tensor_parallel_size=ctx.tensor_parallel_size
+    )
 
 
 def _hf_options(cfg: Any, ctx: EngineContext) -> dict[str, Any]:
     if ctx.tensor_parallel_size != 1:
-        raise ValueError(f"tensor parallel size {ctx.tensor_parallel_size}: the HF engine runs on one GPU; use "
-                         f"--rollout_engine vllm (or tensor parallel 1 with more engines)")
+        raise ValueError(
+            f"tensor parallel size {ctx.tensor_parallel_size}: the HF engine runs on one GPU; use "
+            f"--rollout_engine vllm (or tensor parallel 1 with more engines)"
+        )
     return cfg.hf_options(dtype=ctx.dtype, device=ctx.device)
 
 
-register_engine(EngineSpec(
-    "vllm", "rl_rollout.vllm_engine:VLLMEngine", _vllm_options, usable=vllm_usable, tensor_parallel=True,
-    auto_rank=0, summary="vLLM (GPU, or its CPU build): paged attention, continuous batching, tensor parallel"))
-register_engine(EngineSpec(
-    "hf", "rl_rollout.hf_engine:HFEngine", _hf_options, auto_rank=100,
-    summary="transformers generate: any model transformers loads, one device, no extra install"))
+register_engine(
+    EngineSpec(
+        "vllm",
+        "rl_rollout.vllm_engine:VLLMEngine",
+        _vllm_options,
+        usable=vllm_usable,
+        tensor_parallel=True,
+        auto_rank=0,
+        summary="vLLM (GPU, or its CPU build): paged attention, continuous batching, tensor parallel",
+    )
+)
+register_engine(
+    EngineSpec(
+        "hf",
+        "rl_rollout.hf_engine:HFEngine",
+        _hf_options,
+        auto_rank=100,
+        summary="transformers generate: any model transformers loads, one device, no extra install",
+    )
+)
 
 
 def make_engine(

@@ -83,11 +83,15 @@ class HFEngine:
             from rl_rollout.vision import causal_lm_class
 
             torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-            self._model = causal_lm_class(model).from_pretrained(
-                str(model), dtype=torch_dtype, attn_implementation=attn_implementation
-            ).to(device)
+            self._model = (
+                causal_lm_class(model)
+                .from_pretrained(str(model), dtype=torch_dtype, attn_implementation=attn_implementation)
+                .to(device)
+            )
         self.model.eval()
-        self.device = torch.device(device) if not isinstance(model, torch.nn.Module) else next(model.parameters()).device
+        self.device = (
+            torch.device(device) if not isinstance(model, torch.nn.Module) else next(model.parameters()).device
+        )
         cfg = self.model.config.get_text_config()  # a VLM's token ids live in its text config
         gen_cfg = getattr(self.model, "generation_config", None)
         self.eos_token_ids = _as_id_list(getattr(gen_cfg, "eos_token_id", None) or cfg.eos_token_id)
@@ -130,13 +134,17 @@ class HFEngine:
                 for start in range(0, len(idx), per_call):
                     chunk = idx[start : start + per_call]
                     reqs = [requests[i] for i in chunk]
-                    samples = (self._generate_partial(reqs, params, chunk_tokens) if chunk_tokens is not None
-                               else self._generate_group(reqs, params))
+                    samples = (
+                        self._generate_partial(reqs, params, chunk_tokens)
+                        if chunk_tokens is not None
+                        else self._generate_group(reqs, params)
+                    )
                     results.update(zip(chunk, samples, strict=True))
             return [results[i] for i in range(len(requests))]
 
-    def _generate_partial(self, requests: list[RolloutRequest], params: SamplingParams,
-                          chunk_tokens: int) -> list[list[RolloutSample]]:
+    def _generate_partial(
+        self, requests: list[RolloutRequest], params: SamplingParams, chunk_tokens: int
+    ) -> list[list[RolloutSample]]:
         """Partial rollouts (:func:`rl_rollout.partial.generate_in_chunks`): ``chunk_tokens`` new tokens at a
         time, the lock released in between, so a weight update lands mid-response and the rest is sampled (its
         prefix re-read) with the new weights. One seed per chunk for the whole batch (one generator stream)."""
@@ -194,8 +202,9 @@ class HFEngine:
         from rl_rollout.vision import token_types
 
         images = self._image_inputs(requests, n)
-        images = {k: v.to(self.device) for k, v in {**images, **token_types(self.model.config, input_ids_BT,
-                                                                             images)}.items()}
+        images = {
+            k: v.to(self.device) for k, v in {**images, **token_types(self.model.config, input_ids_BT, images)}.items()
+        }
         seed_ctx = torch.random.fork_rng(devices=[self.device] if self.device.type == "cuda" else [])
         with seed_ctx if params.seed is not None else contextlib.nullcontext():
             if params.seed is not None:
@@ -209,8 +218,10 @@ class HFEngine:
                 **images,
             )
         if isinstance(out, torch.Tensor):  # return_dict_in_generate=True: an output object, never bare ids
-            raise RuntimeError(f"transformers' generate returned a bare {type(out).__name__}, not an output object, "
-                               "despite return_dict_in_generate=True")
+            raise RuntimeError(
+                f"transformers' generate returned a bare {type(out).__name__}, not an output object, "
+                "despite return_dict_in_generate=True"
+            )
         gen_BL = out.sequences[:, width:].cpu()
         if params.logprobs:
             if out.scores is None:
@@ -338,8 +349,12 @@ class HFEngine:
             raise RuntimeError("receive_weights needs a weight group: call init_weight_group(...) first")
         with self._lock:
             self._check_awake()
-            stats = receiver.receive(self._copy_weights, verify=verify, check_loaded=self._loaded_sha256,
-                                     targets=self.model.state_dict() if self.receive_in_place else None)
+            stats = receiver.receive(
+                self._copy_weights,
+                verify=verify,
+                check_loaded=self._loaded_sha256,
+                targets=self.model.state_dict() if self.receive_in_place else None,
+            )
             self.policy_version = stats.version
         return stats
 
@@ -363,8 +378,10 @@ class HFEngine:
         actual = {n: tensor_stats(state[n]) for n in expected if n in state}
         problems = compare_weight_stats(expected, actual, rtol=DEFAULT_STATS_RTOL if rtol is None else rtol)
         if problems:
-            raise WeightSyncError(f"the engine does not hold the weights sent: {len(problems)} of {len(expected)} "
-                                  "tensors differ or are missing:\n  " + "\n  ".join(problems))
+            raise WeightSyncError(
+                f"the engine does not hold the weights sent: {len(problems)} of {len(expected)} "
+                "tensors differ or are missing:\n  " + "\n  ".join(problems)
+            )
         return {"tensors": len(expected), "seconds": time.perf_counter() - t0}
 
     def _copy_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
@@ -403,7 +420,7 @@ class HFEngine:
             if self.device.type != "cpu":
                 self.model.to("cpu")  # type: ignore[arg-type]  # transformers' functools.wraps on .to loses self
                 if self.device.type == "cuda":  # hand the freed blocks back to the driver: the colocated
-                    torch.cuda.empty_cache()    # trainer allocates in another process, not from our cache
+                    torch.cuda.empty_cache()  # trainer allocates in another process, not from our cache
             self._sleeping = True
 
     def wake_up(self, tags: list[str] | None = None) -> None:

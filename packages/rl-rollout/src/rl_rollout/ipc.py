@@ -72,9 +72,14 @@ def _digest(payload_U8: torch.Tensor) -> str:
     return hashlib.sha256(payload_U8.cpu().numpy().tobytes()).hexdigest()
 
 
-def share_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], *, device: str | torch.device = "cuda",
-                  bucket_bytes: int = DEFAULT_BUCKET_BYTES, checksum: bool = False,
-                  pack: bool = True) -> Iterator[IpcBucket]:
+def share_buckets(
+    named_tensors: Iterable[tuple[str, torch.Tensor]],
+    *,
+    device: str | torch.device = "cuda",
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+    checksum: bool = False,
+    pack: bool = True,
+) -> Iterator[IpcBucket]:
     """Trainer side: pack tensors into CUDA buckets of at most ``bucket_bytes`` and share each.
 
     ``pack=False`` shares every (contiguous, CUDA) tensor's own memory instead, one bucket
@@ -86,34 +91,52 @@ def share_buckets(named_tensors: Iterable[tuple[str, torch.Tensor]], *, device: 
 
     device = torch.device(device)
     if device.type != "cuda":
-        raise ValueError(f"CUDA IPC shares CUDA memory; got device {device}. On CPU use the in-process "
-                         "update_weights or the gloo transport (rl_rollout.transport)")
+        raise ValueError(
+            f"CUDA IPC shares CUDA memory; got device {device}. On CPU use the in-process "
+            "update_weights or the gloo transport (rl_rollout.transport)"
+        )
     if not pack:
         for name, t in named_tensors:
             if not t.is_cuda:
-                raise ValueError(f"share_buckets(pack=False): {name!r} is on {t.device}; only CUDA memory can be "
-                                 "shared in place (use pack=True to copy it onto the GPU)")
+                raise ValueError(
+                    f"share_buckets(pack=False): {name!r} is on {t.device}; only CUDA memory can be "
+                    "shared in place (use pack=True to copy it onto the GPU)"
+                )
             if not t.is_contiguous():  # .contiguous() would share a copy the trainer never updates
-                raise ValueError(f"share_buckets(pack=False): {name!r} is not contiguous (strides {t.stride()}), "
-                                 "so it cannot be shared in place; use pack=True")
+                raise ValueError(
+                    f"share_buckets(pack=False): {name!r} is not contiguous (strides {t.stride()}), "
+                    "so it cannot be shared in place; use pack=True"
+                )
             flat_U8 = t.detach().reshape(-1).view(torch.uint8)
             meta = msgpack.packb([[name, str(t.dtype).removeprefix("torch."), list(t.shape), 0, flat_U8.numel()]])
-            yield IpcBucket(meta, pickle.dumps(reduce_tensor(flat_U8)), flat_U8.numel(),
-                            _digest(flat_U8) if checksum else None, flat_U8)
+            yield IpcBucket(
+                meta,
+                pickle.dumps(reduce_tensor(flat_U8)),
+                flat_U8.numel(),
+                _digest(flat_U8) if checksum else None,
+                flat_U8,
+            )
         return
     for group in iter_groups(named_tensors, bucket_bytes):
         meta, payload_U8 = pack_tensors(group, device)
         torch.cuda.current_stream(device).synchronize()  # the copy must be done before another process reads
-        yield IpcBucket(meta, pickle.dumps(reduce_tensor(payload_U8)), payload_U8.numel(),
-                        _digest(payload_U8) if checksum else None, payload_U8)
+        yield IpcBucket(
+            meta,
+            pickle.dumps(reduce_tensor(payload_U8)),
+            payload_U8.numel(),
+            _digest(payload_U8) if checksum else None,
+            payload_U8,
+        )
 
 
 def _open_handle(bucket: IpcBucket) -> torch.Tensor:
     rebuild, args = pickle.loads(bucket.handle)
     payload_U8 = rebuild(*args)
     if payload_U8.numel() != bucket.nbytes:
-        raise ValueError(f"IPC bucket handle opens {payload_U8.numel()} bytes, its metadata says {bucket.nbytes}: "
-                         "the handle and the metadata come from different buckets")
+        raise ValueError(
+            f"IPC bucket handle opens {payload_U8.numel()} bytes, its metadata says {bucket.nbytes}: "
+            "the handle and the metadata come from different buckets"
+        )
     return payload_U8
 
 
@@ -128,8 +151,10 @@ def open_bucket(bucket: IpcBucket, *, verify: bool = True) -> list[tuple[str, to
     if verify and bucket.sha256 is not None:
         got = _digest(payload_U8)
         if got != bucket.sha256:
-            raise ValueError(f"IPC bucket checksum mismatch (sender {bucket.sha256[:16]}..., read "
-                             f"{got[:16]}...): the sender changed or freed the memory before the engine loaded it")
+            raise ValueError(
+                f"IPC bucket checksum mismatch (sender {bucket.sha256[:16]}..., read "
+                f"{got[:16]}...): the sender changed or freed the memory before the engine loaded it"
+            )
     return unpack_tensors(bucket.meta, payload_U8)
 
 
@@ -173,17 +198,26 @@ class IpcSender:
     memory from being freed). ``pack`` then tells the mode in use.
     """
 
-    def __init__(self, *, device: str | torch.device = "cuda", bucket_bytes: int = DEFAULT_BUCKET_BYTES,
-                 pack: bool | str = True, checksum: bool = False) -> None:
+    def __init__(
+        self,
+        *,
+        device: str | torch.device = "cuda",
+        bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+        pack: bool | str = True,
+        checksum: bool = False,
+    ) -> None:
         if pack not in (True, False, "auto"):
-            raise ValueError(f"IpcSender(pack={pack!r}): use True (copy into buckets), False (share in place) "
-                             "or 'auto'")
+            raise ValueError(
+                f"IpcSender(pack={pack!r}): use True (copy into buckets), False (share in place) or 'auto'"
+            )
         self.auto = pack == "auto"
         self.pack = pack != "auto" and bool(pack)  # the mode in use ("auto" starts in place)
         self.device, self.bucket_bytes, self.checksum = torch.device(device), bucket_bytes, checksum
         if self.device.type != "cuda":
-            raise ValueError(f"CUDA IPC shares CUDA memory; got device {self.device}. On CPU use the in-process "
-                             "update_weights or the gloo transport (rl_rollout.transport)")
+            raise ValueError(
+                f"CUDA IPC shares CUDA memory; got device {self.device}. On CPU use the in-process "
+                "update_weights or the gloo transport (rl_rollout.transport)"
+            )
         self.id = uuid.uuid4().hex[:12]
         self.generation = 0
         self._layout: list | None = None
@@ -203,26 +237,32 @@ class IpcSender:
             movable = any(not (t.is_cuda and t.is_contiguous()) for _, t in named)
             layout = _layout(named, True)  # in place: also the layout this sync keeps if nothing moved
             if movable or (self._layout is not None and layout != self._layout):
-                logger.info("IpcSender %s: %s; packing into buckets from now on", self.id,
-                            "a tensor is not contiguous CUDA memory" if movable else
-                            "the weights moved since the last sync")
+                logger.info(
+                    "IpcSender %s: %s; packing into buckets from now on",
+                    self.id,
+                    "a tensor is not contiguous CUDA memory" if movable else "the weights moved since the last sync",
+                )
                 self.pack, layout = True, None
         if layout is None:
             layout = _layout(named, not self.pack)
         fresh = layout != self._layout
         if fresh:
             self.generation += 1
-            self._buckets = list(share_buckets(named, device=self.device, bucket_bytes=self.bucket_bytes,
-                                               pack=self.pack))
-            self._views = [t for b in self._buckets for _, t in unpack_tensors(b.meta, b._sender_payload())] if self.pack else []
+            self._buckets = list(
+                share_buckets(named, device=self.device, bucket_bytes=self.bucket_bytes, pack=self.pack)
+            )
+            self._views = (
+                [t for b in self._buckets for _, t in unpack_tensors(b.meta, b._sender_payload())] if self.pack else []
+            )
             self._layout = layout
             self.nbytes = sum(t.numel() * t.element_size() for _, t in named)
         elif self.pack:
-            torch._foreach_copy_(self._views, [t.reshape(v.shape) for v, (_, t) in zip(self._views, named, strict=True)])
+            torch._foreach_copy_(
+                self._views, [t.reshape(v.shape) for v, (_, t) in zip(self._views, named, strict=True)]
+            )
         torch.cuda.current_stream(self.device).synchronize()  # written before another process reads
         sha = tuple(_digest(b._sender_payload()) for b in self._buckets) if self.checksum else None
-        return IpcSync(f"{self.id}/{self.generation}", len(self._buckets),
-                       tuple(self._buckets) if fresh else None, sha)
+        return IpcSync(f"{self.id}/{self.generation}", len(self._buckets), tuple(self._buckets) if fresh else None, sha)
 
 
 class IpcReceiver:
@@ -243,9 +283,11 @@ class IpcReceiver:
             opened = [_open_handle(b) for b in sync.buckets]
             self._open[sync.key] = [(p, unpack_tensors(b.meta, p)) for p, b in zip(opened, sync.buckets, strict=True)]
         elif sync.key not in self._open:
-            raise ValueError(f"IPC sync {sync.key} carries no handles and this engine never opened that generation "
-                             "(it was restarted or missed the generation's first sync): call the trainer's "
-                             "IpcSender.reset() so that the next sync sends fresh handles")
+            raise ValueError(
+                f"IPC sync {sync.key} carries no handles and this engine never opened that generation "
+                "(it was restarted or missed the generation's first sync): call the trainer's "
+                "IpcSender.reset() so that the next sync sends fresh handles"
+            )
         buckets = self._open[sync.key]
         if len(buckets) != sync.count:
             raise ValueError(f"IPC sync {sync.key} has {sync.count} buckets, this engine opened {len(buckets)}")
@@ -253,8 +295,10 @@ class IpcReceiver:
             for index, ((payload_U8, _), sha) in enumerate(zip(buckets, sync.sha256, strict=True)):
                 got = _digest(payload_U8)
                 if got != sha:
-                    raise ValueError(f"IPC sync {sync.key} bucket {index}: checksum mismatch (sender {sha[:16]}..., "
-                                     f"read {got[:16]}...): the sender changed the memory before the engine loaded it")
+                    raise ValueError(
+                        f"IPC sync {sync.key} bucket {index}: checksum mismatch (sender {sha[:16]}..., "
+                        f"read {got[:16]}...): the sender changed the memory before the engine loaded it"
+                    )
         return [named for _, named in buckets]
 
     def close(self) -> None:

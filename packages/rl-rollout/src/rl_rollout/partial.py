@@ -24,9 +24,15 @@ from rl_rollout.types import FinishReason, RolloutRequest, RolloutSample, Sampli
 ChunkFn = Callable[[list[RolloutRequest], SamplingParams], tuple[list[list[RolloutSample]], int]]
 
 
-def generate_in_chunks(requests: list[RolloutRequest], params: SamplingParams, chunk_tokens: int,
-                       sample_chunk: ChunkFn, updates_waiting: Callable[[], int], *,
-                       seed_per_row: bool = False) -> list[list[RolloutSample]]:
+def generate_in_chunks(
+    requests: list[RolloutRequest],
+    params: SamplingParams,
+    chunk_tokens: int,
+    sample_chunk: ChunkFn,
+    updates_waiting: Callable[[], int],
+    *,
+    seed_per_row: bool = False,
+) -> list[list[RolloutSample]]:
     """``params.n`` samples per request, ``chunk_tokens`` new tokens at a time.
 
     ``sample_chunk(requests, params)`` samples one chunk (each request ``n=1``) under the engine's lock and
@@ -53,8 +59,14 @@ def generate_in_chunks(requests: list[RolloutRequest], params: SamplingParams, c
         while updates_waiting():  # let a waiting update in before the next chunk
             time.sleep(0.001)
         if seed_per_row and params.seed is not None:
-            rows = [RolloutRequest(prompts[b] + tokens[b], dataclasses.replace(p, seed=params.seed + k * len(prompts) + b),
-                                   multi_modal_data=images[b]) for b in active]
+            rows = [
+                RolloutRequest(
+                    prompts[b] + tokens[b],
+                    dataclasses.replace(p, seed=params.seed + k * len(prompts) + b),
+                    multi_modal_data=images[b],
+                )
+                for b in active
+            ]
         else:
             rows = [RolloutRequest(prompts[b] + tokens[b], p, multi_modal_data=images[b]) for b in active]
         out, last_version = sample_chunk(rows, p)
@@ -70,9 +82,18 @@ def generate_in_chunks(requests: list[RolloutRequest], params: SamplingParams, c
         if reason is None:  # not reached: the loop above runs until every row has its finish reason
             raise RuntimeError("generate_in_chunks: a row ended without a finish reason")
         ended.append(reason)
-    return [[RolloutSample(prompt_ids=prompts[i * n + j], response_ids=tokens[i * n + j],
-                           rollout_logprobs=logprobs[i * n + j], loss_mask=[1] * len(tokens[i * n + j]),
-                           finish_reason=ended[i * n + j],
-                           policy_version=min(versions[i * n + j], default=last_version),
-                           info={"request_id": r.request_id, "sample_index": j, "token_versions": versions[i * n + j]})
-             for j in range(n)] for i, r in enumerate(requests)]
+    return [
+        [
+            RolloutSample(
+                prompt_ids=prompts[i * n + j],
+                response_ids=tokens[i * n + j],
+                rollout_logprobs=logprobs[i * n + j],
+                loss_mask=[1] * len(tokens[i * n + j]),
+                finish_reason=ended[i * n + j],
+                policy_version=min(versions[i * n + j], default=last_version),
+                info={"request_id": r.request_id, "sample_index": j, "token_versions": versions[i * n + j]},
+            )
+            for j in range(n)
+        ]
+        for i, r in enumerate(requests)
+    ]

@@ -111,7 +111,9 @@ def make_tiny_model(
     path.mkdir(parents=True, exist_ok=True)
     tok = make_tokenizer(vocab_size)
     config_cls, model_cls = (MixtralConfig, MixtralForCausalLM) if num_experts else (LlamaConfig, LlamaForCausalLM)
-    moe: dict[str, Any] = {"num_local_experts": num_experts, "num_experts_per_tok": min(2, num_experts)} if num_experts else {}
+    moe: dict[str, Any] = (
+        {"num_local_experts": num_experts, "num_experts_per_tok": min(2, num_experts)} if num_experts else {}
+    )
     cfg = config_cls(
         **moe,
         vocab_size=vocab_size,
@@ -177,20 +179,49 @@ def make_tiny_vlm(
     path.mkdir(parents=True, exist_ok=True)
     tok = make_tokenizer(vocab_size, extra_special=(IMAGE_TOKEN,))
     tok.chat_template = VLM_CHAT_TEMPLATE
-    images = CLIPImageProcessorPil(size={"shortest_edge": image_size},
-                                   crop_size={"height": image_size, "width": image_size})
-    processor = LlavaProcessor(image_processor=images, tokenizer=tok, chat_template=VLM_CHAT_TEMPLATE,
-                               patch_size=patch_size, vision_feature_select_strategy="default",
-                               num_additional_image_tokens=1, image_token=IMAGE_TOKEN)
-    text = LlamaConfig(vocab_size=vocab_size, hidden_size=hidden_size, intermediate_size=2 * hidden_size,
-                       num_hidden_layers=num_layers, num_attention_heads=1, num_key_value_heads=1,
-                       head_dim=hidden_size, max_position_embeddings=1024,
-                       bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"), eos_token_id=tok.eos_token_id,
-                       pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
-    vision = CLIPVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
-                              image_size=image_size, patch_size=patch_size, projection_dim=32)
-    cfg = LlavaConfig(vision_config=vision, text_config=text, image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN),
-                      vision_feature_select_strategy="default", vision_feature_layer=-1, tie_word_embeddings=True)
+    images = CLIPImageProcessorPil(
+        size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size}
+    )
+    processor = LlavaProcessor(
+        image_processor=images,
+        tokenizer=tok,
+        chat_template=VLM_CHAT_TEMPLATE,
+        patch_size=patch_size,
+        vision_feature_select_strategy="default",
+        num_additional_image_tokens=1,
+        image_token=IMAGE_TOKEN,
+    )
+    text = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=hidden_size,
+        intermediate_size=2 * hidden_size,
+        num_hidden_layers=num_layers,
+        num_attention_heads=1,
+        num_key_value_heads=1,
+        head_dim=hidden_size,
+        max_position_embeddings=1024,
+        bos_token_id=tok.convert_tokens_to_ids("<|endoftext|>"),
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    vision = CLIPVisionConfig(
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        image_size=image_size,
+        patch_size=patch_size,
+        projection_dim=32,
+    )
+    cfg = LlavaConfig(
+        vision_config=vision,
+        text_config=text,
+        image_token_index=tok.convert_tokens_to_ids(IMAGE_TOKEN),
+        vision_feature_select_strategy="default",
+        vision_feature_layer=-1,
+        tie_word_embeddings=True,
+    )
     torch.manual_seed(seed)
     model = LlavaForConditionalGeneration(cfg)
     model.generation_config.eos_token_id = tok.eos_token_id
@@ -222,8 +253,9 @@ def missing_modules(*names: str, where: str = "run in .venv-vllm (scripts/vllm-c
             importlib.import_module(name)
         except ImportError as e:
             if os.environ.get("RL_REQUIRE_VLLM") == "1":
-                raise RuntimeError(f"RL_REQUIRE_VLLM=1 but {name} does not import ({e}); build .venv-vllm with "
-                                   "scripts/vllm-cpu-env.sh") from e
+                raise RuntimeError(
+                    f"RL_REQUIRE_VLLM=1 but {name} does not import ({e}); build .venv-vllm with scripts/vllm-cpu-env.sh"
+                ) from e
             return f"{name} is not importable here ({e}); {where}"
     return None
 
@@ -241,12 +273,22 @@ def run_ranks(path: str | os.PathLike, func: str, world: int, *args: str, timeou
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    code = ("import importlib.util, sys; spec = importlib.util.spec_from_file_location('ranks', sys.argv[1]); "
-            "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
-            "getattr(m, sys.argv[2])(int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:])")
+    code = (
+        "import importlib.util, sys; spec = importlib.util.spec_from_file_location('ranks', sys.argv[1]); "
+        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
+        "getattr(m, sys.argv[2])(int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:])"
+    )
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")}
-    procs = [subprocess.Popen([sys.executable, "-c", code, str(path), func, str(r), str(port), *args], env=env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", code, str(path), func, str(r), str(port), *args],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(world)
+    ]
     logs = [p.communicate(timeout=timeout)[0] for p in procs]
     codes = [p.returncode for p in procs]
     assert codes == [0] * world, f"ranks exited {codes}:\n" + "\n".join(x[-3000:] for x in logs)
@@ -312,8 +354,12 @@ def write_engine_plugin(root: str | os.PathLike) -> Path:
     return root
 
 
-def cache_as_hub(model_dir: str | os.PathLike, repo_id: str, cache_dir: str | os.PathLike,
-                 revision: str = "0123456789abcdef0123456789abcdef01234567") -> Path:
+def cache_as_hub(
+    model_dir: str | os.PathLike,
+    repo_id: str,
+    cache_dir: str | os.PathLike,
+    revision: str = "0123456789abcdef0123456789abcdef01234567",
+) -> Path:
     """Lay ``model_dir``'s files out as the Hugging Face hub cache holds a downloaded ``repo_id``.
 
     ``cache_dir/models--org--name/{blobs/<hash>, snapshots/<revision>/<file> -> blob, refs/main}``, the

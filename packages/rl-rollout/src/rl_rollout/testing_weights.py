@@ -57,7 +57,7 @@ def greedy_reference(model, prompts: list[list[int]], n_tokens: int = 12, state:
                 ids.append(int(model(torch.tensor([ids], device=device)).logits[0, -1].argmax()))
                 if ids[-1] == model.config.eos_token_id:
                     break
-            out.append(ids[len(prompt):])
+            out.append(ids[len(prompt) :])
     return out
 
 

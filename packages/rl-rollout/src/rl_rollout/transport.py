@@ -152,8 +152,10 @@ class WeightGroup:
         """Broadcast a frame: header, metadata, then each chunk (flat ``uint8``). Returns the
         in-flight ``(work, tensor)`` pairs; the tensors must stay unchanged until each is waited on."""
         if len(meta) > MAX_META_BYTES:
-            raise WeightSyncError(f"weight-sync metadata of {len(meta)} bytes exceeds MAX_META_BYTES={MAX_META_BYTES} "
-                                  "(too many tensors in one bucket); lower bucket_bytes")
+            raise WeightSyncError(
+                f"weight-sync metadata of {len(meta)} bytes exceeds MAX_META_BYTES={MAX_META_BYTES} "
+                "(too many tensors in one bucket); lower bucket_bytes"
+            )
         payload_len = sum(c.numel() for c in chunks)
         header = torch.tensor([kind, len(meta), payload_len], dtype=torch.int64, device=self.device)
         tensors = [header, torch.frombuffer(bytearray(meta), dtype=torch.uint8).to(self.device), *chunks]
@@ -278,7 +280,13 @@ class CollectiveSender:
         stats = _stats(version, nbytes, n_buckets, n_tensors, time.perf_counter() - t0)
         logger.info(
             "weight sync v%d sent: %d tensors in %d buckets, %.1f MB in %.3f s (%.3f GB/s, %s)",
-            version, n_tensors, n_buckets, nbytes / 1e6, stats.seconds, stats.gb_per_s, self.group.backend,
+            version,
+            n_tensors,
+            n_buckets,
+            nbytes / 1e6,
+            stats.seconds,
+            stats.gb_per_s,
+            self.group.backend,
         )
         if failed:
             raise WeightSyncError(
@@ -344,9 +352,16 @@ class CollectiveReceiver:
             n_buckets += 1
             nbytes += payload_len
             try:
-                n_tensors += self._receive_bucket(info, payload_len, load, verify, check_loaded,
-                                                  targets if failure is None else None, drain=failure is not None,
-                                                  reuse_buffer=reuse_buffer)
+                n_tensors += self._receive_bucket(
+                    info,
+                    payload_len,
+                    load,
+                    verify,
+                    check_loaded,
+                    targets if failure is None else None,
+                    drain=failure is not None,
+                    reuse_buffer=reuse_buffer,
+                )
             except Exception as e:  # reported after the stream ends
                 failure = e
         version = info["version"]
@@ -361,17 +376,26 @@ class CollectiveReceiver:
         stats = _stats(version, nbytes, n_buckets, n_tensors, time.perf_counter() - t0)
         logger.info(
             "weight sync v%d received (rank %d): %d tensors in %d buckets, %.1f MB in %.3f s (%.3f GB/s)",
-            version, self.group.rank, n_tensors, n_buckets, nbytes / 1e6, stats.seconds, stats.gb_per_s,
+            version,
+            self.group.rank,
+            n_tensors,
+            n_buckets,
+            nbytes / 1e6,
+            stats.seconds,
+            stats.gb_per_s,
         )
         return stats
 
-    def _receive_bucket(self, info: dict, payload_len: int, load, verify: bool, check_loaded, targets,
-                        drain: bool, reuse_buffer: bool) -> int:
+    def _receive_bucket(
+        self, info: dict, payload_len: int, load, verify: bool, check_loaded, targets, drain: bool, reuse_buffer: bool
+    ) -> int:
         """Receive one bucket's tensors (all of them, even when it fails: the stream must stay in step)."""
         declared = sum(t[4] for t in info["tensors"])
         if declared != payload_len:  # checked before the buffer is sized from payload_len
-            raise WeightSyncError(f"weight bucket {info['index']}: the header says {payload_len} payload bytes, its "
-                                  f"metadata's tensors {declared}; the stream is out of step")
+            raise WeightSyncError(
+                f"weight bucket {info['index']}: the header says {payload_len} payload bytes, its "
+                f"metadata's tensors {declared}; the stream is out of step"
+            )
         if reuse_buffer:
             buf = self.group.buffer(payload_len)
         else:
@@ -379,15 +403,22 @@ class CollectiveReceiver:
         named, chunks, to_load = [], [], []
         for name, dtype, shape, offset, nbytes in info["tensors"]:
             if offset + nbytes > payload_len:
-                raise WeightSyncError(f"weight bucket metadata for {name!r} points past the payload "
-                                      f"({offset}+{nbytes} > {payload_len} bytes)")
+                raise WeightSyncError(
+                    f"weight bucket metadata for {name!r} points past the payload "
+                    f"({offset}+{nbytes} > {payload_len} bytes)"
+                )
             target = None if targets is None else targets.get(name)
-            if (target is not None and str(target.dtype).removeprefix("torch.") == dtype
-                    and list(target.shape) == shape and target.is_contiguous() and target.device == self.group.device):
+            if (
+                target is not None
+                and str(target.dtype).removeprefix("torch.") == dtype
+                and list(target.shape) == shape
+                and target.is_contiguous()
+                and target.device == self.group.device
+            ):
                 chunk = target.detach().reshape(-1).view(torch.uint8)
                 view = target
             else:
-                chunk = buf[offset:offset + nbytes]
+                chunk = buf[offset : offset + nbytes]
                 view = chunk.view(_dtype_from_name(dtype)).reshape(shape)
                 to_load.append((name, view))
             chunks.append(chunk)

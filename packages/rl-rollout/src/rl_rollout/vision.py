@@ -67,8 +67,9 @@ def causal_lm_class(path: str | os.PathLike):
     """``AutoModelForImageTextToText`` for a VLM folder, else ``AutoModelForCausalLM``."""
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForImageTextToText
 
-    return AutoModelForImageTextToText if is_vision_config(AutoConfig.from_pretrained(str(path))) \
-        else AutoModelForCausalLM
+    return (
+        AutoModelForImageTextToText if is_vision_config(AutoConfig.from_pretrained(str(path))) else AutoModelForCausalLM
+    )
 
 
 def load_images(refs: Any) -> list:
@@ -76,8 +77,9 @@ def load_images(refs: Any) -> list:
     try:
         from PIL import Image
     except ImportError as e:
-        raise ImportError("image prompts need Pillow, which is not installed: pip install 'rl-rollout[vision]' "
-                          "(or pillow)") from e
+        raise ImportError(
+            "image prompts need Pillow, which is not installed: pip install 'rl-rollout[vision]' (or pillow)"
+        ) from e
 
     if refs is None:
         return []

@@ -187,8 +187,10 @@ class VLLMEngine(VLLMWeightsMixin):
             # prompt is. On GPU chunked prefill stays on (vLLM's default). vLLM then warns that the model "does not
             # officially support disabling chunked prefill": the CPU tests (logprobs against transformers, the RL
             # loop's gap) run this way
-            logger.info("vLLM on CPU: chunked prefill off (its CPU worker cannot split a seeded prompt's prefill; "
-                        "engine_kwargs={'enable_chunked_prefill': True} turns it back on)")
+            logger.info(
+                "vLLM on CPU: chunked prefill off (its CPU worker cannot split a seeded prompt's prefill; "
+                "engine_kwargs={'enable_chunked_prefill': True} turns it back on)"
+            )
             args["enable_chunked_prefill"] = False
         args.update(engine_kwargs or {})
         args["dtype"] = vllm_dtype(args["dtype"])
@@ -227,8 +229,10 @@ class VLLMEngine(VLLMWeightsMixin):
     @partial_chunk_tokens.setter
     def partial_chunk_tokens(self, value: int | None) -> None:
         if value is not None and self.mode == "async":
-            raise ValueError("partial rollouts in chunks run in sync mode; an async-mode engine keeps requests in "
-                             "flight across an update with pause_mode='keep'")
+            raise ValueError(
+                "partial rollouts in chunks run in sync mode; an async-mode engine keeps requests in "
+                "flight across an update with pause_mode='keep'"
+            )
         if value is not None and value < 1:
             raise ValueError(f"partial_chunk_tokens must be >= 1 (tokens per chunk) or None, got {value}")
         self._partial_chunk_tokens = value
@@ -266,16 +270,23 @@ class VLLMEngine(VLLMWeightsMixin):
         for i, r in enumerate(requests):
             groups.setdefault(r.params, []).append(i)
         for params, idx in groups.items():
-            samples = generate_in_chunks([requests[i] for i in idx], params, chunk_tokens,
-                                         lambda reqs, _p: self._generate_locked(reqs), lambda: self._updates_waiting,
-                                         seed_per_row=True)
+            samples = generate_in_chunks(
+                [requests[i] for i in idx],
+                params,
+                chunk_tokens,
+                lambda reqs, _p: self._generate_locked(reqs),
+                lambda: self._updates_waiting,
+                seed_per_row=True,
+            )
             results.update(zip(idx, samples, strict=True))
         return [results[i] for i in range(len(requests))]
 
     async def agenerate(self, request: RolloutRequest) -> list[RolloutSample]:
         self._check_usable()
         if self.mode == "async":
-            return await asyncio.wrap_future(asyncio.run_coroutine_threadsafe(self._agenerate_on_loop(request), self._loop))
+            return await asyncio.wrap_future(
+                asyncio.run_coroutine_threadsafe(self._agenerate_on_loop(request), self._loop)
+            )
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._queue_cv:
             self._queue.append((request, future))
@@ -348,7 +359,9 @@ class VLLMEngine(VLLMWeightsMixin):
     def wake_up(self, tags: list[str] | None = None) -> None:
         unknown = set(tags or ()) - {"weights", "kv_cache"}
         if unknown:
-            raise ValueError(f"wake_up tags must be among ['weights', 'kv_cache'] (or None for all), got {sorted(unknown)}")
+            raise ValueError(
+                f"wake_up tags must be among ['weights', 'kv_cache'] (or None for all), got {sorted(unknown)}"
+            )
         _release_cached_device_memory()
         try:
             if self.mode == "async":
@@ -363,7 +376,8 @@ class VLLMEngine(VLLMWeightsMixin):
             raise RuntimeError(
                 f"VLLMEngine.wake_up({tags}): the engine's memory no longer fits on the device ({e}); "
                 f"{_device_memory_note()}. What the trainer holds while the engine is awake must fit beside the "
-                f"engine's share: {wake_oom_hint(self._memory_share, *_device_free_total())}") from e
+                f"engine's share: {wake_oom_hint(self._memory_share, *_device_free_total())}"
+            ) from e
         self._asleep = set() if awake else self._asleep - set(tags or self._asleep)
 
     def shutdown(self) -> None:

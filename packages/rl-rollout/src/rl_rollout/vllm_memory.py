@@ -36,6 +36,8 @@ def _device_memory_note() -> str:
     if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
         return "no CUDA device in this process"
     free, total = torch.cuda.mem_get_info()
-    return (f"{free / 2**30:.2f} of {total / 2**30:.2f} GiB of the device free, this process's torch tensors hold "
-            f"{torch.cuda.memory_allocated() / 2**30:.2f} GiB (the trainer's ranks hold theirs in their own processes "
-            f"when the engine runs apart, as over Ray)")
+    return (
+        f"{free / 2**30:.2f} of {total / 2**30:.2f} GiB of the device free, this process's torch tensors hold "
+        f"{torch.cuda.memory_allocated() / 2**30:.2f} GiB (the trainer's ranks hold theirs in their own processes "
+        f"when the engine runs apart, as over Ray)"
+    )

@@ -52,9 +52,11 @@ def _vllm_prompt(request: RolloutRequest, placeholders: list[int] | None) -> dic
     if not images:
         return {"prompt_token_ids": ids}
     if placeholders is None:
-        raise ValueError(f"request {request.request_id!r} carries {len(images)} image(s) but the engine's model is "
-                         "not a vision-language model (its config has no vision_config): drop the images or load a "
-                         "VLM")
+        raise ValueError(
+            f"request {request.request_id!r} carries {len(images)} image(s) but the engine's model is "
+            "not a vision-language model (its config has no vision_config): drop the images or load a "
+            "VLM"
+        )
     marks = set(placeholders)
     runs = [(t, len(list(g))) for t, g in itertools.groupby(ids)]  # consecutive equal tokens
     lengths = [n for t, n in runs if t in marks]
@@ -62,9 +64,11 @@ def _vllm_prompt(request: RolloutRequest, placeholders: list[int] | None) -> dic
     if len(lengths) != len(images):
         per, rest = divmod(sum(lengths), len(images))
         if not per or rest or any(n % per for n in lengths):
-            raise ValueError(f"request {request.request_id!r}: {len(images)} image(s) but its placeholder runs have "
-                             f"{lengths} tokens, which do not split into one equal run per image: build the prompt "
-                             "with the model's processor (one expanded placeholder per image, in order)")
+            raise ValueError(
+                f"request {request.request_id!r}: {len(images)} image(s) but its placeholder runs have "
+                f"{lengths} tokens, which do not split into one equal run per image: build the prompt "
+                "with the model's processor (one expanded placeholder per image, in order)"
+            )
     collapsed = []
     for t, n in runs:
         collapsed += [t] * ((n // per if per else 1) if t in marks else n)

@@ -43,7 +43,8 @@ _T = TypeVar("_T")
 
 ENCODER_CACHE_RESET_MISSING = (
     "this vLLM has no reset_encoder_cache (vLLM 0.26 and 0.32 have it): after a weight sync it would keep serving "
-    "image embeddings computed with the old weights. Upgrade vLLM to use a vision-language model with weight syncs")
+    "image embeddings computed with the old weights. Upgrade vLLM to use a vision-language model with weight syncs"
+)
 
 
 def check_encoder_cache_reset(mode: str) -> None:
@@ -86,7 +87,11 @@ class VLLMWeightsMixin:
         def takes_images(self) -> bool: ...
 
     def update_weights(
-        self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int, *, verify: bool = False,
+        self,
+        named_tensors: Iterable[tuple[str, torch.Tensor]],
+        version: int,
+        *,
+        verify: bool = False,
         live: bool = False,
     ) -> dict[str, TensorStats] | None:
         """Stream ``(hf_name, tensor)`` pairs to every worker in buckets of ``bucket_bytes``: one reload
@@ -177,8 +182,9 @@ class VLLMWeightsMixin:
             raise
         self._close_session(version, reports, expected)
 
-    def _close_session(self, version: int | None, reports: list | None,
-                       expected: Mapping[str, TensorStats] | None) -> None:
+    def _close_session(
+        self, version: int | None, reports: list | None, expected: Mapping[str, TensorStats] | None
+    ) -> None:
         """After the workers closed their sessions (``reports``; None when that failed): check, set the version,
         then let generation go on (the rest of :meth:`finish_weight_update`)."""
         try:
@@ -232,8 +238,10 @@ class VLLMWeightsMixin:
         import pickle
 
         if self.tensor_parallel_size != 1:
-            raise NotImplementedError(f"update_weights_ipc with tensor_parallel_size={self.tensor_parallel_size}: "
-                                      "each TP worker needs the buckets of its own GPU; use the broadcast transport")
+            raise NotImplementedError(
+                f"update_weights_ipc with tensor_parallel_size={self.tensor_parallel_size}: "
+                "each TP worker needs the buckets of its own GPU; use the broadcast transport"
+            )
         # the worker opens, loads and closes its session in one RPC (rl_sync_ipc); generation waits meanwhile
         self._hold_generation()
         try:
@@ -315,7 +323,9 @@ class VLLMWeightsMixin:
                 continue
             if parts[0][3] == "replica":
                 parts = parts[:1]
-            stats[name] = TensorStats(round(sum(p[0] for p in parts)), sum(p[1] for p in parts), sum(p[2] for p in parts))
+            stats[name] = TensorStats(
+                round(sum(p[0] for p in parts)), sum(p[1] for p in parts), sum(p[2] for p in parts)
+            )
         return stats, results[0]["ties"], missing
 
     def verify_weights(self, expected: Mapping[str, TensorStats], *, rtol: float = DEFAULT_STATS_RTOL) -> dict:
@@ -340,7 +350,6 @@ class VLLMWeightsMixin:
         return {"tensors": checked, "seconds": time.perf_counter() - t0}
 
 
-
 def _check_session(reports: list[dict]) -> None:
     """Raise for layers that got part of their weights in a session; log those that got none."""
     from rl_rollout.transport import WeightSyncError
@@ -355,5 +364,3 @@ def _check_session(reports: list[dict]) -> None:
     kept = sorted({name for r in reports for name in r.get("kept_old", ())})
     if kept:
         logger.warning("weight update: %d layers got no tensors and keep their old weights: %s", len(kept), kept)
-
-

@@ -70,6 +70,7 @@ from rl_rollout.weights import unpack_bucket
 
 logger = logging.getLogger(__name__)
 
+
 class WorkerExtension:
     """Methods added to vLLM's worker (``self`` is the worker; ``self.model_runner`` exists)."""
 
@@ -262,8 +263,9 @@ class WorkerExtension:
         report: dict[str, Any]
         if self._rl_direct:  # nothing to re-process: the live parameters were filled in place
             plan = getattr(self, "_rl_plan", None)
-            left = ({"left_out": len(plan.skipped), "left_out_examples": sorted(plan.skipped.items())[:6]}
-                    if plan else {})
+            left = (
+                {"left_out": len(plan.skipped), "left_out_examples": sorted(plan.skipped.items())[:6]} if plan else {}
+            )
             # what an earlier sync sent and this one did not keeps its old values (the plan knows every name)
             missed = sorted((set(plan.entries) | set(plan.skipped)) - self._rl_seen) if plan and self._rl_seen else []
             report = {"kept_old": missed, "partial": [], "copy_plan": {**self._rl_plan_stats, **left}}
@@ -341,8 +343,9 @@ class WorkerExtension:
 # default there. LlamaForCausalLM ran on an H200 (tests/test_cli_vllm_gpu.py, benchmarks/vllm_sync.py);
 # the others share its loader (stacked qkv/gate_up parameters, plain copies). Anything else keeps the
 # layerwise reload unless RL_VLLM_DIRECT_LOAD=1.
-DIRECT_LOAD_ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM",
-                                       "MistralForCausalLM"})
+DIRECT_LOAD_ARCHITECTURES = frozenset(
+    {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
+)
 
 
 def _direct_load(model_config) -> bool:
@@ -385,7 +388,7 @@ def with_tower_level(name: str) -> str:
     """A transformers-5 vision tower name given back its ``vision_model.`` level; any other name unchanged."""
     for prefix in TOWER_PREFIXES:
         if name.startswith(prefix) and not name.startswith(prefix + "vision_model."):
-            return prefix + "vision_model." + name[len(prefix):]
+            return prefix + "vision_model." + name[len(prefix) :]
     return name
 
 

@@ -84,7 +84,9 @@ def pack_bucket(named_tensors: Iterable[tuple[str, torch.Tensor]]) -> WeightBuck
 
 def unpack_bucket(meta: bytes, payload: bytes | bytearray | memoryview) -> list[tuple[str, torch.Tensor]]:
     """Inverse of :func:`pack_bucket`: CPU tensors viewing one copy of ``payload``."""
-    buf_U8 = torch.frombuffer(bytearray(payload), dtype=torch.uint8) if len(payload) else torch.empty(0, dtype=torch.uint8)
+    buf_U8 = (
+        torch.frombuffer(bytearray(payload), dtype=torch.uint8) if len(payload) else torch.empty(0, dtype=torch.uint8)
+    )
     return unpack_tensors(meta, buf_U8)
 
 
@@ -163,9 +165,11 @@ class TensorStats:
             return f"{other.numel} elements, expected {self.numel}"
         scale = math.sqrt(self.numel * self.sumsq)
         if abs(other.sum - self.sum) > rtol * scale or abs(other.sumsq - self.sumsq) > rtol * self.sumsq:
-            return (f"sum {other.sum:.9g} / sum of squares {other.sumsq:.9g}, expected {self.sum:.9g} / {self.sumsq:.9g} "
-                    f"(relative difference {abs(other.sum - self.sum) / max(scale, 1e-300):.1e} / "
-                    f"{abs(other.sumsq - self.sumsq) / max(self.sumsq, 1e-300):.1e})")
+            return (
+                f"sum {other.sum:.9g} / sum of squares {other.sumsq:.9g}, expected {self.sum:.9g} / {self.sumsq:.9g} "
+                f"(relative difference {abs(other.sum - self.sum) / max(scale, 1e-300):.1e} / "
+                f"{abs(other.sumsq - self.sumsq) / max(self.sumsq, 1e-300):.1e})"
+            )
         return None
 
 

@@ -89,8 +89,11 @@ class _HeadGrads:
             self.b += g_logits.sum(0).to(self.b.dtype)
 
     def result(self) -> tuple[Tensor | None, Tensor | None, Tensor | None]:
-        return (self.h, None if self.w is None else self.w.to(self.weight.dtype),
-                None if self.b is None else self.b.to(self.bias_dtype))
+        return (
+            self.h,
+            None if self.w is None else self.w.to(self.weight.dtype),
+            None if self.b is None else self.b.to(self.bias_dtype),
+        )
 
 
 def _chunk_grad(logits_fn, outs_and_grads) -> Tensor:
@@ -105,8 +108,16 @@ def _chunk_grad(logits_fn, outs_and_grads) -> Tensor:
 
 class _FusedHeadFn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden_NH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, labels_N: Tensor,
-                temperature: float, chunk: int, with_entropy: bool):
+    def forward(
+        ctx,
+        hidden_NH: Tensor,
+        weight_VH: Tensor,
+        bias_V: Tensor | None,
+        labels_N: Tensor,
+        temperature: float,
+        chunk: int,
+        with_entropy: bool,
+    ):
         N = hidden_NH.shape[0]
         lp = torch.empty(N, dtype=_float(hidden_NH), device=hidden_NH.device)
         ent = torch.empty(N, dtype=_float(hidden_NH), device=hidden_NH.device) if with_entropy else None
@@ -131,32 +142,49 @@ class _FusedHeadFn(torch.autograd.Function):
             def pairs(logits, s=s, lab=lab):
                 if ctx.with_entropy:
                     outs = logprobs_and_entropy_from_logits(logits, lab, T)
-                    return [(o, g[s : s + chunk]) for o, g in zip(outs, (grad_lp, grad_ent), strict=True) if g is not None]
+                    return [
+                        (o, g[s : s + chunk]) for o, g in zip(outs, (grad_lp, grad_ent), strict=True) if g is not None
+                    ]
                 return [(logprobs_from_logits(logits, lab, T), grad_lp[s : s + chunk])]
 
             grads.add(s, h, _chunk_grad(lambda h=h: F.linear(h, weight_VH, bias_V), pairs))
         return (*grads.result(), None, None, None, None)
 
 
-def _check_inputs(hidden: Tensor, weight: Tensor, labels: Tensor, bias: Tensor | None, temperature: float,
-                  token_weights: Tensor | None = None) -> None:
+def _check_inputs(
+    hidden: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    bias: Tensor | None,
+    temperature: float,
+    token_weights: Tensor | None = None,
+) -> None:
     _check_temperature(temperature)
     if hidden.shape[:-1] != labels.shape:
-        raise ValueError(f"labels shape {tuple(labels.shape)} must equal hidden's without the hidden axis "
-                         f"{tuple(hidden.shape[:-1])}")
+        raise ValueError(
+            f"labels shape {tuple(labels.shape)} must equal hidden's without the hidden axis {tuple(hidden.shape[:-1])}"
+        )
     if token_weights is not None and token_weights.shape != labels.shape:
-        raise ValueError(f"token_weights shape {tuple(token_weights.shape)} must equal the labels' "
-                         f"{tuple(labels.shape)}")
+        raise ValueError(
+            f"token_weights shape {tuple(token_weights.shape)} must equal the labels' {tuple(labels.shape)}"
+        )
     if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
-        raise ValueError(f"weight must be [vocabulary, hidden] with hidden {hidden.shape[-1]}, got "
-                         f"{tuple(weight.shape)}")
+        raise ValueError(
+            f"weight must be [vocabulary, hidden] with hidden {hidden.shape[-1]}, got {tuple(weight.shape)}"
+        )
     if bias is not None and tuple(bias.shape) != (weight.shape[0],):
         raise ValueError(f"bias must be [{weight.shape[0]}], got {tuple(bias.shape)}")
 
 
 def logprobs_from_hidden(
-    hidden: Tensor, weight: Tensor, labels: Tensor, *, bias: Tensor | None = None, temperature: float = 1.0,
-    return_entropy: bool = False, chunk_tokens: int | None = None,
+    hidden: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    *,
+    bias: Tensor | None = None,
+    temperature: float = 1.0,
+    return_entropy: bool = False,
+    chunk_tokens: int | None = None,
 ) -> Tensor | LogprobsEntropy:
     """``log softmax((hidden @ weight^T + bias) / temperature)[label]`` per position, without the logits.
 
@@ -180,12 +208,24 @@ class _WeightedHeadFn(torch.autograd.Function):
     its weight, known before backward), so backward only scales them: no recompute, no logits kept."""
 
     @staticmethod
-    def forward(ctx, hidden_NH: Tensor, weight_VH: Tensor, bias_V: Tensor | None, labels_N: Tensor,
-                weights_N: Tensor, temperature: float, chunk: int):
+    def forward(
+        ctx,
+        hidden_NH: Tensor,
+        weight_VH: Tensor,
+        bias_V: Tensor | None,
+        labels_N: Tensor,
+        weights_N: Tensor,
+        temperature: float,
+        chunk: int,
+    ):
         N = hidden_NH.shape[0]
         lp = torch.empty(N, dtype=_float(hidden_NH), device=hidden_NH.device)
-        grads = _HeadGrads(hidden_NH, weight_VH, bias_V, (hidden_NH.requires_grad, weight_VH.requires_grad,
-                                                          bias_V is not None and bias_V.requires_grad))
+        grads = _HeadGrads(
+            hidden_NH,
+            weight_VH,
+            bias_V,
+            (hidden_NH.requires_grad, weight_VH.requires_grad, bias_V is not None and bias_V.requires_grad),
+        )
         for s in range(0, N, chunk):
             h, lab, w = hidden_NH[s : s + chunk], labels_N[s : s + chunk], weights_N[s : s + chunk]
             if not grads.any:  # nothing asks for a gradient (no_grad, frozen inputs): the values only
@@ -206,13 +246,18 @@ class _WeightedHeadFn(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_total: Tensor, _grad_lp: Tensor | None):
-        return (*(None if g is None else g * grad_total.to(g.dtype) for g in ctx.saved_tensors),
-                None, None, None, None)
+        return (*(None if g is None else g * grad_total.to(g.dtype) for g in ctx.saved_tensors), None, None, None, None)
 
 
 def weighted_logprob_sum_from_hidden(
-    hidden: Tensor, weight: Tensor, labels: Tensor, token_weights: Tensor, *, bias: Tensor | None = None,
-    temperature: float = 1.0, chunk_tokens: int | None = None,
+    hidden: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    token_weights: Tensor,
+    *,
+    bias: Tensor | None = None,
+    temperature: float = 1.0,
+    chunk_tokens: int | None = None,
 ) -> tuple[Tensor, Tensor]:
     """``(sum(token_weights * logprob), logprob)`` for a loss linear in the log-probs (SFT's token-mean NLL:
     weights ``-mask / tokens``), the LM head fused as in :func:`logprobs_from_hidden` but with its gradients
@@ -227,6 +272,7 @@ def weighted_logprob_sum_from_hidden(
     _check_inputs(hidden, weight, labels, bias, temperature, token_weights)
     flat = hidden.reshape(-1, hidden.shape[-1])
     chunk = _tokens_per_chunk(weight.shape[0], chunk_tokens, hidden.device)
-    total, lp = _WeightedHeadFn.apply(flat, weight, bias, labels.reshape(-1).long(),
-                                      token_weights.detach().reshape(-1), float(temperature), chunk)
+    total, lp = _WeightedHeadFn.apply(
+        flat, weight, bias, labels.reshape(-1).long(), token_weights.detach().reshape(-1), float(temperature), chunk
+    )
     return total, lp.view(labels.shape)

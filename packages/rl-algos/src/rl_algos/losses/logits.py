@@ -94,7 +94,9 @@ def _use_triton(logits: Tensor, chunk_rows: int | None) -> bool:
     if reason is not None:
         raise RuntimeError(f"{KERNEL_ENV}=triton but {reason}; unset {KERNEL_ENV} or set it to torch")
     if chunk_rows is not None:
-        raise ValueError(f"chunk_rows={chunk_rows} applies to the chunked torch path only; drop it or set {KERNEL_ENV}=torch")
+        raise ValueError(
+            f"chunk_rows={chunk_rows} applies to the chunked torch path only; drop it or set {KERNEL_ENV}=torch"
+        )
     return True
 
 
@@ -213,7 +215,9 @@ def logprobs_from_logits(
     flat = logits.reshape(-1, V)
     if not flat.is_contiguous():
         flat = flat.contiguous()
-    out = _LogprobsFn.apply(flat, labels.reshape(-1).long(), float(temperature), _rows_per_chunk(V, chunk_rows, logits.device))
+    out = _LogprobsFn.apply(
+        flat, labels.reshape(-1).long(), float(temperature), _rows_per_chunk(V, chunk_rows, logits.device)
+    )
     return out.view(labels.shape)
 
 

@@ -50,9 +50,21 @@ def _row_base(logits_ptr, row, T_inner, stride_outer, stride_inner):
 
 
 @triton.jit
-def _fwd_kernel(logits_ptr, labels_ptr, lp_ptr, ent_ptr, lse_ptr,
-                V, T_inner, stride_outer, stride_inner, inv_temp,
-                HAS_LABELS: tl.constexpr, WITH_ENTROPY: tl.constexpr, BLOCK: tl.constexpr):
+def _fwd_kernel(
+    logits_ptr,
+    labels_ptr,
+    lp_ptr,
+    ent_ptr,
+    lse_ptr,
+    V,
+    T_inner,
+    stride_outer,
+    stride_inner,
+    inv_temp,
+    HAS_LABELS: tl.constexpr,
+    WITH_ENTROPY: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0)
     base = _row_base(logits_ptr, row, T_inner, stride_outer, stride_inner)
     cols = tl.arange(0, BLOCK)
@@ -84,9 +96,23 @@ def _fwd_kernel(logits_ptr, labels_ptr, lp_ptr, ent_ptr, lse_ptr,
 
 
 @triton.jit
-def _bwd_kernel(logits_ptr, labels_ptr, lse_ptr, ent_ptr, g_lp_ptr, g_ent_ptr, grad_ptr,
-                V, T_inner, stride_outer, stride_inner, inv_temp,
-                HAS_LABELS: tl.constexpr, WITH_ENTROPY: tl.constexpr, BLOCK: tl.constexpr):
+def _bwd_kernel(
+    logits_ptr,
+    labels_ptr,
+    lse_ptr,
+    ent_ptr,
+    g_lp_ptr,
+    g_ent_ptr,
+    grad_ptr,
+    V,
+    T_inner,
+    stride_outer,
+    stride_inner,
+    inv_temp,
+    HAS_LABELS: tl.constexpr,
+    WITH_ENTROPY: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     row = tl.program_id(0)
     base = _row_base(logits_ptr, row, T_inner, stride_outer, stride_inner)
     out = grad_ptr + row.to(tl.int64) * V
@@ -110,7 +136,6 @@ def _bwd_kernel(logits_ptr, labels_ptr, lse_ptr, ent_ptr, g_lp_ptr, g_ent_ptr, g
         if WITH_ENTROPY:
             g -= g_H * tl.where(p > 0.0, p * (logp + H), 0.0)
         tl.store(out + idx, (g * inv_temp).to(grad_ptr.dtype.element_ty), mask=valid)
-
 
 
 def row_view(logits: Tensor) -> tuple[Tensor, int, int, int, int]:
@@ -144,8 +169,22 @@ class TritonLogprobsEntropyFn(torch.autograd.Function):
         lse = torch.empty(N, dtype=torch.float32, device=dev)
         labels = labels_N if has_labels else lse  # any pointer: unread when HAS_LABELS is False
         if N:
-            _fwd_kernel[(N,)](x, labels, lp, ent, lse, V, T_inner, s_outer, s_inner, 1.0 / temperature,
-                              HAS_LABELS=has_labels, WITH_ENTROPY=with_entropy, BLOCK=BLOCK_V, num_warps=NUM_WARPS)
+            _fwd_kernel[(N,)](
+                x,
+                labels,
+                lp,
+                ent,
+                lse,
+                V,
+                T_inner,
+                s_outer,
+                s_inner,
+                1.0 / temperature,
+                HAS_LABELS=has_labels,
+                WITH_ENTROPY=with_entropy,
+                BLOCK=BLOCK_V,
+                num_warps=NUM_WARPS,
+            )
         ctx.save_for_backward(logits, labels_N if has_labels else None, lse, ent if with_entropy else None)
         ctx.temperature = temperature
         ctx.set_materialize_grads(False)  # an output the loss does not use costs no backward term
@@ -163,9 +202,22 @@ class TritonLogprobsEntropyFn(torch.autograd.Function):
         V = logits.shape[-1]
         dummy = lse
         if N:
-            _bwd_kernel[(N,)](x, labels_N if has_labels else dummy, lse, ent if with_entropy else dummy,
-                              g_lp.contiguous() if g_lp is not None and has_labels else dummy,
-                              g_ent.contiguous() if g_ent is not None and with_entropy else dummy,
-                              grad, V, T_inner, s_outer, s_inner, 1.0 / ctx.temperature,
-                              HAS_LABELS=has_labels, WITH_ENTROPY=with_entropy, BLOCK=BLOCK_V, num_warps=NUM_WARPS)
+            _bwd_kernel[(N,)](
+                x,
+                labels_N if has_labels else dummy,
+                lse,
+                ent if with_entropy else dummy,
+                g_lp.contiguous() if g_lp is not None and has_labels else dummy,
+                g_ent.contiguous() if g_ent is not None and with_entropy else dummy,
+                grad,
+                V,
+                T_inner,
+                s_outer,
+                s_inner,
+                1.0 / ctx.temperature,
+                HAS_LABELS=has_labels,
+                WITH_ENTROPY=with_entropy,
+                BLOCK=BLOCK_V,
+                num_warps=NUM_WARPS,
+            )
         return grad, None, None, None

@@ -116,8 +116,11 @@ def policy_loss(
     ``rollout_logprobs_BT``.
     """
     check_same_shape(
-        logprobs_BT=logprobs_BT, old_logprobs_BT=old_logprobs_BT, advantages_BT=advantages_BT,
-        mask_BT=mask_BT, rollout_logprobs_BT=rollout_logprobs_BT,
+        logprobs_BT=logprobs_BT,
+        old_logprobs_BT=old_logprobs_BT,
+        advantages_BT=advantages_BT,
+        mask_BT=mask_BT,
+        rollout_logprobs_BT=rollout_logprobs_BT,
     )
     rtype = _enum(RatioType, ratio_type, "ratio_type")
     parse_aggregation(aggregation)
@@ -159,8 +162,13 @@ def policy_loss(
             is_mean = masked_mean(w, mask_BT).detach()
 
     loss = aggregate_loss(
-        loss_BT, mask_BT, aggregation, global_tokens=global_tokens, global_seqs=global_seqs,
-        dp_size=dp_size, norm_len=norm_len,
+        loss_BT,
+        mask_BT,
+        aggregation,
+        global_tokens=global_tokens,
+        global_seqs=global_seqs,
+        dp_size=dp_size,
+        norm_len=norm_len,
     )
     with torch.no_grad():
         clip_fraction = masked_mean((surr2 < surr1).to(dt), mask_BT)

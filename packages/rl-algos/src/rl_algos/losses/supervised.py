@@ -103,8 +103,10 @@ def dpo_loss(
     Shapes ``[B]``; matches OpenRLHF ``DPOLoss``.
     """
     check_same_shape(
-        policy_chosen_B=policy_chosen_B, policy_rejected_B=policy_rejected_B,
-        ref_chosen_B=ref_chosen_B, ref_rejected_B=ref_rejected_B,
+        policy_chosen_B=policy_chosen_B,
+        policy_rejected_B=policy_rejected_B,
+        ref_chosen_B=ref_chosen_B,
+        ref_rejected_B=ref_rejected_B,
     )
     if beta <= 0:
         raise ValueError(f"beta must be > 0, got {beta}")

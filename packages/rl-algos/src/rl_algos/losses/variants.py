@@ -55,8 +55,9 @@ class ISCorrectionConfig:
         if self.kind not in valid:
             raise ValueError(f"unknown importance correction {self.kind!r}; valid: {', '.join(valid)}")
         if not 0 <= self.low <= self.high:
-            raise ValueError(f"importance-correction thresholds need 0 <= low <= high, got low={self.low}, "
-                             f"high={self.high}")
+            raise ValueError(
+                f"importance-correction thresholds need 0 <= low <= high, got low={self.low}, high={self.high}"
+            )
 
 
 @dataclass(frozen=True)
@@ -83,19 +84,40 @@ class PPOLossConfig:
     def needs_rollout_logprobs(self) -> bool:
         return self.is_correction is not None
 
-    def loss(self, logprobs_BT: Tensor, old_logprobs_BT: Tensor, advantages_BT: Tensor, mask_BT: Tensor, *,
-             rollout_logprobs_BT: Tensor | None = None, global_tokens: float | Tensor | None = None,
-             global_seqs: float | Tensor | None = None, dp_size: int = 1,
-             norm_len: float | None = None) -> PolicyLossOutput:
+    def loss(
+        self,
+        logprobs_BT: Tensor,
+        old_logprobs_BT: Tensor,
+        advantages_BT: Tensor,
+        mask_BT: Tensor,
+        *,
+        rollout_logprobs_BT: Tensor | None = None,
+        global_tokens: float | Tensor | None = None,
+        global_seqs: float | Tensor | None = None,
+        dp_size: int = 1,
+        norm_len: float | None = None,
+    ) -> PolicyLossOutput:
         """:func:`rl_algos.losses.policy.policy_loss` with this variant's fields. Shapes ``[B, T]``."""
         c = self.is_correction
         return policy_loss(
-            logprobs_BT, old_logprobs_BT, advantages_BT, mask_BT, clip_eps_low=self.clip_eps_low,
-            clip_eps_high=self.clip_eps_high, dual_clip=self.dual_clip, ratio_type=self.ratio_type,
-            rollout_logprobs_BT=rollout_logprobs_BT, correction=None if c is None else c.kind,
-            correction_low=0.5 if c is None else c.low, correction_high=5.0 if c is None else c.high,
-            aggregation=self.aggregation, global_tokens=global_tokens, global_seqs=global_seqs, dp_size=dp_size,
-            norm_len=norm_len)
+            logprobs_BT,
+            old_logprobs_BT,
+            advantages_BT,
+            mask_BT,
+            clip_eps_low=self.clip_eps_low,
+            clip_eps_high=self.clip_eps_high,
+            dual_clip=self.dual_clip,
+            ratio_type=self.ratio_type,
+            rollout_logprobs_BT=rollout_logprobs_BT,
+            correction=None if c is None else c.kind,
+            correction_low=0.5 if c is None else c.low,
+            correction_high=5.0 if c is None else c.high,
+            aggregation=self.aggregation,
+            global_tokens=global_tokens,
+            global_seqs=global_seqs,
+            dp_size=dp_size,
+            norm_len=norm_len,
+        )
 
 
 @dataclass(frozen=True)
@@ -154,8 +176,9 @@ def policy_loss_config(type: str = "ppo", **fields) -> PPOLossConfig:
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(fields) - names)
     if unknown:
-        raise ValueError(f"policy loss {type!r} has no field(s) {', '.join(unknown)}; its fields: "
-                         f"{', '.join(sorted(names))}")
+        raise ValueError(
+            f"policy loss {type!r} has no field(s) {', '.join(unknown)}; its fields: {', '.join(sorted(names))}"
+        )
     return cls(**fields)
 
 
@@ -166,39 +189,82 @@ class PolicyLossConfig:
     adds to it (entropy bonus, MoE load-balancing loss). Built, it has built the variant once (so every field
     is checked); :meth:`variant` gives it with the correction in force."""
 
-    type: str = field(default="ppo", metadata={**_meta(
-        "a registered policy-loss variant (rl_algos.POLICY_LOSSES): ppo (token ratio), gspo (sequence ratio, "
-        "arXiv:2507.18071); an extension module (--extension) registers more", "policy_loss_type",
-        "actor.policy_loss_type"), "names": lambda: sorted(POLICY_LOSSES)})
-    args: tuple[str, ...] = field(default=(), metadata=_meta(
-        "KEY=VALUE settings of the variant's own fields beyond the shared clip / dual clip / aggregation / "
-        "correction ones (an extension's variant)", "policy_loss_args"))
+    type: str = field(
+        default="ppo",
+        metadata={
+            **_meta(
+                "a registered policy-loss variant (rl_algos.POLICY_LOSSES): ppo (token ratio), gspo (sequence ratio, "
+                "arXiv:2507.18071); an extension module (--extension) registers more",
+                "policy_loss_type",
+                "actor.policy_loss_type",
+            ),
+            "names": lambda: sorted(POLICY_LOSSES),
+        },
+    )
+    args: tuple[str, ...] = field(
+        default=(),
+        metadata=_meta(
+            "KEY=VALUE settings of the variant's own fields beyond the shared clip / dual clip / aggregation / "
+            "correction ones (an extension's variant)",
+            "policy_loss_args",
+        ),
+    )
     eps_clip: float = field(default=0.2, metadata=_meta("PPO clip range (low side)", None, "actor.eps_clip"))
-    eps_clip_high: float | None = field(default=None, metadata=_meta(
-        "clip-higher (DAPO) upper range; default: eps_clip"))
-    dual_clip: float | None = field(default=None, metadata=_meta(
-        "dual-clip PPO constant (> 1)", None, "actor.dual_clip"))
-    agg_mode: str = field(default="token-mean", metadata=_meta(
-        "token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm (Dr. GRPO: divides by "
-        "generate_max_len)", "loss_agg_mode"))
-    is_correction: str | None = field(default=None, metadata=_meta(
-        "importance correction for the engine's sampling: tis | icepop | seq-mask-tis (uses rollout log-probs)",
-        None, "algo.advantage.is_correction_type"))
-    is_correction_threshold: tuple[float, float] = field(default=(0.5, 5.0), metadata=_meta(
-        "LOW HIGH bounds of the importance weights (clamp for tis, keep-range for icepop / seq-mask-tis)",
-        None, "algo.advantage.is_correction_threshold"))
-    entropy_coef: float | None = field(default=None, metadata=_meta(
-        "entropy bonus: the policy loss minus COEF x the token-mean entropy of the policy; any value, 0 included, "
-        "also logs rl/entropy (OpenRLHF's semantics)", "entropy_loss_coef", "actor.entropy_coef"))
-    aux_loss_coef: float = field(default=0.0, metadata=_meta(
-        "mixture-of-experts policy: + coef x the router's load-balancing loss in its loss, per micro-batch weighted "
-        "by its share of the samples, as OpenRLHF's actor (0: off; the critic's value head is left without it); a "
-        "model without experts is refused", None, "actor.aux_loss_coef"))
+    eps_clip_high: float | None = field(
+        default=None, metadata=_meta("clip-higher (DAPO) upper range; default: eps_clip")
+    )
+    dual_clip: float | None = field(
+        default=None, metadata=_meta("dual-clip PPO constant (> 1)", None, "actor.dual_clip")
+    )
+    agg_mode: str = field(
+        default="token-mean",
+        metadata=_meta(
+            "token-mean | seq-mean-token-mean | seq-mean-token-sum | seq-mean-token-sum-norm (Dr. GRPO: divides by "
+            "generate_max_len)",
+            "loss_agg_mode",
+        ),
+    )
+    is_correction: str | None = field(
+        default=None,
+        metadata=_meta(
+            "importance correction for the engine's sampling: tis | icepop | seq-mask-tis (uses rollout log-probs)",
+            None,
+            "algo.advantage.is_correction_type",
+        ),
+    )
+    is_correction_threshold: tuple[float, float] = field(
+        default=(0.5, 5.0),
+        metadata=_meta(
+            "LOW HIGH bounds of the importance weights (clamp for tis, keep-range for icepop / seq-mask-tis)",
+            None,
+            "algo.advantage.is_correction_threshold",
+        ),
+    )
+    entropy_coef: float | None = field(
+        default=None,
+        metadata=_meta(
+            "entropy bonus: the policy loss minus COEF x the token-mean entropy of the policy; any value, 0 included, "
+            "also logs rl/entropy (OpenRLHF's semantics)",
+            "entropy_loss_coef",
+            "actor.entropy_coef",
+        ),
+    )
+    aux_loss_coef: float = field(
+        default=0.0,
+        metadata=_meta(
+            "mixture-of-experts policy: + coef x the router's load-balancing loss in its loss, per micro-batch weighted "
+            "by its share of the samples, as OpenRLHF's actor (0: off; the critic's value head is left without it); a "
+            "model without experts is refused",
+            None,
+            "actor.aux_loss_coef",
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.entropy_coef is not None and not math.isfinite(self.entropy_coef):
-            raise ValueError(f"entropy_loss_coef (--entropy_loss_coef) must be a finite number, got "
-                             f"{self.entropy_coef}")
+            raise ValueError(
+                f"entropy_loss_coef (--entropy_loss_coef) must be a finite number, got {self.entropy_coef}"
+            )
         if not self.aux_loss_coef >= 0 or not math.isfinite(self.aux_loss_coef):
             raise ValueError(f"aux_loss_coef (--aux_loss_coef) must be a finite number >= 0, got {self.aux_loss_coef}")
         object.__setattr__(self, "args", tuple(self.args))
@@ -206,14 +272,22 @@ class PolicyLossConfig:
         try:
             self.variant()
         except ValueError as e:
-            raise ValueError(f"{e} (--policy_loss_type, --eps_clip, --eps_clip_high, --dual_clip, --loss_agg_mode, "
-                             f"--is_correction, --is_correction_threshold, --policy_loss_args)") from None
+            raise ValueError(
+                f"{e} (--policy_loss_type, --eps_clip, --eps_clip_high, --dual_clip, --loss_agg_mode, "
+                f"--is_correction, --is_correction_threshold, --policy_loss_args)"
+            ) from None
 
     def variant(self, correction: str | None = None) -> PPOLossConfig:
         """The variant these fields describe; ``correction``: the importance correction in force when
         ``is_correction`` is unset (a run that trains on older policies' samples asks for ``tis``)."""
         kind = self.is_correction or correction
         corr = None if kind is None else ISCorrectionConfig(kind, *self.is_correction_threshold)
-        return policy_loss_config(self.type, clip_eps_low=self.eps_clip, clip_eps_high=self.eps_clip_high,
-                                  dual_clip=self.dual_clip, aggregation=self.agg_mode, is_correction=corr,
-                                  **policy_loss_settings(self.type, self.args))
+        return policy_loss_config(
+            self.type,
+            clip_eps_low=self.eps_clip,
+            clip_eps_high=self.eps_clip_high,
+            dual_clip=self.dual_clip,
+            aggregation=self.agg_mode,
+            is_correction=corr,
+            **policy_loss_settings(self.type, self.args),
+        )

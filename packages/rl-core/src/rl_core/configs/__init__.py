@@ -19,6 +19,19 @@ from rl_core.configs.flat import flat_table, from_flat
 from rl_core.configs.optimizer import CriticOptimizerConfig
 from rl_core.configs.ptx import PtxConfig
 
-__all__ = ["AgentConfig", "AsyncConfig", "CheckpointConfig", "CriticOptimizerConfig", "DynamicFilteringConfig",
-           "EMAConfig", "EvalConfig", "PtxConfig", "best_metric_name", "check_eval_rows", "check_eval_set", "eval_metric_names", "flat_table",
-           "from_flat"]
+__all__ = [
+    "AgentConfig",
+    "AsyncConfig",
+    "CheckpointConfig",
+    "CriticOptimizerConfig",
+    "DynamicFilteringConfig",
+    "EMAConfig",
+    "EvalConfig",
+    "PtxConfig",
+    "best_metric_name",
+    "check_eval_rows",
+    "check_eval_set",
+    "eval_metric_names",
+    "flat_table",
+    "from_flat",
+]

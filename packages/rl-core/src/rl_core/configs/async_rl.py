@@ -17,33 +17,50 @@ class AsyncConfig:
     one that generated it; old log-probs are the trainer's and the engine's sampling is corrected by
     ``--is_correction`` (tis unless set)."""
 
-    max_staleness: int = field(default=1, metadata=meta(
-        "how many policy versions a sample may lag the policy it trains (generation waits for the weight sync "
-        "otherwise; 0: the synchronous schedule)"))
-    generate_batch_size: int | None = field(default=None, metadata=meta(
-        "prompts per generation round (default: --rollout_batch_size). Larger over-samples, as OpenRLHF's "
-        "--vllm_generate_batch_size: one round generates for several iterations and the groups past the first "
-        "batch wait in a buffer, in prompt order, for the next ones; a buffered group trains up to "
-        "floor((G + B - 2) / B) versions later than --max_staleness alone allows (B: --rollout_batch_size), which "
-        "is the bound the staleness metrics check. Dynamic filtering's refill rounds generate only the shortfall; "
-        "a round's own metrics (generate_s, reward and agent means) are logged by the iteration that ran it",
-        openrlhf=("rollout.vllm_generate_batch_size",)))
-    partial_rollout: bool = field(default=False, metadata=meta(
-        "a weight update lands between chunks of the responses being generated instead of waiting for them; the "
-        "rest is sampled with the new weights, each token tagged with its version (the importance correction then "
-        "uses each token's own rollout log-prob). HF engine", openrlhf=("train.partial_rollout_enable",)))
-    partial_rollout_tokens: int = field(default=16, metadata=meta(
-        "with --partial_rollout: tokens sampled between two points where a weight update may land"))
+    max_staleness: int = field(
+        default=1,
+        metadata=meta(
+            "how many policy versions a sample may lag the policy it trains (generation waits for the weight sync "
+            "otherwise; 0: the synchronous schedule)"
+        ),
+    )
+    generate_batch_size: int | None = field(
+        default=None,
+        metadata=meta(
+            "prompts per generation round (default: --rollout_batch_size). Larger over-samples, as OpenRLHF's "
+            "--vllm_generate_batch_size: one round generates for several iterations and the groups past the first "
+            "batch wait in a buffer, in prompt order, for the next ones; a buffered group trains up to "
+            "floor((G + B - 2) / B) versions later than --max_staleness alone allows (B: --rollout_batch_size), which "
+            "is the bound the staleness metrics check. Dynamic filtering's refill rounds generate only the shortfall; "
+            "a round's own metrics (generate_s, reward and agent means) are logged by the iteration that ran it",
+            openrlhf=("rollout.vllm_generate_batch_size",),
+        ),
+    )
+    partial_rollout: bool = field(
+        default=False,
+        metadata=meta(
+            "a weight update lands between chunks of the responses being generated instead of waiting for them; the "
+            "rest is sampled with the new weights, each token tagged with its version (the importance correction then "
+            "uses each token's own rollout log-prob). HF engine",
+            openrlhf=("train.partial_rollout_enable",),
+        ),
+    )
+    partial_rollout_tokens: int = field(
+        default=16,
+        metadata=meta("with --partial_rollout: tokens sampled between two points where a weight update may land"),
+    )
 
     def __post_init__(self) -> None:
         if self.max_staleness < 0:
             raise ValueError(f"max_staleness (--max_staleness) must be >= 0, got {self.max_staleness}")
         if self.partial_rollout_tokens < 1:
-            raise ValueError(f"partial_rollout_tokens (--partial_rollout_tokens) must be >= 1, got "
-                             f"{self.partial_rollout_tokens}")
+            raise ValueError(
+                f"partial_rollout_tokens (--partial_rollout_tokens) must be >= 1, got {self.partial_rollout_tokens}"
+            )
         if self.generate_batch_size is not None and self.generate_batch_size < 1:
-            raise ValueError(f"generate_batch_size (--generate_batch_size) must be >= 1, got "
-                             f"{self.generate_batch_size}")
+            raise ValueError(
+                f"generate_batch_size (--generate_batch_size) must be >= 1, got {self.generate_batch_size}"
+            )
 
     def staleness_bound(self, rollout_batch_size: int) -> int:
         """The most versions a sample may lag the policy it trains: ``max_staleness``, plus what over-sampling's

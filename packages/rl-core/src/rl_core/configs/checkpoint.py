@@ -15,34 +15,67 @@ from rl_rollout.config import check_numbers, meta
 class CheckpointConfig:
     """Where checkpoints go, how often, how many are kept, and whether the run resumes from one."""
 
-    save_path: str | None = field(default=None, metadata=meta(
-        "final HF export of the trained model", openrlhf=("ckpt.output_dir",)))
-    ckpt_path: str | None = field(default=None, metadata=meta(
-        "checkpoint folder: one folder per save (the RL loop: iter_N/ with policy/, critic/, loop_state.json), "
-        "committed by its COMPLETE marker, written last", openrlhf=("ckpt.path",)))
-    save_steps: int = field(default=-1, metadata=meta(
-        "checkpoint every N steps (RL: iterations; offline trainers: optimizer steps; -1: none)",
-        openrlhf=("ckpt.save_steps",)))
-    max_ckpt_num: int = field(default=3, metadata=meta(
-        "committed checkpoints kept (older ones go only after a newer one is committed)", openrlhf=("ckpt.max_num",)))
-    max_ckpt_mem: float | None = field(default=None, metadata=meta(
-        "disk budget of --ckpt_path in GB: after each commit the oldest checkpoints go while the folder without the "
-        "newest one holds more (as OpenRLHF, which prunes before each save); the newest is never removed, nor the "
-        "RL loop's best one (unset or inf, OpenRLHF's PPO default: no budget)", openrlhf=("ckpt.max_mem",)))
-    disable_ds_ckpt: bool = field(default=False, metadata=meta(
-        "checkpoints without the DeepSpeed state (weights, optimizer), as OpenRLHF's flag: with --save_hf_ckpt a "
-        "checkpoint holds only the HF exports (and the RL loop's state), without it none is written; "
-        "--load_checkpoint cannot resume from one (start a new run from the HF export with --pretrain)",
-        openrlhf=("ckpt.disable_ds",)))
-    save_hf_ckpt: bool = field(default=False, metadata=meta(
-        "every checkpoint also holds the Hugging Face export of the model (RL: iter_N/hf/, and of the critic, if "
-        "any, iter_N/hf/critic/; offline: --ckpt_path/step_N_hf, kept, not pruned), written before the "
-        "checkpoint's COMPLETE marker; without --save_steps no checkpoint is written, so neither is this (as in "
-        "OpenRLHF; the final model goes to --save_path)", openrlhf=("ckpt.save_hf",)))
-    load_checkpoint: bool = field(default=False, metadata=meta(
-        "resume from the newest committed checkpoint under --ckpt_path. Trusted checkpoints only: DeepSpeed reads "
-        "them with torch.load(weights_only=False), so loading one runs any code it holds; for weights from "
-        "elsewhere start from their HF export (safetensors) with --pretrain", openrlhf=("ckpt.load_enable",)))
+    save_path: str | None = field(
+        default=None, metadata=meta("final HF export of the trained model", openrlhf=("ckpt.output_dir",))
+    )
+    ckpt_path: str | None = field(
+        default=None,
+        metadata=meta(
+            "checkpoint folder: one folder per save (the RL loop: iter_N/ with policy/, critic/, loop_state.json), "
+            "committed by its COMPLETE marker, written last",
+            openrlhf=("ckpt.path",),
+        ),
+    )
+    save_steps: int = field(
+        default=-1,
+        metadata=meta(
+            "checkpoint every N steps (RL: iterations; offline trainers: optimizer steps; -1: none)",
+            openrlhf=("ckpt.save_steps",),
+        ),
+    )
+    max_ckpt_num: int = field(
+        default=3,
+        metadata=meta(
+            "committed checkpoints kept (older ones go only after a newer one is committed)", openrlhf=("ckpt.max_num",)
+        ),
+    )
+    max_ckpt_mem: float | None = field(
+        default=None,
+        metadata=meta(
+            "disk budget of --ckpt_path in GB: after each commit the oldest checkpoints go while the folder without the "
+            "newest one holds more (as OpenRLHF, which prunes before each save); the newest is never removed, nor the "
+            "RL loop's best one (unset or inf, OpenRLHF's PPO default: no budget)",
+            openrlhf=("ckpt.max_mem",),
+        ),
+    )
+    disable_ds_ckpt: bool = field(
+        default=False,
+        metadata=meta(
+            "checkpoints without the DeepSpeed state (weights, optimizer), as OpenRLHF's flag: with --save_hf_ckpt a "
+            "checkpoint holds only the HF exports (and the RL loop's state), without it none is written; "
+            "--load_checkpoint cannot resume from one (start a new run from the HF export with --pretrain)",
+            openrlhf=("ckpt.disable_ds",),
+        ),
+    )
+    save_hf_ckpt: bool = field(
+        default=False,
+        metadata=meta(
+            "every checkpoint also holds the Hugging Face export of the model (RL: iter_N/hf/, and of the critic, if "
+            "any, iter_N/hf/critic/; offline: --ckpt_path/step_N_hf, kept, not pruned), written before the "
+            "checkpoint's COMPLETE marker; without --save_steps no checkpoint is written, so neither is this (as in "
+            "OpenRLHF; the final model goes to --save_path)",
+            openrlhf=("ckpt.save_hf",),
+        ),
+    )
+    load_checkpoint: bool = field(
+        default=False,
+        metadata=meta(
+            "resume from the newest committed checkpoint under --ckpt_path. Trusted checkpoints only: DeepSpeed reads "
+            "them with torch.load(weights_only=False), so loading one runs any code it holds; for weights from "
+            "elsewhere start from their HF export (safetensors) with --pretrain",
+            openrlhf=("ckpt.load_enable",),
+        ),
+    )
 
     def __post_init__(self) -> None:
         unset_infinite_budget(self)  # inf, OpenRLHF's PPO default: no budget

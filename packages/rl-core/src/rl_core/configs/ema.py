@@ -15,8 +15,10 @@ class EMAConfig:
     partition), and exported instead of the policy (--save_path, --save_hf_ckpt); checkpoints keep it; the engines
     sample from the policy itself."""
 
-    beta: float = field(default=0.992, metadata=meta(
-        "ema = beta x ema + (1 - beta) x weights", flags=("ema_beta",), openrlhf=("train.ema_beta",)))
+    beta: float = field(
+        default=0.992,
+        metadata=meta("ema = beta x ema + (1 - beta) x weights", flags=("ema_beta",), openrlhf=("train.ema_beta",)),
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.beta <= 1:

@@ -14,8 +14,15 @@ _OPENRLHF_PASS = re.compile(r"^eval_.+_pass(\d+)$")  # OpenRLHF's eval_{datasour
 
 def eval_metric_names(n: int) -> list[str]:
     """The ``eval/`` metrics of a pass with ``n`` samples per prompt, without the prefix."""
-    return ["reward_mean", *([f"pass@{n}"] if n > 1 else []), "response_length", "truncated", "samples",
-            "reward_failures", "seconds"]
+    return [
+        "reward_mean",
+        *([f"pass@{n}"] if n > 1 else []),
+        "response_length",
+        "truncated",
+        "samples",
+        "reward_failures",
+        "seconds",
+    ]
 
 
 def best_metric_name(key: str, n: int) -> str | None:
@@ -30,17 +37,20 @@ def best_metric_name(key: str, n: int) -> str | None:
         name = "reward_mean" if m.group(1) == "1" else f"pass@{m.group(1)}"
     names = eval_metric_names(n)
     if name not in names:
-        raise ValueError(f"--best_metric_key {key!r}: the eval pass logs {', '.join('eval/' + x for x in names)} "
-                         f"(with --eval_n_samples_per_prompt {n}); pick one of them, or none to keep no best "
-                         f"checkpoint")
+        raise ValueError(
+            f"--best_metric_key {key!r}: the eval pass logs {', '.join('eval/' + x for x in names)} "
+            f"(with --eval_n_samples_per_prompt {n}); pick one of them, or none to keep no best "
+            f"checkpoint"
+        )
     return "eval/" + name
 
 
 def check_eval_set(steps: int, has_eval_set: bool) -> None:
     """Evaluating every ``steps`` steps needs an eval set (the one check of it, for every trainer)."""
     if steps > 0 and not has_eval_set:
-        raise ValueError(f"--eval_steps {steps} needs --eval_dataset PATH (the rows to evaluate on), or drop "
-                         f"--eval_steps")
+        raise ValueError(
+            f"--eval_steps {steps} needs --eval_dataset PATH (the rows to evaluate on), or drop --eval_steps"
+        )
 
 
 def check_eval_rows(rows: int, source: str | None = None) -> None:
@@ -55,31 +65,56 @@ def check_eval_rows(rows: int, source: str | None = None) -> None:
 class EvalConfig:
     """When the eval pass runs, how it samples, and which of its metrics picks the best checkpoint."""
 
-    steps: int = field(default=-1, metadata=meta(
-        "with --eval_dataset: evaluate every N iterations and after the last one (-1: only after the last one)",
-        flags=("eval_steps",), openrlhf=("eval.steps",)))
-    n_samples_per_prompt: int = field(default=4, metadata=meta(
-        "samples per eval prompt; eval/pass@N is the mean over prompts of the best sample's reward",
-        flags=("eval_n_samples_per_prompt",), openrlhf=("eval.n_samples_per_prompt",)))
-    temperature: float = field(default=0.6, metadata=meta(
-        "sampling temperature of the eval pass (0: greedy)", flags=("eval_temperature",),
-        openrlhf=("eval.temperature",)))
-    best_metric_key: str = field(default="", metadata=meta(
-        "with --ckpt_path and --eval_dataset: keep the checkpoint of the best eval so far (higher is better) in "
-        "best_iter_N/ beside the iter_N/ ones, replacing the previous best, never pruned; the key is an eval "
-        "metric (reward_mean, pass@N, ...; eval/ prefix optional). Empty: eval/reward_mean (OpenRLHF's auto "
-        "choice, its pass1); none: off", flags=("best_metric_key",), openrlhf=("ckpt.best_metric_key",)))
+    steps: int = field(
+        default=-1,
+        metadata=meta(
+            "with --eval_dataset: evaluate every N iterations and after the last one (-1: only after the last one)",
+            flags=("eval_steps",),
+            openrlhf=("eval.steps",),
+        ),
+    )
+    n_samples_per_prompt: int = field(
+        default=4,
+        metadata=meta(
+            "samples per eval prompt; eval/pass@N is the mean over prompts of the best sample's reward",
+            flags=("eval_n_samples_per_prompt",),
+            openrlhf=("eval.n_samples_per_prompt",),
+        ),
+    )
+    temperature: float = field(
+        default=0.6,
+        metadata=meta(
+            "sampling temperature of the eval pass (0: greedy)",
+            flags=("eval_temperature",),
+            openrlhf=("eval.temperature",),
+        ),
+    )
+    best_metric_key: str = field(
+        default="",
+        metadata=meta(
+            "with --ckpt_path and --eval_dataset: keep the checkpoint of the best eval so far (higher is better) in "
+            "best_iter_N/ beside the iter_N/ ones, replacing the previous best, never pruned; the key is an eval "
+            "metric (reward_mean, pass@N, ...; eval/ prefix optional). Empty: eval/reward_mean (OpenRLHF's auto "
+            "choice, its pass1); none: off",
+            flags=("best_metric_key",),
+            openrlhf=("ckpt.best_metric_key",),
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.steps == 0 or self.steps < -1:
-            raise ValueError(f"eval_steps (--eval_steps) must be >= 1, or -1 to evaluate only after the last "
-                             f"iteration, got {self.steps}")
+            raise ValueError(
+                f"eval_steps (--eval_steps) must be >= 1, or -1 to evaluate only after the last "
+                f"iteration, got {self.steps}"
+            )
         if self.n_samples_per_prompt < 1:
-            raise ValueError(f"eval_n_samples_per_prompt (--eval_n_samples_per_prompt) must be >= 1, got "
-                             f"{self.n_samples_per_prompt}")
+            raise ValueError(
+                f"eval_n_samples_per_prompt (--eval_n_samples_per_prompt) must be >= 1, got {self.n_samples_per_prompt}"
+            )
         if not self.temperature >= 0 or self.temperature == float("inf"):
-            raise ValueError(f"eval_temperature (--eval_temperature) must be >= 0 (0: greedy) and finite, got "
-                             f"{self.temperature}")
+            raise ValueError(
+                f"eval_temperature (--eval_temperature) must be >= 0 (0: greedy) and finite, got {self.temperature}"
+            )
         best_metric_name(self.best_metric_key, self.n_samples_per_prompt)  # a metric the eval never logs fails
 
     @property

@@ -64,8 +64,10 @@ def from_flat(cls: type, **flat):
     for name, value in flat.items():
         if name not in table:
             close = difflib.get_close_matches(name, list(table), n=3, cutoff=0.6)
-            raise TypeError(f"{cls.__name__}.from_flat: unknown setting {name!r}"
-                            + (f"; did you mean {', '.join(close)}?" if close else ""))
+            raise TypeError(
+                f"{cls.__name__}.from_flat: unknown setting {name!r}"
+                + (f"; did you mean {', '.join(close)}?" if close else "")
+            )
         path, switch = table[name]
         if switch:
             switches[path] = bool(value)
@@ -82,7 +84,7 @@ def from_flat(cls: type, **flat):
                 if path in values:
                     kw[f.name] = values[path]
                 continue
-            given = [p for p in values if p[:len(path)] == path]
+            given = [p for p in values if p[: len(path)] == path]
             if node[1] and f.metadata.get("switch"):
                 on = switches.get(path, False)
                 if given and not on:

@@ -12,12 +12,12 @@ from rl_core.data.blending import blend_rows, training_rows
 from rl_core.data.collate import model_inputs, pack_collate, pack_greedy, pad_collate, preference_collate, sequence_sums
 from rl_core.data.config import DataConfig
 from rl_core.data.datasets import (
-                                  DataReport,
-                                  KTODataset,
-                                  PreferenceDataset,
-                                  PretrainDataset,
-                                  PromptDataset,
-                                  SFTDataset,
+    DataReport,
+    KTODataset,
+    PreferenceDataset,
+    PretrainDataset,
+    PromptDataset,
+    SFTDataset,
 )
 from rl_core.data.encoding import Encoded
 from rl_core.data.loading import DataError, MissingDataFile, Row, load_rows

@@ -47,8 +47,15 @@ def interleave_order(lengths: list[int], probs: list[float], seed: int) -> list[
     return list(zip(used.tolist(), rows.tolist(), strict=True))
 
 
-def blend_rows(path: str, probs: tuple[float, ...], *, split: str = "train", max_samples: int | None = None,
-               seed: int = 42, skip_bad: bool = False) -> list[Row]:
+def blend_rows(
+    path: str,
+    probs: tuple[float, ...],
+    *,
+    split: str = "train",
+    max_samples: int | None = None,
+    seed: int = 42,
+    skip_bad: bool = False,
+) -> list[Row]:
     """OpenRLHF's ``blending_datasets`` with probabilities, then its cut to ``max_samples``: the rows of the
     comma-separated datasets of ``path`` (each its first ``max_samples``), mixed by ``probs``."""
     paths = _split_paths(path)
@@ -64,5 +71,11 @@ def training_rows(cfg, seed: int) -> list[Row]:
     ``seed``, as OpenRLHF's ``--seed``) when given, else concatenated."""
     if cfg.dataset_probs is None:
         return load_rows(cfg.dataset, cfg.split, cfg.max_samples, skip_bad=cfg.skip_bad_rows)
-    return blend_rows(cfg.dataset, cfg.probabilities, split=cfg.split, max_samples=cfg.max_samples, seed=seed,
-                      skip_bad=cfg.skip_bad_rows)
+    return blend_rows(
+        cfg.dataset,
+        cfg.probabilities,
+        split=cfg.split,
+        max_samples=cfg.max_samples,
+        seed=seed,
+        skip_bad=cfg.skip_bad_rows,
+    )

@@ -32,7 +32,9 @@ def _pad(seqs: list[torch.Tensor], value: int) -> torch.Tensor:
 def _padded_batch(ids: list[torch.Tensor], masks: list[torch.Tensor], pad_id: int) -> dict[str, torch.Tensor]:
     for b, (i, m) in enumerate(zip(ids, masks, strict=True)):
         if i.shape != m.shape or i.ndim != 1 or len(i) == 0:
-            raise ValueError(f"item {b}: ids {tuple(i.shape)} and loss mask {tuple(m.shape)} must be equal non-empty 1-D")
+            raise ValueError(
+                f"item {b}: ids {tuple(i.shape)} and loss mask {tuple(m.shape)} must be equal non-empty 1-D"
+            )
     input_ids = _pad(ids, pad_id)
     attention_mask = _pad([torch.ones_like(i) for i in ids], 0)
     loss_mask = _pad(masks, 0)
@@ -58,8 +60,11 @@ def preference_collate(items: list[dict], pad_id: int, *, packing: bool = False)
     the :func:`pack_collate` row of the ``2B`` sequences in that order (``position_ids``, ``seq_lens``)."""
     if not items:
         raise ValueError("preference_collate got an empty list of items")
-    seqs = [{"input_ids": it[f"{side}_ids"], "loss_mask": it[f"{side}_mask"]}
-            for side in ("chosen", "rejected") for it in items]
+    seqs = [
+        {"input_ids": it[f"{side}_ids"], "loss_mask": it[f"{side}_mask"]}
+        for side in ("chosen", "rejected")
+        for it in items
+    ]
     batch = pack_collate(seqs) if packing else pad_collate(seqs, pad_id)
     batch["margin"] = torch.tensor([float(it["margin"]) for it in items], dtype=torch.float32)
     return batch
@@ -99,7 +104,9 @@ def pack_collate(items: list[dict]) -> dict:
     for b, it in enumerate(items):
         m = it["loss_mask"].clone()
         if m.shape != ids[b].shape or m.ndim != 1 or len(m) == 0:
-            raise ValueError(f"item {b}: ids {tuple(ids[b].shape)} and loss mask {tuple(m.shape)} must be equal non-empty 1-D")
+            raise ValueError(
+                f"item {b}: ids {tuple(ids[b].shape)} and loss mask {tuple(m.shape)} must be equal non-empty 1-D"
+            )
         m[0] = 0
         masks.append(m)
     seq_lens = [len(i) for i in ids]

@@ -47,33 +47,59 @@ class DataConfig:
     margin_key: str | None = field(default=None, metadata=meta("preference data: column of a margin"))
     desirable_key: str = field(default="label", metadata=meta("KTO: bool column, desirable or not"))
     apply_chat_template: bool = field(default=False, metadata=meta("apply the tokenizer's chat template to the prompt"))
-    tokenizer_chat_template: str | None = field(default=None, metadata=meta(
-        "with --apply_chat_template, a Jinja chat template that replaces the tokenizer's for the run: the rows "
-        "are rendered with it and the saved tokenizer keeps it (OpenRLHF sets tokenizer.chat_template the same "
-        "way)"))
-    input_template: str | None = field(default=None, metadata=meta("str.format pattern with one {} used without a chat template"))
+    tokenizer_chat_template: str | None = field(
+        default=None,
+        metadata=meta(
+            "with --apply_chat_template, a Jinja chat template that replaces the tokenizer's for the run: the rows "
+            "are rendered with it and the saved tokenizer keeps it (OpenRLHF sets tokenizer.chat_template the same "
+            "way)"
+        ),
+    )
+    input_template: str | None = field(
+        default=None, metadata=meta("str.format pattern with one {} used without a chat template")
+    )
     max_len: int = field(default=2048, metadata=meta("token limit of every sequence (prompts for RL)"))
     max_samples: int | None = field(default=None, metadata=meta("read at most this many rows"))
     skip_bad_rows: bool = field(default=False, metadata=meta("count and skip malformed rows instead of failing"))
-    packing: bool | None = field(default=None, metadata=meta(
-        "pack several samples per row (no padding); unset (auto): rl ppo packs where the packed attention runs "
-        "without a dense mask (CUDA, rl_core.rl.auto), the offline trainers pad"))
+    packing: bool | None = field(
+        default=None,
+        metadata=meta(
+            "pack several samples per row (no padding); unset (auto): rl ppo packs where the packed attention runs "
+            "without a dense mask (CUDA, rl_core.rl.auto), the offline trainers pad"
+        ),
+    )
     eval_dataset: str | None = field(default=None, metadata=meta("an evaluation set in the same formats and keys"))
     eval_split: str = field(default="train", metadata=meta("split of --eval_dataset"))
     max_eval_samples: int | None = field(default=None, metadata=meta("read at most this many eval rows"))
-    dataset_probs: str | None = field(default=None, metadata=meta(
-        "mix the comma-separated --dataset files by these probabilities, one per file, summing to 1 (e.g. "
-        "0.7,0.3): OpenRLHF's blending_datasets, seeded by --seed (rl_core.data.blending)",
-        openrlhf=("prompt_data_probs", "data.prompt_probs")))
-    image_key: str | None = field(default=None, metadata=meta(
-        "RL prompts of a vision-language model: column of each prompt's images (a local path, bytes or a PIL "
-        "image, or a list of them; none: a text-only prompt); the prompt marks where they go with "
-        "{'type': 'image'} content parts (or <image> in a string) under --apply_chat_template"))
-    max_images_per_prompt: int = field(default=1, metadata=meta(
-        "with --image_key: the most images one prompt may have (a row with more stops the run, naming it)"))
-    disable_fast_tokenizer: bool = field(default=False, metadata=meta(
-        "load the tokenizer with AutoTokenizer(use_fast=False), as OpenRLHF does; transformers 5 (which both pin) "
-        "ignores use_fast and always loads the tokenizers backend"))
+    dataset_probs: str | None = field(
+        default=None,
+        metadata=meta(
+            "mix the comma-separated --dataset files by these probabilities, one per file, summing to 1 (e.g. "
+            "0.7,0.3): OpenRLHF's blending_datasets, seeded by --seed (rl_core.data.blending)",
+            openrlhf=("prompt_data_probs", "data.prompt_probs"),
+        ),
+    )
+    image_key: str | None = field(
+        default=None,
+        metadata=meta(
+            "RL prompts of a vision-language model: column of each prompt's images (a local path, bytes or a PIL "
+            "image, or a list of them; none: a text-only prompt); the prompt marks where they go with "
+            "{'type': 'image'} content parts (or <image> in a string) under --apply_chat_template"
+        ),
+    )
+    max_images_per_prompt: int = field(
+        default=1,
+        metadata=meta(
+            "with --image_key: the most images one prompt may have (a row with more stops the run, naming it)"
+        ),
+    )
+    disable_fast_tokenizer: bool = field(
+        default=False,
+        metadata=meta(
+            "load the tokenizer with AutoTokenizer(use_fast=False), as OpenRLHF does; transformers 5 (which both pin) "
+            "ignores use_fast and always loads the tokenizers backend"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if self.dataset is not None and (not isinstance(self.dataset, str) or not self.dataset.strip()):
@@ -82,10 +108,12 @@ class DataConfig:
             raise ValueError(f"split (--split) must be a non-empty name such as 'train', got {self.split!r}")
         if self.eval_dataset is not None and (not isinstance(self.eval_dataset, str) or not self.eval_dataset.strip()):
             raise ValueError(
-                f"eval_dataset (--eval_dataset) must be a non-empty path or unset, got {self.eval_dataset!r}")
+                f"eval_dataset (--eval_dataset) must be a non-empty path or unset, got {self.eval_dataset!r}"
+            )
         if not isinstance(self.eval_split, str) or not self.eval_split:
             raise ValueError(
-                f"eval_split (--eval_split) must be a non-empty name such as 'test', got {self.eval_split!r}")
+                f"eval_split (--eval_split) must be a non-empty name such as 'test', got {self.eval_split!r}"
+            )
         for name in ("input_key", "chosen_key", "rejected_key", "desirable_key"):
             _check_key(name, getattr(self, name), optional=False)
         for name in ("output_key", "label_key", "prompt_key", "margin_key", "image_key"):
@@ -101,12 +129,16 @@ class DataConfig:
         self._check_template()
         self._check_probs()
         if self.image_key is not None and self.packing:
-            raise ValueError("packing prompts with images is not built: drop --packing (OpenRLHF: --packing_samples) "
-                             "for vision-language prompts (--image_key); padded rows train the same")
+            raise ValueError(
+                "packing prompts with images is not built: drop --packing (OpenRLHF: --packing_samples) "
+                "for vision-language prompts (--image_key); padded rows train the same"
+            )
         m = self.max_images_per_prompt
         if isinstance(m, bool) or not isinstance(m, int) or m < 1:
-            raise ValueError(f"max_images_per_prompt (--max_images_per_prompt) must be >= 1, got {m!r}; leave "
-                             f"--image_key unset for text-only prompts")
+            raise ValueError(
+                f"max_images_per_prompt (--max_images_per_prompt) must be >= 1, got {m!r}; leave "
+                f"--image_key unset for text-only prompts"
+            )
         if isinstance(self.max_len, bool) or not isinstance(self.max_len, int) or self.max_len <= 0:
             raise ValueError(f"max_len (--max_len) must be a positive number of tokens, got {self.max_len!r}")
         for name in ("max_samples", "max_eval_samples"):
@@ -117,12 +149,16 @@ class DataConfig:
     def _check_template(self) -> None:
         chat = self.tokenizer_chat_template
         if chat is not None and (not isinstance(chat, str) or not chat.strip()):
-            raise ValueError(f"tokenizer_chat_template (--tokenizer_chat_template) must be a Jinja template, got "
-                             f"{chat!r}; drop the flag to keep the tokenizer's own")
+            raise ValueError(
+                f"tokenizer_chat_template (--tokenizer_chat_template) must be a Jinja template, got "
+                f"{chat!r}; drop the flag to keep the tokenizer's own"
+            )
         if chat is not None and not self.apply_chat_template:
             # OpenRLHF reads it only under --apply_chat_template; a flag that does nothing is a trap.
-            raise ValueError("tokenizer_chat_template (--tokenizer_chat_template) is used only with "
-                             "--apply_chat_template; add --apply_chat_template or drop the template")
+            raise ValueError(
+                "tokenizer_chat_template (--tokenizer_chat_template) is used only with "
+                "--apply_chat_template; add --apply_chat_template or drop the template"
+            )
         tpl = self.input_template
         if tpl is None:
             return
@@ -145,7 +181,6 @@ class DataConfig:
                 "the input template; drop --input_template or --apply_chat_template"
             )
 
-
     @property
     def probabilities(self) -> tuple[float, ...] | None:
         """``dataset_probs`` as numbers (checked in ``__post_init__``); None: concatenate the files."""
@@ -161,21 +196,28 @@ class DataConfig:
         try:
             probs = self.probabilities
         except ValueError:
-            raise ValueError(f"{flag} must be numbers separated by commas, one per --dataset file, e.g. 0.7,0.3"
-                             ) from None
+            raise ValueError(
+                f"{flag} must be numbers separated by commas, one per --dataset file, e.g. 0.7,0.3"
+            ) from None
         if probs is None:  # not reached: dataset_probs is set
             return
         if self.dataset is not None:
             files = [p for p in self.dataset.split(",") if p.strip()]
             if len(files) != len(probs):
-                raise ValueError(f"{flag} gives {len(probs)} probabilities for {len(files)} --dataset files "
-                                 f"({self.dataset!r}); give one per file, in the same order")
+                raise ValueError(
+                    f"{flag} gives {len(probs)} probabilities for {len(files)} --dataset files "
+                    f"({self.dataset!r}); give one per file, in the same order"
+                )
         if not all(math.isfinite(p) and p > 0 for p in probs):
-            raise ValueError(f"{flag}: every probability must be > 0 (a source never drawn is never exhausted, and "
-                             f"OpenRLHF's mixture only ends when all are); drop that file from --dataset instead")
+            raise ValueError(
+                f"{flag}: every probability must be > 0 (a source never drawn is never exhausted, and "
+                f"OpenRLHF's mixture only ends when all are); drop that file from --dataset instead"
+            )
         if abs(sum(probs) - 1) > 1e-6:
-            raise ValueError(f"{flag} sums to {sum(probs):g}; the probabilities must sum to 1 (numpy's draw in "
-                             f"OpenRLHF refuses others), e.g. {','.join(f'{p / sum(probs):.4g}' for p in probs)}")
+            raise ValueError(
+                f"{flag} sums to {sum(probs):g}; the probabilities must sum to 1 (numpy's draw in "
+                f"OpenRLHF refuses others), e.g. {','.join(f'{p / sum(probs):.4g}' for p in probs)}"
+            )
 
 
 def _check_key(name: str, value: object, *, optional: bool) -> None:

@@ -103,7 +103,9 @@ class _EagerDataset(Dataset):
         if report.bad_rows_skipped:
             logger.warning(
                 "%s skipped %d bad rows (skip_bad_rows); first reasons:\n  %s",
-                report.kind, report.bad_rows_skipped, "\n  ".join(report.bad_reasons),
+                report.kind,
+                report.bad_rows_skipped,
+                "\n  ".join(report.bad_reasons),
             )
         logger.info(report.summary())
         if not self.items:
@@ -160,9 +162,11 @@ class PromptDataset(_EagerDataset):
 
     def __init__(self, rows: Sequence[dict], tokenizer, cfg: DataConfig, processor=None) -> None:
         if cfg.image_key is not None and processor is None:
-            raise ValueError(f"--image_key {cfg.image_key!r} reads images for a vision-language model, but no "
-                             f"processor was given: --pretrain must be a VLM folder with its processor "
-                             f"(processor_config.json), or leave --image_key unset")
+            raise ValueError(
+                f"--image_key {cfg.image_key!r} reads images for a vision-language model, but no "
+                f"processor was given: --pretrain must be a VLM folder with its processor "
+                f"(processor_config.json), or leave --image_key unset"
+            )
         self.processor = processor if cfg.image_key is not None else None
         # the rollout's image tensors (rl_core.trainers.ppo_rollout): the engine and the trainer see the same pixels
         self.image_processor = getattr(self.processor, "image_processor", None)
@@ -183,8 +187,9 @@ class PromptDataset(_EagerDataset):
             try:
                 ids = self.processor(text=[prompt], images=images, add_special_tokens=False)["input_ids"][0]
             except ValueError as e:  # e.g. placeholders and images do not match in number
-                raise DataError(f"{where}: the processor rejected the prompt with its {len(images)} images: "
-                                f"{e}") from None
+                raise DataError(
+                    f"{where}: the processor rejected the prompt with its {len(images)} images: {e}"
+                ) from None
             ids = list(ids)
         else:
             ids = self.tokenizer(prompt, add_special_tokens=False)["input_ids"]
@@ -205,8 +210,10 @@ class PromptDataset(_EagerDataset):
         except ValueError as e:
             raise DataError(f"{where}: {cfg.image_key!r} (--image_key): {e}") from None
         if len(images) > cfg.max_images_per_prompt:
-            raise DataError(f"{where}: {len(images)} images in {cfg.image_key!r}, more than --max_images_per_prompt "
-                            f"{cfg.max_images_per_prompt}; raise --max_images_per_prompt or drop the row")
+            raise DataError(
+                f"{where}: {len(images)} images in {cfg.image_key!r}, more than --max_images_per_prompt "
+                f"{cfg.max_images_per_prompt}; raise --max_images_per_prompt or drop the row"
+            )
         return refs, images
 
 
@@ -262,8 +269,10 @@ class PretrainDataset(_EagerDataset):
     def _encode(self, row: dict, where: str) -> dict:
         text = _get(row, self.cfg.input_key, "input_key", where, "the pretraining text")
         if not isinstance(text, str) or not text.strip():
-            raise DataError(f"{where}: {self.cfg.input_key!r} (--input_key) of --pretrain_data must be a non-empty "
-                            f"string, got {type(text).__name__}")
+            raise DataError(
+                f"{where}: {self.cfg.input_key!r} (--input_key) of --pretrain_data must be a non-empty "
+                f"string, got {type(text).__name__}"
+            )
         ids = self.tokenizer(text, add_special_tokens=False)["input_ids"]
         input_ids, loss_mask = self._fit(Encoded(ids, [0] + [1] * (len(ids) - 1)))
         return {"input_ids": input_ids, "loss_mask": loss_mask}
@@ -286,7 +295,10 @@ class PreferenceDataset(_EagerDataset):
         if cfg.prompt_key is not None:
             prompt = _get(row, cfg.prompt_key, "prompt_key", where, "the prompt")
         out: dict = {}
-        for side, key, flag in (("chosen", cfg.chosen_key, "chosen_key"), ("rejected", cfg.rejected_key, "rejected_key")):
+        for side, key, flag in (
+            ("chosen", cfg.chosen_key, "chosen_key"),
+            ("rejected", cfg.rejected_key, "rejected_key"),
+        ):
             response = _get(row, key, flag, where, f"the {side} response")
             if not isinstance(response, (str, list)):
                 raise DataError(
@@ -316,7 +328,9 @@ class KTODataset(_EagerDataset):
         if n_good in (0, len(self.items)):
             logger.warning(
                 "KTODataset: all %d kept rows are %s; KTO weighs desirable against undesirable examples, "
-                "check --desirable_key", len(self.items), "desirable" if n_good else "undesirable",
+                "check --desirable_key",
+                len(self.items),
+                "desirable" if n_good else "undesirable",
             )
 
     def _check_config(self) -> None:
@@ -336,12 +350,15 @@ class KTODataset(_EagerDataset):
             )
         flag = _get(row, cfg.desirable_key, "desirable_key", where, "the desirable flag")
         if not (isinstance(flag, bool) or (type(flag) is int and flag in (0, 1))):
-            raise DataError(
-                f"{where}: {cfg.desirable_key!r} (--desirable_key) must be true/false or 0/1, got {flag!r}"
-            )
+            raise DataError(f"{where}: {cfg.desirable_key!r} (--desirable_key) must be true/false or 0/1, got {flag!r}")
         enc = encode_completion(
-            self.tokenizer, cfg, prompt, completion, where,
-            f"{cfg.input_key!r} (--input_key)", f"{cfg.output_key!r} (--output_key)",
+            self.tokenizer,
+            cfg,
+            prompt,
+            completion,
+            where,
+            f"{cfg.input_key!r} (--input_key)",
+            f"{cfg.output_key!r} (--output_key)",
         )
         input_ids, loss_mask = self._fit(enc)
         return {"input_ids": input_ids, "loss_mask": loss_mask, "desirable": bool(flag)}

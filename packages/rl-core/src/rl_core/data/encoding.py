@@ -60,9 +60,7 @@ def as_messages(value: object, where: str, label: str) -> list[dict]:
         raise DataError(f"{where}: {label} must be a string or a non-empty list of chat messages, got {_show(value)}")
     for j, m in enumerate(value):
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-            raise DataError(
-                f"{where}: {label} message {j} must be {{'role': str, 'content': str}}, got {_show(m)}"
-            )
+            raise DataError(f"{where}: {label} message {j} must be {{'role': str, 'content': str}}, got {_show(m)}")
     return [dict(m) for m in value]
 
 
@@ -77,15 +75,21 @@ def image_messages(value: object, where: str, label: str) -> list[dict]:
     out = []
     for j, m in enumerate(value):
         content = m.get("content") if isinstance(m, dict) else None
-        parts_ok = isinstance(content, list) and all(isinstance(p, dict) and isinstance(p.get("type"), str)
-                                                     for p in content)
+        parts_ok = isinstance(content, list) and all(
+            isinstance(p, dict) and isinstance(p.get("type"), str) for p in content
+        )
         if not (isinstance(m, dict) and isinstance(m.get("role"), str) and (isinstance(content, str) or parts_ok)):
-            raise DataError(f"{where}: {label} message {j} must be {{'role': str, 'content': str or a list of "
-                            f"{{'type': 'image' | 'text', ...}} parts}}, got {_show(m)}")
+            raise DataError(
+                f"{where}: {label} message {j} must be {{'role': str, 'content': str or a list of "
+                f"{{'type': 'image' | 'text', ...}} parts}}, got {_show(m)}"
+            )
         if isinstance(content, str) and "<image>" in content:
             pieces = content.split("<image>")
-            content = [p for i, piece in enumerate(pieces)
-                       for p in ([{"type": "image"}] if i else []) + ([{"type": "text", "text": piece}] if piece else [])]
+            content = [
+                p
+                for i, piece in enumerate(pieces)
+                for p in ([{"type": "image"}] if i else []) + ([{"type": "text", "text": piece}] if piece else [])
+            ]
         out.append({**m, "content": content})
     return out
 
@@ -152,7 +156,9 @@ def encode_chat(tokenizer, messages: list[dict], targets: list[int], where: str,
     for i in sorted(set(targets)):
         msg = messages[i]
         if msg["role"] != "assistant":
-            raise DataError(f"{where}: {label} message {i} has role {msg['role']!r}, only assistant turns are trained on")
+            raise DataError(
+                f"{where}: {label} message {i} has role {msg['role']!r}, only assistant turns are trained on"
+            )
         _require_content(msg["content"], where, f"{label} message {i} (assistant)")
         if i == 0:
             raise DataError(f"{where}: {label} starts with an assistant turn; put a system or user message before it")

@@ -55,8 +55,9 @@ def where_of(row: object, index: int) -> str:
     return f"rows[{index}] (row {index + 1})"
 
 
-def load_rows(path: str | os.PathLike, split: str = "train", max_samples: int | None = None, *,
-              skip_bad: bool = False) -> list[Row]:
+def load_rows(
+    path: str | os.PathLike, split: str = "train", max_samples: int | None = None, *, skip_bad: bool = False
+) -> list[Row]:
     """All rows of ``path`` (see the module docstring for formats), at most ``max_samples``.
 
     ``split`` picks the split of a ``{"split": [...]}`` JSON file or a saved DatasetDict.
@@ -64,7 +65,9 @@ def load_rows(path: str | os.PathLike, split: str = "train", max_samples: int | 
     bytes that are not UTF-8). ``skip_bad`` (``--skip_bad_rows``): a JSON Lines line that is not UTF-8 or not
     JSON is skipped instead, and the skipped lines are counted in one warning per file.
     """
-    if max_samples is not None and (isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples <= 0):
+    if max_samples is not None and (
+        isinstance(max_samples, bool) or not isinstance(max_samples, int) or max_samples <= 0
+    ):
         raise ValueError(f"max_samples must be a positive row count or None, got {max_samples!r}")
     rows: list[Row] = []
     for p in _split_paths(path):
@@ -110,15 +113,19 @@ def _as_rows(records: list, source: Path, unit: str = "row", numbers: list[int] 
     for i, rec in enumerate(records):
         number = numbers[i] if numbers is not None else i + 1
         if not isinstance(rec, dict):
-            raise DataError(f"{source} {unit} {number}: expected a JSON object (column -> value), got {type(rec).__name__}")
+            raise DataError(
+                f"{source} {unit} {number}: expected a JSON object (column -> value), got {type(rec).__name__}"
+            )
         out.append(Row(rec, str(source), number, unit))
     return out
 
 
 def _not_utf8(path: Path, e: UnicodeDecodeError, offset: int, lineno: int) -> str:
-    return (f"{path} line {lineno}: byte {offset + e.start:,} of the file ({e.object[e.start:e.start + 1]!r}) is not "
-            f"UTF-8 ({e.reason}); re-encode the file as UTF-8 (iconv -f LATIN1 -t UTF-8), or skip such lines with "
-            f"--skip_bad_rows")
+    return (
+        f"{path} line {lineno}: byte {offset + e.start:,} of the file ({e.object[e.start : e.start + 1]!r}) is not "
+        f"UTF-8 ({e.reason}); re-encode the file as UTF-8 (iconv -f LATIN1 -t UTF-8), or skip such lines with "
+        f"--skip_bad_rows"
+    )
 
 
 def _read_jsonl(path: Path, limit: int | None, data: bytes | None = None, *, skip_bad: bool = False) -> list[Row]:
@@ -153,8 +160,9 @@ def _read_jsonl(path: Path, limit: int | None, data: bytes | None = None, *, ski
             continue
         numbers.append(lineno)
     if skipped:
-        logger.warning("%s: skipped %d bad lines (skip_bad_rows); first: %s", path, len(skipped),
-                       "; ".join(skipped[:5]))
+        logger.warning(
+            "%s: skipped %d bad lines (skip_bad_rows); first: %s", path, len(skipped), "; ".join(skipped[:5])
+        )
     return _as_rows(records, path, "line", numbers)
 
 
@@ -165,8 +173,11 @@ def _read_json(path: Path, split: str, limit: int | None, skip_bad: bool = False
     except UnicodeDecodeError as e:
         if data_bytes.lstrip()[:1] == b"{" and b"\n{" in data_bytes:  # JSON Lines in a .json file: line by line
             return _read_jsonl(path, limit, data_bytes, skip_bad=skip_bad)
-        raise DataError(_not_utf8(path, e, 0, data_bytes.count(b"\n", 0, e.start) + 1)
-                        .replace(", or skip such lines with --skip_bad_rows", "")) from None
+        raise DataError(
+            _not_utf8(path, e, 0, data_bytes.count(b"\n", 0, e.start) + 1).replace(
+                ", or skip such lines with --skip_bad_rows", ""
+            )
+        ) from None
     try:
         data = json.loads(text)
     except json.JSONDecodeError as e:

@@ -21,22 +21,42 @@ from rl_core.rl.batching import MicroBatchConfig, plan_micro_batches
 from rl_core.rl.experience import Experience, ExperienceBatch, collate, dp_order, make_item, rows
 from rl_core.rl.frozen_workers import ReferenceWorker, RewardModelWorker
 from rl_core.rl.groups import (
-                               BroadcastWeightSync,
-                               DirectWeightSync,
-                               EngineFailure,
-                               GroupRollout,
-                               IpcWeightSync,
-                               LocalGroup,
-                               WorkerGroup,
-                               concurrently,
+    BroadcastWeightSync,
+    DirectWeightSync,
+    EngineFailure,
+    GroupRollout,
+    IpcWeightSync,
+    LocalGroup,
+    WorkerGroup,
+    concurrently,
 )
 from rl_core.rl.objectives import CriticObjective, PolicyObjective
 from rl_core.rl.policy_weights import PolicyWeights, hf_names
 from rl_core.rl.workers import CriticWorker, PolicyWorker
 
-__all__ = ["BroadcastWeightSync", "CriticObjective", "CriticWorker", "DirectWeightSync", "EngineFailure", "Experience",
-           "ExperienceBatch", "GroupRollout",
-           "IpcWeightSync", "LocalGroup", "MicroBatchConfig", "PolicyObjective", "PolicyWeights", "PolicyWorker",
-           "ReferenceWorker",
-           "RewardModelWorker", "WorkerGroup",
-           "collate", "concurrently", "dp_order", "hf_names", "make_item", "plan_micro_batches", "rows"]
+__all__ = [
+    "BroadcastWeightSync",
+    "CriticObjective",
+    "CriticWorker",
+    "DirectWeightSync",
+    "EngineFailure",
+    "Experience",
+    "ExperienceBatch",
+    "GroupRollout",
+    "IpcWeightSync",
+    "LocalGroup",
+    "MicroBatchConfig",
+    "PolicyObjective",
+    "PolicyWeights",
+    "PolicyWorker",
+    "ReferenceWorker",
+    "RewardModelWorker",
+    "WorkerGroup",
+    "collate",
+    "concurrently",
+    "dp_order",
+    "hf_names",
+    "make_item",
+    "plan_micro_batches",
+    "rows",
+]

@@ -65,7 +65,9 @@ class Choice:
     why: str
 
     def __str__(self) -> str:  # the value as YAML writes it
-        shown = "none" if self.value is None else str(self.value).lower() if isinstance(self.value, bool) else self.value
+        shown = (
+            "none" if self.value is None else str(self.value).lower() if isinstance(self.value, bool) else self.value
+        )
         return f"{self.setting} = {shown}: {self.why}"
 
 
@@ -136,8 +138,12 @@ def resolve(cfg, hw: Hardware, *, given: frozenset[str] | None = None, images: b
     model, strategy, batching, packing = cfg.model, cfg.strategy, cfg.batching, cfg.packing
     model_config = _model_config(model.pretrain)
     if strategy.zero_stage is None:
-        stage, why = auto_zero_stage(strategy, cuda=hw.cuda, world_size=hw.trained_ranks,
-                                     needs_zero="--deepspeed_enable_sleep" if cfg.ppo.deepspeed_enable_sleep else None)
+        stage, why = auto_zero_stage(
+            strategy,
+            cuda=hw.cuda,
+            world_size=hw.trained_ranks,
+            needs_zero="--deepspeed_enable_sleep" if cfg.ppo.deepspeed_enable_sleep else None,
+        )
         strategy = dataclasses.replace(strategy, zero_stage=stage)
         choices.append(Choice("strategy.zero_stage", stage, why))
     if packing is None:
@@ -148,14 +154,18 @@ def resolve(cfg, hw: Hardware, *, given: frozenset[str] | None = None, images: b
         model = dataclasses.replace(model, use_liger_kernel=on)
         choices.append(Choice("model.use_liger_kernel", on, why))
     if batching.max_tokens_per_gpu == "auto":
-        rows = (strategy.micro_train_batch_size != 1 if given is None
-                else "strategy.micro_train_batch_size" in given)
+        rows = strategy.micro_train_batch_size != 1 if given is None else "strategy.micro_train_batch_size" in given
         if hw.cuda and packing and not rows:
             value, why = "memory", "CUDA, packed rows: each phase's token budget from free device memory"
         else:
             value = None
-            why = (f"--micro_train_batch_size {strategy.micro_train_batch_size} given" if rows else
-                   "no CUDA device" if not hw.cuda else "padded rows")
+            why = (
+                f"--micro_train_batch_size {strategy.micro_train_batch_size} given"
+                if rows
+                else "no CUDA device"
+                if not hw.cuda
+                else "padded rows"
+            )
             why += f", so micro-batches of --micro_train_batch_size {strategy.micro_train_batch_size}"
         batching = dataclasses.replace(batching, max_tokens_per_gpu=value)
         choices.append(Choice("batching.max_tokens_per_gpu", value, why))

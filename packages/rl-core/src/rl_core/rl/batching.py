@@ -38,18 +38,30 @@ class MicroBatchConfig:
     names (``--use_dynamic_batch``, ``--train_max_tokens_per_gpu``, ``--micro_rollout_batch_size`` ...) are
     mapped by rl-cli."""
 
-    max_tokens_per_gpu: int | str | None = field(default="auto", metadata=meta(
-        "token budget of a training micro-batch per rank (OpenRLHF dynamic batching): items are grouped first-fit "
-        "decreasing under it instead of --micro_train_batch_size at a time; counts real tokens with --packing, "
-        "rows x longest row without; with --ring_attn_size N a packed row holds up to N x this, 1/N per rank. "
-        "memory: chosen from free device memory at each phase (rl_core.rl.batching.memory_budget); auto "
-        "(default): memory on CUDA with packed rows unless --micro_train_batch_size is given, else none; none: "
-        "--micro_train_batch_size rows"))
-    forward_max_tokens_per_gpu: int | None = field(default=None, metadata=meta(
-        "token budget of the no-grad experience forwards (old/reference log-probs, values, reward model); "
-        "default: --max_tokens_per_gpu"))
-    forward_micro_batch_size: int | None = field(default=None, metadata=meta(
-        "sequences per no-grad experience forward when no budget applies; default: --micro_train_batch_size"))
+    max_tokens_per_gpu: int | str | None = field(
+        default="auto",
+        metadata=meta(
+            "token budget of a training micro-batch per rank (OpenRLHF dynamic batching): items are grouped first-fit "
+            "decreasing under it instead of --micro_train_batch_size at a time; counts real tokens with --packing, "
+            "rows x longest row without; with --ring_attn_size N a packed row holds up to N x this, 1/N per rank. "
+            "memory: chosen from free device memory at each phase (rl_core.rl.batching.memory_budget); auto "
+            "(default): memory on CUDA with packed rows unless --micro_train_batch_size is given, else none; none: "
+            "--micro_train_batch_size rows"
+        ),
+    )
+    forward_max_tokens_per_gpu: int | None = field(
+        default=None,
+        metadata=meta(
+            "token budget of the no-grad experience forwards (old/reference log-probs, values, reward model); "
+            "default: --max_tokens_per_gpu"
+        ),
+    )
+    forward_micro_batch_size: int | None = field(
+        default=None,
+        metadata=meta(
+            "sequences per no-grad experience forward when no budget applies; default: --micro_train_batch_size"
+        ),
+    )
 
     def __post_init__(self) -> None:
         value = self.max_tokens_per_gpu
@@ -58,8 +70,10 @@ class MicroBatchConfig:
             value = None if text in ("none", "null") else text
             if value is not None and value not in ("auto", "memory"):
                 if not (value.isascii() and value.isdigit()):
-                    raise ValueError(f"max_tokens_per_gpu (--max_tokens_per_gpu) must be a number of tokens, auto, "
-                                     f"memory or none, got {self.max_tokens_per_gpu!r}")
+                    raise ValueError(
+                        f"max_tokens_per_gpu (--max_tokens_per_gpu) must be a number of tokens, auto, "
+                        f"memory or none, got {self.max_tokens_per_gpu!r}"
+                    )
                 value = int(value)
             object.__setattr__(self, "max_tokens_per_gpu", value)
         if self.max_tokens_per_gpu not in ("auto", "memory"):
@@ -113,8 +127,9 @@ def memory_budget(engine, device: torch.device, *, train: bool) -> tuple[int, st
     free -= FUSED_HEAD_RESERVE if fused else 0
     tokens = int(AUTO_SHARE * max(free, 0) / max(per_token, 1))
     clamped = min(max(tokens, AUTO_MIN_TOKENS), AUTO_MAX_TOKENS)
-    how = (f"{clamped} tokens: {free / 2**30:.1f} GiB free x {AUTO_SHARE} / {per_token / 2**10:.0f} KiB per token"
-           + (f" (clamped from {tokens})" if clamped != tokens else ""))
+    how = f"{clamped} tokens: {free / 2**30:.1f} GiB free x {AUTO_SHARE} / {per_token / 2**10:.0f} KiB per token" + (
+        f" (clamped from {tokens})" if clamped != tokens else ""
+    )
     return clamped, how
 
 
@@ -129,8 +144,9 @@ def over_budget(lengths: Sequence[int], max_tokens: int) -> tuple[int, int]:
     return len(over), max(over, default=0)
 
 
-def plan_micro_batches(lengths: Sequence[int], *, micro_batch: int, max_tokens: int | None = None,
-                       packing: bool = False) -> list[list[int]]:
+def plan_micro_batches(
+    lengths: Sequence[int], *, micro_batch: int, max_tokens: int | None = None, packing: bool = False
+) -> list[list[int]]:
     """Item indices per micro-batch, each list ascending.
 
     Without ``max_tokens``: consecutive runs of ``micro_batch``. With it: first-fit decreasing bins of cost
@@ -163,8 +179,10 @@ def split_to(groups: list[list[int]], n: int, lengths: Sequence[int], packing: b
     while len(groups) < n:
         splittable = [k for k, g in enumerate(groups) if len(g) > 1]
         if not splittable:
-            raise ValueError(f"{sum(map(len, groups))} items cannot fill {n} micro-batches: every data-parallel "
-                             "rank must hold the same number of items")
+            raise ValueError(
+                f"{sum(map(len, groups))} items cannot fill {n} micro-batches: every data-parallel "
+                "rank must hold the same number of items"
+            )
         k = max(splittable, key=lambda k: _cost([lengths[i] for i in groups[k]], packing))
         g = groups.pop(k)
         half = len(g) // 2
@@ -202,15 +220,20 @@ class ModelInputs:
         lengths = [it.T for it in items]
         pixels = images and any(it.image_inputs for it in items)
         if pixels and packing:
-            raise ValueError("packing prompts with images is not built: drop --packing (OpenRLHF: "
-                             "--packing_samples) for vision-language prompts")
+            raise ValueError(
+                "packing prompts with images is not built: drop --packing (OpenRLHF: "
+                "--packing_samples) for vision-language prompts"
+            )
         if packing:
             ids = torch.tensor([t for it in items for t in it.input_ids_T], dtype=torch.long)
             pos = torch.cat([torch.arange(n, dtype=torch.long) for n in lengths])
             kw = {"input_ids": to_device(ids[None], device), "position_ids": to_device(pos[None], device)}
         else:
             b = collate(items, pad_id)
-            kw = {"input_ids": to_device(b.input_ids_BT, device), "attention_mask": to_device(b.attention_mask_BT, device)}
+            kw = {
+                "input_ids": to_device(b.input_ids_BT, device),
+                "attention_mask": to_device(b.attention_mask_BT, device),
+            }
         if pixels:
             from rl_rollout.vision import cat_image_inputs
 
@@ -227,7 +250,8 @@ class ModelInputs:
             return out
         T = max(self.lengths)
         if self._slots is None or self._slots.device != out.device:  # where each packed token sits in [B, T]
-            self._slots = to_device(torch.cat([torch.arange(n) + b * T for b, n in enumerate(self.lengths)]),
-                                    out.device)
+            self._slots = to_device(
+                torch.cat([torch.arange(n) + b * T for b, n in enumerate(self.lengths)]), out.device
+            )
         # index_copy with the slots built on the host: a boolean mask would make the host wait for the device
         return out.new_zeros(len(self.lengths) * T).index_copy(0, self._slots, out[0]).view(len(self.lengths), T)

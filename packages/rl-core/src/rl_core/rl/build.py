@@ -51,51 +51,103 @@ logger = logging.getLogger(__name__)
 class RLModelConfig:
     """The RL run's models: local HF folders (the CLI resolves cached hub ids to them; nothing is downloaded)."""
 
-    pretrain: str | None = field(default=None, metadata=meta(
-        "the policy to train: a local HF folder, or a hub id (org/name) in the local HF cache (HF_HOME, "
-        "HF_HUB_CACHE)", openrlhf=("actor.model_name_or_path",)))
-    critic_pretrain: str | None = field(default=None, metadata=meta(
-        "critic init for gae (default: --reward_pretrain, else --pretrain)", openrlhf=("critic.model_name_or_path",)))
-    reward_pretrain: str | None = field(default=None, metadata=meta(
-        "a reward model folder (rl rm's output), or a cached hub id", openrlhf=("reward.model_name_or_path",)))
+    pretrain: str | None = field(
+        default=None,
+        metadata=meta(
+            "the policy to train: a local HF folder, or a hub id (org/name) in the local HF cache (HF_HOME, "
+            "HF_HUB_CACHE)",
+            openrlhf=("actor.model_name_or_path",),
+        ),
+    )
+    critic_pretrain: str | None = field(
+        default=None,
+        metadata=meta(
+            "critic init for gae (default: --reward_pretrain, else --pretrain)", openrlhf=("critic.model_name_or_path",)
+        ),
+    )
+    reward_pretrain: str | None = field(
+        default=None,
+        metadata=meta(
+            "a reward model folder (rl rm's output), or a cached hub id", openrlhf=("reward.model_name_or_path",)
+        ),
+    )
     ref_pretrain: str | None = field(default=None, metadata=meta("reference policy (default: --pretrain)"))
     flash_attn: bool = field(default=False, metadata=meta("flash_attention_2 (needs flash-attn; default sdpa)"))
-    attn_implementation: str | None = field(default=None, metadata=meta(
-        "sdpa | eager | flash_attention_2 | torch_varlen | flex_attention (default: flash_attention_2 if "
-        "flash-attn is importable, else sdpa); with --packing, torch_varlen / flex_attention run packed rows "
-        "without sdpa's dense block-diagonal mask (CUDA)", openrlhf=("ds.attn_implementation",)))
-    use_liger_kernel: bool | None = field(default=None, metadata=meta(
-        "liger-kernel's fused RMSNorm / SwiGLU / RoPE on every trained and frozen model (CUDA; rl-core[liger]); "
-        "unset (auto): on where liger-kernel is installed, on CUDA, for the model types it has kernels for"))
-    experts_implementation: str | None = field(default=None, metadata=meta(
-        "MoE expert kernels, passed to transformers' from_pretrained: eager | batched_mm | grouped_mm | deepgemm "
-        "(default: transformers' choice, grouped_mm where it runs, else eager); the trained and frozen models",
-        openrlhf=("ds.experts_implementation",)))
-    fused_lm_head: bool = field(default=False, metadata=meta(
-        "the policy's and the reference's LM head and token log-probs computed together, chunk by chunk: the "
-        "[tokens, vocabulary] logits are never held whole (rl_algos.logprobs_from_hidden; one more LM-head matmul "
-        "in backward); Llama / Mistral / Qwen2 / Qwen3 / Mixtral text models, not with --zero_stage 3"))
-    normalize_reward: bool = field(default=True, metadata=meta(
-        "apply the reward model's stored mean/std", openrlhf=("reward.normalize_enable",)))
-    value_head_prefix: str | None = field(default=None, metadata=meta(
-        "the head of an OpenRLHF-format reward model or critic folder: <prefix>.weight in its weights (default: "
-        "its config.json's value_head_prefix, else score); rl rm's folders keep theirs in rl_head.safetensors",
-        openrlhf=("ds.value_head_prefix",)))
-    lora_rank: int = field(default=0, metadata=meta(
-        ">0 trains LoRA adapters (peft) on the policy and the critic instead of all weights; the engines get "
-        "the merged weights, the reference is the frozen base"))
+    attn_implementation: str | None = field(
+        default=None,
+        metadata=meta(
+            "sdpa | eager | flash_attention_2 | torch_varlen | flex_attention (default: flash_attention_2 if "
+            "flash-attn is importable, else sdpa); with --packing, torch_varlen / flex_attention run packed rows "
+            "without sdpa's dense block-diagonal mask (CUDA)",
+            openrlhf=("ds.attn_implementation",),
+        ),
+    )
+    use_liger_kernel: bool | None = field(
+        default=None,
+        metadata=meta(
+            "liger-kernel's fused RMSNorm / SwiGLU / RoPE on every trained and frozen model (CUDA; rl-core[liger]); "
+            "unset (auto): on where liger-kernel is installed, on CUDA, for the model types it has kernels for"
+        ),
+    )
+    experts_implementation: str | None = field(
+        default=None,
+        metadata=meta(
+            "MoE expert kernels, passed to transformers' from_pretrained: eager | batched_mm | grouped_mm | deepgemm "
+            "(default: transformers' choice, grouped_mm where it runs, else eager); the trained and frozen models",
+            openrlhf=("ds.experts_implementation",),
+        ),
+    )
+    fused_lm_head: bool = field(
+        default=False,
+        metadata=meta(
+            "the policy's and the reference's LM head and token log-probs computed together, chunk by chunk: the "
+            "[tokens, vocabulary] logits are never held whole (rl_algos.logprobs_from_hidden; one more LM-head matmul "
+            "in backward); Llama / Mistral / Qwen2 / Qwen3 / Mixtral text models, not with --zero_stage 3"
+        ),
+    )
+    normalize_reward: bool = field(
+        default=True, metadata=meta("apply the reward model's stored mean/std", openrlhf=("reward.normalize_enable",))
+    )
+    value_head_prefix: str | None = field(
+        default=None,
+        metadata=meta(
+            "the head of an OpenRLHF-format reward model or critic folder: <prefix>.weight in its weights (default: "
+            "its config.json's value_head_prefix, else score); rl rm's folders keep theirs in rl_head.safetensors",
+            openrlhf=("ds.value_head_prefix",),
+        ),
+    )
+    lora_rank: int = field(
+        default=0,
+        metadata=meta(
+            ">0 trains LoRA adapters (peft) on the policy and the critic instead of all weights; the engines get "
+            "the merged weights, the reference is the frozen base"
+        ),
+    )
     lora_alpha: int = field(default=16, metadata=meta("LoRA scaling alpha (scale alpha / rank)"))
     lora_dropout: float = field(default=0.0, metadata=meta("LoRA dropout"))
     target_modules: str = field(default="all-linear", metadata=meta("comma-separated module names or all-linear"))
-    ref_offload: bool = field(default=False, metadata=meta(
-        "the reference's parameters on the CPU, gathered layer by layer for each forward (DeepSpeed ZeRO-3 "
-        "offload_param; needs --zero_stage 3)", openrlhf=("ref.offload",)))
-    reward_offload: bool = field(default=False, metadata=meta(
-        "the reward model's parameters on the CPU, as --ref_offload (needs --zero_stage 3)",
-        openrlhf=("reward.offload",)))
-    freeze_visual_encoder: bool = field(default=False, metadata=meta(
-        "a vision-language policy trains its language model only: the vision tower and projector stay frozen",
-        openrlhf=("actor.freeze_visual_encoder",)))
+    ref_offload: bool = field(
+        default=False,
+        metadata=meta(
+            "the reference's parameters on the CPU, gathered layer by layer for each forward (DeepSpeed ZeRO-3 "
+            "offload_param; needs --zero_stage 3)",
+            openrlhf=("ref.offload",),
+        ),
+    )
+    reward_offload: bool = field(
+        default=False,
+        metadata=meta(
+            "the reward model's parameters on the CPU, as --ref_offload (needs --zero_stage 3)",
+            openrlhf=("reward.offload",),
+        ),
+    )
+    freeze_visual_encoder: bool = field(
+        default=False,
+        metadata=meta(
+            "a vision-language policy trains its language model only: the vision tower and projector stay frozen",
+            openrlhf=("actor.freeze_visual_encoder",),
+        ),
+    )
 
     def __post_init__(self) -> None:
         requested_attention(self.attn_implementation, self.flash_attn)
@@ -147,11 +199,15 @@ class RunConfig:
         attn = requested_attention(self.model.attn_implementation, self.model.flash_attn)
         if self.strategy.ring_attn_size > 1:  # every role computes its slice of each row (rl_core.ring_attention)
             attn = "rl_ring"
-        return {"dtype": self.dtype, "attn_implementation": attn,
-                "gradient_checkpointing": self.strategy.gradient_checkpointing,
-                "use_liger_kernel": self.model.use_liger_kernel, "packed": self.packing,
-                "lora": self.model.lora(),  # the frozen roles (reference, reward model) drop it
-                "experts_implementation": self.model.experts_implementation}
+        return {
+            "dtype": self.dtype,
+            "attn_implementation": attn,
+            "gradient_checkpointing": self.strategy.gradient_checkpointing,
+            "use_liger_kernel": self.model.use_liger_kernel,
+            "packed": self.packing,
+            "lora": self.model.lora(),  # the frozen roles (reference, reward model) drop it
+            "experts_implementation": self.model.experts_implementation,
+        }
 
 
 class GroupFactory(Protocol):
@@ -194,8 +250,11 @@ class Run:
     reward_fn: Any = None
 
     def roles(self) -> str:
-        names = ["policy"] + [n for n, g in (("critic", self.critic), ("ref", self.ref),
-                                             ("reward model", self.reward_model)) if g is not None]
+        names = ["policy"] + [
+            n
+            for n, g in (("critic", self.critic), ("ref", self.ref), ("reward model", self.reward_model))
+            if g is not None
+        ]
         return ", ".join(names)
 
     def close(self) -> None:
@@ -213,16 +272,28 @@ def _is_vlm(path: str) -> bool:
     return is_vision_config(AutoConfig.from_pretrained(path))
 
 
-def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, reward_fn=None,
-              metrics: MetricsLogger | None = None, eval_prompts=None, ptx=None) -> Run:
+def build_run(
+    cfg: RunConfig,
+    factory: GroupFactory,
+    *,
+    prompts,
+    tokenizer,
+    reward_fn=None,
+    metrics: MetricsLogger | None = None,
+    eval_prompts=None,
+    ptx=None,
+) -> Run:
     """The roles the run needs, the rollout, the weight sync and the :class:`PPOTrainer` over them
     (``eval_prompts``: the eval set, a PromptDataset, or None; ``ptx``: PPO-ptx's pretraining items, a
     :class:`~rl_core.data.PretrainDataset`, or None)."""
     if not cfg.model.pretrain:
         raise ValueError("RLModelConfig.pretrain (--pretrain) is required: a local HF model folder")
     # a factory over several ranks says how many the trained roles have (rl-cli's RayFactory); in-process: one
-    cfg, choices = resolve_auto(cfg, Hardware.here(trained_ranks=getattr(factory, "trained_ranks", 1)),
-                                images=cfg.packing is None and _is_vlm(cfg.model.pretrain))
+    cfg, choices = resolve_auto(
+        cfg,
+        Hardware.here(trained_ranks=getattr(factory, "trained_ranks", 1)),
+        images=cfg.packing is None and _is_vlm(cfg.model.pretrain),
+    )
     for choice in choices:  # the CLI resolved them already and printed why; a Python caller learns it here
         logger.info("auto: %s", choice)
     m, s, p = cfg.model, cfg.strategy, cfg.ppo
@@ -236,27 +307,94 @@ def build_run(cfg: RunConfig, factory: GroupFactory, *, prompts, tokenizer, rewa
     kw = cfg.load_kw()
     mb = {"batching": cfg.batching, "packing": cfg.packing}
     if roles.critic and _is_vlm(m.pretrain):
-        raise ValueError(f"a critic for a vision-language policy ({m.pretrain}) is not built: pick an estimator "
-                         f"without one (--advantage_estimator {' | '.join(estimator_names(critic_free=True))}), "
-                         f"as OpenRLHF")
+        raise ValueError(
+            f"a critic for a vision-language policy ({m.pretrain}) is not built: pick an estimator "
+            f"without one (--advantage_estimator {' | '.join(estimator_names(critic_free=True))}), "
+            f"as OpenRLHF"
+        )
     actor_kw = {**kw, "fused_lm_head": m.fused_lm_head}  # the policy and the reference: the critic has no LM head
     policy_kw = {**actor_kw, "freeze_visual_encoder": True} if m.freeze_visual_encoder else actor_kw
     ptx_items = list(ptx) if ptx is not None else None
-    policy = factory.role("policy", PolicyWorker, s, m.pretrain, PolicyObjective.of(p), steps, load_kw=policy_kw,
-                          pad_id=pad, ptx=ptx_items, **mb)
+    policy = factory.role(
+        "policy",
+        PolicyWorker,
+        s,
+        m.pretrain,
+        PolicyObjective.of(p),
+        steps,
+        load_kw=policy_kw,
+        pad_id=pad,
+        ptx=ptx_items,
+        **mb,
+    )
     head = {"value_head_prefix": m.value_head_prefix}  # where an OpenRLHF-format folder keeps its head
-    critic = factory.role("critic", CriticWorker, s, m.critic_path, CriticObjective.of(p), steps,
-                          load_kw={**kw, **head}, pad_id=pad, **mb) if roles.critic else None
-    ref = factory.role("ref", ReferenceWorker, s, m.ref_path, load_kw=actor_kw, pad_id=pad,
-                       temperature=p.sampling.temperature, offload=m.ref_offload, **mb) if roles.ref else None
-    rm = factory.role("reward", RewardModelWorker, s, m.reward_pretrain, load_kw={**kw, **head}, pad_id=pad,
-                      normalize=m.normalize_reward, offload=m.reward_offload, **mb) if roles.reward_model else None
+    critic = (
+        factory.role(
+            "critic",
+            CriticWorker,
+            s,
+            m.critic_path,
+            CriticObjective.of(p),
+            steps,
+            load_kw={**kw, **head},
+            pad_id=pad,
+            **mb,
+        )
+        if roles.critic
+        else None
+    )
+    ref = (
+        factory.role(
+            "ref",
+            ReferenceWorker,
+            s,
+            m.ref_path,
+            load_kw=actor_kw,
+            pad_id=pad,
+            temperature=p.sampling.temperature,
+            offload=m.ref_offload,
+            **mb,
+        )
+        if roles.ref
+        else None
+    )
+    rm = (
+        factory.role(
+            "reward",
+            RewardModelWorker,
+            s,
+            m.reward_pretrain,
+            load_kw={**kw, **head},
+            pad_id=pad,
+            normalize=m.normalize_reward,
+            offload=m.reward_offload,
+            **mb,
+        )
+        if roles.reward_model
+        else None
+    )
     device = policy.call_rank(0, "world")["device"]
     rollout = factory.rollout(cfg.engine, m.pretrain, dtype=cfg.dtype, seed=s.seed, device=device)
     sync = factory.weight_sync(policy, rollout, cfg.sync)
-    trainer = PPOTrainer(p, policy=policy, rollout=rollout, weight_sync=sync, prompts=prompts, tokenizer=tokenizer,
-                         train_batch_size=s.train_batch_size, reward_fn=reward_fn, reward_model=rm, critic=critic,
-                         ref=ref, sleep_engines=cfg.engine.enable_sleep, metrics=metrics, seed=s.seed,
-                         gap_alarm=p.gap_alarm(bf16=s.bf16), sleep_level=cfg.engine.sleep_level,
-                         eval_prompts=eval_prompts, batching=cfg.batching, ring_attn_size=s.ring_attn_size)
+    trainer = PPOTrainer(
+        p,
+        policy=policy,
+        rollout=rollout,
+        weight_sync=sync,
+        prompts=prompts,
+        tokenizer=tokenizer,
+        train_batch_size=s.train_batch_size,
+        reward_fn=reward_fn,
+        reward_model=rm,
+        critic=critic,
+        ref=ref,
+        sleep_engines=cfg.engine.enable_sleep,
+        metrics=metrics,
+        seed=s.seed,
+        gap_alarm=p.gap_alarm(bf16=s.bf16),
+        sleep_level=cfg.engine.sleep_level,
+        eval_prompts=eval_prompts,
+        batching=cfg.batching,
+        ring_attn_size=s.ring_attn_size,
+    )
     return Run(trainer, policy, rollout, sync, critic=critic, ref=ref, reward_model=rm, reward_fn=reward_fn)

@@ -126,20 +126,21 @@ class RLCheckpoints:
         """Delete the folders without a marker (saves that did not finish), each with a log line."""
         gone = [d for _, d in self._folders() if not (d / MARKER).is_file()]
         for d in gone:
-            logger.warning("removing %s: it has no %s marker (a save that did not finish); it was never used", d,
-                           MARKER)
+            logger.warning(
+                "removing %s: it has no %s marker (a save that did not finish); it was never used", d, MARKER
+            )
             shutil.rmtree(d, ignore_errors=True)
         return gone
 
     def _check_layout(self) -> None:
-        legacy = [self.root / role for role in ("policy", "critic")
-                  if any((self.root / role).glob("step_*"))]
+        legacy = [self.root / role for role in ("policy", "critic") if any((self.root / role).glob("step_*"))]
         if legacy:
             raise InputError(
                 f"{self.root} holds RL checkpoints in the per-role layout of rl-core 0.7 and earlier "
                 f"({', '.join(str(p / 'step_*') for p in legacy)}), saved apart and able to disagree; this version "
                 f"resumes only iter_*/ folders with a {MARKER} marker: finish that run with the version that wrote "
-                f"it, or point --ckpt_path at a new folder")
+                f"it, or point --ckpt_path at a new folder"
+            )
 
     # ----- save and load ------------------------------------------------------------------------
 
@@ -147,8 +148,15 @@ class RLCheckpoints:
         if self.crash_hook is not None:
             self.crash_hook(name, iteration)
 
-    def save(self, iteration: int, roles: Mapping[str, Any], loop_state: dict,
-             exports: Mapping[str, Callable[[str], Any]] | None = None, *, best: bool = False) -> Path:
+    def save(
+        self,
+        iteration: int,
+        roles: Mapping[str, Any],
+        loop_state: dict,
+        exports: Mapping[str, Callable[[str], Any]] | None = None,
+        *,
+        best: bool = False,
+    ) -> Path:
         """Every role's state (``roles``: name -> worker group), then each of ``exports`` (relative folder ->
         ``write(path)``, in order: an HF export), then ``loop_state`` (JSON values), then the marker; then
         prune. Returns the committed folder. ``best``: into ``best_iter_N/`` instead (``--best_metric_key``),
@@ -160,11 +168,14 @@ class RLCheckpoints:
             _uncommit_and_remove(d)
         previous = self.latest()
         d.mkdir()
-        with named_if_full(d, f"the checkpoint of iteration {iteration}",
-                           need=lambda: folder_bytes(previous) if previous is not None else None,
-                           fix="the half-written folder was removed and the checkpoints before it are intact; free "
-                               "space there or point --ckpt_path at another disk",
-                           on_full=lambda: shutil.rmtree(d, ignore_errors=True)):
+        with named_if_full(
+            d,
+            f"the checkpoint of iteration {iteration}",
+            need=lambda: folder_bytes(previous) if previous is not None else None,
+            fix="the half-written folder was removed and the checkpoints before it are intact; free "
+            "space there or point --ckpt_path at another disk",
+            on_full=lambda: shutil.rmtree(d, ignore_errors=True),
+        ):
             for name, group in roles.items():
                 self._point(f"before:{name}", iteration)
                 group.call("save_checkpoint", str(d / name))
@@ -201,14 +212,18 @@ class RLCheckpoints:
         marker = json.loads((d / MARKER).read_text())  # usable() read it
         saved = marker["roles"]
         if not saved and roles:
-            raise InputError(f"checkpoint {d} was written with --disable_ds_ckpt: it holds the loop state and, with "
-                             f"--save_hf_ckpt, the HF exports ({d / 'hf'}), no DeepSpeed state (weights, optimizer) "
-                             f"to resume from; start a new run from the export (--pretrain {d / 'hf'}) or point "
-                             f"--ckpt_path at a new folder")
+            raise InputError(
+                f"checkpoint {d} was written with --disable_ds_ckpt: it holds the loop state and, with "
+                f"--save_hf_ckpt, the HF exports ({d / 'hf'}), no DeepSpeed state (weights, optimizer) "
+                f"to resume from; start a new run from the export (--pretrain {d / 'hf'}) or point "
+                f"--ckpt_path at a new folder"
+            )
         if sorted(saved) != sorted(roles):
-            raise InputError(f"checkpoint {d} holds the roles {sorted(saved)}, this run has {sorted(roles)}: resume "
-                             f"with the settings that wrote it (--advantage_estimator decides the critic), or point "
-                             f"--ckpt_path at a new folder")
+            raise InputError(
+                f"checkpoint {d} holds the roles {sorted(saved)}, this run has {sorted(roles)}: resume "
+                f"with the settings that wrote it (--advantage_estimator decides the critic), or point "
+                f"--ckpt_path at a new folder"
+            )
         for name, group in roles.items():
             group.call("load_checkpoint", str(d / name))
         state = json.loads((d / LOOP_STATE).read_text())

@@ -36,15 +36,21 @@ def check_ds_sleep(enabled: bool, strategy_cfg) -> None:
         return
     zero_stage, adam_offload = strategy_cfg.zero_stage, strategy_cfg.adam_offload
     if zero_stage not in (None, 1, 2, 3):  # None: auto, which picks 2 for it (rl_core.rl.auto)
-        raise ValueError(f"--deepspeed_enable_sleep needs --zero_stage 1, 2 or 3 (DeepSpeed offloads the states "
-                         f"of a ZeRO optimizer), got --zero_stage {zero_stage}")
+        raise ValueError(
+            f"--deepspeed_enable_sleep needs --zero_stage 1, 2 or 3 (DeepSpeed offloads the states "
+            f"of a ZeRO optimizer), got --zero_stage {zero_stage}"
+        )
     if adam_offload:
-        raise ValueError("--deepspeed_enable_sleep moves the optimizer states to the CPU between phases and "
-                         "--adam_offload keeps them there already: drop one of them")
+        raise ValueError(
+            "--deepspeed_enable_sleep moves the optimizer states to the CPU between phases and "
+            "--adam_offload keeps them there already: drop one of them"
+        )
     if zero_stage == 1 and strategy_cfg.bf16 and strategy_cfg.grad_accum_dtype == "fp32":
-        raise ValueError("--deepspeed_enable_sleep with --zero_stage 1, bf16 and --grad_accum_dtype fp32: DeepSpeed "
-                         "trains that with its BF16 optimizer, which cannot offload its states; use --zero_stage 2 "
-                         "(or 3), or drop --grad_accum_dtype fp32")
+        raise ValueError(
+            "--deepspeed_enable_sleep with --zero_stage 1, bf16 and --grad_accum_dtype fp32: DeepSpeed "
+            "trains that with its BF16 optimizer, which cannot offload its states; use --zero_stage 2 "
+            "(or 3), or drop --grad_accum_dtype fp32"
+        )
 
 
 def _zero3_deepspeed_states(optimizer_only: bool):
@@ -73,8 +79,11 @@ def _state_bytes(engine, optimizer_only: bool = False) -> int:
     masters = getattr(opt, "fp32_partitioned_groups_flat", None) or opt.single_partition_of_fp32_groups
     n += sum(t.numel() * t.element_size() for t in masters)
     for state in opt.optimizer.state.values():  # keyed by the master partitions (ZeRO-3 detaches them between steps)
-        n += sum(v.numel() * v.element_size() for k, v in state.items()
-                 if isinstance(v, torch.Tensor) and not k.endswith("_offload_buffer"))  # DeepSpeed's own copies
+        n += sum(
+            v.numel() * v.element_size()
+            for k, v in state.items()
+            if isinstance(v, torch.Tensor) and not k.endswith("_offload_buffer")
+        )  # DeepSpeed's own copies
     return n
 
 
@@ -114,12 +123,17 @@ def offload(strategy, engine, optimizer_only: bool = False) -> dict[str, float]:
     nbytes, pin = _state_bytes(engine, optimizer_only), dev.type == "cuda"
     if strategy.cfg.zero_stage == 3:  # DeepSpeed's stage 3 moves the master weights and Adam moments of its own
         # FusedAdam only (it asserts the class); ours is torch's AdamW, whose states move here the same way
-        engine.offload_states(include=_zero3_deepspeed_states(optimizer_only), device=OffloadDeviceEnum.cpu,
-                              pin_memory=pin)
+        engine.offload_states(
+            include=_zero3_deepspeed_states(optimizer_only), device=OffloadDeviceEnum.cpu, pin_memory=pin
+        )
         _zero3_master(engine.optimizer, "cpu", pin)
     else:
-        engine.offload_states(include=_zero12_optimizer_states() if optimizer_only else None,
-                              device=OffloadDeviceEnum.cpu, pin_memory=pin, non_blocking=False)
+        engine.offload_states(
+            include=_zero12_optimizer_states() if optimizer_only else None,
+            device=OffloadDeviceEnum.cpu,
+            pin_memory=pin,
+            non_blocking=False,
+        )
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
         torch.cuda.empty_cache()

@@ -74,7 +74,7 @@ class EmaWeights:
             parts = [torch.empty_like(e, device=p.ds_tensor.device) for _ in range(dist.get_world_size(group))]
             dist.all_gather(parts, e.to(p.ds_tensor.device), group=group)
             # ds_numel, ds_shape: what DeepSpeed ZeRO-3 adds to the parameters it partitions (p has ds_tensor)
-            yield n, torch.cat(parts)[:p.ds_numel].view(p.ds_shape).cpu()  # type: ignore[attr-defined]
+            yield n, torch.cat(parts)[: p.ds_numel].view(p.ds_shape).cpu()  # type: ignore[attr-defined]
 
     def save(self, folder: str | Path, rank: int) -> Path:
         """This rank's shadow into ``folder`` (a checkpoint's role folder), on disk when it returns."""
@@ -91,8 +91,10 @@ class EmaWeights:
 
         f = Path(folder) / EMA_FILE.format(rank=rank)
         if not f.is_file():
-            raise ValueError(f"--enable_ema: the checkpoint {folder} has no EMA weights ({f.name}): it was saved "
-                             f"without --enable_ema; resume without it, or start a new run")
+            raise ValueError(
+                f"--enable_ema: the checkpoint {folder} has no EMA weights ({f.name}): it was saved "
+                f"without --enable_ema; resume without it, or start a new run"
+            )
         self.load_state_dict(load_file(str(f)))
 
     def state_dict(self) -> dict[str, torch.Tensor]:
@@ -102,11 +104,15 @@ class EmaWeights:
     def load_state_dict(self, state: dict[str, torch.Tensor]) -> None:
         missing = sorted(set(self.shadow) ^ set(state))
         if missing:
-            raise ValueError(f"the checkpoint's EMA weights do not match the policy's trained parameters "
-                             f"({len(missing)} names differ, e.g. {missing[0]}); resume with the same model, "
-                             f"--lora_rank and --zero_stage, or without --load_checkpoint")
+            raise ValueError(
+                f"the checkpoint's EMA weights do not match the policy's trained parameters "
+                f"({len(missing)} names differ, e.g. {missing[0]}); resume with the same model, "
+                f"--lora_rank and --zero_stage, or without --load_checkpoint"
+            )
         for n, t in state.items():
             if t.shape != self.shadow[n].shape:
-                raise ValueError(f"the checkpoint's EMA of {n} has shape {tuple(t.shape)}, this rank's part is "
-                                 f"{tuple(self.shadow[n].shape)}: resume on the same number of ranks")
+                raise ValueError(
+                    f"the checkpoint's EMA of {n} has shape {tuple(t.shape)}, this rank's part is "
+                    f"{tuple(self.shadow[n].shape)}: resume on the same number of ranks"
+                )
             self.shadow[n].copy_(t)

@@ -24,8 +24,9 @@ import torch
 
 #: The per-token float fields an item may carry (``<name>_T`` on :class:`Experience`, ``<name>_BT`` on
 #: :class:`ExperienceBatch`), in the order the loop fills them.
-TokenField = Literal["rollout_logprobs", "old_logprobs", "ref_logprobs", "values", "advantages", "returns",
-                     "turn_rewards"]
+TokenField = Literal[
+    "rollout_logprobs", "old_logprobs", "ref_logprobs", "values", "advantages", "returns", "turn_rewards"
+]
 TOKEN_FIELDS: tuple[TokenField, ...] = get_args(TokenField)
 
 
@@ -60,8 +61,9 @@ class Experience:
 
     def __post_init__(self) -> None:
         if len(self.loss_mask_T) != len(self.input_ids_T):
-            raise ValueError(f"an experience item has {len(self.loss_mask_T)} loss-mask entries for "
-                             f"{len(self.input_ids_T)} tokens")
+            raise ValueError(
+                f"an experience item has {len(self.loss_mask_T)} loss-mask entries for {len(self.input_ids_T)} tokens"
+            )
 
     @property
     def T(self) -> int:
@@ -103,13 +105,18 @@ class ExperienceBatch:
 
     def to(self, move) -> ExperienceBatch:
         """Every tensor through ``move`` (e.g. ``lambda t: to_device(t, device)``)."""
-        moved: dict[str, Any] = {f.name: None if (t := getattr(self, f.name)) is None else move(t)
-                                 for f in dataclasses.fields(self)}
+        moved: dict[str, Any] = {
+            f.name: None if (t := getattr(self, f.name)) is None else move(t) for f in dataclasses.fields(self)
+        }
         return ExperienceBatch(**moved)
 
 
-def make_item(prompt_ids: Sequence[int], response_ids: Sequence[int], response_mask: Sequence[int] | None = None,
-              rollout_logprobs: Sequence[float] | None = None) -> Experience:
+def make_item(
+    prompt_ids: Sequence[int],
+    response_ids: Sequence[int],
+    response_mask: Sequence[int] | None = None,
+    rollout_logprobs: Sequence[float] | None = None,
+) -> Experience:
     """An item from a rollout sample's prompt and response (mask 1 on every response token by default)."""
     p, r = list(prompt_ids), list(response_ids)
     mask = [1] * len(r) if response_mask is None else [int(m) for m in response_mask]
@@ -157,17 +164,20 @@ def collate(items: Sequence[Experience], pad_id: int, fields: Sequence[TokenFiel
 def rows(x_BT: torch.Tensor, items: Sequence[Experience]) -> list[torch.Tensor]:
     """Row b of ``x_BT`` cut to item b's length (float32, CPU)."""
     x = x_BT.detach().float().cpu()
-    return [x[b, :it.T].clone() for b, it in enumerate(items)]
+    return [x[b, : it.T].clone() for b, it in enumerate(items)]
 
 
 def dp_order(n: int, global_batch: int, world: int) -> list[int]:
     """Permutation of ``range(n)``: shard r (contiguous, ``n / world`` long) holds slice r of every global batch."""
     if n % global_batch or global_batch % world:
-        raise ValueError(f"{n} samples must be a multiple of the global batch {global_batch}, itself a multiple "
-                         f"of the {world} data-parallel ranks")
+        raise ValueError(
+            f"{n} samples must be a multiple of the global batch {global_batch}, itself a multiple "
+            f"of the {world} data-parallel ranks"
+        )
     local = global_batch // world
-    return [g * global_batch + r * local + i for r in range(world) for g in range(n // global_batch)
-            for i in range(local)]
+    return [
+        g * global_batch + r * local + i for r in range(world) for g in range(n // global_batch) for i in range(local)
+    ]
 
 
 def ring_shards(items: Sequence, world: int, ring: int) -> list:
@@ -179,7 +189,9 @@ def ring_shards(items: Sequence, world: int, ring: int) -> list:
         return list(items)
     dp = world // ring
     if world % ring or len(items) % dp:
-        raise ValueError(f"{len(items)} items cannot be split over {dp} data-parallel shards of {world} ranks in "
-                         f"ring attention groups of {ring}")
+        raise ValueError(
+            f"{len(items)} items cannot be split over {dp} data-parallel shards of {world} ranks in "
+            f"ring attention groups of {ring}"
+        )
     n = len(items) // dp
-    return [it for g in range(dp) for _ in range(ring) for it in items[g * n:(g + 1) * n]]
+    return [it for g in range(dp) for _ in range(ring) for it in items[g * n : (g + 1) * n]]

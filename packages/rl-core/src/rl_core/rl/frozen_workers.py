@@ -22,15 +22,27 @@ __all__ = ["ReferenceWorker", "RewardModelWorker"]
 class ReferenceWorker(_Worker):
     """One rank of the frozen reference policy: ``logprobs``."""
 
-    def __init__(self, strategy_cfg, pretrain: str, *, load_kw: dict | None = None, pad_id: int = 0,
-                 temperature: float = 1.0, batching: MicroBatchConfig | None = None, packing: bool = False,
-                 offload: bool = False):
+    def __init__(
+        self,
+        strategy_cfg,
+        pretrain: str,
+        *,
+        load_kw: dict | None = None,
+        pad_id: int = 0,
+        temperature: float = 1.0,
+        batching: MicroBatchConfig | None = None,
+        packing: bool = False,
+        offload: bool = False,
+    ):
         super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
         from rl_core.models import Actor, frozen
 
         self.temperature = temperature
-        kw = {k: v for k, v in (load_kw or {}).items()
-              if k not in ("lora", "gradient_checkpointing", "freeze_visual_encoder")}
+        kw = {
+            k: v
+            for k, v in (load_kw or {}).items()
+            if k not in ("lora", "gradient_checkpointing", "freeze_visual_encoder")
+        }
         actor = frozen(Actor.from_pretrained(pretrain, **kw))
         self.images = actor.is_vlm
         self.engine = self.s.prepare(actor, train=False, offload=offload)
@@ -46,14 +58,26 @@ class RewardModelWorker(_Worker):
     score per sample read at its last real token, from padded rows or, with ``packing``, packed ones; the
     token budget applies."""
 
-    def __init__(self, strategy_cfg, pretrain: str, *, load_kw: dict | None = None, pad_id: int = 0,
-                 normalize: bool = True, batching: MicroBatchConfig | None = None, packing: bool = False,
-                 offload: bool = False):
+    def __init__(
+        self,
+        strategy_cfg,
+        pretrain: str,
+        *,
+        load_kw: dict | None = None,
+        pad_id: int = 0,
+        normalize: bool = True,
+        batching: MicroBatchConfig | None = None,
+        packing: bool = False,
+        offload: bool = False,
+    ):
         super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
         from rl_core.models import RewardModel
 
-        kw = {k: v for k, v in (load_kw or {}).items()
-              if k not in ("lora", "gradient_checkpointing", "freeze_visual_encoder")}
+        kw = {
+            k: v
+            for k, v in (load_kw or {}).items()
+            if k not in ("lora", "gradient_checkpointing", "freeze_visual_encoder")
+        }
         model = RewardModel.from_pretrained(pretrain, require_head=True, **kw)  # a random head scores noise
         for p in model.parameters():
             p.requires_grad_(False)

@@ -69,8 +69,15 @@ class LocalGroup:
             raise ValueError(f"{self.role}: rank {rank} is out of range 0..0 (a local group has one rank)")
         return getattr(self.worker, method)(*args, **kwargs)
 
-    def call_sharded(self, method: str, items: Sequence[Any], *args: Any, timeout: float | None = None,
-                     allow_uneven: bool = False, **kwargs: Any) -> list[Any]:
+    def call_sharded(
+        self,
+        method: str,
+        items: Sequence[Any],
+        *args: Any,
+        timeout: float | None = None,
+        allow_uneven: bool = False,
+        **kwargs: Any,
+    ) -> list[Any]:
         out = getattr(self.worker, method)(list(items), *args, **kwargs)
         if not isinstance(out, (list, tuple)):
             raise TypeError(f"{self.role}: {method!r} returned {type(out).__name__}, call_sharded needs a list")
@@ -137,9 +144,14 @@ def _engine_pid(group: WorkerGroup) -> int | None:
         return None
 
 
-def sync_calls(what: str, policy: WorkerGroup, policy_call: tuple[str, Callable[[], Any]],
-               engines: Sequence[WorkerGroup], engine_calls: Sequence[tuple[str, Callable[[], Any]]],
-               pids: Sequence[int | None]) -> list[Any]:
+def sync_calls(
+    what: str,
+    policy: WorkerGroup,
+    policy_call: tuple[str, Callable[[], Any]],
+    engines: Sequence[WorkerGroup],
+    engine_calls: Sequence[tuple[str, Callable[[], Any]]],
+    pids: Sequence[int | None],
+) -> list[Any]:
     """Run one step of a weight sync on the policy and every engine at once; results (policy first).
 
     When a call fails, the error names the party that failed, not the one that noticed: an engine that died
@@ -215,8 +227,9 @@ class GroupRollout:
     def generate(self, requests: list) -> list[list]:
         n, k = len(requests), len(self.engines)
         bounds = [round(i * n / k) for i in range(k + 1)]
-        shards = [(g, requests[bounds[i]:bounds[i + 1]]) for i, g in enumerate(self.engines)
-                  if bounds[i + 1] > bounds[i]]
+        shards = [
+            (g, requests[bounds[i] : bounds[i + 1]]) for i, g in enumerate(self.engines) if bounds[i + 1] > bounds[i]
+        ]
         parts = concurrently(*[(lambda g=g, s=s: g.call_rank(0, "generate", s)) for g, s in shards])
         return [group for part in parts for group in part]
 
@@ -253,12 +266,28 @@ class BroadcastWeightSync:
     workers the next ``engine_workers[i]`` ranks); each call broadcasts one version.
     """
 
-    def __init__(self, policy: WorkerGroup, rollout: GroupRollout, *, backend: str = "gloo",
-                 engine_workers: Sequence[int] | None = None, verify: bool = False, timeout_s: float = 600.0):
-        self.policy, self.rollout, self.backend, self.verify, self.timeout_s = policy, rollout, backend, verify, timeout_s
+    def __init__(
+        self,
+        policy: WorkerGroup,
+        rollout: GroupRollout,
+        *,
+        backend: str = "gloo",
+        engine_workers: Sequence[int] | None = None,
+        verify: bool = False,
+        timeout_s: float = 600.0,
+    ):
+        self.policy, self.rollout, self.backend, self.verify, self.timeout_s = (
+            policy,
+            rollout,
+            backend,
+            verify,
+            timeout_s,
+        )
         self.engine_workers = list(engine_workers or [1] * len(rollout.engines))
         if len(self.engine_workers) != len(rollout.engines):
-            raise ValueError(f"engine_workers has {len(self.engine_workers)} entries for {len(rollout.engines)} engines")
+            raise ValueError(
+                f"engine_workers has {len(self.engine_workers)} entries for {len(rollout.engines)} engines"
+            )
         self.pids = [_engine_pid(g) for g in rollout.engines]  # while they live: to name one that dies later
         self._ready = False
 
@@ -267,13 +296,30 @@ class BroadcastWeightSync:
         world = 1 + sum(self.engine_workers)
         offsets = [1 + sum(self.engine_workers[:i]) for i in range(len(self.engine_workers))]
         t = self.timeout_s
-        sync_calls("weight group setup", self.policy,
-                   ("init_weight_sender", lambda: self.policy.call("init_weight_sender", addr, port, world,
-                                                                   self.backend, t)),
-                   self.rollout.engines,
-                   [("init_weight_group", functools.partial(g.call_rank, 0, "init_weight_group", addr, port, world,
-                                                            rank_offset=off, backend=self.backend, timeout_s=t))
-                    for g, off in zip(self.rollout.engines, offsets, strict=True)], self.pids)
+        sync_calls(
+            "weight group setup",
+            self.policy,
+            ("init_weight_sender", lambda: self.policy.call("init_weight_sender", addr, port, world, self.backend, t)),
+            self.rollout.engines,
+            [
+                (
+                    "init_weight_group",
+                    functools.partial(
+                        g.call_rank,
+                        0,
+                        "init_weight_group",
+                        addr,
+                        port,
+                        world,
+                        rank_offset=off,
+                        backend=self.backend,
+                        timeout_s=t,
+                    ),
+                )
+                for g, off in zip(self.rollout.engines, offsets, strict=True)
+            ],
+            self.pids,
+        )
         logger.info("weight group: %s:%d, %d ranks (%s)", addr, port, world, self.backend)
         self._ready = True
 
@@ -281,11 +327,16 @@ class BroadcastWeightSync:
         if not self._ready:
             self.setup()
         results = sync_calls(
-            f"weight sync to version {version}", self.policy,
+            f"weight sync to version {version}",
+            self.policy,
             ("broadcast_weights", lambda: self.policy.call("broadcast_weights", version, self.verify)),
             self.rollout.engines,
-            [("receive_weights", functools.partial(g.call_rank, 0, "receive_weights", verify=self.verify))
-             for g in self.rollout.engines], self.pids)
+            [
+                ("receive_weights", functools.partial(g.call_rank, 0, "receive_weights", verify=self.verify))
+                for g in self.rollout.engines
+            ],
+            self.pids,
+        )
         stats = results[0][0]
         stats = stats if isinstance(stats, dict) else {}
         if self.verify:
@@ -305,9 +356,11 @@ class IpcWeightSync:
 
     def __init__(self, policy: WorkerGroup, rollout: GroupRollout, *, verify: bool = False):
         if len(rollout.engines) != policy.world_size:
-            raise ValueError(f"CUDA IPC sync pairs policy rank i with engine i on one GPU: {policy.world_size} policy "
-                             f"ranks but {len(rollout.engines)} engines; use --colocate_all_models with "
-                             f"vllm_num_engines == actor GPUs (tensor parallel 1), or the broadcast sync")
+            raise ValueError(
+                f"CUDA IPC sync pairs policy rank i with engine i on one GPU: {policy.world_size} policy "
+                f"ranks but {len(rollout.engines)} engines; use --colocate_all_models with "
+                f"vllm_num_engines == actor GPUs (tensor parallel 1), or the broadcast sync"
+            )
         self.policy, self.rollout, self.verify = policy, rollout, verify
 
     def __call__(self, version: int) -> dict:
@@ -316,17 +369,27 @@ class IpcWeightSync:
         t0 = time.perf_counter()
         shared = self.policy.call("share_weights_ipc", version, self.verify)
         t1 = time.perf_counter()
-        loaded = concurrently(*[(lambda g=g, s=s: g.call_rank(0, "update_weights_ipc", s["sync"], version,
-                                                               verify=self.verify))
-                                for g, s in zip(self.rollout.engines, shared, strict=True)])
+        loaded = concurrently(
+            *[
+                (lambda g=g, s=s: g.call_rank(0, "update_weights_ipc", s["sync"], version, verify=self.verify))
+                for g, s in zip(self.rollout.engines, shared, strict=True)
+            ]
+        )
         sec = time.perf_counter() - t0
         nbytes = shared[0]["bytes"]  # what each engine loaded (every rank shares the full weights)
         # an engine actor answers {"tensors", "work_s"} (its own time in the load) or the tensor count alone
         work = [n.get("work_s") if isinstance(n, dict) else None for n in loaded]
         tensors = sum(int((n.get("tensors") if isinstance(n, dict) else n) or 0) for n in loaded)
-        out = {"version": version, "tensors": tensors, "bytes": nbytes, "seconds": sec,
-               "gb_per_s": nbytes / max(sec, 1e-9) / 1e9, "in_place": bool(shared[0].get("in_place")),
-               "share_s": t1 - t0, "load_s": sec - (t1 - t0)}  # the policy's call, then the engines'
+        out = {
+            "version": version,
+            "tensors": tensors,
+            "bytes": nbytes,
+            "seconds": sec,
+            "gb_per_s": nbytes / max(sec, 1e-9) / 1e9,
+            "in_place": bool(shared[0].get("in_place")),
+            "share_s": t1 - t0,
+            "load_s": sec - (t1 - t0),
+        }  # the policy's call, then the engines'
         if "work_s" in shared[0]:  # inside the policy's method; the rest of share_s is the Ray call
             out["share_work_s"] = max(s["work_s"] for s in shared)
         if all(w is not None for w in work):  # inside the engines' actors; the rest of load_s is the Ray call

@@ -41,11 +41,16 @@ class PolicyObjective:
     def of(cls, ppo) -> PolicyObjective:
         """From a :class:`~rl_core.trainers.ppo_config.PPOConfig`: the parts of it the policy's ranks read."""
         kl = ppo.kl
-        return cls(loss=ppo.policy_loss, correction=ppo.is_correction_type, temperature=ppo.sampling.temperature,
-                   epochs=ppo.max_epochs, norm_len=ppo.loss_norm_len,
-                   kl_loss=kl.estimator if kl.use_loss and kl.enabled else None,
-                   ptx_coef=ppo.ptx.coef if ppo.ptx is not None else None,
-                   ema_beta=ppo.ema.beta if ppo.ema is not None else None)
+        return cls(
+            loss=ppo.policy_loss,
+            correction=ppo.is_correction_type,
+            temperature=ppo.sampling.temperature,
+            epochs=ppo.max_epochs,
+            norm_len=ppo.loss_norm_len,
+            kl_loss=kl.estimator if kl.use_loss and kl.enabled else None,
+            ptx_coef=ppo.ptx.coef if ppo.ptx is not None else None,
+            ema_beta=ppo.ema.beta if ppo.ema is not None else None,
+        )
 
     def variant(self):
         """The policy-loss variant (rl-algos), built: a worker asks once, in its constructor."""

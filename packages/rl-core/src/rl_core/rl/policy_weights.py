@@ -21,7 +21,7 @@ import torch
 def hf_names(named_params):
     """Actor parameter names (``model.<hf name>``) -> the engine's HF names."""
     for name, t in named_params:
-        yield (name[len("model."):] if name.startswith("model.") else name), t
+        yield (name[len("model.") :] if name.startswith("model.") else name), t
 
 
 class PolicyWeights:
@@ -48,15 +48,17 @@ class PolicyWeights:
             sock.bind(("", 0))
             return addr, sock.getsockname()[1]
 
-    def init_sender(self, master_addr: str, master_port: int, world_size: int, backend: str = "gloo",
-                    timeout_s: float = 600.0) -> None:
+    def init_sender(
+        self, master_addr: str, master_port: int, world_size: int, backend: str = "gloo", timeout_s: float = 600.0
+    ) -> None:
         """Rank 0 joins the engines' weight group as its sender (blocks until every engine worker joined)."""
         if self.rank == 0:
             from rl_rollout.transport import CollectiveSender
 
             device = self.s.device if backend == "nccl" else "cpu"
-            self._sender = CollectiveSender(master_addr, master_port, world_size, backend=backend, device=device,
-                                            timeout_s=timeout_s)
+            self._sender = CollectiveSender(
+                master_addr, master_port, world_size, backend=backend, device=device, timeout_s=timeout_s
+            )
 
     def named(self, merge: bool = True):
         """``(HF name, full tensor)`` of what the engines hold, bucket by bucket (a collective gather per bucket
@@ -159,8 +161,12 @@ class PolicyWeights:
         sync = self._ipc.share(named)
         # work_s: this method's own time (the stream wait, the layout check; a pack's copy): the rest of the
         # trainer's call is Ray's
-        return {"sync": sync, "bytes": self._ipc.nbytes, "in_place": not self._ipc.pack,
-                "work_s": time.perf_counter() - t0}
+        return {
+            "sync": sync,
+            "bytes": self._ipc.nbytes,
+            "in_place": not self._ipc.pack,
+            "work_s": time.perf_counter() - t0,
+        }
 
     def digest(self) -> dict[str, float]:
         """Per-parameter sums (HF names), to check an engine holds these weights. Collective under ZeRO-3."""

@@ -20,8 +20,9 @@ class Roles:
     reward_model: bool
 
     def names(self) -> list[str]:
-        return ["policy"] + [n for n, on in (("critic", self.critic), ("reference", self.ref),
-                                             ("reward model", self.reward_model)) if on]
+        return ["policy"] + [
+            n for n, on in (("critic", self.critic), ("reference", self.ref), ("reward model", self.reward_model)) if on
+        ]
 
 
 def run_roles(ppo, *, reward_model: bool) -> Roles:
@@ -33,6 +34,8 @@ def run_roles(ppo, *, reward_model: bool) -> Roles:
 def require_reward(*, reward_fn: bool, reward_model: bool, agent: bool) -> None:
     """A run scores its samples with a reward function, a reward model or an environment's rewards."""
     if not (reward_fn or reward_model or agent):
-        raise ValueError("no reward: give a reward function (--reward_fn file.py:func, builtin:math ..., or "
-                         "--remote_rm_url URL), a reward model (--reward_pretrain FOLDER) or an environment "
-                         "(--agent_func_path FILE.py, whose step rewards score the episodes)")
+        raise ValueError(
+            "no reward: give a reward function (--reward_fn file.py:func, builtin:math ..., or "
+            "--remote_rm_url URL), a reward model (--reward_pretrain FOLDER) or an environment "
+            "(--agent_func_path FILE.py, whose step rewards score the episodes)"
+        )

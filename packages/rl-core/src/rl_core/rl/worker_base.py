@@ -31,8 +31,9 @@ class _Worker:
 
     engine: Any  # the role's DeepSpeed engine (Strategy.prepare), which each role's __init__ sets
 
-    def __init__(self, strategy_cfg, *, pad_id: int = 0, batching: MicroBatchConfig | None = None,
-                 packing: bool = False):
+    def __init__(
+        self, strategy_cfg, *, pad_id: int = 0, batching: MicroBatchConfig | None = None, packing: bool = False
+    ):
         from rl_core.strategy import DeepSpeedStrategy
 
         self.s = DeepSpeedStrategy(strategy_cfg)
@@ -63,9 +64,13 @@ class _Worker:
         from rl_core import ring_attention
 
         ring = ring_attention.current()
-        return {"rank": self.s.rank, "world_size": self.s.world_size, "device": str(self.s.device),
-                "pid": os.getpid(), "ring_attn": ring and f"{ring.rank} of {ring.size} in ranks {ring.first}-"
-                                                          f"{ring.first + ring.size - 1}"}
+        return {
+            "rank": self.s.rank,
+            "world_size": self.s.world_size,
+            "device": str(self.s.device),
+            "pid": os.getpid(),
+            "ring_attn": ring and f"{ring.rank} of {ring.size} in ranks {ring.first}-{ring.first + ring.size - 1}",
+        }
 
     def _micro_batches(self, items: list[Experience], *, train: bool) -> list[list[int]]:
         """Indices of ``items`` per micro-batch; with a token budget, as many on every rank (collective)."""
@@ -92,8 +97,11 @@ class _Worker:
         if self.s.device.type != "cuda":
             if not getattr(self, "_warned_no_cuda", False):
                 self._warned_no_cuda = True
-                logger.warning("max_tokens_per_gpu memory on %s: no device memory to read, so micro-batches of "
-                               "--micro_train_batch_size sequences", self.s.device.type)
+                logger.warning(
+                    "max_tokens_per_gpu memory on %s: no device memory to read, so micro-batches of "
+                    "--micro_train_batch_size sequences",
+                    self.s.device.type,
+                )
             return None
         tokens, how = memory_budget(self.engine, self.s.device, train=train)
         last = self._budgets.get(train)
@@ -115,8 +123,9 @@ class _Worker:
         for idx in self._micro_batches(items, train=False):
             chunk = [items[i] for i in idx]
             res = self._model(fn, chunk)
-            for i, r in zip(idx, rows(res, chunk) if res.dim() == 2 else [r.item() for r in res.float().cpu()],
-                            strict=True):
+            for i, r in zip(
+                idx, rows(res, chunk) if res.dim() == 2 else [r.item() for r in res.float().cpu()], strict=True
+            ):
                 out[i] = r
         return out
 
@@ -124,12 +133,14 @@ class _Worker:
         """Each epoch's local slices of the global batches (items come in :func:`dp_order`)."""
         local = self.s.cfg.train_batch_size // self.s.dp_size
         if len(items) % local:
-            raise ValueError(f"rank {self.rank}: {len(items)} items are not whole local batches of {local} "
-                             f"(train_batch_size {self.s.cfg.train_batch_size} / {self.s.dp_size} data-parallel "
-                             f"ranks)")
+            raise ValueError(
+                f"rank {self.rank}: {len(items)} items are not whole local batches of {local} "
+                f"(train_batch_size {self.s.cfg.train_batch_size} / {self.s.dp_size} data-parallel "
+                f"ranks)"
+            )
         for _ in range(epochs):
             for g in range(0, len(items), local):
-                yield items[g:g + local]
+                yield items[g : g + local]
 
     def _leader(self, out: list) -> list:
         """``out`` on the first rank of a ring attention group, ``[]`` on the others: they computed the same

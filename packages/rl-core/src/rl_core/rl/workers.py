@@ -48,24 +48,40 @@ logger = logging.getLogger(__name__)
 class PolicyWorker(DeepSpeedSleep, _Worker):
     """One rank of the policy (actor): ``logprobs``, ``train``, weight broadcast, checkpoints, export."""
 
-    def __init__(self, strategy_cfg, pretrain: str, objective: PolicyObjective, total_steps: int, *,
-                 load_kw: dict | None = None, pad_id: int = 0, batching: MicroBatchConfig | None = None,
-                 packing: bool = False, ptx: list[dict] | None = None):
+    def __init__(
+        self,
+        strategy_cfg,
+        pretrain: str,
+        objective: PolicyObjective,
+        total_steps: int,
+        *,
+        load_kw: dict | None = None,
+        pad_id: int = 0,
+        batching: MicroBatchConfig | None = None,
+        packing: bool = False,
+        ptx: list[dict] | None = None,
+    ):
         super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
         from rl_core.models import Actor
 
         self.objective = objective
         self.variant = objective.variant()  # built once (rl_algos.POLICY_LOSSES): clip, correction, aggregation
         # PPO-ptx: this rank's share of the pretraining items (input_ids, loss_mask), cycled in order
-        self._ptx = [sequence(torch.as_tensor(row["input_ids"]).tolist(), torch.as_tensor(row["loss_mask"]).tolist())
-                     for row in (ptx or [])[self.s.dp_rank::self.s.dp_size]]
+        self._ptx = [
+            sequence(torch.as_tensor(row["input_ids"]).tolist(), torch.as_tensor(row["loss_mask"]).tolist())
+            for row in (ptx or [])[self.s.dp_rank :: self.s.dp_size]
+        ]
         self._ptx_next = 0
         if ptx and objective.ptx_coef is None:
-            raise ValueError("pretraining items (ptx=...) train with PPOConfig.ptx's coefficient: set "
-                             "PPOConfig(ptx=PtxConfig(data=...)) (--pretrain_data), or pass no items")
+            raise ValueError(
+                "pretraining items (ptx=...) train with PPOConfig.ptx's coefficient: set "
+                "PPOConfig(ptx=PtxConfig(data=...)) (--pretrain_data), or pass no items"
+            )
         if ptx and not self._ptx:
-            raise ValueError(f"--pretrain_data has {len(ptx)} usable rows, fewer than the {self.s.dp_size} "
-                             f"data-parallel ranks of the policy; add rows or drop --pretrain_data")
+            raise ValueError(
+                f"--pretrain_data has {len(ptx)} usable rows, fewer than the {self.s.dp_size} "
+                f"data-parallel ranks of the policy; add rows or drop --pretrain_data"
+            )
         actor = Actor.from_pretrained(pretrain, **(load_kw or {}))
         self.images = actor.is_vlm
         if objective.loss.aux_loss_coef:
@@ -78,8 +94,13 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
             from rl_core.rl.ema import EmaWeights
 
             self._ema = EmaWeights(self.engine.module, objective.ema_beta)
-            logger.info("policy EMA (beta %g): %.3f GB on %s, rank %d", objective.ema_beta, self._ema.nbytes / 1e9,
-                        self.s.device, self.rank)
+            logger.info(
+                "policy EMA (beta %g): %.3f GB on %s, rank %d",
+                objective.ema_beta,
+                self._ema.nbytes / 1e9,
+                self.s.device,
+                self.rank,
+            )
         self.weights = PolicyWeights(self.s, lambda: self.engine.module, self._lora)  # sync, IPC, checks
 
     def logprobs(self, items: list[Experience]) -> list[torch.Tensor]:
@@ -151,9 +172,17 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                 if on_policy and rollout is not None:  # device tensors: no host sync between the micro-batches
                     gap_sum = gap_sum + ((old - rollout).abs() * m).sum()
                     gap_tokens = gap_tokens + m.sum()
-                out = variant.loss(lp, old, b.token("advantages"), m,
-                                   rollout_logprobs_BT=rollout if variant.needs_rollout_logprobs else None,
-                                   global_tokens=total, global_seqs=G, dp_size=world, norm_len=o.norm_len)
+                out = variant.loss(
+                    lp,
+                    old,
+                    b.token("advantages"),
+                    m,
+                    rollout_logprobs_BT=rollout if variant.needs_rollout_logprobs else None,
+                    global_tokens=total,
+                    global_seqs=G,
+                    dp_size=world,
+                    norm_len=o.norm_len,
+                )
                 loss = out.loss
                 if o.kl_loss is not None:  # kl_loss
                     kl = approx_kl(lp, b.token("ref_logprobs"), o.kl_loss, mask=m)
@@ -201,8 +230,9 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         if not self._ptx:
             return
         if "ptx_next" not in client:  # saved before the cursor was kept, or without --pretrain_data
-            logger.warning("checkpoint %s holds no position in --pretrain_data: its rows cycle from the first again",
-                           path)
+            logger.warning(
+                "checkpoint %s holds no position in --pretrain_data: its rows cycle from the first again", path
+            )
             return
         self._ptx_next = int(client["ptx_next"]) % len(self._ptx)  # a resume on other ranks reshards the rows
 
@@ -221,8 +251,9 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
     def weight_sender_address(self) -> tuple[str, int]:
         return self.weights.address()
 
-    def init_weight_sender(self, master_addr: str, master_port: int, world_size: int, backend: str = "gloo",
-                           timeout_s: float = 600.0) -> None:
+    def init_weight_sender(
+        self, master_addr: str, master_port: int, world_size: int, backend: str = "gloo", timeout_s: float = 600.0
+    ) -> None:
         self.weights.init_sender(master_addr, master_port, world_size, backend, timeout_s)
 
     def broadcast_weights(self, version: int, verify: bool = False) -> dict | None:
@@ -285,9 +316,18 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
 class CriticWorker(DeepSpeedSleep, _Worker):
     """One rank of the critic: ``values`` and ``train`` on returns with the (clipped) value loss."""
 
-    def __init__(self, strategy_cfg, pretrain: str, objective: CriticObjective, total_steps: int, *,
-                 load_kw: dict | None = None, pad_id: int = 0, batching: MicroBatchConfig | None = None,
-                 packing: bool = False):
+    def __init__(
+        self,
+        strategy_cfg,
+        pretrain: str,
+        objective: CriticObjective,
+        total_steps: int,
+        *,
+        load_kw: dict | None = None,
+        pad_id: int = 0,
+        batching: MicroBatchConfig | None = None,
+        packing: bool = False,
+    ):
         strategy_cfg = replace(strategy_cfg, **objective.optimizer.overrides())  # its own optimizer, schedule, clipping
         super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
         from rl_core.models import Critic
@@ -319,8 +359,15 @@ class CriticWorker(DeepSpeedSleep, _Worker):
                 m = b.loss_mask_BT
                 self.s.accumulation_boundary(self.engine, k == len(groups) - 1)
                 v = self._model(lambda **x: self.engine(**x), sub)
-                out = value_loss(v, b.token("values"), b.token("returns"), m, clip_eps=o.value_clip,
-                                 global_tokens=total, dp_size=world)
+                out = value_loss(
+                    v,
+                    b.token("values"),
+                    b.token("returns"),
+                    m,
+                    clip_eps=o.value_clip,
+                    global_tokens=total,
+                    dp_size=world,
+                )
                 self.s.backward(out.loss, self.engine)
                 self.s.optimizer_step(self.engine)
                 sums["critic_loss"] += out.loss.detach() / world

@@ -12,5 +12,18 @@ from rl_core.trainers.ppo import PPOConfig, PPOTrainer
 from rl_core.trainers.rm import RewardModelTrainer, RMConfig
 from rl_core.trainers.sft import SFTConfig, SFTTrainer
 
-__all__ = ["DPOConfig", "DPOTrainer", "KTOConfig", "KTOTrainer", "LMTrainerConfig", "PPOConfig", "PPOTrainer",
-           "RMConfig", "RewardModelTrainer", "SFTConfig", "SFTTrainer", "Trainer", "TrainerConfig"]
+__all__ = [
+    "DPOConfig",
+    "DPOTrainer",
+    "KTOConfig",
+    "KTOTrainer",
+    "LMTrainerConfig",
+    "PPOConfig",
+    "PPOTrainer",
+    "RMConfig",
+    "RewardModelTrainer",
+    "SFTConfig",
+    "SFTTrainer",
+    "Trainer",
+    "TrainerConfig",
+]

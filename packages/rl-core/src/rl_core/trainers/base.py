@@ -52,14 +52,18 @@ class TrainerConfig:
     :class:`~rl_core.configs.CheckpointConfig` node every trainer shares (``ckpt``)."""
 
     max_epochs: int = field(default=1, metadata=meta("passes over the dataset"))
-    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, metadata=meta(
-        "checkpoints (every --save_steps optimizer steps), resume and the final export"))
+    ckpt: CheckpointConfig = field(
+        default_factory=CheckpointConfig,
+        metadata=meta("checkpoints (every --save_steps optimizer steps), resume and the final export"),
+    )
     logging_steps: int = field(default=1, metadata=meta("log metrics every N optimizer steps"))
     run_dir: str | None = field(default=None, metadata=meta("metrics.jsonl, tensorboard/, curves.png"))
-    max_steps: int | None = field(default=None, metadata=meta(
-        "stop after this many optimizer steps (e.g. to test resume)"))
-    eval_steps: int = field(default=-1, metadata=meta(
-        "evaluate on the eval set every N optimizer steps (-1: only after the last)"))
+    max_steps: int | None = field(
+        default=None, metadata=meta("stop after this many optimizer steps (e.g. to test resume)")
+    )
+    eval_steps: int = field(
+        default=-1, metadata=meta("evaluate on the eval set every N optimizer steps (-1: only after the last)")
+    )
 
     def __post_init__(self) -> None:
         check_numbers(self)  # every float finite (beta, loss weights ...)
@@ -68,13 +72,17 @@ class TrainerConfig:
         if self.logging_steps < 1:
             raise ValueError(f"logging_steps must be >= 1, got {self.logging_steps}")
         if self.ckpt.save_hf_ckpt and self.ckpt.save_steps <= 0:  # the RL loop only notes it (as OpenRLHF)
-            raise ValueError("save_hf_ckpt (--save_hf_ckpt) writes an HF export at every --save_steps; add "
-                             "--save_steps N (and --ckpt_path DIR), or drop it: the final model goes to --save_path")
+            raise ValueError(
+                "save_hf_ckpt (--save_hf_ckpt) writes an HF export at every --save_steps; add "
+                "--save_steps N (and --ckpt_path DIR), or drop it: the final model goes to --save_path"
+            )
         if self.max_steps is not None and self.max_steps < 1:
             raise ValueError(f"max_steps must be >= 1 or unset, got {self.max_steps}")
         if self.eval_steps == 0 or self.eval_steps < -1:
-            raise ValueError(f"eval_steps (--eval_steps) must be >= 1, or -1 to evaluate only after the last step, "
-                             f"got {self.eval_steps}")
+            raise ValueError(
+                f"eval_steps (--eval_steps) must be >= 1, or -1 to evaluate only after the last step, "
+                f"got {self.eval_steps}"
+            )
 
     @classmethod
     def from_flat(cls, **flat):
@@ -86,9 +94,14 @@ class TrainerConfig:
 class LMTrainerConfig(TrainerConfig):
     """The loop's settings plus what a trainer of a causal LM (SFT, DPO, KTO) adds."""
 
-    aux_loss_coef: float = field(default=0.0, metadata=meta(
-        "mixture-of-experts models: + coef x the router's load-balancing loss (0: off); a model without experts "
-        "is refused", openrlhf=("model.aux_loss_coef",)))
+    aux_loss_coef: float = field(
+        default=0.0,
+        metadata=meta(
+            "mixture-of-experts models: + coef x the router's load-balancing loss (0: off); a model without experts "
+            "is refused",
+            openrlhf=("model.aux_loss_coef",),
+        ),
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -102,8 +115,17 @@ class Trainer:
     name = "train"
     supports_packing = False  # True where train_step and eval_metrics take packed batches (collate, model_inputs)
 
-    def __init__(self, strategy, model, tokenizer, dataset, cfg: TrainerConfig, *, eval_dataset=None,
-                 logger: LoggerConfig | None = None):
+    def __init__(
+        self,
+        strategy,
+        model,
+        tokenizer,
+        dataset,
+        cfg: TrainerConfig,
+        *,
+        eval_dataset=None,
+        logger: LoggerConfig | None = None,
+    ):
         self.s, self.tokenizer, self.dataset, self.cfg = strategy, tokenizer, dataset, cfg
         self.eval_dataset = eval_dataset
         if eval_dataset is not None:
@@ -112,33 +134,40 @@ class Trainer:
         self.eval_history: list[dict[str, float]] = []  # {"step": N, NAME: value, ...} per evaluation of fit()
         self.packing = bool(getattr(getattr(dataset, "cfg", None), "packing", False))
         if self.packing and not self.supports_packing:
-            raise ValueError(f"{type(self).__name__} does not pack sequences (SFT, RM, DPO and KTO do); "
-                             "drop --packing")
+            raise ValueError(f"{type(self).__name__} does not pack sequences (SFT, RM, DPO and KTO do); drop --packing")
         self.aux_loss_coef = getattr(cfg, "aux_loss_coef", 0.0)  # LMTrainerConfig's
         self._aux_losses: list[torch.Tensor] = []  # this step's, for the aux_loss metric
         if self.aux_loss_coef:
             model.enable_moe_aux_loss()  # raises for a model without experts
-            logging.getLogger(__name__).info("%s: MoE load-balancing loss on, coefficient %g", self.name,
-                                             self.aux_loss_coef)  # (``logger`` is the argument here)
+            logging.getLogger(__name__).info(
+                "%s: MoE load-balancing loss on, coefficient %g", self.name, self.aux_loss_coef
+            )  # (``logger`` is the argument here)
         self.s.setup_distributed()
         self.plan = strategy.batch_plan(len(dataset), cfg.max_epochs)
         self.steps_per_epoch = len(dataset) // self.plan.global_batch
         if self.steps_per_epoch < 1:
-            raise ValueError(f"the dataset has {len(dataset)} rows, fewer than one global batch "
-                             f"({self.plan.global_batch}); lower --train_batch_size or add data")
+            raise ValueError(
+                f"the dataset has {len(dataset)} rows, fewer than one global batch "
+                f"({self.plan.global_batch}); lower --train_batch_size or add data"
+            )
         self.engine = strategy.prepare(model, total_steps=self.plan.total_steps)
         ck = cfg.ckpt
-        self.ckpt = (CheckpointManager(ck.ckpt_path, strategy, ck.max_ckpt_num, ck.max_ckpt_mem)
-                     if ck.ckpt_path else None)
-        self.metrics = MetricsLogger.from_config(cfg.run_dir, logger or LoggerConfig(), enabled=strategy.is_rank_0(),
-                                                 run_config=dataclasses.asdict(cfg))  # ``logger``: wandb, TensorBoard
+        self.ckpt = (
+            CheckpointManager(ck.ckpt_path, strategy, ck.max_ckpt_num, ck.max_ckpt_mem) if ck.ckpt_path else None
+        )
+        self.metrics = MetricsLogger.from_config(
+            cfg.run_dir, logger or LoggerConfig(), enabled=strategy.is_rank_0(), run_config=dataclasses.asdict(cfg)
+        )  # ``logger``: wandb, TensorBoard
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         if self.pad_id is None:
             raise ValueError("the tokenizer has neither a pad nor an eos token; set tokenizer.pad_token")
         # last, once every check passed: the folders the run writes are its own until fit ends; rank 0 locks them
         # for all (rl_core.folder_lock)
-        self._locks = (hold({"--run_dir": cfg.run_dir, "--ckpt_path": ck.ckpt_path}, {"--save_path": ck.save_path})
-                       if strategy.is_rank_0() else hold({}))
+        self._locks = (
+            hold({"--run_dir": cfg.run_dir, "--ckpt_path": ck.ckpt_path}, {"--save_path": ck.save_path})
+            if strategy.is_rank_0()
+            else hold({})
+        )
 
     # ----- batches ---------------------------------------------------------------------------
 
@@ -151,15 +180,15 @@ class Trainer:
         """This rank's dataset indices for batch ``index`` of ``epoch``."""
         perm = self._permutation(epoch)
         G = self.plan.global_batch
-        mine = perm[index * G:(index + 1) * G]
+        mine = perm[index * G : (index + 1) * G]
         per_rank = G // self.plan.dp_size
         r = self.s.dp_rank  # with ring attention a group's ranks take the same share (rl_core.ring_attention)
-        return mine[r * per_rank:(r + 1) * per_rank]
+        return mine[r * per_rank : (r + 1) * per_rank]
 
     def micro_batches(self, indices: list[int]) -> list[list[dict]]:
         """This rank's items split into ``accumulation_steps`` micro-batches of ``micro_batch`` items."""
         mb = self.plan.micro_batch
-        return [[self.dataset[i] for i in indices[k * mb:(k + 1) * mb]] for k in range(self.plan.accumulation_steps)]
+        return [[self.dataset[i] for i in indices[k * mb : (k + 1) * mb]] for k in range(self.plan.accumulation_steps)]
 
     @torch.no_grad()
     def per_row(self, fn, width: int, dataset=None) -> torch.Tensor:
@@ -179,7 +208,7 @@ class Trainer:
             idx = list(range(start + k, min(n, start + k + mb, start + share)))
             vals = fn([dataset[i] for i in (idx or [0])]).detach().double().cpu().reshape(-1, width)
             if idx:
-                out[idx] = vals[:len(idx)]
+                out[idx] = vals[: len(idx)]
         return self.s.dp_sum(out)
 
     def to_device(self, batch: dict) -> dict:
@@ -235,8 +264,10 @@ class Trainer:
         """
         dataset = self.eval_dataset if dataset is None else dataset
         if dataset is None:
-            raise ValueError(f"{type(self).__name__}.evaluate() has no eval set: pass eval_dataset= to the trainer "
-                             "(--eval_dataset PATH) or a dataset to evaluate()")
+            raise ValueError(
+                f"{type(self).__name__}.evaluate() has no eval set: pass eval_dataset= to the trainer "
+                "(--eval_dataset PATH) or a dataset to evaluate()"
+            )
         if len(dataset) == 0:
             raise ValueError(f"{type(self).__name__}.evaluate() got a dataset with no rows; pass rows to measure")
         was_training = self.engine.module.training  # DeepSpeedEngine.train() sets the module's flag only
@@ -275,15 +306,29 @@ class Trainer:
                 step, start_epoch, start_index = meta["step"], meta["epoch"], meta["batch_in_epoch"]
                 self.step = step
         if self.s.is_rank_0():
-            logger.info("%s: %d rows, %s%s", self.name, len(self.dataset), self.plan.describe(),
-                        "" if self.eval_dataset is None else f"; eval set {len(self.eval_dataset)} rows")
+            logger.info(
+                "%s: %d rows, %s%s",
+                self.name,
+                len(self.dataset),
+                self.plan.describe(),
+                "" if self.eval_dataset is None else f"; eval set {len(self.eval_dataset)} rows",
+            )
         if ck.disable_ds_ckpt and ck.save_steps > 0 and self.s.is_rank_0():
-            logger.warning("%s: --disable_ds_ckpt: --save_steps %d writes no checkpoint (nothing to resume from)%s; "
-                           "the final model goes to --save_path", self.name, ck.save_steps,
-                           ", only the HF exports" if ck.save_hf_ckpt else "")
+            logger.warning(
+                "%s: --disable_ds_ckpt: --save_steps %d writes no checkpoint (nothing to resume from)%s; "
+                "the final model goes to --save_path",
+                self.name,
+                ck.save_steps,
+                ", only the HF exports" if ck.save_hf_ckpt else "",
+            )
         self.before_fit()
         losses: list[float] = []
-        bar = tqdm(total=self.plan.total_steps, initial=step, desc=self.name, disable=not self.s.is_rank_0() or os.environ.get("TQDM_DISABLE") == "1")
+        bar = tqdm(
+            total=self.plan.total_steps,
+            initial=step,
+            desc=self.name,
+            disable=not self.s.is_rank_0() or os.environ.get("TQDM_DISABLE") == "1",
+        )
         for epoch in range(start_epoch, self.cfg.max_epochs):
             for index in range(start_index if epoch == start_epoch else 0, self.steps_per_epoch):
                 if self.cfg.max_steps is not None and step >= self.cfg.max_steps:
@@ -304,8 +349,9 @@ class Trainer:
                 if ck.save_hf_ckpt and step % ck.save_steps == 0:  # collective (ZeRO-3 gathers)
                     if ck.ckpt_path is None:  # not reached: CheckpointConfig refuses save_steps without ckpt_path
                         raise ValueError("save_hf_ckpt needs ckpt_path (--ckpt_path DIR) to write the exports to")
-                    export_hf(self.s, self.engine, os.path.join(ck.ckpt_path, f"step_{step:08d}_hf"),
-                              tokenizer=self.tokenizer)
+                    export_hf(
+                        self.s, self.engine, os.path.join(ck.ckpt_path, f"step_{step:08d}_hf"), tokenizer=self.tokenizer
+                    )
                 if self.eval_dataset is not None and self.cfg.eval_steps > 0 and step % self.cfg.eval_steps == 0:
                     self._evaluate_and_log(step)
         bar.close()

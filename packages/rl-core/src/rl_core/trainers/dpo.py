@@ -44,11 +44,17 @@ class DPOConfig(LMTrainerConfig):
     label_smoothing: float = field(default=0.0, metadata=meta("cDPO"))
     ipo: bool = field(default=False, metadata=meta("IPO loss (squared margin) instead of DPO's log-sigmoid"))
     nll_loss_coef: float = field(default=0.0, metadata=meta("+ coef x token-mean NLL of the chosen responses"))
-    precompute_ref: bool = field(default=False, metadata=meta(
-        "compute reference logprobs once, then release the reference model"))
-    ref_offload: bool = field(default=False, metadata=meta(
-        "the reference's parameters on the CPU, gathered layer by layer for each forward (DeepSpeed ZeRO-3 "
-        "offload_param; needs --zero_stage 3)", openrlhf=("ref.offload",)))
+    precompute_ref: bool = field(
+        default=False, metadata=meta("compute reference logprobs once, then release the reference model")
+    )
+    ref_offload: bool = field(
+        default=False,
+        metadata=meta(
+            "the reference's parameters on the CPU, gathered layer by layer for each forward (DeepSpeed ZeRO-3 "
+            "offload_param; needs --zero_stage 3)",
+            openrlhf=("ref.offload",),
+        ),
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -72,8 +78,9 @@ class DPOTrainer(Trainer):
     supports_packing = True
     cfg: DPOConfig  # the Trainer's cfg, as __init__ takes it
 
-    def __init__(self, strategy, actor, ref_actor, tokenizer, dataset, cfg: DPOConfig, *, eval_dataset=None,
-                 logger=None):
+    def __init__(
+        self, strategy, actor, ref_actor, tokenizer, dataset, cfg: DPOConfig, *, eval_dataset=None, logger=None
+    ):
         super().__init__(strategy, actor, tokenizer, dataset, cfg, eval_dataset=eval_dataset, logger=logger)
         self.ref = strategy.prepare(ref_actor, train=False, offload=cfg.ref_offload)
         self.ref_logps: torch.Tensor | None = None  # [N, 2] chosen, rejected when precomputed
@@ -97,8 +104,11 @@ class DPOTrainer(Trainer):
             self.eval_ref_logps = self.per_row(self._ref_pair, 2, self.eval_dataset).float()
         self.ref = None  # release the reference: its logprobs are all we need
         gc.collect()
-        logger.info("dpo: reference logprobs precomputed for %d pairs (+%d eval pairs); reference model released",
-                    len(self.dataset), 0 if self.eval_dataset is None else len(self.eval_dataset))
+        logger.info(
+            "dpo: reference logprobs precomputed for %d pairs (+%d eval pairs); reference model released",
+            len(self.dataset),
+            0 if self.eval_dataset is None else len(self.eval_dataset),
+        )
 
     def train_step(self, indices: list[int]) -> dict[str, float]:
         cfg, acc = self.cfg, self.plan.accumulation_steps
@@ -112,7 +122,7 @@ class DPOTrainer(Trainer):
         for k, (items, b) in enumerate(zip(groups, micro, strict=True)):
             m = len(items)
             if self.ref_logps is not None:
-                ref = self.ref_logps[indices[k * mb:k * mb + m]].to(self.s.device)
+                ref = self.ref_logps[indices[k * mb : k * mb + m]].to(self.s.device)
             else:
                 ref = self._ref_pair(items)
             pol = self.engine(**model_inputs(b))
@@ -121,9 +131,17 @@ class DPOTrainer(Trainer):
             if chosen_tokens is not None:  # set above iff cfg.nll_loss_coef
                 # token-mean over the global batch's chosen tokens, times dp (DeepSpeed averages ranks)
                 nll = -logps[:m].sum() / chosen_tokens * self.plan.dp_size * acc
-            out = dpo_loss(logps[:m], logps[m:], ref[:, 0], ref[:, 1], beta=cfg.beta,
-                           label_smoothing=cfg.label_smoothing, ipo=cfg.ipo, chosen_nll=nll,
-                           nll_coef=cfg.nll_loss_coef)
+            out = dpo_loss(
+                logps[:m],
+                logps[m:],
+                ref[:, 0],
+                ref[:, 1],
+                beta=cfg.beta,
+                label_smoothing=cfg.label_smoothing,
+                ipo=cfg.ipo,
+                chosen_nll=nll,
+                nll_coef=cfg.nll_loss_coef,
+            )
             loss = out.loss / acc + self.moe_aux_loss(pol)
             self.s.backward(loss, self.engine)
             self.s.optimizer_step(self.engine)
@@ -142,9 +160,11 @@ class DPOTrainer(Trainer):
         if dataset is self.eval_dataset and self.eval_ref_logps is not None:
             return self.eval_ref_logps.double()
         if self.ref is None:
-            raise ValueError("the reference model was released after precompute_ref, and its logprobs were "
-                             "precomputed for the training and eval sets only; pass this dataset as the "
-                             "trainer's eval_dataset, or evaluate it before fit()")
+            raise ValueError(
+                "the reference model was released after precompute_ref, and its logprobs were "
+                "precomputed for the training and eval sets only; pass this dataset as the "
+                "trainer's eval_dataset, or evaluate it before fit()"
+            )
         return self.per_row(self._ref_pair, 2, dataset)
 
     def eval_metrics(self, dataset) -> dict[str, float]:
@@ -158,12 +178,24 @@ class DPOTrainer(Trainer):
 
         pol, ref = self.per_row(policy, 4, dataset), self._eval_ref(dataset)
         nll = pol[:, 2].sum() / pol[:, 3].sum()
-        out = dpo_loss(pol[:, 0], pol[:, 1], ref[:, 0], ref[:, 1], beta=cfg.beta, label_smoothing=cfg.label_smoothing,
-                       ipo=cfg.ipo, chosen_nll=nll if cfg.nll_loss_coef else None, nll_coef=cfg.nll_loss_coef)
-        m = {"loss": out.loss.item(), "chosen_reward": out.chosen_rewards.mean().item(),
-             "rejected_reward": out.rejected_rewards.mean().item(),
-             "reward_margin": (out.chosen_rewards - out.rejected_rewards).mean().item(),
-             "acc": (out.chosen_rewards > out.rejected_rewards).double().mean().item()}
+        out = dpo_loss(
+            pol[:, 0],
+            pol[:, 1],
+            ref[:, 0],
+            ref[:, 1],
+            beta=cfg.beta,
+            label_smoothing=cfg.label_smoothing,
+            ipo=cfg.ipo,
+            chosen_nll=nll if cfg.nll_loss_coef else None,
+            nll_coef=cfg.nll_loss_coef,
+        )
+        m = {
+            "loss": out.loss.item(),
+            "chosen_reward": out.chosen_rewards.mean().item(),
+            "rejected_reward": out.rejected_rewards.mean().item(),
+            "reward_margin": (out.chosen_rewards - out.rejected_rewards).mean().item(),
+            "acc": (out.chosen_rewards > out.rejected_rewards).double().mean().item(),
+        }
         if cfg.nll_loss_coef:
             m["nll"] = nll.item()
         return m

@@ -35,21 +35,29 @@ class KTOConfig(LMTrainerConfig):
     beta: float = field(default=0.1, metadata=meta("KTO temperature on the implied reward"))
     desirable_loss_weight: float = field(default=1.0, metadata=meta("weight of the desirable samples' loss"))
     undesirable_loss_weight: float = field(default=1.0, metadata=meta("weight of the undesirable samples' loss"))
-    ref_offload: bool = field(default=False, metadata=meta(
-        "the reference's parameters on the CPU, gathered layer by layer for each forward (DeepSpeed ZeRO-3 "
-        "offload_param; needs --zero_stage 3)", openrlhf=("ref.offload",)))
+    ref_offload: bool = field(
+        default=False,
+        metadata=meta(
+            "the reference's parameters on the CPU, gathered layer by layer for each forward (DeepSpeed ZeRO-3 "
+            "offload_param; needs --zero_stage 3)",
+            openrlhf=("ref.offload",),
+        ),
+    )
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.beta <= 0:
             raise ValueError(f"beta (--beta) must be > 0, got {self.beta}")
         if self.desirable_loss_weight < 0 or self.undesirable_loss_weight < 0:
-            raise ValueError("desirable/undesirable loss weights must be >= 0, got "
-                             f"{self.desirable_loss_weight}, {self.undesirable_loss_weight}")
+            raise ValueError(
+                "desirable/undesirable loss weights must be >= 0, got "
+                f"{self.desirable_loss_weight}, {self.undesirable_loss_weight}"
+            )
 
 
 def mismatched_pairs(items: list[dict]) -> list[dict]:
     """Row ``i``'s prompt with row ``i+1``'s response (cyclic): the KL reference set."""
+
     def split(it):
         on = torch.nonzero(it["loss_mask"]).flatten()
         start = int(on[0]) if len(on) else len(it["input_ids"])
@@ -60,9 +68,13 @@ def mismatched_pairs(items: list[dict]) -> list[dict]:
     for i, (prompt, _) in enumerate(parts):
         j = (i + 1) % len(parts)
         budget = max(len(items[i]["input_ids"]), len(items[j]["input_ids"]))  # stay within max_len
-        resp = parts[j][1][:max(1, budget - len(prompt))]
-        out.append({"input_ids": torch.cat([prompt, resp]),
-                    "loss_mask": torch.cat([torch.zeros_like(prompt), torch.ones_like(resp)])})
+        resp = parts[j][1][: max(1, budget - len(prompt))]
+        out.append(
+            {
+                "input_ids": torch.cat([prompt, resp]),
+                "loss_mask": torch.cat([torch.zeros_like(prompt), torch.ones_like(resp)]),
+            }
+        )
     return out
 
 
@@ -72,8 +84,9 @@ class KTOTrainer(Trainer):
     supports_packing = True
     cfg: KTOConfig  # the Trainer's cfg, as __init__ takes it
 
-    def __init__(self, strategy, actor, ref_actor, tokenizer, dataset, cfg: KTOConfig, *, eval_dataset=None,
-                 logger=None):
+    def __init__(
+        self, strategy, actor, ref_actor, tokenizer, dataset, cfg: KTOConfig, *, eval_dataset=None, logger=None
+    ):
         super().__init__(strategy, actor, tokenizer, dataset, cfg, eval_dataset=eval_dataset, logger=logger)
         self.ref = strategy.prepare(ref_actor, train=False, offload=cfg.ref_offload)
 
@@ -81,7 +94,7 @@ class KTOTrainer(Trainer):
     def reference_kl(self, groups: list[list[dict]]) -> torch.Tensor:
         pairs, mb, diffs = mismatched_pairs([it for g in groups for it in g]), self.plan.micro_batch, []
         for k in range(0, len(pairs), mb):
-            b = self.to_device(self.collate(pairs[k:k + mb]))
+            b = self.to_device(self.collate(pairs[k : k + mb]))
             diffs.append(sequence_logps(self.engine, b) - sequence_logps(self.ref, b))
         local = torch.cat(diffs).float().mean()
         return self.s.all_reduce(local, "mean").clamp(min=0)
@@ -98,8 +111,15 @@ class KTOTrainer(Trainer):
                 ref = sequence_logps(self.ref, b)
             pol = self.engine(**model_inputs(b))
             logps = sequence_sums(pol.logprobs, b)
-            out = kto_loss(logps, ref, b["desirable"], kl, beta=cfg.beta,
-                           desirable_weight=cfg.desirable_loss_weight, undesirable_weight=cfg.undesirable_loss_weight)
+            out = kto_loss(
+                logps,
+                ref,
+                b["desirable"],
+                kl,
+                beta=cfg.beta,
+                desirable_weight=cfg.desirable_loss_weight,
+                undesirable_weight=cfg.undesirable_loss_weight,
+            )
             loss = out.loss / acc + self.moe_aux_loss(pol)
             self.s.backward(loss, self.engine)
             self.s.optimizer_step(self.engine)
@@ -110,8 +130,14 @@ class KTOTrainer(Trainer):
         sums = self.s.all_reduce(torch.stack([r[d].sum(), d.sum().double(), r[~d].sum(), (~d).sum().double()]), "sum")
         good = (sums[0] / sums[1]).item() if sums[1] > 0 else float("nan")
         bad = (sums[2] / sums[3]).item() if sums[3] > 0 else float("nan")
-        return {"loss": self.s.all_reduce(loss_sum, "mean"), "kl": kl.item(), "desirable_reward": good,
-                "undesirable_reward": bad, "reward_margin": good - bad, **self.aux_loss_metrics()}
+        return {
+            "loss": self.s.all_reduce(loss_sum, "mean"),
+            "kl": kl.item(),
+            "desirable_reward": good,
+            "undesirable_reward": bad,
+            "reward_margin": good - bad,
+            **self.aux_loss_metrics(),
+        }
 
     def eval_metrics(self, dataset) -> dict[str, float]:
         cfg = self.cfg
@@ -125,9 +151,21 @@ class KTOTrainer(Trainer):
         pairs = self.per_row(policy_and_ref, 2, mismatched_pairs(rows))
         kl = (pairs[:, 0] - pairs[:, 1]).mean().clamp(min=0)
         d = torch.tensor([bool(r["desirable"]) for r in rows])
-        out = kto_loss(lp[:, 0], lp[:, 1], d, kl, beta=cfg.beta, desirable_weight=cfg.desirable_loss_weight,
-                       undesirable_weight=cfg.undesirable_loss_weight)
+        out = kto_loss(
+            lp[:, 0],
+            lp[:, 1],
+            d,
+            kl,
+            beta=cfg.beta,
+            desirable_weight=cfg.desirable_loss_weight,
+            undesirable_weight=cfg.undesirable_loss_weight,
+        )
         good = out.rewards[d].mean().item() if d.any() else float("nan")
         bad = out.rewards[~d].mean().item() if (~d).any() else float("nan")
-        return {"loss": out.loss.item(), "kl": kl.item(), "desirable_reward": good, "undesirable_reward": bad,
-                "reward_margin": good - bad}
+        return {
+            "loss": out.loss.item(),
+            "kl": kl.item(),
+            "desirable_reward": good,
+            "undesirable_reward": bad,
+            "reward_margin": good - bad,
+        }

@@ -95,6 +95,7 @@ __all__ = ["PPOConfig", "PPOTrainer"]
 
 logger = logging.getLogger(__name__)
 
+
 class PPOTrainer:
     """The loop. ``policy``, ``critic``, ``ref``, ``reward_model``: worker groups (or None);
     ``rollout``: ``generate(requests) -> [[RolloutSample]]`` (+ optional ``sleep``/``wake_up``);
@@ -107,11 +108,29 @@ class PPOTrainer:
     the loop's own state: ``history``, ``eval_history``, ``kl`` (the penalty's controller), the gap alarm.
     """
 
-    def __init__(self, cfg: PPOConfig, *, policy, rollout, weight_sync, prompts, tokenizer, train_batch_size: int,
-                 reward_fn=None, reward_model=None, critic=None, ref=None, sleep_engines: bool = False,
-                 metrics: MetricsLogger | None = None, seed: int = 42, gap_alarm: float | None = None,
-                 sleep_level: int = 1, eval_prompts=None, batching: MicroBatchConfig | None = None,
-                 ring_attn_size: int = 1):
+    def __init__(
+        self,
+        cfg: PPOConfig,
+        *,
+        policy,
+        rollout,
+        weight_sync,
+        prompts,
+        tokenizer,
+        train_batch_size: int,
+        reward_fn=None,
+        reward_model=None,
+        critic=None,
+        ref=None,
+        sleep_engines: bool = False,
+        metrics: MetricsLogger | None = None,
+        seed: int = 42,
+        gap_alarm: float | None = None,
+        sleep_level: int = 1,
+        eval_prompts=None,
+        batching: MicroBatchConfig | None = None,
+        ring_attn_size: int = 1,
+    ):
         self.ring = ring_attn_size  # every role's ranks in ring attention groups of this size (rl_core.ring_attention)
         self.cfg, self.policy, self.rollout, self.weight_sync, self.seed = cfg, policy, rollout, weight_sync, seed
         if reward_fn is not None and not callable(getattr(reward_fn, "score", None)):
@@ -125,70 +144,121 @@ class PPOTrainer:
         self.batching, self._budget_warned = batching, set[str]()  # the workers' token budgets; phases warned of
         check_eval_set(cfg.eval.steps, eval_prompts is not None)
         if eval_prompts is not None and cfg.async_rl:
-            raise ValueError("--eval_dataset with --async_train is not built (the eval pass would share the engines "
-                             "with the producer thread's sampling): drop one of them")
+            raise ValueError(
+                "--eval_dataset with --async_train is not built (the eval pass would share the engines "
+                "with the producer thread's sampling): drop one of them"
+            )
         require_reward(reward_fn=reward_fn is not None, reward_model=reward_model is not None, agent=bool(cfg.agent))
         agent = None  # a factory of fresh environments, one per episode
         if cfg.agent:
             from rl_rollout.agents.openrlhf import load_agent
 
             if not callable(getattr(rollout, "agenerate", None)):
-                raise ValueError(f"--agent_func_path plays episodes turn by turn through the engine's agenerate, "
-                                 f"which this rollout ({type(rollout).__name__}) lacks: use an engine, an EnginePool "
-                                 "or a GroupRollout (rl ppo, rl ppo-ray)")
+                raise ValueError(
+                    f"--agent_func_path plays episodes turn by turn through the engine's agenerate, "
+                    f"which this rollout ({type(rollout).__name__}) lacks: use an engine, an EnginePool "
+                    "or a GroupRollout (rl ppo, rl ppo-ray)"
+                )
             agent = load_agent(cfg.agent.func_path)
             if hasattr(rollout, "batch_agenerate"):  # the HF engine: one generate per turn of all episodes
                 rollout.batch_agenerate = True
         if cfg.needs_critic and critic is None:
-            raise ValueError("--advantage_estimator gae (PPO) needs a critic (--critic_pretrain); or pick a "
-                             f"critic-free estimator: {', '.join(estimator_names(critic_free=True))}")
+            raise ValueError(
+                "--advantage_estimator gae (PPO) needs a critic (--critic_pretrain); or pick a "
+                f"critic-free estimator: {', '.join(estimator_names(critic_free=True))}"
+            )
         if cfg.needs_reference and ref is None:
             raise ValueError(f"init_kl_coef={cfg.kl.init_coef} needs a reference model; or set --init_kl_coef 0")
         samples = cfg.rollout_batch_size * cfg.sampling.n_samples_per_prompt
-        ranks = {role: g.world_size for role, g in (("policy", policy), ("critic", critic), ("ref", ref),
-                                                     ("reward", reward_model)) if g is not None}
+        ranks = {
+            role: g.world_size
+            for role, g in (("policy", policy), ("critic", critic), ("ref", ref), ("reward", reward_model))
+            if g is not None
+        }
         check_rl_arithmetic(cfg, train_batch_size, ring=self.ring, num_prompts=len(prompts), world_sizes=ranks)
         self.num_iterations = cfg.iterations(len(prompts))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.eos = [t for t in {tokenizer.eos_token_id} if t is not None]
         self.metrics = metrics or MetricsLogger(cfg.run_dir)
-        self.sampler = Sampler(cfg, rollout=rollout, prompts=prompts, tokenizer=tokenizer, seed=seed, eos=self.eos,
-                               reward_fn=reward_fn, reward_model=reward_model,
-                               reward_ranks=reward_model.world_size // self.ring if reward_model is not None else 1,
-                               sharded=self._sharded, agent=agent, metrics=self.metrics)
-        self.evaluator = EvalPass(cfg.eval, eval_prompts, self.sampler, chunk=cfg.rollout_batch_size,
-                                  num_iterations=self.num_iterations) if eval_prompts is not None else None
+        self.sampler = Sampler(
+            cfg,
+            rollout=rollout,
+            prompts=prompts,
+            tokenizer=tokenizer,
+            seed=seed,
+            eos=self.eos,
+            reward_fn=reward_fn,
+            reward_model=reward_model,
+            reward_ranks=reward_model.world_size // self.ring if reward_model is not None else 1,
+            sharded=self._sharded,
+            agent=agent,
+            metrics=self.metrics,
+        )
+        self.evaluator = (
+            EvalPass(
+                cfg.eval, eval_prompts, self.sampler, chunk=cfg.rollout_batch_size, num_iterations=self.num_iterations
+            )
+            if eval_prompts is not None
+            else None
+        )
         best_key = best_metric_key(cfg, eval_prompts is not None)  # --best_metric_key as eval/NAME (None: no best)
-        self.ckpt = LoopCheckpoints(cfg.ckpt, policy=policy, critic=critic, best_key=best_key,
-                                    tokenizer_path=getattr(tokenizer, "name_or_path", None)) \
-            if cfg.ckpt.ckpt_path else None
+        self.ckpt = (
+            LoopCheckpoints(
+                cfg.ckpt,
+                policy=policy,
+                critic=critic,
+                best_key=best_key,
+                tokenizer_path=getattr(tokenizer, "name_or_path", None),
+            )
+            if cfg.ckpt.ckpt_path
+            else None
+        )
         self.history: list[dict[str, float]] = []
         self.eval_history: list[dict[str, float]] = []  # the eval passes' metrics, with their iteration
         self.kl = cfg.kl.controller()  # the reward penalty's coefficient (None: KL as a loss, or off)
         # One epoch and one global batch per iteration, no KL reward penalty: the policy trains once on weights
         # the engine sampled with, so its old log-probs are its train forward's (detached): skip that forward.
         # Asynchronous training samples with older weights than the ones that train: never on-policy.
-        on_policy = (cfg.max_epochs == 1 and samples == train_batch_size and self.kl is None
-                          and cfg.freezing_actor_steps == 0 and not cfg.async_rl)
+        on_policy = (
+            cfg.max_epochs == 1
+            and samples == train_batch_size
+            and self.kl is None
+            and cfg.freezing_actor_steps == 0
+            and not cfg.async_rl
+        )
         if cfg.async_rl and cfg.async_rl.partial_rollout:
             if not hasattr(rollout, "partial_chunk_tokens"):
-                raise ValueError(f"--partial_rollout needs an engine that samples in chunks a weight update can "
-                                 f"land between; {type(rollout).__name__} does not: use --rollout_engine hf in "
-                                 "rl ppo, or drop --partial_rollout")
+                raise ValueError(
+                    f"--partial_rollout needs an engine that samples in chunks a weight update can "
+                    f"land between; {type(rollout).__name__} does not: use --rollout_engine hf in "
+                    "rl ppo, or drop --partial_rollout"
+                )
             rollout.partial_chunk_tokens = cfg.async_rl.partial_rollout_tokens
         if cfg.async_rl and sleep_engines:
-            raise ValueError("--async_train generates while the policy trains, so the engines cannot sleep "
-                             "meanwhile: drop --vllm_enable_sleep (or --async_train)")
+            raise ValueError(
+                "--async_train generates while the policy trains, so the engines cannot sleep "
+                "meanwhile: drop --vllm_enable_sleep (or --async_train)"
+            )
         self._ckpt_cursor = 0  # the prompt cursor after the batch trained last (async: the producer runs ahead)
         local = [g for g in (policy, critic, ref, reward_model) if g is not None]
         self.parallel = not all(isinstance(g, LocalGroup) for g in local)
-        self.experience = ExperienceMaker(cfg, policy=policy, ref=ref, critic=critic, sharded=self._sharded,
-                                          parallel=self.parallel, on_policy=on_policy, pad_id=self.pad_id, kl=self.kl,
-                                          gap_alarm=self.gap_alarm)
+        self.experience = ExperienceMaker(
+            cfg,
+            policy=policy,
+            ref=ref,
+            critic=critic,
+            sharded=self._sharded,
+            parallel=self.parallel,
+            on_policy=on_policy,
+            pad_id=self.pad_id,
+            kl=self.kl,
+            gap_alarm=self.gap_alarm,
+        )
         # last, once every check passed: the folders it writes are this run's until fit ends (a second run on them
         # is refused: rl_core.folder_lock)
-        self._locks = hold({"--run_dir": cfg.run_dir, "--ckpt_path": cfg.ckpt.ckpt_path},
-                           {"--save_path": cfg.ckpt.save_path})
+        self._locks = hold(
+            {"--run_dir": cfg.run_dir, "--ckpt_path": cfg.ckpt.ckpt_path}, {"--save_path": cfg.ckpt.save_path}
+        )
 
     # ----- prompts -----------------------------------------------------------------------
 
@@ -211,6 +281,7 @@ class PPOTrainer:
 
     def _train(self, items: list[Experience], it: int) -> dict[str, float]:
         """Critic, then policy (unless still frozen); each gets every global batch split over its ranks."""
+
         def ordered(group):
             return [items[i] for i in dp_order(len(items), self.G, group.world_size // self.ring)]
 
@@ -238,8 +309,9 @@ class PPOTrainer:
         lengths = [x.T for x in items]
         out = {}
         for phase, (budget, flag), what in (
-                ("train", (b.max_tokens_per_gpu, "--max_tokens_per_gpu"), "trains"),
-                ("forward", b.forward_budget(), "goes through the experience forwards")):
+            ("train", (b.max_tokens_per_gpu, "--max_tokens_per_gpu"), "trains"),
+            ("forward", b.forward_budget(), "goes through the experience forwards"),
+        ):
             # "auto" or "memory" (the only text MicroBatchConfig leaves): sized from free memory on each rank, not
             # known here
             if budget is None or isinstance(budget, str):
@@ -248,11 +320,22 @@ class PPOTrainer:
             out[f"budget/over_{phase}"] = float(n)
             if n and phase not in self._budget_warned:
                 self._budget_warned.add(phase)
-                logger.warning("iteration %d: %d of %d samples are longer than %s %d (the longest %d tokens, prompt "
-                               "+ response); each %s in a micro-batch of its own, over the budget, as in OpenRLHF. "
-                               "Raise %s to at least %d or lower --generate_max_len to stay within it; counted every "
-                               "iteration in budget/over_%s (this warning is not repeated)", it, n, len(lengths),
-                               flag, budget, longest, what, flag, longest, phase)
+                logger.warning(
+                    "iteration %d: %d of %d samples are longer than %s %d (the longest %d tokens, prompt "
+                    "+ response); each %s in a micro-batch of its own, over the budget, as in OpenRLHF. "
+                    "Raise %s to at least %d or lower --generate_max_len to stay within it; counted every "
+                    "iteration in budget/over_%s (this warning is not repeated)",
+                    it,
+                    n,
+                    len(lengths),
+                    flag,
+                    budget,
+                    longest,
+                    what,
+                    flag,
+                    longest,
+                    phase,
+                )
         if out:
             out["budget/longest"] = float(max(lengths))
         return out
@@ -281,8 +364,12 @@ class PPOTrainer:
         t2 = time.perf_counter()
         if level2:
             self.rollout.wake_up(["kv_cache"])
-        out = {"wake_s": t1 - t0 + time.perf_counter() - t2, "sync_s": t2 - t1,
-               "sync_gb_per_s": float(stats.get("gb_per_s", 0.0)), **released}
+        out = {
+            "wake_s": t1 - t0 + time.perf_counter() - t2,
+            "sync_s": t2 - t1,
+            "sync_gb_per_s": float(stats.get("gb_per_s", 0.0)),
+            **released,
+        }
         if "verify_s" in stats:  # the engines checked they hold what was sent (part of sync_s)
             out["sync_verify_s"] = float(stats["verify_s"])
         if "in_place" in stats:  # CUDA IPC: 1 when the engines read the policy's own memory, 0 from buckets
@@ -301,8 +388,11 @@ class PPOTrainer:
         fresh = None
         trained = [g for g in (self.policy, self.critic) if g is not None]
         # async: the policy's forwards and sampling overlap, so only the optimizer side sleeps, until the train step
-        asleep = ds_sleep.call_roles(trained, "ds_offload", self.parallel, pipeline is not None) \
-            if c.deepspeed_enable_sleep else {}
+        asleep = (
+            ds_sleep.call_roles(trained, "ds_offload", self.parallel, pipeline is not None)
+            if c.deepspeed_enable_sleep
+            else {}
+        )
         if pipeline is None:
             batch = self.sampler.collect(it)
         else:
@@ -329,12 +419,17 @@ class PPOTrainer:
         if self.kl is not None and "kl" in m:
             self.kl.update(m["kl"], len(items))
         lengths = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.float32)
-        m.update({
-            "reward_mean": scores.mean().item(), "reward_std": scores.std().item() if len(scores) > 1 else 0.0,
-            "response_length": lengths.mean().item(), "response_length_max": lengths.max().item(),
-            "truncated": sum(s.finish_reason == "length" for s in samples) / len(samples),
-            "experience_s": t2 - t1, "iteration_s": time.perf_counter() - t0,
-        })
+        m.update(
+            {
+                "reward_mean": scores.mean().item(),
+                "reward_std": scores.std().item() if len(scores) > 1 else 0.0,
+                "response_length": lengths.mean().item(),
+                "response_length_max": lengths.max().item(),
+                "truncated": sum(s.finish_reason == "length" for s in samples) / len(samples),
+                "experience_s": t2 - t1,
+                "iteration_s": time.perf_counter() - t0,
+            }
+        )
         if not all(math.isfinite(v) for v in m.values()):
             logger.warning("iteration %d: non-finite metrics %s", it, m)
         self.history.append(m)
@@ -358,31 +453,51 @@ class PPOTrainer:
     def _settings(self) -> dict:
         """What a resume compares with the checkpoint's run (:func:`resumed_settings`)."""
         c = self.cfg
-        return {"seed": self.sampler.seed, "prompts": len(self.prompts), "rollout_batch_size": c.rollout_batch_size,
-                "n_samples_per_prompt": c.sampling.n_samples_per_prompt, "train_batch_size": self.G,
-                "max_epochs": c.max_epochs}
+        return {
+            "seed": self.sampler.seed,
+            "prompts": len(self.prompts),
+            "rollout_batch_size": c.rollout_batch_size,
+            "n_samples_per_prompt": c.sampling.n_samples_per_prompt,
+            "train_batch_size": self.G,
+            "max_epochs": c.max_epochs,
+        }
 
     def _loop_state(self, it: int) -> dict:
         """What a checkpoint after iteration ``it`` keeps of the loop (the roles' states are the workers')."""
-        return {"iteration": it, "settings": self._settings(), "cursor": self._ckpt_cursor, "kl_coef": self.kl.value if self.kl is not None else None,
-                "history": self.history, "gap_warned": self.gap_alarm.warned, "rng": rng_state_json()}
+        return {
+            "iteration": it,
+            "settings": self._settings(),
+            "cursor": self._ckpt_cursor,
+            "kl_coef": self.kl.value if self.kl is not None else None,
+            "history": self.history,
+            "gap_warned": self.gap_alarm.warned,
+            "rng": rng_state_json(),
+        }
 
     def _resume(self) -> int:
         """Restore the newest committed iteration (every role and the loop); returns it (0 when none)."""
         newest = self.ckpt.newest() if self.ckpt is not None else None
         if newest is not None and newest >= self.num_iterations:  # before any role's state is read
-            raise InputError(f"--load_checkpoint: the newest checkpoint under --ckpt_path {self.cfg.ckpt.ckpt_path} "
-                             f"is iteration {newest}, at or past this run's last ({self.num_iterations}): nothing "
-                             f"would train; raise --max_iterations (or --num_episodes) above {newest}, or give a "
-                             f"fresh --ckpt_path")
-        changed = resumed_settings((self.ckpt.peek() or {}).get("settings"), self._settings()) \
-            if newest is not None and self.ckpt is not None else []  # before any role's state is read: a prompt order it cannot continue
+            raise InputError(
+                f"--load_checkpoint: the newest checkpoint under --ckpt_path {self.cfg.ckpt.ckpt_path} "
+                f"is iteration {newest}, at or past this run's last ({self.num_iterations}): nothing "
+                f"would train; raise --max_iterations (or --num_episodes) above {newest}, or give a "
+                f"fresh --ckpt_path"
+            )
+        changed = (
+            resumed_settings((self.ckpt.peek() or {}).get("settings"), self._settings())
+            if newest is not None and self.ckpt is not None
+            else []
+        )  # before any role's state is read: a prompt order it cannot continue
         state = self.ckpt.load() if self.ckpt is not None else None
         if state is None:
             return 0
         if changed:
-            logger.warning("resumed with settings other than the checkpoint's, applied from iteration %d on: %s",
-                           state["iteration"] + 1, ", ".join(changed))
+            logger.warning(
+                "resumed with settings other than the checkpoint's, applied from iteration %d on: %s",
+                state["iteration"] + 1,
+                ", ".join(changed),
+            )
         self.sampler.cursor = self._ckpt_cursor = state["cursor"]
         if self.kl is not None and state["kl_coef"] is not None:
             self.kl.value = state["kl_coef"]
@@ -405,15 +520,24 @@ class PPOTrainer:
         start = self._resume() if c.ckpt.load_checkpoint else 0
         if start:
             dropped = self.metrics.rewind(start)
-            logger.info("resumed at iteration %d of %d; pushing its weights to the engines (%d metrics rows logged "
-                        "after it before the run stopped are dropped: those iterations run again)", start,
-                        self.num_iterations, dropped)
+            logger.info(
+                "resumed at iteration %d of %d; pushing its weights to the engines (%d metrics rows logged "
+                "after it before the run stopped are dropped: those iterations run again)",
+                start,
+                self.num_iterations,
+                dropped,
+            )
             self._sync(start)
         bar = tqdm(total=self.num_iterations, initial=start, desc=f"rl {c.advantage.estimator}")
         pipeline = None
         if c.async_rl:  # the producer thread collects batch k+1.. while this thread trains on batch k
-            pipeline = AsyncRollout(self.sampler.collect, start + 1, self.num_iterations,
-                                    max_staleness=c.async_rl.max_staleness, version=start)
+            pipeline = AsyncRollout(
+                self.sampler.collect,
+                start + 1,
+                self.num_iterations,
+                max_staleness=c.async_rl.max_staleness,
+                version=start,
+            )
         it = start
         try:
             for it in range(start + 1, self.num_iterations + 1):
@@ -425,8 +549,10 @@ class PPOTrainer:
                 self.metrics.close()
             if isinstance(e, KeyboardInterrupt):  # the CLI's one line on Ctrl-C / SIGTERM says where the run stood
                 newest = self.ckpt.store.latest() if self.ckpt is not None else None
-                e.add_note(f"at iteration {it} of {self.num_iterations}, {len(self.history)} done; last checkpoint: "
-                           f"{newest if newest is not None else 'none'}")
+                e.add_note(
+                    f"at iteration {it} of {self.num_iterations}, {len(self.history)} done; last checkpoint: "
+                    f"{newest if newest is not None else 'none'}"
+                )
             raise
         if pipeline is not None:
             pipeline.close()

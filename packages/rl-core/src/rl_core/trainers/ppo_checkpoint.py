@@ -31,15 +31,19 @@ def best_metric_key(cfg, eval_set: bool) -> str | None:
         return name
     if not cfg.eval.best_metric_key:  # the default follows OpenRLHF's auto choice only where there is an eval pass
         return None
-    raise ValueError(f"--best_metric_key {cfg.eval.best_metric_key!r} needs an eval pass and a folder to keep the "
-                     f"checkpoint in: add --eval_dataset and --ckpt_path, or drop the flag")
+    raise ValueError(
+        f"--best_metric_key {cfg.eval.best_metric_key!r} needs an eval pass and a folder to keep the "
+        f"checkpoint in: add --eval_dataset and --ckpt_path, or drop the flag"
+    )
 
 
 def _refuse_mixing(cfg, store: RLCheckpoints) -> None:
     if cfg.save_steps > 0 and not cfg.load_checkpoint and store.complete():
-        raise InputError(f"--ckpt_path {cfg.ckpt_path} already holds checkpoints of a run "
-                         f"({', '.join(d.name for d in store.complete())}) that this run would mix with its "
-                         f"own: resume it with --load_checkpoint, or point --ckpt_path at a new folder")
+        raise InputError(
+            f"--ckpt_path {cfg.ckpt_path} already holds checkpoints of a run "
+            f"({', '.join(d.name for d in store.complete())}) that this run would mix with its "
+            f"own: resume it with --load_checkpoint, or point --ckpt_path at a new folder"
+        )
 
 
 def check_folder(cfg):
@@ -67,10 +71,12 @@ def resumed_settings(saved: dict | None, now: dict) -> list[str]:
         return []
     for key, flag in (("seed", "--seed"), ("prompts", "the prompt set's size")):
         if key in saved and saved[key] != now.get(key):
-            raise InputError(f"--load_checkpoint: {flag} is {now.get(key)}, the checkpoint's run had {saved[key]}: "
-                             f"the prompts are taken in an order drawn from the seed over the whole set, and the saved "
-                             f"position continues only that order; resume with the same {flag.split()[-1]} or give "
-                             f"a fresh --ckpt_path")
+            raise InputError(
+                f"--load_checkpoint: {flag} is {now.get(key)}, the checkpoint's run had {saved[key]}: "
+                f"the prompts are taken in an order drawn from the seed over the whole set, and the saved "
+                f"position continues only that order; resume with the same {flag.split()[-1]} or give "
+                f"a fresh --ckpt_path"
+            )
     return [f"{k} {saved[k]} -> {v}" for k, v in now.items() if k in saved and saved[k] != v]
 
 
@@ -107,8 +113,13 @@ class LoopCheckpoints:
         key = self.best_key
         if key is None or (self.best is not None and not evaluated[key] > self.best["value"]):
             return
-        logger.info("iteration %d: new best %s %.4g (was %s): saving it", it, key, evaluated[key],
-                    "none" if self.best is None else f"{self.best['value']:.4g}")
+        logger.info(
+            "iteration %d: new best %s %.4g (was %s): saving it",
+            it,
+            key,
+            evaluated[key],
+            "none" if self.best is None else f"{self.best['value']:.4g}",
+        )
         self.best = {"key": key, "value": evaluated[key], "iteration": it}
         self.save(it, loop_state, best=True)
 

@@ -45,67 +45,122 @@ from rl_rollout.config import check_numbers, meta
 class PPOConfig:
     """RL loop settings (the PPO family: PPO with a critic, GRPO, REINFORCE++, RLOO, Dr. GRPO)."""
 
-    advantage: AdvantageConfig = field(default_factory=AdvantageConfig, metadata=meta(
-        "the advantage estimator and its settings (rl-algos)"))
-    sampling: SamplingConfig = field(default_factory=SamplingConfig, metadata=meta(
-        "samples per prompt, new tokens, temperature, nucleus (rl-rollout)"))
+    advantage: AdvantageConfig = field(
+        default_factory=AdvantageConfig, metadata=meta("the advantage estimator and its settings (rl-algos)")
+    )
+    sampling: SamplingConfig = field(
+        default_factory=SamplingConfig,
+        metadata=meta("samples per prompt, new tokens, temperature, nucleus (rl-rollout)"),
+    )
     rollout_batch_size: int = field(default=8, metadata=meta("prompts per iteration", openrlhf=("rollout.batch_size",)))
     num_episodes: int = field(default=1, metadata=meta("passes over the prompts", openrlhf=("train.num_episodes",)))
     max_iterations: int = field(default=0, metadata=meta("stop after this many iterations (0: num_episodes passes)"))
-    max_epochs: int = field(default=1, metadata=meta(
-        "passes over each iteration's samples", openrlhf=("train.max_epochs",)))
-    policy_loss: PolicyLossConfig = field(default_factory=PolicyLossConfig, metadata=meta(
-        "the policy-loss variant and its clip, aggregation and importance correction (rl-algos)"))
-    value_clip: float | None = field(default=0.5, metadata=meta(
-        "critic value clip (None: plain squared error)", openrlhf=("critic.value_clip",)))
+    max_epochs: int = field(
+        default=1, metadata=meta("passes over each iteration's samples", openrlhf=("train.max_epochs",))
+    )
+    policy_loss: PolicyLossConfig = field(
+        default_factory=PolicyLossConfig,
+        metadata=meta("the policy-loss variant and its clip, aggregation and importance correction (rl-algos)"),
+    )
+    value_clip: float | None = field(
+        default=0.5, metadata=meta("critic value clip (None: plain squared error)", openrlhf=("critic.value_clip",))
+    )
     kl: KLConfig = field(default_factory=KLConfig, metadata=meta("KL to the reference policy (rl-algos)"))
-    async_rl: AsyncConfig | None = field(default=None, metadata={**meta(
-        "generate the next batch while the policy trains on this one (one-step-off-policy pipelining): a sample "
-        "trains a policy at most --max_staleness versions newer than the one that generated it; old log-probs "
-        "are the trainer's and the engine's sampling is corrected by --is_correction (tis unless set)",
-        flags=("async_train",), openrlhf=("train.async_enable",)), "switch": True})
-    deepspeed_enable_sleep: bool = field(default=False, metadata=meta(
-        "DeepSpeed sleep: the policy's and critic's DeepSpeed states (weights, fp32 master weights, Adam moments, "
-        "gradient buffers) go to host memory while the engines generate and come back before the experience "
-        "forwards, so a colocated engine gets the accelerator's memory (ZeRO 1, 2 or 3; not with --adam_offload). "
-        "With --async_train the weights stay (the policy's forwards overlap the sampling) and the rest sleeps "
-        "from the iteration's start to its train step, as in OpenRLHF; metrics ds_sleep_s, ds_wake_s, "
-        "ds_sleep_gb, on CUDA ds_sleep_freed_gb",
-        openrlhf=("ds.enable_sleep",)))
-    agent: AgentConfig | None = field(default=None, metadata=meta(
-        "multi-turn episodes against an environment (on with --agent_func_path)"))
-    reward_max_failure_rate: float = field(default=0.5, metadata=meta(
-        "stop the run, with the first failure's message, when more than this fraction of an iteration's reward "
-        "calls fail (raise, time out, return a non-number, NaN or inf; each gets --reward_fallback); in [0, 1), so "
-        "an iteration whose calls all fail always stops; 0: any failure stops. Default 0.5: past half, fallback "
-        "rewards outweigh real ones and the advantages mostly measure the failures"))
-    shaping: ShapingConfig = field(default_factory=ShapingConfig, metadata=meta(
-        "reward shaping before the advantages: length penalties and clipping (rl-algos)"))
-    dynamic_filtering: DynamicFilteringConfig | None = field(default=None, metadata={**meta(
-        "drop groups without signal and sample new prompts (DAPO); judged on the raw rewards (or a reward "
-        "file's scores), before length penalties and clipping, as OpenRLHF",
-        flags=("dynamic_filtering",), openrlhf=("algo.dynamic_filtering_enable",)), "switch": True})
-    critic_optimizer: CriticOptimizerConfig = field(default_factory=CriticOptimizerConfig, metadata=meta(
-        "the critic's own optimizer settings (unset: the actor's)"))
+    async_rl: AsyncConfig | None = field(
+        default=None,
+        metadata={
+            **meta(
+                "generate the next batch while the policy trains on this one (one-step-off-policy pipelining): a sample "
+                "trains a policy at most --max_staleness versions newer than the one that generated it; old log-probs "
+                "are the trainer's and the engine's sampling is corrected by --is_correction (tis unless set)",
+                flags=("async_train",),
+                openrlhf=("train.async_enable",),
+            ),
+            "switch": True,
+        },
+    )
+    deepspeed_enable_sleep: bool = field(
+        default=False,
+        metadata=meta(
+            "DeepSpeed sleep: the policy's and critic's DeepSpeed states (weights, fp32 master weights, Adam moments, "
+            "gradient buffers) go to host memory while the engines generate and come back before the experience "
+            "forwards, so a colocated engine gets the accelerator's memory (ZeRO 1, 2 or 3; not with --adam_offload). "
+            "With --async_train the weights stay (the policy's forwards overlap the sampling) and the rest sleeps "
+            "from the iteration's start to its train step, as in OpenRLHF; metrics ds_sleep_s, ds_wake_s, "
+            "ds_sleep_gb, on CUDA ds_sleep_freed_gb",
+            openrlhf=("ds.enable_sleep",),
+        ),
+    )
+    agent: AgentConfig | None = field(
+        default=None, metadata=meta("multi-turn episodes against an environment (on with --agent_func_path)")
+    )
+    reward_max_failure_rate: float = field(
+        default=0.5,
+        metadata=meta(
+            "stop the run, with the first failure's message, when more than this fraction of an iteration's reward "
+            "calls fail (raise, time out, return a non-number, NaN or inf; each gets --reward_fallback); in [0, 1), so "
+            "an iteration whose calls all fail always stops; 0: any failure stops. Default 0.5: past half, fallback "
+            "rewards outweigh real ones and the advantages mostly measure the failures"
+        ),
+    )
+    shaping: ShapingConfig = field(
+        default_factory=ShapingConfig,
+        metadata=meta("reward shaping before the advantages: length penalties and clipping (rl-algos)"),
+    )
+    dynamic_filtering: DynamicFilteringConfig | None = field(
+        default=None,
+        metadata={
+            **meta(
+                "drop groups without signal and sample new prompts (DAPO); judged on the raw rewards (or a reward "
+                "file's scores), before length penalties and clipping, as OpenRLHF",
+                flags=("dynamic_filtering",),
+                openrlhf=("algo.dynamic_filtering_enable",),
+            ),
+            "switch": True,
+        },
+    )
+    critic_optimizer: CriticOptimizerConfig = field(
+        default_factory=CriticOptimizerConfig, metadata=meta("the critic's own optimizer settings (unset: the actor's)")
+    )
     ptx: PtxConfig | None = field(default=None, metadata=meta("PPO-ptx (on with --pretrain_data)"))
-    ema: EMAConfig | None = field(default=None, metadata={**meta(
-        "keep an exponential moving average of the policy's trained weights (updated after each optimizer step, "
-        "in the weights' dtype, on their device; ZeRO-3: each rank its partition) and export it instead of the "
-        "policy (--save_path, --save_hf_ckpt); checkpoints keep it; the engines sample from the policy itself",
-        flags=("enable_ema",), openrlhf=("train.enable_ema",)), "switch": True})
-    freezing_actor_steps: int = field(default=0, metadata=meta(
-        "first iterations train the critic only", openrlhf=("critic.freezing_steps",)))
-    logprob_gap_alarm: float | None = field(default=None, metadata=meta(
-        "warn (and count rl/logprob_gap_alarm) when the mean |trainer - engine| log-prob gap exceeds this "
-        "(default: 1e-3 in fp32, 5e-2 in bf16; 0: off)"))
-    ckpt: CheckpointConfig = field(default_factory=CheckpointConfig, metadata=meta(
-        "checkpoints, resume and the final export"))
-    save_value_network: bool = field(default=False, metadata=meta(
-        "also export the critic (save_path/critic)", openrlhf=("critic.save_value_network",)))
+    ema: EMAConfig | None = field(
+        default=None,
+        metadata={
+            **meta(
+                "keep an exponential moving average of the policy's trained weights (updated after each optimizer step, "
+                "in the weights' dtype, on their device; ZeRO-3: each rank its partition) and export it instead of the "
+                "policy (--save_path, --save_hf_ckpt); checkpoints keep it; the engines sample from the policy itself",
+                flags=("enable_ema",),
+                openrlhf=("train.enable_ema",),
+            ),
+            "switch": True,
+        },
+    )
+    freezing_actor_steps: int = field(
+        default=0, metadata=meta("first iterations train the critic only", openrlhf=("critic.freezing_steps",))
+    )
+    logprob_gap_alarm: float | None = field(
+        default=None,
+        metadata=meta(
+            "warn (and count rl/logprob_gap_alarm) when the mean |trainer - engine| log-prob gap exceeds this "
+            "(default: 1e-3 in fp32, 5e-2 in bf16; 0: off)"
+        ),
+    )
+    ckpt: CheckpointConfig = field(
+        default_factory=CheckpointConfig, metadata=meta("checkpoints, resume and the final export")
+    )
+    save_value_network: bool = field(
+        default=False,
+        metadata=meta("also export the critic (save_path/critic)", openrlhf=("critic.save_value_network",)),
+    )
     run_dir: str | None = field(default=None, metadata=meta("metrics.jsonl, tensorboard/, curves.png"))
-    logging_steps: int = field(default=1, metadata=meta(
-        "write the metrics (metrics.jsonl, TensorBoard, wandb) every N iterations, the last one and every eval pass "
-        "included; the progress bar and the metrics history in checkpoints still see every iteration"))
+    logging_steps: int = field(
+        default=1,
+        metadata=meta(
+            "write the metrics (metrics.jsonl, TensorBoard, wandb) every N iterations, the last one and every eval pass "
+            "included; the progress bar and the metrics history in checkpoints still see every iteration"
+        ),
+    )
     eval: EvalConfig = field(default_factory=EvalConfig, metadata=meta("the eval pass (with --eval_dataset)"))
 
     def __post_init__(self) -> None:
@@ -117,9 +172,11 @@ class PPOConfig:
         if self.max_iterations < 0:
             raise ValueError(f"max_iterations must be >= 0 (0: num_episodes passes), got {self.max_iterations}")
         if not 0 <= self.reward_max_failure_rate < 1:
-            raise ValueError(f"reward_max_failure_rate (--reward_max_failure_rate) must be in [0, 1), got "
-                             f"{self.reward_max_failure_rate}: an iteration whose reward calls all fail always "
-                             "stops the run (0: any failure stops it)")
+            raise ValueError(
+                f"reward_max_failure_rate (--reward_max_failure_rate) must be in [0, 1), got "
+                f"{self.reward_max_failure_rate}: an iteration whose reward calls all fail always "
+                "stops the run (0: any failure stops it)"
+            )
         if self.logprob_gap_alarm is not None and self.logprob_gap_alarm < 0:
             raise ValueError(f"logprob_gap_alarm must be >= 0 (0: off), got {self.logprob_gap_alarm}")
         self._check_across(spec)
@@ -127,23 +184,31 @@ class PPOConfig:
     def _check_across(self, spec) -> None:
         """The rules that cross this config's nodes (each node checked its own fields when it was built)."""
         if self.sampling.n_samples_per_prompt < spec.min_group_size:
-            raise ValueError(f"--advantage_estimator {self.advantage.estimator} compares the samples of a prompt: "
-                             f"set --n_samples_per_prompt >= {spec.min_group_size} (got {self.sampling.n_samples_per_prompt})")
+            raise ValueError(
+                f"--advantage_estimator {self.advantage.estimator} compares the samples of a prompt: "
+                f"set --n_samples_per_prompt >= {spec.min_group_size} (got {self.sampling.n_samples_per_prompt})"
+            )
         buffer = self.shaping.overlong_buffer_len
         if buffer is not None and buffer > self.sampling.max_new_tokens:
-            raise ValueError(f"overlong_buffer_len (--overlong_buffer_len) must be in 1..generate_max_len="
-                             f"{self.sampling.max_new_tokens}, got {buffer}")
+            raise ValueError(
+                f"overlong_buffer_len (--overlong_buffer_len) must be in 1..generate_max_len="
+                f"{self.sampling.max_new_tokens}, got {buffer}"
+            )
         if self.dynamic_filtering and self.sampling.n_samples_per_prompt < 2:
             raise ValueError("--dynamic_filtering judges groups of samples: set --n_samples_per_prompt >= 2")
         if self.agent and self.agent.turn_rewards and not spec.turn_rewards:
             fit = ", ".join(n for n, e in ESTIMATORS.items() if e.turn_rewards)
-            raise ValueError(f"--agent_turn_rewards gives token-level rewards, which --advantage_estimator "
-                             f"{self.advantage.estimator} (one scalar per sample, compared within its group) does not "
-                             f"take: use {fit}, or drop --agent_turn_rewards")
+            raise ValueError(
+                f"--agent_turn_rewards gives token-level rewards, which --advantage_estimator "
+                f"{self.advantage.estimator} (one scalar per sample, compared within its group) does not "
+                f"take: use {fit}, or drop --agent_turn_rewards"
+            )
         a = self.async_rl
         if a is not None and a.generate_batch_size is not None and a.generate_batch_size < self.rollout_batch_size:
-            raise ValueError(f"--generate_batch_size {a.generate_batch_size} is below --rollout_batch_size "
-                             f"{self.rollout_batch_size}: a round must fill a batch; raise it or drop the flag")
+            raise ValueError(
+                f"--generate_batch_size {a.generate_batch_size} is below --rollout_batch_size "
+                f"{self.rollout_batch_size}: a round must fill a batch; raise it or drop the flag"
+            )
 
     @classmethod
     def from_flat(cls, **flat) -> PPOConfig:
@@ -202,4 +267,3 @@ class PPOConfig:
         """Policy (and critic) optimizer steps over the run, for the LR schedule."""
         samples = self.rollout_batch_size * self.sampling.n_samples_per_prompt
         return self.iterations(num_prompts) * (samples // train_batch_size) * self.max_epochs
-

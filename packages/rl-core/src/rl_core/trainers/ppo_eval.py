@@ -56,7 +56,12 @@ class EvalPass:
     def __init__(self, cfg, prompts, sampler, *, chunk: int, num_iterations: int):
         check_eval_rows(len(prompts))
         self.cfg, self.prompts, self.sampler, self.chunk, self.num_iterations = (
-            cfg, prompts, sampler, chunk, num_iterations)
+            cfg,
+            prompts,
+            sampler,
+            chunk,
+            num_iterations,
+        )
 
     def due(self, it: int) -> bool:
         steps = self.cfg.steps
@@ -69,9 +74,10 @@ class EvalPass:
         rewards, lengths, truncated, failures = [], [], [], 0
         rows = [self.prompts[i] for i in range(len(self.prompts))]
         for chunk, start in enumerate(range(0, len(rows), k)):
-            prompts = rows[start:start + k]
-            samples = sampler.generate(prompts, sampler.seed + EVAL_SEED_OFFSET + 1000 * it + chunk, n=n,
-                                       temperature=c.temperature)
+            prompts = rows[start : start + k]
+            samples = sampler.generate(
+                prompts, sampler.seed + EVAL_SEED_OFFSET + 1000 * it + chunk, n=n, temperature=c.temperature
+            )
             items = [make_item(s.prompt_ids, s.response_ids, s.loss_mask, s.rollout_logprobs) for s in samples]
             scored = sampler.score(prompts, samples, items, n)
             scores = scored.scores_B

@@ -27,15 +27,21 @@ class GapAlarm:
         if not self.threshold or gap <= self.threshold:
             return {"logprob_gap_alarm": 0.0}
         if self.warned:
-            logger.warning("rollout log-prob gap %.3g > --logprob_gap_alarm %.3g again (causes: see the first "
-                           "warning)", gap, self.threshold)
+            logger.warning(
+                "rollout log-prob gap %.3g > --logprob_gap_alarm %.3g again (causes: see the first warning)",
+                gap,
+                self.threshold,
+            )
             return {"logprob_gap_alarm": 1.0}
         self.warned = True
         logger.warning(
             "rollout log-prob gap %.3g > --logprob_gap_alarm %.3g: the engine samples from another distribution than "
             "the trainer's. Likely causes: stale weights in the engine (a weight sync that missed tensors, e.g. a "
             "tied LM head; run with --verify_weights), a dtype mismatch (engine bf16, trainer fp32: check --bf16), "
-            "or a temperature/top-p mismatch (top_p < 1 changes the engine's log-probs)", gap, self.threshold)
+            "or a temperature/top-p mismatch (top_p < 1 changes the engine's log-probs)",
+            gap,
+            self.threshold,
+        )
         return {"logprob_gap_alarm": 1.0}
 
 
@@ -46,11 +52,28 @@ class ExperienceMaker:
     reward penalty's controller (None: KL as a loss, or off); ``cfg``: the run's PPOConfig (its estimator,
     agent turn rewards, importance correction)."""
 
-    def __init__(self, cfg, *, policy, ref, critic, sharded: Callable, parallel: bool, on_policy: bool,
-                 pad_id: int, kl, gap_alarm: GapAlarm):
+    def __init__(
+        self,
+        cfg,
+        *,
+        policy,
+        ref,
+        critic,
+        sharded: Callable,
+        parallel: bool,
+        on_policy: bool,
+        pad_id: int,
+        kl,
+        gap_alarm: GapAlarm,
+    ):
         self.cfg, self.policy, self.ref, self.critic, self.sharded = cfg, policy, ref, critic, sharded
         self.parallel, self.on_policy, self.pad_id, self.kl, self.gap_alarm = (
-            parallel, on_policy, pad_id, kl, gap_alarm)
+            parallel,
+            on_policy,
+            pad_id,
+            kl,
+            gap_alarm,
+        )
 
     def forwards(self, items: list[Experience]) -> None:
         """Step 3: the old log-probs (unless on-policy), the reference's log-probs and the critic's values, into
@@ -70,8 +93,9 @@ class ExperienceMaker:
             for it, t in zip(items, per_item, strict=True):
                 it.set_token(name, t)
 
-    def advantages(self, items: list[Experience], scores: torch.Tensor,
-                   fresh: list[bool] | None = None) -> dict[str, float]:
+    def advantages(
+        self, items: list[Experience], scores: torch.Tensor, fresh: list[bool] | None = None
+    ) -> dict[str, float]:
         """Step 4: KL (as a reward penalty with the controller's coefficient), the estimator, the whitening, into
         each item (``advantages``, ``returns``); the metrics. ``fresh`` (async): which items the policy that
         trains generated; only they measure the engine's gap."""
@@ -98,8 +122,15 @@ class ExperienceMaker:
             for it in items:
                 it.turn_rewards_T = None  # not the workers' to train on
         est = c.advantage  # the estimator gets the loop's inputs it declares, and its own parameters (--estimator_args)
-        adv = est.spec(scores, mask, **est.inputs(n_samples=c.sampling.n_samples_per_prompt, token_rewards_BT=token_rewards,
-                                                  values_BT=b.token("values") * mask if c.needs_critic else None))
+        adv = est.spec(
+            scores,
+            mask,
+            **est.inputs(
+                n_samples=c.sampling.n_samples_per_prompt,
+                token_rewards_BT=token_rewards,
+                values_BT=b.token("values") * mask if c.needs_critic else None,
+            ),
+        )
         a = masked_whiten(adv.advantages, mask, scale=not est.no_std_norm) if est.whitens else adv.advantages
         for item, x in zip(items, rows(a * mask, items), strict=True):
             item.advantages_T = x
@@ -123,6 +154,8 @@ class ExperienceMaker:
                 out["rollout_logprob_gap"] = masked_mean(gap_BT, m).item()
                 out.update(self.gap_alarm.check(out["rollout_logprob_gap"]))
         if c.is_correction_type and not all(has_rollout):
-            raise ValueError(f"--is_correction {c.is_correction_type} needs the engine's rollout logprobs; this "
-                             "rollout returned samples without them")
+            raise ValueError(
+                f"--is_correction {c.is_correction_type} needs the engine's rollout logprobs; this "
+                "rollout returned samples without them"
+            )
         return out

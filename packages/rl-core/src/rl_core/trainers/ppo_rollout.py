@@ -108,13 +108,36 @@ class Sampler:
     where the failed reward calls of a stopping iteration are logged. State: ``cursor`` (prompts taken so
     far) and ``group_buffer`` (over-sampled groups waiting for a batch), both kept by checkpoints."""
 
-    def __init__(self, cfg, *, rollout, prompts, tokenizer, seed: int, eos: list[int], reward_fn=None,
-                 reward_model=None, reward_ranks: int = 1, sharded: Callable | None = None, agent=None,
-                 metrics=None):
+    def __init__(
+        self,
+        cfg,
+        *,
+        rollout,
+        prompts,
+        tokenizer,
+        seed: int,
+        eos: list[int],
+        reward_fn=None,
+        reward_model=None,
+        reward_ranks: int = 1,
+        sharded: Callable | None = None,
+        agent=None,
+        metrics=None,
+    ):
         self.cfg, self.rollout, self.prompts, self.tokenizer, self.seed, self.eos = (
-            cfg, rollout, prompts, tokenizer, seed, eos)
+            cfg,
+            rollout,
+            prompts,
+            tokenizer,
+            seed,
+            eos,
+        )
         self.reward_fn, self.reward_model, self.reward_ranks, self.sharded = (
-            reward_fn, reward_model, reward_ranks, sharded)
+            reward_fn,
+            reward_model,
+            reward_ranks,
+            sharded,
+        )
         self.agent, self.metrics = agent, metrics
         self.cursor = 0  # prompts consumed so far (over epochs of seeded permutations)
         self.group_buffer: list[tuple] = []  # over-sampled groups waiting for a batch (generate_batch_size)
@@ -132,8 +155,7 @@ class Sampler:
 
     # ----- rollout and rewards --------------------------------------------------------------
 
-    def generate(self, prompts: list[dict], seed: int, *, n: int | None = None,
-                  temperature: float | None = None):
+    def generate(self, prompts: list[dict], seed: int, *, n: int | None = None, temperature: float | None = None):
         """``n`` samples per prompt (default: the run's); the eval pass gives its own ``n`` and ``temperature``."""
         from rl_rollout import RolloutRequest
 
@@ -144,15 +166,16 @@ class Sampler:
         params = sampling.params(stop_token_ids=self.eos, seed=seed, **over)
         if self.agent is not None:
             if any(p.get("images") for p in prompts):
-                raise ValueError("agent episodes with images are not built: drop --image_key or "
-                                 "--agent_func_path")
+                raise ValueError("agent episodes with images are not built: drop --image_key or --agent_func_path")
             groups = self.episodes(prompts, params)
         else:
-            groups = self.rollout.generate([RolloutRequest(list(p["prompt_ids"]), params,
-                                                           multi_modal_data=_images_of(p)) for p in prompts])
+            groups = self.rollout.generate(
+                [RolloutRequest(list(p["prompt_ids"]), params, multi_modal_data=_images_of(p)) for p in prompts]
+            )
         if len(groups) != len(prompts) or any(len(g) != params.n for g in groups):
-            raise RuntimeError(f"the rollout returned {[len(g) for g in groups]} samples for {len(prompts)} prompts "
-                               f"x n={params.n}")
+            raise RuntimeError(
+                f"the rollout returned {[len(g) for g in groups]} samples for {len(prompts)} prompts x n={params.n}"
+            )
         return [s for g in groups for s in g]
 
     def episodes(self, prompts: list[dict], params):
@@ -160,23 +183,31 @@ class Sampler:
         from rl_rollout.agents import AgentExecutor, AgentRequest
 
         c = self.cfg
-        executor = AgentExecutor(self.rollout, self.tokenizer, self.agent, max_turns=c.agent.max_turns,
-                                 max_len=c.agent.max_len, params=params)
-        return executor.run([AgentRequest(list(p["prompt_ids"]), prompt=p.get("prompt"), label=p.get("label"))
-                             for p in prompts])
+        executor = AgentExecutor(
+            self.rollout,
+            self.tokenizer,
+            self.agent,
+            max_turns=c.agent.max_turns,
+            max_len=c.agent.max_len,
+            params=params,
+        )
+        return executor.run(
+            [AgentRequest(list(p["prompt_ids"]), prompt=p.get("prompt"), label=p.get("label")) for p in prompts]
+        )
 
     def _episode_rewards(self, samples) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
         """The episodes' rewards (sums of step rewards), their scores (OpenRLHF's last ``scores``, else the
         reward) and what to log: turns, policy and environment tokens, stop causes, the agent's extra logs."""
         rewards = torch.tensor([float(s.reward or 0.0) for s in samples])
-        scores = torch.tensor([float((s.info["env_info"] or [{}])[-1].get("score", s.reward or 0.0))
-                               for s in samples])
+        scores = torch.tensor([float((s.info["env_info"] or [{}])[-1].get("score", s.reward or 0.0)) for s in samples])
         k = len(samples)
-        info = {"agent/reward_mean": rewards.mean().item(),
-                "agent/turns": sum(s.info["turns"] for s in samples) / k,
-                "agent/policy_tokens": sum(sum(s.loss_mask) for s in samples) / k,
-                "agent/env_tokens": sum(len(s.loss_mask) - sum(s.loss_mask) for s in samples) / k,
-                "agent/done_fraction": sum(s.info["stop_cause"] == "done" for s in samples) / k}
+        info = {
+            "agent/reward_mean": rewards.mean().item(),
+            "agent/turns": sum(s.info["turns"] for s in samples) / k,
+            "agent/policy_tokens": sum(sum(s.loss_mask) for s in samples) / k,
+            "agent/env_tokens": sum(len(s.loss_mask) - sum(s.loss_mask) for s in samples) / k,
+            "agent/done_fraction": sum(s.info["stop_cause"] == "done" for s in samples) / k,
+        }
         extra: dict[str, list[float]] = {}
         for s in samples:
             for step in s.info["env_info"]:
@@ -192,12 +223,16 @@ class Sampler:
         raw = self.score(prompts, samples, items, self.cfg.sampling.n_samples_per_prompt)
         scores, info = raw.scores_B, raw.info
         c = self.cfg
-        if c.agent and c.agent.turn_rewards:  # earlier turns' rewards go on their own last tokens; the last turn's stays here
+        if (
+            c.agent and c.agent.turn_rewards
+        ):  # earlier turns' rewards go on their own last tokens; the last turn's stays here
             scores = scores - place_turn_rewards(samples, items)
         sh = c.shaping
         if sh.overlong_buffer_len is not None:
             lengths = torch.tensor([len(s.response_ids) for s in samples])
-            penalty = overlong_penalty(lengths, c.sampling.max_new_tokens, sh.overlong_buffer_len, sh.overlong_penalty_factor)
+            penalty = overlong_penalty(
+                lengths, c.sampling.max_new_tokens, sh.overlong_buffer_len, sh.overlong_penalty_factor
+            )
             scores = scores + penalty
             info["overlong_penalty_mean"] = penalty.mean().item()
         if sh.stop_properly_penalty_coef is not None:  # ProRL, as OpenRLHF: cut samples (no EOS) lose their reward
@@ -238,7 +273,7 @@ class Sampler:
             if self.sharded is None:
                 raise ValueError("Sampler: a reward_model needs sharded (the call that spreads items over its ranks)")
             scored = self.sharded(self.reward_model, "score", items + items[-1:] * pad)
-            parts.append(torch.tensor(scored[:len(items)], dtype=torch.float32))
+            parts.append(torch.tensor(scored[: len(items)], dtype=torch.float32))
             info["reward_model_mean"] = parts[-1].mean().item()
         total = sum(parts[1:], parts[0])
         return Scored(total, info, total if own is None else own, counts)
@@ -266,7 +301,7 @@ class Sampler:
             mm = _images_of(p)
             if mm:
                 tensors = image_inputs(proc, mm["image"])
-                for item in items[g * n:(g + 1) * n]:
+                for item in items[g * n : (g + 1) * n]:
                     item.image_inputs = tensors
 
     def collect(self, it: int) -> RolloutBatch:
@@ -301,13 +336,23 @@ class Sampler:
             stats.update(scored.info)
             if scored.counts is not None:
                 counts.append(scored.counts)
-            groups = [(prompts[g], samples[g * n:(g + 1) * n], items[g * n:(g + 1) * n], scores[g * n:(g + 1) * n],
-                       first + g) for g in range(size)]
+            groups = [
+                (
+                    prompts[g],
+                    samples[g * n : (g + 1) * n],
+                    items[g * n : (g + 1) * n],
+                    scores[g * n : (g + 1) * n],
+                    first + g,
+                )
+                for g in range(size)
+            ]
             if not c.dynamic_filtering:
                 kept += groups
                 kept_new += size
                 break
-            keep = filter_groups(scored.filter_B, n, mean_range=tuple(c.dynamic_filtering.reward_range)).keep_groups.tolist()
+            keep = filter_groups(
+                scored.filter_B, n, mean_range=tuple(c.dynamic_filtering.reward_range)
+            ).keep_groups.tolist()
             kept += [g for g, k in zip(groups, keep, strict=True) if k]
             kept_new += sum(keep)
             dropped += [g for g, k in zip(groups, keep, strict=True) if not k]
@@ -316,9 +361,15 @@ class Sampler:
         if c.dynamic_filtering:
             filled = max(0, want - len(kept))
             if filled:
-                logger.warning("iteration %d: dynamic filtering kept %d of %d groups in %d rounds; %d filtered-out "
-                               "groups fill the batch (raise --dynamic_filtering_max_rounds or widen the range)",
-                               it, len(kept), want, stats["rounds"], filled)
+                logger.warning(
+                    "iteration %d: dynamic filtering kept %d of %d groups in %d rounds; %d filtered-out "
+                    "groups fill the batch (raise --dynamic_filtering_max_rounds or widen the range)",
+                    it,
+                    len(kept),
+                    want,
+                    stats["rounds"],
+                    filled,
+                )
             stats["dynamic/filled"] = filled
             kept += dropped[:filled]
         buffer[:0] = kept[want:]  # over-sampled groups, oldest first, for the next iterations
@@ -331,8 +382,14 @@ class Sampler:
             self._check_reward_calls(it, sum(counts[1:], counts[0]), stats)
         # a checkpoint after this batch resumes right after it, or at the first over-sampled group still
         # buffered (a resumed run generates those again)
-        return RolloutBatch([g[0] for g in kept], [s for g in kept for s in g[1]], [x for g in kept for x in g[2]],
-                            torch.cat([g[3] for g in kept]), stats, buffer[0][4] if buffer else self.cursor)
+        return RolloutBatch(
+            [g[0] for g in kept],
+            [s for g in kept for s in g[1]],
+            [x for g in kept for x in g[2]],
+            torch.cat([g[3] for g in kept]),
+            stats,
+            buffer[0][4] if buffer else self.cursor,
+        )
 
     def _check_reward_calls(self, it: int, counts, stats: dict) -> None:
         """Log the iteration's failed reward calls; stop the run when more than the tolerated fraction failed."""
@@ -340,19 +397,22 @@ class Sampler:
         if not counts.failures:
             return
         limit = self.cfg.reward_max_failure_rate
-        summary = (f"{counts.failures} of {counts.calls} reward calls failed (errors {counts.errors}, timeouts "
-                   f"{counts.timeouts}, non-finite {counts.nonfinite})")
+        summary = (
+            f"{counts.failures} of {counts.calls} reward calls failed (errors {counts.errors}, timeouts "
+            f"{counts.timeouts}, non-finite {counts.nonfinite})"
+        )
         if counts.failures > limit * counts.calls:
             from rl_rollout.rewards import RewardError
 
             self.metrics.log(it, {"rl/" + k: v for k, v in stats.items() if k.startswith("reward/")})
             if not self.cfg.async_rl:  # async: the trainer thread, still logging, closes it when it re-raises
                 self.metrics.close()
-            raise RewardError(f"iteration {it}: {summary}, more than --reward_max_failure_rate {limit} allows; "
-                              f"first: {counts.first_failure}. Fix the reward function or the data it reads, or "
-                              f"raise --reward_max_failure_rate to train on --reward_fallback for failed calls")
-        logger.warning("iteration %d: %s, each scored with the fallback; first: %s", it, summary,
-                       counts.first_failure)
+            raise RewardError(
+                f"iteration {it}: {summary}, more than --reward_max_failure_rate {limit} allows; "
+                f"first: {counts.first_failure}. Fix the reward function or the data it reads, or "
+                f"raise --reward_max_failure_rate to train on --reward_fallback for failed calls"
+            )
+        logger.warning("iteration %d: %s, each scored with the fallback; first: %s", it, summary, counts.first_failure)
 
     def staleness(self, samples, trained: int) -> tuple[dict[str, float], list[bool]]:
         """How many versions each sample's policy lags the one that trains (``trained``), against the bound."""
@@ -360,11 +420,20 @@ class Sampler:
         bound = self.cfg.staleness_bound
         violations = sum(x > bound or x < 0 for x in lag)
         if violations:
-            logger.warning("%d samples break the staleness bound %d: versions %s trained at %d", violations,
-                           bound, sorted({s.policy_version for s in samples}), trained)
-        out = {"staleness_mean": sum(lag) / len(lag), "staleness_max": float(max(lag)),
-               "staleness_violations": float(violations), "policy_version_generated": float(trained - max(lag)),
-               "policy_version_trained": float(trained)}
+            logger.warning(
+                "%d samples break the staleness bound %d: versions %s trained at %d",
+                violations,
+                bound,
+                sorted({s.policy_version for s in samples}),
+                trained,
+            )
+        out = {
+            "staleness_mean": sum(lag) / len(lag),
+            "staleness_max": float(max(lag)),
+            "staleness_violations": float(violations),
+            "policy_version_generated": float(trained - max(lag)),
+            "policy_version_trained": float(trained),
+        }
         tagged = [s.info["token_versions"] for s in samples if "token_versions" in s.info]
         if tagged:  # partial rollouts: responses that span a weight update, and the lag per token
             out["partial_fraction"] = sum(len(set(v)) > 1 for v in tagged) / len(tagged)

@@ -67,16 +67,28 @@ class RewardModelTrainer(Trainer):
             gap += (chosen - rejected).mean().item() / acc
             chosen_mean += chosen.mean().item() / acc
             rejected_mean += rejected.mean().item() / acc
-        return self.s.all_reduce({"loss": loss_sum, "acc": correct, "reward_gap": gap,
-                                  "chosen_reward": chosen_mean, "rejected_reward": rejected_mean}, "mean")
+        return self.s.all_reduce(
+            {
+                "loss": loss_sum,
+                "acc": correct,
+                "reward_gap": gap,
+                "chosen_reward": chosen_mean,
+                "rejected_reward": rejected_mean,
+            },
+            "mean",
+        )
 
     def eval_metrics(self, dataset) -> dict[str, float]:
         scores = self.per_row(lambda items: torch.stack([x.float() for x in self._scores(items)], dim=1), 3, dataset)
         chosen, rejected, margin = scores.unbind(1)
         loss = pairwise_loss(chosen, rejected, margin if self.cfg.margin_loss else None, kind=self.cfg.loss)
-        return {"loss": loss.item(), "acc": (chosen > rejected).double().mean().item(),
-                "reward_gap": (chosen - rejected).mean().item(), "chosen_reward": chosen.mean().item(),
-                "rejected_reward": rejected.mean().item()}
+        return {
+            "loss": loss.item(),
+            "acc": (chosen > rejected).double().mean().item(),
+            "reward_gap": (chosen - rejected).mean().item(),
+            "chosen_reward": chosen.mean().item(),
+            "rejected_reward": rejected.mean().item(),
+        }
 
     def reward_stats(self) -> tuple[float, float]:
         """Mean and std of the scores of every chosen and rejected training response."""

@@ -29,10 +29,14 @@ class SFTConfig(LMTrainerConfig):
     """SFT's settings beyond the loop's and the MoE coefficient (the loss is the token-mean NLL): which tokens it is
     over (``pretrain_mode``: every token of the text, :class:`rl_core.data.PretrainDataset`, as OpenRLHF's)."""
 
-    pretrain_mode: bool = field(default=False, metadata=meta(
-        "continued pretraining: the loss covers every token of the --input_key text (tokenized as is: no template, "
-        "no special tokens, cut at --max_len), as OpenRLHF's --pretrain_mode; --output_key is not read",
-        openrlhf=("model.pretrain_mode_enable",)))
+    pretrain_mode: bool = field(
+        default=False,
+        metadata=meta(
+            "continued pretraining: the loss covers every token of the --input_key text (tokenized as is: no template, "
+            "no special tokens, cut at --max_len), as OpenRLHF's --pretrain_mode; --output_key is not read",
+            openrlhf=("model.pretrain_mode_enable",),
+        ),
+    )
 
 
 class SFTTrainer(Trainer):
@@ -67,6 +71,7 @@ class SFTTrainer(Trainer):
 
     def eval_metrics(self, dataset) -> dict[str, float]:
         """``loss``: sum of response-token NLL / number of response tokens over the whole set; ``tokens``."""
+
         def nll_and_tokens(items: list[dict]) -> torch.Tensor:  # [len(items), 2]
             b = self.to_device(pad_collate(items, self.pad_id))
             lp = self.engine(b["input_ids"], attention_mask=b["attention_mask"]).logprobs

@@ -65,7 +65,9 @@ def _number(value: Any, what: str) -> float:
     try:
         return float(item() if callable(item) else value)
     except (TypeError, ValueError):
-        raise TypeError(f"AgentInstance.step returned {what}={value!r}; give a number or a one-element tensor") from None
+        raise TypeError(
+            f"AgentInstance.step returned {what}={value!r}; give a number or a one-element tensor"
+        ) from None
 
 
 class OpenRLHFAgentEnv:
@@ -88,30 +90,39 @@ class OpenRLHFAgentEnv:
             self.observation_text = prompt
             return None
         if not text.startswith(prompt):
-            raise ValueError(f"{type(self.instance).__name__}.reset returned an observation that does not start with "
-                             f"the prompt ({text[:60]!r} for {prompt[:60]!r}); return the prompt, optionally followed "
-                             "by more text: the prompt's tokens come from the dataset")
+            raise ValueError(
+                f"{type(self.instance).__name__}.reset returned an observation that does not start with "
+                f"the prompt ({text[:60]!r} for {prompt[:60]!r}); return the prompt, optionally followed "
+                "by more text: the prompt's tokens come from the dataset"
+            )
         self.observation_text = text
-        return text[len(prompt):]
+        return text[len(prompt) :]
 
     async def step(self, action_text: str) -> StepResult:
-        states = {"observation_text": self.observation_text, "action_text": action_text, "label": self.label,
-                  "sampling_params": None}
+        states = {
+            "observation_text": self.observation_text,
+            "action_text": action_text,
+            "label": self.label,
+            "sampling_params": None,
+        }
         out = await self.instance.step(states)
         if not isinstance(out, dict):
-            raise TypeError(f"{type(self.instance).__name__}.step returned {type(out).__name__}; return a dict with "
-                            "rewards, environment_feedback and done (OpenRLHF's form)")
+            raise TypeError(
+                f"{type(self.instance).__name__}.step returned {type(out).__name__}; return a dict with "
+                "rewards, environment_feedback and done (OpenRLHF's form)"
+            )
         missing = [k for k in ("rewards", "environment_feedback", "done") if k not in out]
         if missing:
-            raise KeyError(f"{type(self.instance).__name__}.step returned no {', '.join(missing)} (keys: "
-                           f"{', '.join(out)}); OpenRLHF's form needs rewards, environment_feedback and done")
+            raise KeyError(
+                f"{type(self.instance).__name__}.step returned no {', '.join(missing)} (keys: "
+                f"{', '.join(out)}); OpenRLHF's form needs rewards, environment_feedback and done"
+            )
         reward = _number(out["rewards"], "rewards")
         score = _number(out["scores"], "scores") if out.get("scores") is not None else reward
         extra = {k: _number(v, f"extra_logs[{k!r}]") for k, v in (out.get("extra_logs") or {}).items()}
         feedback = str(out["environment_feedback"] or "")
         self.observation_text += action_text + feedback
-        return StepResult(feedback, reward=reward, done=bool(out["done"]),
-                          info={"score": score, "extra_logs": extra})
+        return StepResult(feedback, reward=reward, done=bool(out["done"]), info={"score": score, "extra_logs": extra})
 
 
 @contextlib.contextmanager
@@ -163,15 +174,20 @@ def load_agent(spec: str) -> Callable[[], Environment]:
     names = [name] if name else ["AgentInstance", "make_env"]
     found = next((n for n in names if hasattr(module, n)), None)
     if found is None:
-        raise AttributeError(f"--agent_func_path {spec}: the file defines none of {', '.join(names)}: define "
-                             "AgentInstance (OpenRLHF's form) or make_env (returning an Environment), or name it "
-                             "with file.py:NAME")
+        raise AttributeError(
+            f"--agent_func_path {spec}: the file defines none of {', '.join(names)}: define "
+            "AgentInstance (OpenRLHF's form) or make_env (returning an Environment), or name it "
+            "with file.py:NAME"
+        )
     obj = getattr(module, found)
-    openrlhf_form = found == "AgentInstance" or (inspect.isclass(obj) and any(
-        c.__name__ == "AgentInstanceBase" for c in obj.__mro__[1:]))
+    openrlhf_form = found == "AgentInstance" or (
+        inspect.isclass(obj) and any(c.__name__ == "AgentInstanceBase" for c in obj.__mro__[1:])
+    )
     if openrlhf_form:
         return lambda: OpenRLHFAgentEnv(obj())
     if not callable(obj):
-        raise TypeError(f"--agent_func_path {spec}: {found} is a {type(obj).__name__}; give a class or function "
-                        "that returns an Environment")
+        raise TypeError(
+            f"--agent_func_path {spec}: {found} is a {type(obj).__name__}; give a class or function "
+            "that returns an Environment"
+        )
     return obj

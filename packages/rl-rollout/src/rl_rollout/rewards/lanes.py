@@ -36,7 +36,8 @@ def _guarded_exit(status: int) -> NoReturn:  # os._exit's parameter name: it rep
     if getattr(_lane, "calling", False):
         raise ProcessExitCalled(
             f"the reward function called os._exit({status}), which on the trainer's thread lanes would end the whole "
-            f"run; return a reward or raise instead, or run rewards in processes (--reward_workers N)")
+            f"run; return a reward or raise instead, or run rewards in processes (--reward_workers N)"
+        )
     _real_exit(status)
 
 
@@ -145,8 +146,9 @@ class _ThreadWorker:
         _guard_exit()
         self.conn, writer = multiprocessing.Pipe(duplex=False)
         self._tasks: queue.SimpleQueue = queue.SimpleQueue()
-        self.thread = threading.Thread(target=_thread_main, args=(fn, name, self._tasks, writer), daemon=True,
-                                       name="rl-reward-call")
+        self.thread = threading.Thread(
+            target=_thread_main, args=(fn, name, self._tasks, writer), daemon=True, name="rl-reward-call"
+        )
         self.thread.start()
         self.ready = True
         self.born = time.monotonic()

@@ -202,7 +202,9 @@ def _check_signature(fn: Any, where: str) -> None:
     try:
         sig.bind("prompt", "response", None)
     except TypeError as e:
-        raise RewardLoadError(f"reward function {where} cannot be called as fn(prompt, response, label): {e}; {fix}") from e
+        raise RewardLoadError(
+            f"reward function {where} cannot be called as fn(prompt, response, label): {e}; {fix}"
+        ) from e
     if not any(p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()):
         raise RewardLoadError(
             f"reward function {where} has signature {sig} without **info (the per-sample extra fields); {fix}"
@@ -273,8 +275,10 @@ def record_from(value: Any, n: int, where: str) -> RewardRecord:
     if not isinstance(value, Mapping):
         return RewardRecord(_numbers(value, n, "the rewards", where))
     if "rewards" not in value:
-        raise ValueError(f"{where}: a dict return needs a 'rewards' key (got keys {sorted(map(str, value))}); "
-                         "return {'rewards': ..., 'scores': ..., 'extra_logs': {...}} or a tensor of rewards")
+        raise ValueError(
+            f"{where}: a dict return needs a 'rewards' key (got keys {sorted(map(str, value))}); "
+            "return {'rewards': ..., 'scores': ..., 'extra_logs': {...}} or a tensor of rewards"
+        )
     rewards = _numbers(value["rewards"], n, "'rewards'", where)
     scores = None if value.get("scores") is None else _numbers(value["scores"], n, "'scores'", where)
     logs_in = value.get("extra_logs") or {}

@@ -71,8 +71,10 @@ class OpenRLHFRewardFunc:
         """Call ``reward_func(queries, prompts, labels)`` once; ``queries`` default to prompt + response."""
         n = len(prompts)
         if len(responses) != n or (labels is not None and len(labels) != n):
-            raise ValueError(f"{n} prompts, {len(responses)} responses, {'no' if labels is None else len(labels)} "
-                             "labels; pass one of each per sample")
+            raise ValueError(
+                f"{n} prompts, {len(responses)} responses, {'no' if labels is None else len(labels)} "
+                "labels; pass one of each per sample"
+            )
         queries = query_texts(prompts, responses) if queries is None else list(queries)
         labels = ["" if y is None else y for y in (labels or [None] * n)]  # OpenRLHF's label without a label_key
         value = self._call(list(queries), list(prompts), labels)

@@ -45,8 +45,10 @@ def parse_batch(body: bytes, max_batch: int) -> Batch:
         raise _Refused(400, f"request body is not valid JSON ({type(e).__name__}: {str(e)[:200]})") from None
     if not isinstance(data, dict):
         kind = type(data).__name__
-        raise _Refused(400, f"request body must be a JSON object with 'prompts' and 'responses' (or OpenRLHF's "
-                            f"'query'), got a {kind}")
+        raise _Refused(
+            400,
+            f"request body must be a JSON object with 'prompts' and 'responses' (or OpenRLHF's 'query'), got a {kind}",
+        )
     queries = None
     if "responses" in data or "query" not in data:
         prompts, responses = _strings(data, "prompts"), _strings(data, "responses")
@@ -57,7 +59,7 @@ def parse_batch(body: bytes, max_batch: int) -> Batch:
         prompts = [""] * len(queries) if data.get("prompts") is None else _strings(data, "prompts")
         if len(prompts) != len(queries):
             raise _Refused(400, f"{len(queries)} queries and {len(prompts)} prompts; send one prompt per query")
-        responses = [q[len(p):] if q.startswith(p) else q for q, p in zip(queries, prompts, strict=True)]
+        responses = [q[len(p) :] if q.startswith(p) else q for q, p in zip(queries, prompts, strict=True)]
     labels = data.get("labels")
     if labels is None:
         labels = [None] * len(prompts)
@@ -98,8 +100,9 @@ def _parse_head(raw: bytes) -> _Head:
         lines.pop(0)
     parts = lines[0].split(" ") if lines else []
     if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1].startswith("/"):
-        raise _Refused(400, f"malformed request line {lines[0][:100] if lines else ''!r}; expected "
-                            "'METHOD /path HTTP/1.1'")
+        raise _Refused(
+            400, f"malformed request line {lines[0][:100] if lines else ''!r}; expected 'METHOD /path HTTP/1.1'"
+        )
     fields = [x for x in lines[1:] if x]
     if len(fields) > _MAX_HEADERS:
         raise _Refused(431, f"{len(fields)} header lines; at most {_MAX_HEADERS}")

@@ -40,7 +40,12 @@ from rl_rollout.rewards.runner import RewardError
 from rl_rollout.rewards.server import Batch, RewardServer, ScoreFn, parse_batch
 
 __all__ = [
-    "Batch", "RemoteRewardClient", "RemoteRewardError", "RewardServer", "ScoreFn", "parse_batch",
+    "Batch",
+    "RemoteRewardClient",
+    "RemoteRewardError",
+    "RewardServer",
+    "ScoreFn",
+    "parse_batch",
     "scorer_for_remote_rm_url",
 ]
 
@@ -128,21 +133,28 @@ class RemoteRewardClient:
             return RewardRecord([])
         labels = [None] * n if labels is None else list(labels)
         size = max(1, -(-n // k))  # OpenRLHF's sharding: contiguous, ceil(n / servers) each
-        shards = [(u, i, min(i + size, n)) for u, i in zip(self.urls, range(0, n, size), strict=False)]  # fewer shards than servers: some idle
+        shards = [
+            (u, i, min(i + size, n)) for u, i in zip(self.urls, range(0, n, size), strict=False)
+        ]  # fewer shards than servers: some idle
         if len(shards) == 1:
             parts = [self._post(shards[0][0], prompts, responses, labels)]
         else:
             with ThreadPoolExecutor(len(shards), thread_name_prefix="rl-reward-client") as pool:
-                futures = [pool.submit(self._post, u, prompts[a:b], responses[a:b], labels[a:b])
-                           for u, a, b in shards]
+                futures = [pool.submit(self._post, u, prompts[a:b], responses[a:b], labels[a:b]) for u, a, b in shards]
                 parts = [f.result() for f in futures]
         record = parts[0] if len(parts) == 1 else _concat(parts)
         self._last = record
         return record
 
     def _post(self, url: str, prompts: Sequence[str], responses: Sequence[str], labels: list) -> RewardRecord:
-        body = json.dumps({"query": query_texts(prompts, responses), "prompts": list(prompts),
-                           "responses": list(responses), "labels": labels}).encode()
+        body = json.dumps(
+            {
+                "query": query_texts(prompts, responses),
+                "prompts": list(prompts),
+                "responses": list(responses),
+                "labels": labels,
+            }
+        ).encode()
         headers = {"Content-Type": "application/json"}
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
@@ -156,7 +168,9 @@ class RemoteRewardClient:
             except urllib.error.HTTPError as e:
                 message = _server_message(e)
                 if e.code < 500 and e.code not in RETRY_STATUS:
-                    raise RemoteRewardError(f"reward server {url} refused the batch: HTTP {e.code}: {message}") from None
+                    raise RemoteRewardError(
+                        f"reward server {url} refused the batch: HTTP {e.code}: {message}"
+                    ) from None
                 last_error = f"HTTP {e.code}: {message}"
             except (urllib.error.URLError, OSError, HTTPException) as e:  # refused, reset, timed out
                 reason = e.reason if isinstance(e, urllib.error.URLError) else e
@@ -220,7 +234,9 @@ def _health_url(url: str) -> str:
 def _concat(parts: list[RewardRecord]) -> RewardRecord:
     """Shards' records in order, as one; scores and a log only where every shard sent them."""
     rewards = [r for p in parts for r in p.rewards]
-    scores = None if any(p.scores is None for p in parts) else [s for p in parts if p.scores is not None for s in p.scores]
+    scores = (
+        None if any(p.scores is None for p in parts) else [s for p in parts if p.scores is not None for s in p.scores]
+    )
     keys = set.intersection(*(set(p.extra_logs) for p in parts))
     return RewardRecord(rewards, scores, {k: [v for p in parts for v in p.extra_logs[k]] for k in sorted(keys)})
 

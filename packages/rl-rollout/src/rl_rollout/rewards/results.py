@@ -60,11 +60,21 @@ class RewardCounts:
         return self.ok + self.failures
 
     def __add__(self, other: RewardCounts) -> RewardCounts:
-        return RewardCounts(self.ok + other.ok, self.errors + other.errors, self.timeouts + other.timeouts,
-                            self.nonfinite + other.nonfinite, self.first_failure or other.first_failure)
+        return RewardCounts(
+            self.ok + other.ok,
+            self.errors + other.errors,
+            self.timeouts + other.timeouts,
+            self.nonfinite + other.nonfinite,
+            self.first_failure or other.first_failure,
+        )
 
     def metrics(self, prefix: str = "reward/") -> dict[str, int]:
         """``{"reward/ok": .., "reward/failures": .., "reward/errors": .., "reward/timeouts": ..,
         "reward/nonfinite": ..}``."""
-        return {f"{prefix}ok": self.ok, f"{prefix}failures": self.failures, f"{prefix}errors": self.errors,
-                f"{prefix}timeouts": self.timeouts, f"{prefix}nonfinite": self.nonfinite}
+        return {
+            f"{prefix}ok": self.ok,
+            f"{prefix}failures": self.failures,
+            f"{prefix}errors": self.errors,
+            f"{prefix}timeouts": self.timeouts,
+            f"{prefix}nonfinite": self.nonfinite,
+        }

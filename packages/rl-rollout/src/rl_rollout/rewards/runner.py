@@ -140,8 +140,10 @@ class RewardRunner:
         if not math.isfinite(fallback):
             raise ValueError(f"fallback must be a finite float, got {fallback!r}")
         if not _is_real(timeout_s) or not (0 < timeout_s < math.inf):
-            raise ValueError(f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}: every reward "
-                             "call is bounded; pass a large one (e.g. 3600) for slow functions")
+            raise ValueError(
+                f"timeout_s must be a finite number of seconds > 0, got {timeout_s!r}: every reward "
+                "call is bounded; pass a large one (e.g. 3600) for slow functions"
+            )
         straggler_s = timeout_s / 4 if straggler_s is None else straggler_s
         if not 0 < straggler_s <= timeout_s:
             raise ValueError(f"straggler_s must be in (0, timeout_s={timeout_s}], got {straggler_s!r}")
@@ -318,8 +320,9 @@ class RewardRunner:
         while pending:
             idle = next((w for w in self._pool if w.ready and w.task is None), None)
             if idle is None:
-                holding = sum(1 for w in self._pool
-                              if not w.ready or (w.task is not None and now - w.started < self.straggler_s))
+                holding = sum(
+                    1 for w in self._pool if not w.ready or (w.task is not None and now - w.started < self.straggler_s)
+                )
                 if holding >= self.slots or len(self._pool) >= self.max_in_flight:
                     return
                 self._pool.append(self._new_worker())
@@ -355,8 +358,11 @@ class RewardRunner:
             if w.task is not None and w.deadline <= now:
                 i = w.task
                 self._drop(w)
-                how = ("its worker process was killed" if isinstance(w, _ProcessWorker) else
-                       f"abandoned ({self.abandoned_threads} abandoned call(s) still running on threads)")
+                how = (
+                    "its worker process was killed"
+                    if isinstance(w, _ProcessWorker)
+                    else f"abandoned ({self.abandoned_threads} abandoned call(s) still running on threads)"
+                )
                 results[i] = self._failure(i, "timeout", f"no result within timeout_s={self.timeout_s}; {how}")
             elif not w.ready and w.born + self.startup_timeout_s <= now:
                 raise RuntimeError(

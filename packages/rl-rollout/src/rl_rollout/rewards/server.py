@@ -103,8 +103,12 @@ class RewardServer:
                 "RewardServer needs a token= (clients send it as 'Authorization: Bearer <token>'); pass "
                 "allow_no_token=True only for a server nobody else can reach (OpenRLHF's client sends no token)"
             )
-        for name, value in (("max_request_bytes", max_request_bytes), ("max_batch", max_batch),
-                            ("max_connections", max_connections), ("max_header_bytes", max_header_bytes)):
+        for name, value in (
+            ("max_request_bytes", max_request_bytes),
+            ("max_batch", max_batch),
+            ("max_connections", max_connections),
+            ("max_header_bytes", max_header_bytes),
+        ):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
         if not request_timeout_s > 0:
@@ -162,8 +166,13 @@ class RewardServer:
         if failed:
             self.stop()
             raise failed[0]
-        logger.info("reward server listening at %s (max_connections=%d, request_timeout_s=%s, token %s)", self.url,
-                    self.max_connections, self.request_timeout_s, "required" if self.token else "NOT required")
+        logger.info(
+            "reward server listening at %s (max_connections=%d, request_timeout_s=%s, token %s)",
+            self.url,
+            self.max_connections,
+            self.request_timeout_s,
+            "required" if self.token else "NOT required",
+        )
         return self
 
     def _run(self, ready: threading.Event, failed: list[BaseException]) -> None:
@@ -172,7 +181,8 @@ class RewardServer:
         asyncio.set_event_loop(loop)
         try:
             server = loop.run_until_complete(
-                asyncio.start_server(self._connection, sock=self._sock, limit=self.max_header_bytes))
+                asyncio.start_server(self._connection, sock=self._sock, limit=self.max_header_bytes)
+            )
         except BaseException as e:  # noqa: BLE001 - reported by start()
             failed.append(e)
             ready.set()
@@ -221,8 +231,13 @@ class RewardServer:
             reply = await self._request(reader, writer, held)
             if reply is not None:
                 status, obj, unread = reply
-                await self._send(writer, status, obj, timeout=self.request_timeout_s,
-                                 extra=("Retry-After: 1",) if status == 503 else ())
+                await self._send(
+                    writer,
+                    status,
+                    obj,
+                    timeout=self.request_timeout_s,
+                    extra=("Retry-After: 1",) if status == 503 else (),
+                )
                 if unread:
                     await self._linger(reader, writer, unread)
         except (ConnectionError, asyncio.IncompleteReadError, asyncio.TimeoutError, OSError):
@@ -242,8 +257,14 @@ class RewardServer:
         past the token check moves from the pending connections to a slot (``held[0]`` set)."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + self.request_timeout_s
-        late = (408, {"error": f"request not received in full within request_timeout_s={self.request_timeout_s}"
-                               "; send it faster or in smaller batches"}, 0)
+        late = (
+            408,
+            {
+                "error": f"request not received in full within request_timeout_s={self.request_timeout_s}"
+                "; send it faster or in smaller batches"
+            },
+            0,
+        )
         try:
             raw = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), self.request_timeout_s)
             head = _parse_head(raw)
@@ -258,8 +279,7 @@ class RewardServer:
         if head.method in ("GET", "HEAD") and head.path == "/health":
             return 200, {"status": "ok"}, 0
         if head.method != "POST":
-            return 405, {"error": f"{head.method} {head.path}: use POST {' or '.join(SCORE_PATHS)}, "
-                                  "or GET /health"}, 0
+            return 405, {"error": f"{head.method} {head.path}: use POST {' or '.join(SCORE_PATHS)}, or GET /health"}, 0
         if head.get("transfer-encoding") is not None:
             return 411, {"error": "chunked bodies are not accepted; send a Content-Length header"}, 0
         lengths = set(head.headers.get("content-length", []))
@@ -278,8 +298,14 @@ class RewardServer:
         self._active += 1
         held[0] = True
         if length > self.max_request_bytes:
-            return 413, {"error": f"request body of {length} bytes exceeds max_request_bytes="
-                                  f"{self.max_request_bytes}; send smaller batches"}, length
+            return (
+                413,
+                {
+                    "error": f"request body of {length} bytes exceeds max_request_bytes="
+                    f"{self.max_request_bytes}; send smaller batches"
+                },
+                length,
+            )
         if (head.get("expect") or "").lower() == "100-continue":
             writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
         try:
@@ -309,8 +335,14 @@ class RewardServer:
         with self._counts_lock:
             self._counts[status] += 1
         body = json.dumps(obj).encode()
-        lines = [f"HTTP/1.1 {status} {HTTPStatus(status).phrase}", "Server: rl-reward",
-                 "Content-Type: application/json", f"Content-Length: {len(body)}", "Connection: close", *extra]
+        lines = [
+            f"HTTP/1.1 {status} {HTTPStatus(status).phrase}",
+            "Server: rl-reward",
+            "Content-Type: application/json",
+            f"Content-Length: {len(body)}",
+            "Connection: close",
+            *extra,
+        ]
         if status == 401:
             lines.append("WWW-Authenticate: Bearer")
         try:
@@ -341,21 +373,37 @@ class RewardServer:
 class RewardServerConfig:
     """How ``rl serve-rm`` listens (the :class:`RewardServer` arguments); :meth:`make` builds the server."""
 
-    host: str = field(default="127.0.0.1", metadata=meta(
-        "address to listen on (0.0.0.0: every interface, OpenRLHF's default: then anyone who reaches the "
-        "machine reaches the server)"))
+    host: str = field(
+        default="127.0.0.1",
+        metadata=meta(
+            "address to listen on (0.0.0.0: every interface, OpenRLHF's default: then anyone who reaches the "
+            "machine reaches the server)"
+        ),
+    )
     port: int = field(default=5000, metadata=meta("port to listen on (0: any free one; OpenRLHF's default is 5000)"))
-    token: str | None = field(default=None, metadata=meta(
-        f"bearer token every request must carry (default: env {TOKEN_ENV}; prefer the variable, a flag shows "
-        "in ps)"))
-    allow_no_token: bool = field(default=False, metadata=meta(
-        "serve without a token, for OpenRLHF's client (it sends none); only on a network nobody else can reach"))
+    token: str | None = field(
+        default=None,
+        metadata=meta(
+            f"bearer token every request must carry (default: env {TOKEN_ENV}; prefer the variable, a flag shows in ps)"
+        ),
+    )
+    allow_no_token: bool = field(
+        default=False,
+        metadata=meta(
+            "serve without a token, for OpenRLHF's client (it sends none); only on a network nobody else can reach"
+        ),
+    )
     max_request_bytes: int = field(default=16 << 20, metadata=meta("largest request body; larger ones get 413"))
     max_batch: int = field(default=4096, metadata=meta("most samples in one request; more get 413"))
-    request_timeout_s: float = field(default=30.0, metadata=meta(
-        "seconds from a connection's start to its request's last byte; slower ones get 408"))
-    max_connections: int = field(default=64, metadata=meta(
-        "connections served at once (each may hold a request of up to --max_request_bytes); more get 503"))
+    request_timeout_s: float = field(
+        default=30.0, metadata=meta("seconds from a connection's start to its request's last byte; slower ones get 408")
+    )
+    max_connections: int = field(
+        default=64,
+        metadata=meta(
+            "connections served at once (each may hold a request of up to --max_request_bytes); more get 503"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -371,8 +419,10 @@ class RewardServerConfig:
         ``--allow_no_token``. ValueError with the fix when there is none, or both a flag and ``--allow_no_token``."""
         if self.allow_no_token:
             if self.token:
-                raise ValueError("--token and --allow_no_token contradict each other: drop one (OpenRLHF's client "
-                                 "sends no token, so it needs --allow_no_token)")
+                raise ValueError(
+                    "--token and --allow_no_token contradict each other: drop one (OpenRLHF's client "
+                    "sends no token, so it needs --allow_no_token)"
+                )
             return None
         token = self.token or os.environ.get(TOKEN_ENV) or None
         if token is None:
@@ -386,6 +436,14 @@ class RewardServerConfig:
     def make(self, score_fn: ScoreFn) -> RewardServer:
         """A :class:`RewardServer` (not started) for ``score_fn`` with these settings."""
         token = self.resolved_token()
-        return RewardServer(score_fn, self.host, self.port, token=token, allow_no_token=token is None,
-                            max_request_bytes=self.max_request_bytes, max_batch=self.max_batch,
-                            request_timeout_s=self.request_timeout_s, max_connections=self.max_connections)
+        return RewardServer(
+            score_fn,
+            self.host,
+            self.port,
+            token=token,
+            allow_no_token=token is None,
+            max_request_bytes=self.max_request_bytes,
+            max_batch=self.max_batch,
+            request_timeout_s=self.request_timeout_s,
+            max_connections=self.max_connections,
+        )
