@@ -290,7 +290,7 @@ def test_bad_settings_fail_before_training_with_the_fix(setup, tmp_path):
     s = StrategyConfig(zero_stage=0, bf16=False, micro_train_batch_size=3, train_batch_size=3)
     policy = LocalGroup(PolicyWorker(s, model, PolicyObjective.of(c), 1, load_kw={"dtype": "fp32"}), "policy")
     base = dict(policy=policy, rollout=None, weight_sync=None, prompts=prompts, tokenizer=tok, reward_fn=letter_reward)
-    with pytest.raises(ValueError, match=r"gae \(PPO\) needs a critic"):
+    with pytest.raises(ValueError, match=r"--advantage_estimator gae needs a critic \(--critic_pretrain\)"):
         PPOTrainer(c, train_batch_size=8, **base)
     with pytest.raises(ValueError, match=r"8 samples per iteration is not a multiple of --train_batch_size 3"):
         PPOTrainer(PPOConfig.from_flat(advantage_estimator="rloo", init_kl_coef=0, rollout_batch_size=4, n_samples_per_prompt=2),

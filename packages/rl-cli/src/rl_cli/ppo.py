@@ -145,18 +145,15 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         parser.error("--prompt_data (or --dataset) is required: prompts as .jsonl/.json/.parquet or a datasets folder")
     from rl_core.configs import check_eval_rows, check_eval_set
     from rl_core.rl.roles import require_reward
+    from rl_core.trainers.ppo_checks import check_combinations
 
     try:
         require_reward(reward_fn=cfgs["reward"].given, reward_model=bool(m.reward_pretrain), agent=bool(p.agent))
         check_eval_set(p.eval.steps, bool(d.eval_dataset))
+        check_combinations(p, eval_set=bool(d.eval_dataset), sleep_engines=cfgs["rollout"].enable_sleep)
     except ValueError as e:
         parser.error(str(e))
     _refuse_unused(cfgs, parser)
-    if d.eval_dataset and p.async_rl:
-        parser.error(
-            "--eval_dataset with --async_train is not built (the eval pass would share the engines with "
-            "the sampling that runs ahead): drop one of them"
-        )
     cfgs["model"] = m = _local_models(f"rl {name}", m)  # hub ids -> local HF cache folders, before any model loads
     _wandb_installed(f"rl {name}", cfgs["logger"])
     set_debug(cfgs["cli"].debug)

@@ -22,6 +22,7 @@ does not change the gradient; only the time and memory per forward.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -30,6 +31,8 @@ import torch
 from rl_core.data.collate import pack_greedy
 from rl_core.rl.experience import Experience, collate
 from rl_rollout.config import check_numbers, meta
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -142,6 +145,52 @@ def over_budget(lengths: Sequence[int], max_tokens: int) -> tuple[int, int]:
     micro-batch of their own, over the budget (``(0, 0)`` when none)."""
     over = [n for n in lengths if n > max_tokens]
     return len(over), max(over, default=0)
+
+
+class BudgetWatch:
+    """Samples longer than a token budget go alone into a micro-batch over it (as in OpenRLHF): :meth:`check`
+    counts them each iteration (``budget/over_train``, ``budget/over_forward``, beside ``budget/longest``) and
+    warns once per phase, the first time. ``batching``: the workers' budgets (None: nothing to watch)."""
+
+    def __init__(self, batching: MicroBatchConfig | None):
+        self.batching, self.warned = batching, set[str]()
+
+    def check(self, it: int, lengths: list[int]) -> dict[str, float]:
+        b = self.batching
+        if b is None:
+            return {}
+        out = {}
+        for phase, (budget, flag), what in (
+            ("train", (b.max_tokens_per_gpu, "--max_tokens_per_gpu"), "trains"),
+            ("forward", b.forward_budget(), "goes through the experience forwards"),
+        ):
+            # "auto" or "memory" (the only text MicroBatchConfig leaves): sized from free memory on each rank, not
+            # known here
+            if budget is None or isinstance(budget, str):
+                continue
+            n, longest = over_budget(lengths, budget)
+            out[f"budget/over_{phase}"] = float(n)
+            if n and phase not in self.warned:
+                self.warned.add(phase)
+                logger.warning(
+                    "iteration %d: %d of %d samples are longer than %s %d (the longest %d tokens, prompt "
+                    "+ response); each %s in a micro-batch of its own, over the budget, as in OpenRLHF. "
+                    "Raise %s to at least %d or lower --generate_max_len to stay within it; counted every "
+                    "iteration in budget/over_%s (this warning is not repeated)",
+                    it,
+                    n,
+                    len(lengths),
+                    flag,
+                    budget,
+                    longest,
+                    what,
+                    flag,
+                    longest,
+                    phase,
+                )
+        if out:
+            out["budget/longest"] = float(max(lengths))
+        return out
 
 
 def plan_micro_batches(

@@ -73,19 +73,18 @@ import time
 import torch
 from tqdm import tqdm
 
-from rl_algos import estimator_names
 from rl_core.configs import check_eval_set
 from rl_core.folder_lock import hold
 from rl_core.metrics import MetricsLogger
 from rl_core.preflight import InputError, check_rl_arithmetic
 from rl_core.rl import ds_sleep
-from rl_core.rl.batching import MicroBatchConfig, over_budget
+from rl_core.rl.batching import BudgetWatch, MicroBatchConfig
 from rl_core.rl.experience import Experience, dp_order, ring_shards
 from rl_core.rl.groups import LocalGroup, concurrently
 from rl_core.rl.pipeline import AsyncRollout
-from rl_core.rl.roles import require_reward
 from rl_core.rng_state import rng_state_from_json, rng_state_json, set_rng_state
 from rl_core.trainers.ppo_checkpoint import LoopCheckpoints, best_metric_key, resumed_settings
+from rl_core.trainers.ppo_checks import check_combinations, check_parts
 from rl_core.trainers.ppo_config import PPOConfig
 from rl_core.trainers.ppo_eval import EvalPass
 from rl_core.trainers.ppo_experience import ExperienceMaker, GapAlarm
@@ -102,7 +101,7 @@ class PPOTrainer:
     ``weight_sync``: ``sync(version) -> stats dict``; ``prompts``: a PromptDataset; ``seed`` fixes the
     prompt order (one permutation per pass) and the sampling (seed + 1000 x iteration + round);
     ``eval_prompts``: a PromptDataset evaluated every ``eval_steps`` iterations and after the last one
-    (:mod:`rl_core.trainers.ppo_eval`); ``batching``: the workers' token budgets, for :meth:`_over_budget`.
+    (:mod:`rl_core.trainers.ppo_eval`); ``batching``: the workers' token budgets (:class:`~rl_core.rl.batching.BudgetWatch`).
 
     Its parts: ``sampler`` (steps 1-2), ``evaluator`` (the eval pass, or None), ``ckpt`` (checkpoints, or None);
     the loop's own state: ``history``, ``eval_history``, ``kl`` (the penalty's controller), the gap alarm.
@@ -141,34 +140,17 @@ class PPOTrainer:
         if sleep_level not in (1, 2):
             raise ValueError(f"sleep_level must be 1 or 2, got {sleep_level}")
         self.sleep_level = sleep_level
-        self.batching, self._budget_warned = batching, set[str]()  # the workers' token budgets; phases warned of
+        self.budgets = BudgetWatch(batching)  # samples over the workers' token budgets, counted and warned of
         check_eval_set(cfg.eval.steps, eval_prompts is not None)
-        if eval_prompts is not None and cfg.async_rl:
-            raise ValueError(
-                "--eval_dataset with --async_train is not built (the eval pass would share the engines "
-                "with the producer thread's sampling): drop one of them"
-            )
-        require_reward(reward_fn=reward_fn is not None, reward_model=reward_model is not None, agent=bool(cfg.agent))
+        check_combinations(cfg, eval_set=eval_prompts is not None, sleep_engines=sleep_engines)
+        check_parts(cfg, rollout=rollout, critic=critic, ref=ref, reward_fn=reward_fn, reward_model=reward_model)
         agent = None  # a factory of fresh environments, one per episode
         if cfg.agent:
             from rl_rollout.agents.openrlhf import load_agent
 
-            if not callable(getattr(rollout, "agenerate", None)):
-                raise ValueError(
-                    f"--agent_func_path plays episodes turn by turn through the engine's agenerate, "
-                    f"which this rollout ({type(rollout).__name__}) lacks: use an engine, an EnginePool "
-                    "or a GroupRollout (rl ppo, rl ppo-ray)"
-                )
             agent = load_agent(cfg.agent.func_path)
             if hasattr(rollout, "batch_agenerate"):  # the HF engine: one generate per turn of all episodes
                 rollout.batch_agenerate = True
-        if cfg.needs_critic and critic is None:
-            raise ValueError(
-                "--advantage_estimator gae (PPO) needs a critic (--critic_pretrain); or pick a "
-                f"critic-free estimator: {', '.join(estimator_names(critic_free=True))}"
-            )
-        if cfg.needs_reference and ref is None:
-            raise ValueError(f"init_kl_coef={cfg.kl.init_coef} needs a reference model; or set --init_kl_coef 0")
         samples = cfg.rollout_batch_size * cfg.sampling.n_samples_per_prompt
         ranks = {
             role: g.world_size
@@ -227,18 +209,7 @@ class PPOTrainer:
             and not cfg.async_rl
         )
         if cfg.async_rl and cfg.async_rl.partial_rollout:
-            if not hasattr(rollout, "partial_chunk_tokens"):
-                raise ValueError(
-                    f"--partial_rollout needs an engine that samples in chunks a weight update can "
-                    f"land between; {type(rollout).__name__} does not: use --rollout_engine hf in "
-                    "rl ppo, or drop --partial_rollout"
-                )
             rollout.partial_chunk_tokens = cfg.async_rl.partial_rollout_tokens
-        if cfg.async_rl and sleep_engines:
-            raise ValueError(
-                "--async_train generates while the policy trains, so the engines cannot sleep "
-                "meanwhile: drop --vllm_enable_sleep (or --async_train)"
-            )
         self._ckpt_cursor = 0  # the prompt cursor after the batch trained last (async: the producer runs ahead)
         local = [g for g in (policy, critic, ref, reward_model) if g is not None]
         self.parallel = not all(isinstance(g, LocalGroup) for g in local)
@@ -297,47 +268,6 @@ class PPOTrainer:
             if "rollout_logprob_gap" in out:
                 out.update(self.gap_alarm.check(out["rollout_logprob_gap"]))
         out["policy_train_s"] = time.perf_counter() - t1
-        return out
-
-    def _over_budget(self, it: int, items: list[Experience]) -> dict[str, float]:
-        """Samples longer than a token budget go alone into a micro-batch over it (:mod:`rl_core.rl.batching`,
-        as in OpenRLHF): counted each iteration (``budget/over_train``, ``budget/over_forward``, beside
-        ``budget/longest``), and one warning per phase, the first time."""
-        b = self.batching
-        if b is None:
-            return {}
-        lengths = [x.T for x in items]
-        out = {}
-        for phase, (budget, flag), what in (
-            ("train", (b.max_tokens_per_gpu, "--max_tokens_per_gpu"), "trains"),
-            ("forward", b.forward_budget(), "goes through the experience forwards"),
-        ):
-            # "auto" or "memory" (the only text MicroBatchConfig leaves): sized from free memory on each rank, not
-            # known here
-            if budget is None or isinstance(budget, str):
-                continue
-            n, longest = over_budget(lengths, budget)
-            out[f"budget/over_{phase}"] = float(n)
-            if n and phase not in self._budget_warned:
-                self._budget_warned.add(phase)
-                logger.warning(
-                    "iteration %d: %d of %d samples are longer than %s %d (the longest %d tokens, prompt "
-                    "+ response); each %s in a micro-batch of its own, over the budget, as in OpenRLHF. "
-                    "Raise %s to at least %d or lower --generate_max_len to stay within it; counted every "
-                    "iteration in budget/over_%s (this warning is not repeated)",
-                    it,
-                    n,
-                    len(lengths),
-                    flag,
-                    budget,
-                    longest,
-                    what,
-                    flag,
-                    longest,
-                    phase,
-                )
-        if out:
-            out["budget/longest"] = float(max(lengths))
         return out
 
     def _release_device_caches(self) -> dict[str, float]:
@@ -405,7 +335,7 @@ class PPOTrainer:
             self.rollout.sleep(self.sleep_level)
         if c.deepspeed_enable_sleep and pipeline is None:
             m.update(asleep, **ds_sleep.call_roles(trained, "ds_reload", self.parallel))
-        m.update(self._over_budget(it, items))
+        m.update(self.budgets.check(it, [x.T for x in items]))
         t1 = time.perf_counter()
         self.experience.forwards(items)
         m.update(self.experience.advantages(items, scores, fresh))

@@ -1,0 +1,47 @@
+"""What the PPO-family loop (:class:`rl_core.trainers.ppo.PPOTrainer`) refuses about the parts it is given, each in
+one line naming the fix: combinations of features that are not built (:func:`check_combinations`, which rl-cli
+also calls before any model loads) and roles or engines that the run's settings need but that are missing or
+cannot serve (:func:`check_parts`). The batch arithmetic is :func:`rl_core.preflight.check_rl_arithmetic`."""
+
+from __future__ import annotations
+
+from rl_algos import estimator_names
+from rl_core.rl.roles import require_reward
+
+
+def check_combinations(cfg, *, eval_set: bool, sleep_engines: bool) -> None:
+    """Features of ``cfg`` (a PPOConfig) that do not go together with an eval set or sleeping engines."""
+    if eval_set and cfg.async_rl:
+        raise ValueError(
+            "--eval_dataset with --async_train is not built (the eval pass would share the engines with the "
+            "producer thread's sampling): drop one of them"
+        )
+    if sleep_engines and cfg.async_rl:
+        raise ValueError(
+            "--async_train generates while the policy trains, so the engines cannot sleep meanwhile: drop "
+            "--vllm_enable_sleep (or --async_train)"
+        )
+
+
+def check_parts(cfg, *, rollout, critic, ref, reward_fn, reward_model) -> None:
+    """The roles and the engine ``cfg`` needs are there and can serve: a reward, an engine that plays agent
+    episodes turn by turn (``agenerate``) with an agent, a critic for a critic-based estimator, a reference with a
+    KL term, an engine that samples in chunks with partial rollouts."""
+    require_reward(reward_fn=reward_fn is not None, reward_model=reward_model is not None, agent=bool(cfg.agent))
+    if cfg.agent and not callable(getattr(rollout, "agenerate", None)):
+        raise ValueError(
+            f"--agent_func_path plays episodes turn by turn through the engine's agenerate, which this rollout "
+            f"({type(rollout).__name__}) lacks: use an engine, an EnginePool or a GroupRollout (rl ppo, rl ppo-ray)"
+        )
+    if cfg.needs_critic and critic is None:
+        raise ValueError(
+            f"--advantage_estimator {cfg.advantage.estimator} needs a critic (--critic_pretrain); or pick a "
+            f"critic-free estimator: {', '.join(estimator_names(critic_free=True))}"
+        )
+    if cfg.needs_reference and ref is None:
+        raise ValueError(f"init_kl_coef={cfg.kl.init_coef} needs a reference model; or set --init_kl_coef 0")
+    if cfg.async_rl and cfg.async_rl.partial_rollout and not hasattr(rollout, "partial_chunk_tokens"):
+        raise ValueError(
+            f"--partial_rollout needs an engine that samples in chunks a weight update can land between; "
+            f"{type(rollout).__name__} does not: use --rollout_engine hf in rl ppo, or drop --partial_rollout"
+        )
