@@ -88,6 +88,8 @@ def test_the_placement_readme_runs_beside_a_cluster_the_user_started():
     import shutil
     import tempfile
 
+    from rl_rollout.testing import kill_started_with
+
     ray_bin = Path(sys.executable).parent / "ray"
     if not ray_bin.exists():
         pytest.skip(f"no ray command beside {sys.executable} to start a user's cluster with")
@@ -109,6 +111,6 @@ def test_the_placement_readme_runs_beside_a_cluster_the_user_started():
         out = subprocess.run([sys.executable, str(script)], cwd=short, capture_output=True, text=True, timeout=850,
                              env=env)
         assert out.returncode == 0, f"{out.stdout[-3000:]}\n{out.stderr[-5000:]}"
-    finally:
-        subprocess.run([str(ray_bin), "stop", "--force"], capture_output=True, timeout=120, env=env)
+    finally:  # its own cluster's processes alone: `ray stop` would also stop a cluster the user runs here
+        kill_started_with("RAY_TMPDIR", str(short))
         shutil.rmtree(short, ignore_errors=True)

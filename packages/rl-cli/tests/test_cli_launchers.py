@@ -16,7 +16,6 @@ import importlib.util
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -28,6 +27,7 @@ import pytest
 
 from rl_cli.ppo import _groups as ppo_groups
 from rl_cli.train import COMMANDS, _groups
+from rl_rollout.testing import kill_started_with
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 BIN = Path(sys.executable).parent
@@ -130,17 +130,7 @@ class Cluster:
                   "--disable-usage-stats"], RAY_AUTH_MODE="token")
 
     def stop(self) -> None:
-        marker = f"RAY_TMPDIR={self.tmp}".encode()
-        for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-            try:
-                environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if marker in environ:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+        kill_started_with("RAY_TMPDIR", str(self.tmp))  # this cluster's processes alone, not a user's cluster
         time.sleep(0.5)
         shutil.rmtree(self.tmp, ignore_errors=True)
 

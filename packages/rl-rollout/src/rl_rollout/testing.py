@@ -260,6 +260,27 @@ def missing_modules(*names: str, where: str = "run in .venv-vllm (scripts/vllm-c
     return None
 
 
+def kill_started_with(name: str, value: str) -> int:
+    """SIGKILL every process of this machine whose environment has ``name=value`` (e.g. the ``RAY_TMPDIR`` a
+    test gave the Ray cluster it started): a test stops its own cluster and nothing else. ``ray stop`` would stop
+    every Ray process here, a cluster the user runs included. Returns how many it killed."""
+    import signal
+
+    marker, killed = f"{name}={value}".encode(), 0
+    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if marker in environ and pid != os.getpid():
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except ProcessLookupError:
+                pass
+    return killed
+
+
 def run_ranks(path: str | os.PathLike, func: str, world: int, *args: str, timeout: float = 600) -> list[str]:
     """Call ``func(rank, port, *args)`` of the Python file ``path`` in ``world`` fresh interpreters, one per rank
     of a torch.distributed world on this machine (``port``: a free one for MASTER_PORT; RANK, LOCAL_RANK,
