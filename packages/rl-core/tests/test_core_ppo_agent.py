@@ -123,8 +123,8 @@ def check_tensors(seen, tok, n=8):
         multi_turn = 0
         for s, item, adv in zip(samples, items, expected_PG.flatten().tolist(), strict=True):
             P = len(s.prompt_ids)
-            mask = torch.tensor(item["loss_mask"][P:])
-            a = item["advantages"][P:]
+            mask = torch.tensor(item.loss_mask_T[P:])
+            a = item.advantages_T[P:]
             actions = torch.zeros(len(s.response_ids), dtype=torch.long)
             for start, end in s.info["action_spans"]:
                 actions[start:end] = 1
@@ -181,9 +181,9 @@ def test_turn_rewards_land_on_each_policy_turns_last_token_in_a_run(setup, tmp_p
     (it,) = seen
     differs = 0
     for s, item, score in zip(it["samples"], it["items"], it["scores"].tolist(), strict=True):
-        assert "turn_rewards" not in item  # a loop-side tensor, not sent to the workers to train on
+        assert item.turn_rewards_T is None  # a loop-side tensor, not sent to the workers to train on
         P = len(s.prompt_ids)
-        a = item["advantages"][P:]
+        a = item.advantages_T[P:]
         r = s.info["turn_rewards"]
         assert s.info["turns"] == 2 and len(r) == 2
         assert score == pytest.approx(r[1])
