@@ -301,14 +301,15 @@ def test_cuda_fused_adamw_trains_bf16(tiny, zero_stage):
 def test_an_offloaded_frozen_model_keeps_its_weights_on_the_cpu_and_gives_the_same_logprobs(tiny):
     """OpenRLHF's --ref.offload / --reward.offload: ZeRO-3's offload_param in the frozen model's config (the
     engine's parameters live on the CPU), and the reference's log-probs equal those of the plain ZeRO-3 one."""
+    from rl_core.rl.experience import make_item
     from rl_core.rl.frozen_workers import ReferenceWorker
 
     cfg = StrategyConfig(zero_stage=3, bf16=False, micro_train_batch_size=2, train_batch_size=2)
     assert DeepSpeedStrategy(cfg).ds_config(train=False, offload=True)["zero_optimization"]["offload_param"][
         "device"] == "cpu"
     g = torch.Generator().manual_seed(0)
-    items = [{"input_ids": torch.randint(5, 100, (n,), generator=g).tolist(), "loss_mask": [0, 0] + [1] * (n - 2)}
-             for n in (9, 14, 6)]
+    ids = [torch.randint(5, 100, (n,), generator=g).tolist() for n in (9, 14, 6)]
+    items = [make_item(x[:2], x[2:]) for x in ids]  # loss mask 0 on the two prompt tokens
     got = {}
     for offload in (False, True):
         ref = ReferenceWorker(cfg, tiny, load_kw={"dtype": "fp32"}, offload=offload)

@@ -74,12 +74,12 @@ def _convert_to_universal(path: Path, final: Path) -> None:
             sys.executable,
             "-m",
             "deepspeed.checkpoint.ds_to_universal",
-            "--input_folder",
-            str(path / DS_TAG),  # ds_to_universal's own options
-            "--output_folder",
+            "--input_folder",  # ds_to_universal's own options, as are the next two
+            str(path / DS_TAG),
+            "--output_folder",  # ds_to_universal's
             str(tmp),
-            "--inject_missing_state",
-        ],  # ds_to_universal's too
+            "--inject_missing_state",  # ds_to_universal's
+        ],
         capture_output=True,
         text=True,
     )
