@@ -244,7 +244,7 @@ def test_rl_ppo_ray_hybrid_engine_sleeps_and_wakes_with_the_new_weights(task):
     out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *argv], capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
-    assert "gpu0 [actor r0, vllm e0/tp0]" in out.stdout, out.stdout[-2000:]
+    assert "gpu0 [policy r0, vllm e0/tp0]" in out.stdout, out.stdout[-2000:]
     rows = metrics(root / "hybrid")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["rl/rollout_logprob_gap"] < 1e-4 for r in rows), rows

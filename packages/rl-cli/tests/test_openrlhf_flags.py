@@ -312,7 +312,7 @@ def test_the_reference_sheet_command_prints_its_config_in_both_dialects(argv):
     assert 'colocate_actor_ref: true' in out and 'vllm_num_engines: 2' in out and 'input_key: prompt' in out
     assert "8 prompts x 8 samples = 64 samples" in out
     assert "micro batch 1 x accumulation 2 x data parallel 4" in out
-    assert "node0: gpu3 [actor r3, ref r3]" in out and "[vllm e1/tp0]" in out
+    assert "node0: gpu3 [policy r3, ref r3]" in out and "[vllm e1/tp0]" in out
     assert "nothing loaded" in out
     assert "torch.distributed" not in r.stderr and "Started a local Ray" not in r.stderr + out
 

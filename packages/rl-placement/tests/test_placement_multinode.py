@@ -50,11 +50,11 @@ def start(pg, n, **kwargs):
 
 def test_cluster_shape_feeds_validation():
     assert cluster_gpus() == (4, 2)
-    with pytest.raises(PlacementError, match=r"actor asks for 4 GPUs per node but the cluster's nodes have 2: use "
+    with pytest.raises(PlacementError, match=r"policy asks for 4 GPUs per node but the cluster's nodes have 2: use "
                                              r"actor_num_nodes=2 and actor_num_gpus_per_node=2"):
-        create_placement_groups(PlacementPlan(actor=RoleSpec(1, 4)))
+        create_placement_groups(PlacementPlan(policy=RoleSpec(1, 4)))
     with pytest.raises(PlacementError, match=r"vllm_tensor_parallel_size=4 but the cluster's nodes have 2 GPUs"):
-        create_placement_groups(PlacementPlan(actor=RoleSpec(1, 1), engines=EngineLayout(1, 4)))
+        create_placement_groups(PlacementPlan(policy=RoleSpec(1, 1), engines=EngineLayout(1, 4)))
 
 
 def test_spread_and_pack_choose_the_nodes():
@@ -72,19 +72,19 @@ def test_spread_and_pack_choose_the_nodes():
 def test_multinode_hybrid_keeps_tp_groups_on_one_node():
     # 2 nodes x 2 GPUs of actor, two TP=2 engines on the same GPUs. SPREAD interleaves the
     # bundles over the nodes (0 and 2 on one, 1 and 3 on the other); ranks must still run node-major.
-    plan = PlacementPlan(actor=RoleSpec(2, 2), engines=EngineLayout(2, 2), colocation=Colocation.ALL)
+    plan = PlacementPlan(policy=RoleSpec(2, 2), engines=EngineLayout(2, 2), colocation=Colocation.ALL)
     placed = create_placement_groups(plan, strategy="SPREAD", timeout_s=30)
     try:
         nodes = bundle_node_ids(placed.placement_group("hybrid"))
         assert len(set(nodes.values())) == 2
-        with RayActorGroup.from_plan(Where, placed, "actor", start_timeout_s=60) as group:
+        with RayActorGroup.from_plan(Where, placed, "policy", start_timeout_s=60) as group:
             info = group.call("where", timeout=30)
             rank_nodes = [i["node"] for i in info]
             assert rank_nodes[0] == rank_nodes[1] != rank_nodes[2] == rank_nodes[3]
             assert [i["LOCAL_RANK"] for i in info] == ["0", "1", "0", "1"]
             assert {i["WORLD_SIZE"] for i in info} == {"4"} and [i["RANK"] for i in info] == ["0", "1", "2", "3"]
             assert info[0]["gpus"] != info[1]["gpus"] and info[2]["gpus"] != info[3]["gpus"]
-            actor_bundles = placed.role("actor").bundle_indices
+            actor_bundles = placed.role("policy").bundle_indices
             for engine in placed.engines():
                 e = engine.engine
                 assert engine.bundle_indices == actor_bundles[2 * e:2 * e + 2]  # on actor ranks 2e, 2e+1

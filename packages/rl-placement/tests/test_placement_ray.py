@@ -128,9 +128,9 @@ def stop_roles(placed, groups):
 
 
 def test_every_colocation_mode_gets_the_planned_gpus():
-    roles = ["actor", "critic", "ref", "reward"]
+    roles = ["policy", "critic", "ref", "reward"]
     # No colocation: four roles, four distinct GPUs.
-    plan = PlacementPlan(actor=RoleSpec(1, 1), critic=RoleSpec(1, 1), ref=RoleSpec(1, 1), reward=RoleSpec(1, 1))
+    plan = PlacementPlan(policy=RoleSpec(1, 1), critic=RoleSpec(1, 1), ref=RoleSpec(1, 1), reward=RoleSpec(1, 1))
     placed, groups = start_roles(plan, roles)
     try:
         ids = gpu_ids_per_rank(groups)
@@ -139,13 +139,13 @@ def test_every_colocation_mode_gets_the_planned_gpus():
         stop_roles(placed, groups)
 
     # actor+ref and critic+reward: each pair on one GPU, half a GPU each; the pairs on different GPUs.
-    plan = PlacementPlan(actor=RoleSpec(1, 1), critic=RoleSpec(1, 1), ref=RoleSpec(1, 1), reward=RoleSpec(1, 1),
-                         colocation=Colocation.ACTOR_REF | Colocation.CRITIC_REWARD)
+    plan = PlacementPlan(policy=RoleSpec(1, 1), critic=RoleSpec(1, 1), ref=RoleSpec(1, 1), reward=RoleSpec(1, 1),
+                         colocation=Colocation.POLICY_REF | Colocation.CRITIC_REWARD)
     assert {plan.placement(r).gpu_share for r in roles} == {0.5}
     placed, groups = start_roles(plan, roles)
     try:
         ids = gpu_ids_per_rank(groups)
-        assert ids["actor"] == ids["ref"] and ids["critic"] == ids["reward"] and ids["actor"] != ids["critic"]
+        assert ids["policy"] == ids["ref"] and ids["critic"] == ids["reward"] and ids["policy"] != ids["critic"]
     finally:
         stop_roles(placed, groups)
 
@@ -153,8 +153,8 @@ def test_every_colocation_mode_gets_the_planned_gpus():
 def test_hybrid_engine_gpus_and_engine_bundles():
     # Hybrid: the actor and a TP=2 engine on the same two GPUs, half each; engine TP rank i on actor rank i's
     # GPU. (More roles on the bundle only shrink the share: see test_placement_plan.py.)
-    plan = PlacementPlan(actor=RoleSpec(1, 2), engines=EngineLayout(1, 2), colocation=Colocation.ALL)
-    placed, groups = start_roles(plan, ["actor"])
+    plan = PlacementPlan(policy=RoleSpec(1, 2), engines=EngineLayout(1, 2), colocation=Colocation.ALL)
+    placed, groups = start_roles(plan, ["policy"])
     try:
         (engine,) = placed.engines()
         assert engine.bundle_indices == (0, 1) and engine.gpu_share == 0.5
@@ -164,9 +164,9 @@ def test_hybrid_engine_gpus_and_engine_bundles():
                            start_timeout_s=60)
         groups["vllm"] = tp
         ids = gpu_ids_per_rank(groups)
-        assert ids["actor"] == ids["vllm"]
-        assert len({i for (i,) in ids["actor"]}) == 2
-        assert placed.role("actor").gpu_share == 0.5
+        assert ids["policy"] == ids["vllm"]
+        assert len({i for (i,) in ids["policy"]}) == 2
+        assert placed.role("policy").gpu_share == 0.5
     finally:
         stop_roles(placed, groups)
 
@@ -189,12 +189,12 @@ def test_bundle_gpu_ids_are_the_gpus_the_bundles_actors_get():
 
 def test_plan_that_cannot_fit_fails_before_any_actor(tmp_path):
     pgs_before = len(placement_group_table())
-    plan = PlacementPlan(actor=RoleSpec(1, 4), critic=RoleSpec(1, 4))
-    with pytest.raises(PlacementError, match=r"the plan needs 8 GPUs but the cluster has 4 \(actor 4, critic 4\)"):
+    plan = PlacementPlan(policy=RoleSpec(1, 4), critic=RoleSpec(1, 4))
+    with pytest.raises(PlacementError, match=r"the plan needs 8 GPUs but the cluster has 4 \(policy 4, critic 4\)"):
         placed = create_placement_groups(plan)
         RayActorGroup.from_plan(Worker, placed, "actor", init_kwargs={"marker_dir": str(tmp_path)})
-    too_wide = PlacementPlan(actor=RoleSpec(1, 8))
-    with pytest.raises(PlacementError, match=r"actor asks for 8 GPUs per node but the cluster's nodes have 4"):
+    too_wide = PlacementPlan(policy=RoleSpec(1, 8))
+    with pytest.raises(PlacementError, match=r"policy asks for 8 GPUs per node but the cluster's nodes have 4"):
         create_placement_groups(too_wide)
     assert len(placement_group_table()) == pgs_before  # no placement group was made
     assert list(tmp_path.iterdir()) == []  # no actor ran

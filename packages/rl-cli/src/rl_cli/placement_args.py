@@ -37,7 +37,7 @@ class RayArgs:
     )
     vllm_num_engines: int = field(default=1, metadata=meta("rollout engines (replicas)"))
     vllm_tensor_parallel_size: int = field(default=1, metadata=meta("GPUs per engine (vLLM tensor parallel)"))
-    colocate_actor_ref: bool = field(default=False, metadata=meta("actor and reference share GPUs"))
+    colocate_actor_ref: bool = field(default=False, metadata=meta("policy (actor) and reference share GPUs"))
     colocate_critic_reward: bool = field(default=False, metadata=meta("critic and reward model share GPUs"))
     colocate_all_models: bool = field(default=False, metadata=meta("the hybrid engine (every model with the engines)"))
     ray_address: str | None = field(

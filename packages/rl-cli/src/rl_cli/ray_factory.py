@@ -28,7 +28,7 @@ from rl_rollout.config import EngineConfig, WeightSyncConfig
 
 # rl-core's role -> (the Ray actor class, the plan's role name)
 RAY_ROLES = {
-    PolicyWorker: (rw.RayPolicyWorker, "actor"),
+    PolicyWorker: (rw.RayPolicyWorker, "policy"),
     CriticWorker: (rw.RayCriticWorker, "critic"),
     ReferenceWorker: (rw.RayReferenceWorker, "ref"),
     RewardModelWorker: (rw.RayRewardModelWorker, "reward"),
@@ -59,9 +59,9 @@ class RayFactory:
 
     @property
     def trained_ranks(self) -> int:
-        """Ranks of the larger trained role (actor, critic) of the plan: what ``build_run``'s ``auto`` choices size
+        """Ranks of the larger trained role (policy, critic) of the plan: what ``build_run``'s ``auto`` choices size
         ZeRO by (rl_core.rl.auto: ZeRO-2 over several ranks; ZeRO-0 on one GPU)."""
-        specs = (self.placed.plan.role_spec(r) for r in ("actor", "critic"))
+        specs = (self.placed.plan.role_spec(r) for r in ("policy", "critic"))
         return max((s.num_gpus for s in specs if s is not None), default=1)
 
     def spawn_engines(self, engine_kind: str) -> None:

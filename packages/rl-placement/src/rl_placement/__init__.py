@@ -2,7 +2,7 @@
 
 Pure Python (no Ray): :mod:`rl_placement.specs` holds the value types (model
 roles, colocation modes, role and engine specs, slots, bundle groups, GPU
-shares); :mod:`rl_placement.plan` holds :class:`PlacementPlan` (actor, critic,
+shares); :mod:`rl_placement.plan` holds :class:`PlacementPlan` (policy, critic,
 ref and reward roles and vLLM engines), its layout on one-GPU bundles,
 validation with errors that say which numbers disagree, and a readable GPU map.
 
@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING
 
 from rl_placement.plan import PlacementPlan
 from rl_placement.specs import (
+    FLAG_PREFIX,
+    MODEL_ROLES,
     BundleGroup,
     Colocation,
     EngineBundles,
@@ -47,7 +49,7 @@ if TYPE_CHECKING:
     )
     from rl_placement.groups import ActorCallError, RankFailure, RankInfo, RayActorGroup
 
-__version__ = "0.4.0"
+__version__ = "0.5.0"
 
 # Ray names -> the submodule that defines them, imported on first use.
 _RAY_NAMES = {
@@ -77,6 +79,8 @@ def __getattr__(name: str):
 
 
 __all__ = [
+    "FLAG_PREFIX",
+    "MODEL_ROLES",
     "STRATEGIES",
     "ActorCallError",
     "BundleGroup",

@@ -15,10 +15,10 @@ groups are created.
 
 Colocation modes (OpenRLHF's flags):
 
-- ``colocate_actor_ref``: actor rank i and reference rank i share bundle i.
+- ``colocate_actor_ref``: policy rank i and reference rank i share bundle i.
 - ``colocate_critic_reward``: critic rank i and reward rank i share bundle i.
 - ``colocate_all_models`` (hybrid engine): every model and every vLLM engine
-  share one group; actor, critic, reference and reward rank i sit on bundle i,
+  share one group; policy, critic, reference and reward rank i sit on bundle i,
   and engine e's tensor-parallel rank t on bundle ``e * tp + t``.
 
 A bundle holding k processes gives each :func:`~rl_placement.specs.gpu_share`
@@ -31,6 +31,7 @@ import math
 from dataclasses import dataclass
 
 from rl_placement.specs import (
+    FLAG_PREFIX,
     MODEL_ROLES,
     BundleGroup,
     Colocation,
@@ -60,19 +61,16 @@ __all__ = [
 ]
 
 
-_FLAG = {Role.ACTOR: "actor", Role.CRITIC: "critic", Role.REF: "ref", Role.REWARD: "reward"}
-
-
 @dataclass(frozen=True)
 class PlacementPlan:
     """Roles, engines and colocation; checked on construction (see :meth:`validate`).
 
-    ``actor`` is required; ``critic``, ``ref``, ``reward`` and ``engines`` are
+    ``policy`` (OpenRLHF's actor) is required; ``critic``, ``ref``, ``reward`` and ``engines`` are
     None when the run has no such model (GRPO has no critic, a reward function
     no reward model, generation without vLLM no engines).
     """
 
-    actor: RoleSpec
+    policy: RoleSpec
     critic: RoleSpec | None = None
     ref: RoleSpec | None = None
     reward: RoleSpec | None = None
@@ -80,8 +78,8 @@ class PlacementPlan:
     colocation: Colocation = Colocation.NONE
 
     def __post_init__(self) -> None:
-        if not isinstance(self.actor, RoleSpec):
-            raise PlacementError(f"actor must be a RoleSpec (the actor is required), got {self.actor!r}")
+        if not isinstance(self.policy, RoleSpec):
+            raise PlacementError(f"policy must be a RoleSpec (the policy is required), got {self.policy!r}")
         problems = self._consistency_problems()
         if problems:
             raise PlacementError(problems)
@@ -129,9 +127,9 @@ class PlacementPlan:
                 return None
             return RoleSpec(nodes, gpus)
 
-        actor = role("actor", actor_num_nodes, actor_num_gpus_per_node)
-        if actor is None and not problems:
-            problems.append("actor_num_nodes and actor_num_gpus_per_node must be positive: the actor is required")
+        policy = role("actor", actor_num_nodes, actor_num_gpus_per_node)
+        if policy is None and not problems:
+            problems.append("actor_num_nodes and actor_num_gpus_per_node must be positive: the policy is required")
         critic = role("critic", critic_num_nodes, critic_num_gpus_per_node)
         ref = role("ref", ref_num_nodes, ref_num_gpus_per_node)
         reward = role("reward", reward_num_nodes, reward_num_gpus_per_node)
@@ -147,16 +145,16 @@ class PlacementPlan:
             problems.append(f"vllm_tensor_parallel_size must be a positive integer, got {vllm_tensor_parallel_size!r}")
         elif n_engines:
             engines = EngineLayout(n_engines, vllm_tensor_parallel_size)
-        if problems or actor is None:  # no actor always comes with its problem line
+        if problems or policy is None:  # no policy always comes with its problem line
             raise PlacementError(problems)
         colocation = Colocation.NONE
         if colocate_actor_ref:
-            colocation |= Colocation.ACTOR_REF
+            colocation |= Colocation.POLICY_REF
         if colocate_critic_reward:
             colocation |= Colocation.CRITIC_REWARD
         if colocate_all_models:
             colocation |= Colocation.ALL
-        return cls(actor=actor, critic=critic, ref=ref, reward=reward, engines=engines, colocation=colocation)
+        return cls(policy=policy, critic=critic, ref=ref, reward=reward, engines=engines, colocation=colocation)
 
     # ----- queries ------------------------------------------------------------------------------
 
@@ -168,7 +166,7 @@ class PlacementPlan:
 
     @property
     def roles(self) -> tuple[Role, ...]:
-        """The model roles present, in the order actor, critic, ref, reward."""
+        """The model roles present, in the order policy, critic, ref, reward."""
         return tuple(r for r in MODEL_ROLES if getattr(self, r.value) is not None)
 
     @property
@@ -185,20 +183,20 @@ class PlacementPlan:
             return BundleGroup(name, spec.num_nodes, spec.num_gpus_per_node, tuple(map(tuple, bundles)))
 
         if self.hybrid:
-            bundles = [[Slot(role, i) for role in self.roles] for i in range(self.actor.num_gpus)]
+            bundles = [[Slot(role, i) for role in self.roles] for i in range(self.policy.num_gpus)]
             if self.engines is not None:
                 tp = self.engines.tensor_parallel_size
                 for e in range(self.engines.num_engines):
                     for t in range(tp):
                         bundles[e * tp + t].append(Slot(Role.VLLM, e, t))
             groups.append(
-                BundleGroup("hybrid", self.actor.num_nodes, self.actor.num_gpus_per_node, tuple(map(tuple, bundles)))
+                BundleGroup("hybrid", self.policy.num_nodes, self.policy.num_gpus_per_node, tuple(map(tuple, bundles)))
             )
             return tuple(groups)
-        if Colocation.ACTOR_REF in self.colocation:
-            groups.append(model_group("actor_ref", (Role.ACTOR, Role.REF)))
+        if Colocation.POLICY_REF in self.colocation:
+            groups.append(model_group("policy_ref", (Role.POLICY, Role.REF)))
         else:
-            groups += [model_group(r.value, (r,)) for r in (Role.ACTOR, Role.REF) if r in self.roles]
+            groups += [model_group(r.value, (r,)) for r in (Role.POLICY, Role.REF) if r in self.roles]
         if Colocation.CRITIC_REWARD in self.colocation:
             groups.append(model_group("critic_reward", (Role.CRITIC, Role.REWARD)))
         else:
@@ -243,7 +241,7 @@ class PlacementPlan:
     def _consistency_problems(self) -> list[str]:
         problems: list[str] = []
         present = self.roles
-        if Colocation.ACTOR_REF in self.colocation and Role.REF not in present:
+        if Colocation.POLICY_REF in self.colocation and Role.REF not in present:
             problems.append(
                 "colocate_actor_ref is set but the plan has no reference model: add ref_num_nodes/"
                 "ref_num_gpus_per_node, or drop colocate_actor_ref"
@@ -258,31 +256,31 @@ class PlacementPlan:
         if self.hybrid:
             for role in present[1:]:
                 spec: RoleSpec = getattr(self, role.value)
-                if spec != self.actor:
-                    problems.append(self._shape_mismatch("colocate_all_models (hybrid engine)", Role.ACTOR, role))
+                if spec != self.policy:
+                    problems.append(self._shape_mismatch("colocate_all_models (hybrid engine)", Role.POLICY, role))
             if self.engines is not None:
-                tp, n_actor = self.engines.tensor_parallel_size, self.actor.num_gpus
-                if self.engines.num_gpus != n_actor:
+                tp, n_policy = self.engines.tensor_parallel_size, self.policy.num_gpus
+                if self.engines.num_gpus != n_policy:
                     fix = (
-                        f"set vllm_num_engines={n_actor // tp} (with vllm_tensor_parallel_size={tp})"
-                        if n_actor % tp == 0
-                        else f"choose a vllm_tensor_parallel_size that divides {n_actor}"
+                        f"set vllm_num_engines={n_policy // tp} (with vllm_tensor_parallel_size={tp})"
+                        if n_policy % tp == 0
+                        else f"choose a vllm_tensor_parallel_size that divides {n_policy}"
                     )
                     problems.append(
-                        f"colocate_all_models (hybrid engine) puts every vLLM engine on the actor's GPUs, so actor "
-                        f"GPUs must equal vllm_num_engines x vllm_tensor_parallel_size: actor has "
-                        f"{self.actor.shape()}, engines have {self.engines.shape()}; {fix}, or resize the actor to "
+                        f"colocate_all_models (hybrid engine) puts every vLLM engine on the policy's GPUs, so policy "
+                        f"GPUs must equal vllm_num_engines x vllm_tensor_parallel_size: policy has "
+                        f"{self.policy.shape()}, engines have {self.engines.shape()}; {fix}, or resize the policy to "
                         f"{self.engines.num_gpus} GPUs"
                     )
-                elif self.actor.num_gpus_per_node % tp != 0:
+                elif self.policy.num_gpus_per_node % tp != 0:
                     problems.append(
                         f"vllm_tensor_parallel_size={tp} does not divide actor_num_gpus_per_node="
-                        f"{self.actor.num_gpus_per_node}: in the hybrid engine an engine's TP ranks would span two "
-                        f"nodes; use a TP that divides {self.actor.num_gpus_per_node}"
+                        f"{self.policy.num_gpus_per_node}: in the hybrid engine an engine's TP ranks would span two "
+                        f"nodes; use a TP that divides {self.policy.num_gpus_per_node}"
                     )
         else:
-            if Colocation.ACTOR_REF in self.colocation and self.ref is not None and self.ref != self.actor:
-                problems.append(self._shape_mismatch("colocate_actor_ref", Role.ACTOR, Role.REF))
+            if Colocation.POLICY_REF in self.colocation and self.ref is not None and self.ref != self.policy:
+                problems.append(self._shape_mismatch("colocate_actor_ref", Role.POLICY, Role.REF))
             if (
                 Colocation.CRITIC_REWARD in self.colocation
                 and self.critic is not None
@@ -298,7 +296,7 @@ class PlacementPlan:
         return (
             f"{mode} puts {other.value} rank i on {lead.value} rank i's GPU, so both need the same nodes x GPUs "
             f"per node: {lead.value} has {a.shape()}, {other.value} has {b.shape()}; set "
-            f"{_FLAG[other]}_num_nodes={a.num_nodes} and {_FLAG[other]}_num_gpus_per_node={a.num_gpus_per_node}, "
+            f"{FLAG_PREFIX[other]}_num_nodes={a.num_nodes} and {FLAG_PREFIX[other]}_num_gpus_per_node={a.num_gpus_per_node}, "
             f"or drop {mode.split(' ')[0]}"
         )
 
@@ -326,8 +324,8 @@ class PlacementPlan:
                 if spec.num_gpus_per_node > gpus_per_node:
                     nodes = math.ceil(spec.num_gpus / gpus_per_node)
                     fix = (
-                        f"use {_FLAG[role]}_num_nodes={spec.num_gpus // gpus_per_node} and "
-                        f"{_FLAG[role]}_num_gpus_per_node={gpus_per_node}"
+                        f"use {FLAG_PREFIX[role]}_num_nodes={spec.num_gpus // gpus_per_node} and "
+                        f"{FLAG_PREFIX[role]}_num_gpus_per_node={gpus_per_node}"
                         if spec.num_gpus % gpus_per_node == 0
                         else f"use at most {gpus_per_node} GPUs per node ({nodes} nodes or more)"
                     )
@@ -349,7 +347,7 @@ class PlacementPlan:
                         problems.append(
                             f"{role.value} asks for {spec.num_nodes} nodes but the cluster has "
                             f"{_plural(cluster_nodes, 'node')} of {gpus_per_node} GPUs: lower "
-                            f"{_FLAG[role]}_num_nodes or add nodes"
+                            f"{FLAG_PREFIX[role]}_num_nodes or add nodes"
                         )
         if cluster_gpus is not None:
             for name, n, shape in sized:

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass
 
 __all__ = [
+    "FLAG_PREFIX",
     "MODEL_ROLES",
     "BundleGroup",
     "Colocation",
@@ -53,9 +54,13 @@ class PlacementError(ValueError):
 
 
 class Role(str, enum.Enum):
-    """The processes a plan places. Values are OpenRLHF's flag prefixes."""
+    """The processes a plan places, named as rl-core names them (the trained model is the policy).
 
-    ACTOR = "actor"
+    ``Role("actor")`` is the policy: OpenRLHF calls it the actor, and its flags keep that prefix
+    (``actor_num_nodes``); :data:`FLAG_PREFIX` maps each role to its flags' prefix.
+    """
+
+    POLICY = "policy"
     CRITIC = "critic"
     REF = "ref"
     REWARD = "reward"
@@ -66,23 +71,30 @@ class Role(str, enum.Enum):
 
     @classmethod
     def _missing_(cls, value: object) -> Role:
-        raise PlacementError(f"unknown role {value!r}: valid roles are {', '.join(r.value for r in cls)}")
+        if value == "actor":  # OpenRLHF's name for the policy
+            return cls.POLICY
+        raise PlacementError(
+            f"unknown role {value!r}: valid roles are {', '.join(r.value for r in cls)} (OpenRLHF's actor is the policy)"
+        )
 
 
-MODEL_ROLES = (Role.ACTOR, Role.CRITIC, Role.REF, Role.REWARD)
+MODEL_ROLES = (Role.POLICY, Role.CRITIC, Role.REF, Role.REWARD)
+
+# The prefix of each model role's OpenRLHF flags (actor_num_nodes, ref_num_gpus_per_node, ...).
+FLAG_PREFIX = {Role.POLICY: "actor", Role.CRITIC: "critic", Role.REF: "ref", Role.REWARD: "reward"}
 
 
 class Colocation(enum.Flag):
     """Which roles share GPUs. Combine with ``|``; ``ALL`` is the hybrid engine."""
 
     NONE = 0
-    ACTOR_REF = enum.auto()
+    POLICY_REF = enum.auto()
     CRITIC_REWARD = enum.auto()
     ALL = enum.auto()
 
     def label(self) -> str:
         names = {
-            Colocation.ACTOR_REF: "actor+ref",
+            Colocation.POLICY_REF: "policy+ref",
             Colocation.CRITIC_REWARD: "critic+reward",
             Colocation.ALL: "all models + engines (hybrid engine)",
         }
