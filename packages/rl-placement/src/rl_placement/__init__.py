@@ -9,7 +9,7 @@ validation with errors that say which numbers disagree, and a readable GPU map.
 On Ray: :mod:`rl_placement.bundles` turns a plan into Ray placement groups and
 says where each bundle landed; :mod:`rl_placement.groups` starts
 :class:`RayActorGroup` s of any class on them with the torch.distributed
-environment set. Knows nothing of models; depends on Ray only.
+environment set, whose calls wait through :mod:`rl_placement.calls` (bounded, errors naming role and rank). Knows nothing of models; depends on Ray only.
 
 The Ray names load on first use, so ``import rl_placement`` and building or
 validating a plan do not import Ray (a CLI can check its flags in milliseconds).
@@ -47,7 +47,8 @@ if TYPE_CHECKING:
         create_placement_groups,
         node_ordered_bundles,
     )
-    from rl_placement.groups import ActorCallError, RankFailure, RankInfo, RayActorGroup
+    from rl_placement.calls import ActorCallError, RankFailure
+    from rl_placement.groups import RankInfo, RayActorGroup
 
 __version__ = "0.5.0"
 
@@ -68,7 +69,8 @@ _RAY_NAMES = {
         ),
         "rl_placement.bundles",
     ),
-    **dict.fromkeys(("ActorCallError", "RankFailure", "RankInfo", "RayActorGroup"), "rl_placement.groups"),
+    **dict.fromkeys(("ActorCallError", "RankFailure"), "rl_placement.calls"),
+    **dict.fromkeys(("RankInfo", "RayActorGroup"), "rl_placement.groups"),
 }
 
 
