@@ -4,7 +4,7 @@
 ``rl ppo-ray`` (the PPO-family RL loop in one process or over Ray, :mod:`rl_cli.ppo`, :mod:`rl_cli.ppo_ray`),
 each with ``--help``; ``rl demo`` (GRPO on a tiny model, :mod:`rl_cli.demo`);
 ``rl --version`` (every package's version) and ``rl doctor`` (what this machine can
-run: torch device, DeepSpeed, Ray, vLLM, flash-attn), ``rl serve-rm`` (a reward server for
+run and how to fix what it cannot, :mod:`rl_cli.doctor`), ``rl serve-rm`` (a reward server for
 ``rl ppo --remote_rm_url`` and OpenRLHF's client, :mod:`rl_cli.serve_rm`). Asking for a
 command that does not exist fails with the list of those that do.
 """
@@ -12,7 +12,6 @@ command that does not exist fails with the list of those that do.
 from __future__ import annotations
 
 import argparse
-import importlib
 import importlib.metadata as md
 import sys
 
@@ -25,22 +24,6 @@ PACKAGES = ("rl-algos", "rl-rollout", "rl-placement", "rl-core", "rl-cli")
 
 def versions() -> dict[str, str]:
     return {p: md.version(p) for p in PACKAGES}
-
-
-def doctor() -> dict[str, str]:
-    """One line per component: version and whether it is usable here."""
-    report: dict[str, str] = {}
-    import torch
-
-    dev = f"cuda x{torch.cuda.device_count()}" if torch.cuda.is_available() else "cpu only"
-    report["torch"] = f"{torch.__version__} ({dev})"
-    for mod in ("transformers", "deepspeed", "ray", "vllm", "flash_attn", "peft"):
-        try:
-            m = importlib.import_module(mod)
-            report[mod] = getattr(m, "__version__", "installed")
-        except Exception as e:  # noqa: BLE001 - any import failure is what doctor reports
-            report[mod] = f"not usable: {type(e).__name__}: {str(e).splitlines()[0][:120] if str(e) else ''}"
-    return report
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -58,6 +41,10 @@ def main(argv: list[str] | None = None) -> int:
         from rl_cli.demo import main as demo
 
         return demo(argv[1:])
+    if argv and argv[0] == "doctor":
+        from rl_cli.doctor import main as doctor
+
+        return doctor(argv[1:])
     if argv and argv[0] == "serve-rm":
         from rl_cli.serve_rm import main as serve_rm
 
@@ -65,7 +52,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rl", description="RL for LLMs: SFT, RM, DPO, KTO, PPO/GRPO")
     parser.add_argument("--version", action="store_true", help="print every package's version")
     sub = parser.add_subparsers(dest="command")
-    sub.add_parser("doctor", help="what this machine can run")
+    sub.add_parser(
+        "doctor",
+        help="what this machine can run, each missing part's fix; rl doctor COMMAND FLAGS... exits 1 when that "
+        "command cannot run here",
+    )
     sub.add_parser("demo", help="GRPO on a tiny model and a synthetic task, CPU, minutes (rl demo --help)")
     sub.add_parser(
         "serve-rm",
@@ -80,10 +71,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.version:
         for name, v in versions().items():
             print(f"{name} {v}")
-        return 0
-    if args.command == "doctor":
-        for name, line in doctor().items():
-            print(f"{name:<13} {line}")
         return 0
     parser.print_help()
     return 2

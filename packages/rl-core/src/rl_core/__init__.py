@@ -15,6 +15,7 @@ It never imports Ray or rl-placement: its loops talk to worker-group protocols.
 - :mod:`rl_core.metrics`: metrics.jsonl, TensorBoard and curves.png per run.
 """
 
+from rl_core import _quiet  # noqa: F401 - first: drops DeepSpeed's CPU notice before deepspeed loads
 from rl_core.attention import attention_implementation
 from rl_core.checkpoint import CheckpointManager
 from rl_core.hf_export import export_hf
