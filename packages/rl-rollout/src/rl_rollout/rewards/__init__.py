@@ -21,7 +21,8 @@
   ``{"rewards", "scores", "extra_logs"}``) as a batch scorer; :class:`RewardRecord`
   holds what they return.
 
-Everything here is stdlib apart from the package's own imports. Left out: reward
+Everything here is stdlib apart from the package's own imports, and math-verify, which builtin:math runs in
+a sandbox process (:mod:`~rl_rollout.rewards.math_sandbox`). Left out: reward
 models themselves (rl-core; ``rl serve-rm --reward_pretrain`` serves one).
 """
 

@@ -1,4 +1,4 @@
-"""Built-in verifiers: exact match, numeric / ``\\boxed{}`` math answer, regex format check.
+"""Built-in verifiers: exact match, math answer (math-verify's symbolic equivalence), regex format check.
 
 Each verifier is a small frozen dataclass with the reward-function signature
 ``(prompt, response, label, **info) -> float`` returning 1.0 or 0.0; being
@@ -8,22 +8,30 @@ Addressed by spec string (:func:`make_builtin` gets the part after ``builtin:``)
 =============================  ==============================================================
 ``builtin:exact_match``        response == label after stripping, collapsing whitespace, casefold
 ``builtin:exact_match:strict`` response == label, byte for byte
-``builtin:math``               last ``\\boxed{}`` (else last number) == label numerically,
-                               ``math.isclose`` with rel_tol 1e-6, abs_tol 1e-9
-``builtin:math:REL_TOL``       the same with another relative tolerance, e.g. ``math:1e-4``
+``builtin:math``               math-verify's verdict: the response's last ``\\boxed{}`` (else the
+                               answer after "answer is", else the last expression) equivalent to
+                               the label under sympy; our own number/string comparison only
+                               where math-verify extracts nothing
+``builtin:math:REL_TOL``       the same, and numbers within relative tolerance REL_TOL also
+                               count as equal, e.g. ``math:1e-4``
 ``builtin:format:REGEX``       1.0 when ``re.search(REGEX, response)`` matches (``re.DOTALL``;
                                anchor with ``^...$`` to check the whole response)
 =============================  ==============================================================
 
-Math answers parse integers, decimals, scientific notation, thousands commas
-(``1,234``), fractions (``1/2``, ``\\frac{1}{2}``, ``\\dfrac12``), a leading
-``x =``, ``$``, ``\\%`` and degree marks; answers that are not numbers (``\\pi/2``,
-``x+1``) are compared as strings with spaces and ``\\left``/``\\right`` removed.
+``builtin:math`` asks math-verify (the package verl and TRL use), run in a sandbox process with a hard
+time bound (:mod:`rl_rollout.rewards.math_sandbox`): fractions, decimals, percentages (``50\\%`` equals
+``50`` and ``0.5``), intervals, sets, tuples, matrices, units in ``\\text{}``, degrees, ``x =`` forms and
+algebra (``\\sqrt{8}`` equals ``2\\sqrt{2}``, ``(x+1)^2`` equals ``x^2+2x+1``). An answer it cannot judge in
+time (``timeout_s``, default 5 s) scores 0, counted and logged (:func:`rl_rollout.rewards.math_sandbox.counts`),
+and never hangs the run. Where math-verify extracts no answer from the response or the label, the earlier
+comparison decides: the last ``\\boxed{}`` (else last number) compared numerically (``math.isclose``,
+rel_tol 1e-6, abs_tol 1e-9), parsing integers, decimals, scientific notation, thousands commas (``1,234``),
+fractions (``1/2``, ``\\frac{1}{2}``, ``\\dfrac12``), a leading ``x =``, ``$``, ``\\%`` and degree marks;
+answers that are not numbers are compared as strings with spaces and ``\\left``/``\\right`` removed.
 A label may itself hold a ``\\boxed{}`` or a GSM8K-style ``#### 42`` tail.
 Verifiers that need a label raise ValueError when it is None (the runner counts
 that as an error); :func:`needs_label` tells which specs need one, so a run
-without labels is refused before it starts. Left out: symbolic equivalence
-(sympy), units, intervals.
+without labels is refused before it starts.
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ import re
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
+
+from rl_rollout.rewards.math_sandbox import Verdict, judge, warm
 
 
 class Builtin(str, Enum):
@@ -60,12 +70,15 @@ def make_builtin(name: str) -> Any:
             raise RewardLoadError(f"builtin:exact_match takes no option or ':strict', got {arg!r} in {name!r}")
         return ExactMatch(normalize=arg == "")
     if kind is Builtin.MATH:
-        if not arg:
-            return MathAnswer()
         try:
-            return MathAnswer(rel_tol=float(arg))
+            verifier = MathAnswer(rel_tol=float(arg)) if arg else MathAnswer()
         except ValueError as e:
             raise RewardLoadError(f"builtin:math:REL_TOL needs a float >= 0 after 'math:', got {arg!r}: {e}") from None
+        try:
+            warm()  # the judge's sandbox starts with the spec (in each reward worker), not inside a reward timeout
+        except RuntimeError as e:
+            raise RewardLoadError(str(e)) from None
+        return verifier
     if not arg:
         raise RewardLoadError("builtin:format needs a regex after 'format:', e.g. 'builtin:format:^<a>.*</a>$'")
     try:
@@ -122,24 +135,54 @@ class FormatCheck:
 
 @dataclass(frozen=True)
 class MathAnswer:
-    """1.0 when the response's final answer equals the label's (numerically within tolerance, else as text)."""
+    """1.0 when math-verify finds the response's final answer equivalent to the label's (see the module doc).
 
-    rel_tol: float = 1e-6
+    math-verify decides wherever it extracts an answer from both; our number/string comparison
+    (:meth:`legacy`) only where it extracts none. ``rel_tol`` (``builtin:math:REL_TOL``): numbers within this
+    relative tolerance also count as equal, where math-verify rounds to 6 decimals. ``timeout_s``: the most one
+    verdict may take; past it the answer scores 0 (counted in ``math_sandbox.counts()`` and logged).
+    """
+
+    rel_tol: float | None = None
     abs_tol: float = 1e-9
+    timeout_s: float = 5.0
 
     def __post_init__(self) -> None:
-        if not (self.rel_tol >= 0 and self.abs_tol >= 0):
+        if not ((self.rel_tol is None or self.rel_tol >= 0) and self.abs_tol >= 0):
             raise ValueError(f"MathAnswer tolerances must be >= 0, got rel_tol={self.rel_tol}, abs_tol={self.abs_tol}")
+        if not 0 < self.timeout_s < math.inf:
+            raise ValueError(f"MathAnswer timeout_s must be a finite number of seconds > 0, got {self.timeout_s!r}")
 
     def __call__(self, prompt: str, response: str, label: str | None, **info: Any) -> float:
         reference = label_answer(_need_label(label, "builtin:math"))
+        # The last complete \\boxed{} is the answer (math-verify alone would read every box, as a set).
+        boxed = last_boxed(response)
+        verdict = judge(reference, response if boxed is None else f"\\boxed{{{boxed}}}", self.timeout_s)
+        if verdict is Verdict.EQUAL:
+            return 1.0
+        if verdict is Verdict.NO_PARSE:
+            return self.legacy(reference, response)
+        if verdict is Verdict.DIFFERENT and self.rel_tol is not None:
+            return self._within_tolerance(reference, response, self.rel_tol)
+        return 0.0  # different, or no verdict in time (counted and logged by the sandbox)
+
+    def legacy(self, reference: str, response: str) -> float:
+        """The comparison before math-verify: last ``\\boxed{}`` (else last number) against ``reference``
+        numerically, else as text; used where math-verify extracts no answer."""
         predicted = extract_math_answer(response)
         if predicted is None:
             return 0.0
         a, b = parse_number(predicted), parse_number(reference)
         if a is not None and b is not None:
-            return float(math.isclose(a, b, rel_tol=self.rel_tol, abs_tol=self.abs_tol))
+            rel_tol = 1e-6 if self.rel_tol is None else self.rel_tol
+            return float(math.isclose(a, b, rel_tol=rel_tol, abs_tol=self.abs_tol))
         return float(_canonical(predicted) == _canonical(reference))
+
+    def _within_tolerance(self, reference: str, response: str, rel_tol: float) -> float:
+        predicted = extract_math_answer(response)
+        a = None if predicted is None else parse_number(predicted)
+        b = parse_number(reference)
+        return float(a is not None and b is not None and math.isclose(a, b, rel_tol=rel_tol, abs_tol=self.abs_tol))
 
 
 def last_boxed(text: str) -> str | None:
