@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import hashlib
 import os
 import threading
 import time
@@ -41,13 +42,16 @@ from typing import TYPE_CHECKING, cast
 
 import torch
 
+from rl_rollout.ipc import IpcReceiver, IpcSync, open_bucket
+from rl_rollout.partial import generate_in_chunks
 from rl_rollout.tick_batch import TickBatcher
+from rl_rollout.transport import CollectiveReceiver, WeightSyncError
 from rl_rollout.types import FinishReason, RolloutRequest, RolloutSample, SamplingParams
+from rl_rollout.vision import cat_image_inputs, causal_lm_class, image_inputs, placeholder_token_ids, token_types
+from rl_rollout.weights import DEFAULT_STATS_RTOL, compare_weight_stats, tensor_stats
 
 if TYPE_CHECKING:
     from transformers import GenerationMixin, PreTrainedModel
-
-    from rl_rollout.transport import CollectiveReceiver
 
     class _CausalLM(PreTrainedModel, GenerationMixin):
         """What the engine holds: a transformers model that generates (as AutoModelForCausalLM's classes are)."""
@@ -80,8 +84,6 @@ class HFEngine:
         if isinstance(model, torch.nn.Module):
             self._model = cast("_CausalLM", model)  # an already built transformers model (the class docstring)
         else:
-            from rl_rollout.vision import causal_lm_class
-
             torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
             self._model = (
                 causal_lm_class(model)
@@ -98,8 +100,6 @@ class HFEngine:
         pad = getattr(gen_cfg, "pad_token_id", None)
         self.pad_token_id = pad if pad is not None else (cfg.pad_token_id if cfg.pad_token_id is not None else 0)
         self.max_batch_sequences = max_batch_sequences
-        from rl_rollout.vision import placeholder_token_ids
-
         self._placeholders = placeholder_token_ids(self.model.config)  # a VLM's image tokens: never sampled
         self.policy_version = 0
         self._sleeping = False
@@ -148,7 +148,6 @@ class HFEngine:
         """Partial rollouts (:func:`rl_rollout.partial.generate_in_chunks`): ``chunk_tokens`` new tokens at a
         time, the lock released in between, so a weight update lands mid-response and the rest is sampled (its
         prefix re-read) with the new weights. One seed per chunk for the whole batch (one generator stream)."""
-        from rl_rollout.partial import generate_in_chunks
 
         def chunk(reqs: list[RolloutRequest], p: SamplingParams):
             with self._lock:
@@ -199,8 +198,6 @@ class HFEngine:
             return_dict_in_generate=True,
             **(dict(do_sample=False) if params.greedy else sampling),
         )
-        from rl_rollout.vision import token_types
-
         images = self._image_inputs(requests, n)
         images = {
             k: v.to(self.device) for k, v in {**images, **token_types(self.model.config, input_ids_BT, images)}.items()
@@ -252,8 +249,6 @@ class HFEngine:
     def _image_inputs(self, requests: list[RolloutRequest], n: int) -> dict:
         """The image tensors of the batch's rows (each request's images ``n`` times, in row order); ``{}``
         without images."""
-        from rl_rollout.vision import cat_image_inputs, image_inputs
-
         if not any(r.multi_modal_data for r in requests):
             return {}
         if self._processor is None:
@@ -289,8 +284,6 @@ class HFEngine:
         :class:`~rl_rollout.ipc.IpcBucket` objects from :func:`~rl_rollout.ipc.share_buckets`. The
         trainer must not touch the shared memory until this returns.
         """
-        from rl_rollout.ipc import IpcReceiver, IpcSync, open_bucket
-
         n = 0
         groups: Iterable[list[tuple[str, torch.Tensor]]]
         with self._lock:
@@ -324,8 +317,6 @@ class HFEngine:
         ``rank_offset`` is the same number under VLLMEngine's name (an HF engine has one worker),
         so a trainer can set up any engine with one call; default rank 1.
         """
-        from rl_rollout.transport import CollectiveReceiver
-
         if rank is not None and rank_offset is not None and rank != rank_offset:
             raise ValueError(f"init_weight_group: rank={rank} and rank_offset={rank_offset} disagree; give one")
         rank = rank if rank is not None else (rank_offset if rank_offset is not None else 1)
@@ -370,9 +361,6 @@ class HFEngine:
         Raises :class:`~rl_rollout.transport.WeightSyncError` naming every tensor that differs or is missing;
         returns ``{"tensors": n checked, "seconds": s}`` (the same contract as ``VLLMEngine.verify_weights``)."""
 
-        from rl_rollout.transport import WeightSyncError
-        from rl_rollout.weights import DEFAULT_STATS_RTOL, compare_weight_stats, tensor_stats
-
         t0 = time.perf_counter()
         state = self.model.state_dict()
         actual = {n: tensor_stats(state[n]) for n in expected if n in state}
@@ -402,8 +390,6 @@ class HFEngine:
 
     def _loaded_sha256(self, named_tensors: list[tuple[str, torch.Tensor]]) -> str | None:
         """sha256 of the model's tensors of those names, in wire layout; None if a dtype differs (no exact check)."""
-        import hashlib
-
         state = self.model.state_dict()
         h = hashlib.sha256()
         for name, wire in named_tensors:

@@ -16,7 +16,14 @@ processor has a video processor, which transformers 5 builds only with torchvisi
 
 from __future__ import annotations
 
+import hashlib
+import importlib
 import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +33,7 @@ from rl_rollout.testing_weights import (  # noqa: F401 - re-exported: tests impo
     ipc_trainer_process,
     peaked_weights,
 )
+from rl_rollout.vllm_worker import with_tower_level
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>", "<unk>"]
 CHAT_TEMPLATE = (
@@ -236,8 +244,6 @@ def _hub_tower_names(file: Path) -> None:
     """Rewrite a LLaVA weights file saved by transformers 5 with its CLIP tower under the hub's names."""
     from safetensors.torch import load_file, save_file
 
-    from rl_rollout.vllm_worker import with_tower_level
-
     save_file({with_tower_level(k): v for k, v in load_file(file).items()}, file, metadata={"format": "pt"})
 
 
@@ -246,8 +252,6 @@ def missing_modules(*names: str, where: str = "run in .venv-vllm (scripts/vllm-c
     not import, and ``where`` to run it), or None when all import: ``if why := missing_modules("vllm"):
     pytest.skip(why, allow_module_level=True)``. Under ``RL_REQUIRE_VLLM=1`` (CI's vLLM environment, where these
     tests must run) a missing module raises RuntimeError instead."""
-    import importlib
-
     for name in names:
         try:
             importlib.import_module(name)
@@ -264,8 +268,6 @@ def kill_started_with(name: str, value: str) -> int:
     """SIGKILL every process of this machine whose environment has ``name=value`` (e.g. the ``RAY_TMPDIR`` a
     test gave the Ray cluster it started): a test stops its own cluster and nothing else. ``ray stop`` would stop
     every Ray process here, a cluster the user runs included. Returns how many it killed."""
-    import signal
-
     marker, killed = f"{name}={value}".encode(), 0
     for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
         try:
@@ -287,10 +289,6 @@ def run_ranks(path: str | os.PathLike, func: str, world: int, *args: str, timeou
     WORLD_SIZE and MASTER_PORT are cleared from their environment for ``func`` to set). Each loads the file by
     path: pytest may import a test module under a name that a spawned child could not import. Returns the ranks'
     logs; AssertionError with each log's tail when a rank fails."""
-    import socket
-    import subprocess
-    import sys
-
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -386,9 +384,6 @@ def cache_as_hub(
     ``cache_dir/models--org--name/{blobs/<hash>, snapshots/<revision>/<file> -> blob, refs/main}``, the
     layout ``hf download`` writes, so ``--pretrain org/name`` can be tested offline. Returns the snapshot.
     """
-    import hashlib
-    import shutil
-
     repo = Path(cache_dir) / ("models--" + repo_id.replace("/", "--"))
     snapshot = repo / "snapshots" / revision
     (repo / "blobs").mkdir(parents=True, exist_ok=True)

@@ -86,6 +86,7 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from rl_rollout.partial import generate_in_chunks
 from rl_rollout.types import RolloutRequest, RolloutSample
 from rl_rollout.vllm_memory import _device_free_total, _device_memory_note, _release_cached_device_memory, wake_oom_hint
 from rl_rollout.vllm_requests import _placeholder_ids, _to_samples, _to_vllm_params, _vllm_prompt, vllm_dtype
@@ -263,8 +264,6 @@ class VLLMEngine(VLLMWeightsMixin):
     def _generate_partial(self, requests: list[RolloutRequest], chunk_tokens: int) -> list[list[RolloutSample]]:
         """Partial rollouts (:mod:`rl_rollout.partial`): ``chunk_tokens`` (``partial_chunk_tokens``) tokens per chunk, the lock
         released in between so that an update lands mid-response; ``info["token_versions"]`` per token."""
-        from rl_rollout.partial import generate_in_chunks
-
         results: dict[int, list[RolloutSample]] = {}
         groups: dict = {}
         for i, r in enumerate(requests):

@@ -60,11 +60,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import pickle
 import time
 from typing import Any
 
 import torch
 
+from rl_rollout.copy_plan import CopyPlan, CopyPlanStale, ParamIndex
+from rl_rollout.ipc import IpcReceiver, IpcSync, open_bucket
+from rl_rollout.transport import CollectiveReceiver
 from rl_rollout.vllm_inspect import Unsupported, param_stats
 from rl_rollout.weights import unpack_bucket
 
@@ -167,8 +171,6 @@ class WorkerExtension:
         replacement once per session, and checked against the plan after every new lookup."""
         from vllm.config import set_current_vllm_config
 
-        from rl_rollout.copy_plan import CopyPlan, CopyPlanStale, ParamIndex
-
         def load(ws):
             with set_current_vllm_config(self.vllm_config):
                 model.load_weights(weights=ws)
@@ -213,10 +215,6 @@ class WorkerExtension:
         handle is a pickled rebuild call anyway: only from a trainer you trust. For the colocated
         (hybrid) placement on GPU (ran on an H200 under vLLM 0.26; the vLLM CPU build has no CUDA).
         """
-        import pickle
-
-        from rl_rollout.ipc import IpcReceiver, IpcSync, open_bucket
-
         if not hasattr(self, "_rl_loaded"):
             raise RuntimeError("rl_load_ipc called outside a weight update: call rl_begin_weight_update first")
         shared = pickle.loads(sync)
@@ -282,8 +280,6 @@ class WorkerExtension:
         self, master_addr: str, master_port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float
     ) -> int:
         """Join the trainer's weight broadcast group; returns this worker's rank in it."""
-        from rl_rollout.transport import CollectiveReceiver
-
         rank = rank_offset + self.rank
         device = "cpu" if backend == "gloo" else self.device
         self._rl_receiver = CollectiveReceiver(

@@ -61,7 +61,7 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
-from rl_rollout.config import meta
+from rl_rollout.config_fields import meta
 from rl_rollout.rewards.loading import record_from
 from rl_rollout.rewards.protocol import Batch, _parse_head, _Refused, _takes_queries, parse_batch  # noqa: F401
 
