@@ -39,7 +39,6 @@ class HFWeightsMixin:
     _lock: threading.Lock
     _updates_waiting: int
     _receiver: CollectiveReceiver | None
-    _ipc: IpcReceiver | None
 
     if TYPE_CHECKING:  # the engine's members this mixin uses (defined by HFEngine)
 
