@@ -33,7 +33,7 @@ from rl_rollout.transport import CollectiveReceiver, CollectiveSender, SyncStats
 from rl_rollout.types import RolloutRequest, RolloutSample, SamplingParams
 from rl_rollout.weights import TensorStats, compare_weight_stats, tensor_stats, weight_stats
 
-__version__ = "0.19.0"
+__version__ = "0.20.0"
 
 __all__ = [
     "AgentExecutor",

@@ -26,6 +26,9 @@ tokens at a time and releases the engine's lock between chunks, so a weight upda
 lands between two chunks and the rest of the response is sampled with the new weights (the prefix is re-read
 by them: no KV cache survives, so nothing old is reused); each token's weight version is in
 ``info["token_versions"]`` and ``policy_version`` is the oldest. Each chunk is seeded ``seed + chunk index``.
+
+Here: building the engine, generation, sleep and wake; the weight paths and their checks are
+:mod:`rl_rollout.hf_weights` (a mixin of :class:`HFEngine`).
 """
 
 from __future__ import annotations
@@ -35,25 +38,25 @@ import contextlib
 import dataclasses
 import os
 import threading
-import time
-from collections.abc import Iterable
 from typing import TYPE_CHECKING, cast
 
 import torch
 
+from rl_rollout.hf_weights import HFWeightsMixin
+from rl_rollout.partial import generate_in_chunks
 from rl_rollout.tick_batch import TickBatcher
+from rl_rollout.transport import CollectiveReceiver
 from rl_rollout.types import FinishReason, RolloutRequest, RolloutSample, SamplingParams
+from rl_rollout.vision import cat_image_inputs, causal_lm_class, image_inputs, placeholder_token_ids, token_types
 
 if TYPE_CHECKING:
     from transformers import GenerationMixin, PreTrainedModel
-
-    from rl_rollout.transport import CollectiveReceiver
 
     class _CausalLM(PreTrainedModel, GenerationMixin):
         """What the engine holds: a transformers model that generates (as AutoModelForCausalLM's classes are)."""
 
 
-class HFEngine:
+class HFEngine(HFWeightsMixin):
     """Generation with a transformers causal LM.
 
     ``model``: a folder (``from_pretrained``) or an already built
@@ -80,8 +83,6 @@ class HFEngine:
         if isinstance(model, torch.nn.Module):
             self._model = cast("_CausalLM", model)  # an already built transformers model (the class docstring)
         else:
-            from rl_rollout.vision import causal_lm_class
-
             torch_dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
             self._model = (
                 causal_lm_class(model)
@@ -98,8 +99,6 @@ class HFEngine:
         pad = getattr(gen_cfg, "pad_token_id", None)
         self.pad_token_id = pad if pad is not None else (cfg.pad_token_id if cfg.pad_token_id is not None else 0)
         self.max_batch_sequences = max_batch_sequences
-        from rl_rollout.vision import placeholder_token_ids
-
         self._placeholders = placeholder_token_ids(self.model.config)  # a VLM's image tokens: never sampled
         self.policy_version = 0
         self._sleeping = False
@@ -148,7 +147,6 @@ class HFEngine:
         """Partial rollouts (:func:`rl_rollout.partial.generate_in_chunks`): ``chunk_tokens`` new tokens at a
         time, the lock released in between, so a weight update lands mid-response and the rest is sampled (its
         prefix re-read) with the new weights. One seed per chunk for the whole batch (one generator stream)."""
-        from rl_rollout.partial import generate_in_chunks
 
         def chunk(reqs: list[RolloutRequest], p: SamplingParams):
             with self._lock:
@@ -199,8 +197,6 @@ class HFEngine:
             return_dict_in_generate=True,
             **(dict(do_sample=False) if params.greedy else sampling),
         )
-        from rl_rollout.vision import token_types
-
         images = self._image_inputs(requests, n)
         images = {
             k: v.to(self.device) for k, v in {**images, **token_types(self.model.config, input_ids_BT, images)}.items()
@@ -252,8 +248,6 @@ class HFEngine:
     def _image_inputs(self, requests: list[RolloutRequest], n: int) -> dict:
         """The image tensors of the batch's rows (each request's images ``n`` times, in row order); ``{}``
         without images."""
-        from rl_rollout.vision import cat_image_inputs, image_inputs
-
         if not any(r.multi_modal_data for r in requests):
             return {}
         if self._processor is None:
@@ -265,153 +259,6 @@ class HFEngine:
         proc = getattr(self._processor, "image_processor", self._processor)
         per_request = [image_inputs(proc, (r.multi_modal_data or {}).get("image") or []) for r in requests]
         return cat_image_inputs([p for p in per_request for _ in range(n)])
-
-    # ---- weights and memory ----
-
-    @torch.no_grad()
-    def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
-        """Copy ``(hf_name, tensor)`` pairs into the model in place; a subset is fine."""
-        self._updates_waiting += 1  # partial rollouts: the next chunk waits for this update (no lock starvation)
-        try:
-            with self._lock:
-                self._copy_weights(named_tensors)
-                self.policy_version = version
-        finally:
-            self._updates_waiting -= 1
-
-    @torch.no_grad()
-    def update_weights_ipc(self, sync, version: int, *, verify: bool = True) -> int:
-        """Load weights a trainer on this GPU shares over CUDA IPC (no copy through the host);
-        returns the number of tensors loaded.
-
-        ``sync`` is an :class:`~rl_rollout.ipc.IpcSync` from an :class:`~rl_rollout.ipc.IpcSender`
-        (handles opened once, reused on later syncs) or a list of one-shot
-        :class:`~rl_rollout.ipc.IpcBucket` objects from :func:`~rl_rollout.ipc.share_buckets`. The
-        trainer must not touch the shared memory until this returns.
-        """
-        from rl_rollout.ipc import IpcReceiver, IpcSync, open_bucket
-
-        n = 0
-        groups: Iterable[list[tuple[str, torch.Tensor]]]
-        with self._lock:
-            if isinstance(sync, IpcSync):
-                if getattr(self, "_ipc", None) is None:
-                    self._ipc = IpcReceiver()
-                groups = self._ipc.load(sync, verify=verify)
-            else:
-                groups = (open_bucket(bucket, verify=verify) for bucket in sync)
-            for named in groups:
-                self._copy_weights(named)
-                n += len(named)
-            if self.device.type == "cuda":
-                torch.cuda.synchronize(self.device)
-            self.policy_version = version
-        return n
-
-    def init_weight_group(
-        self,
-        master_addr: str,
-        master_port: int,
-        world_size: int,
-        *,
-        rank: int | None = None,
-        rank_offset: int | None = None,
-        backend: str = "gloo",
-        timeout_s: float = 600.0,
-    ) -> None:
-        """Join the trainer's weight broadcast group as ``rank`` (blocks until every rank joined).
-
-        ``rank_offset`` is the same number under VLLMEngine's name (an HF engine has one worker),
-        so a trainer can set up any engine with one call; default rank 1.
-        """
-        from rl_rollout.transport import CollectiveReceiver
-
-        if rank is not None and rank_offset is not None and rank != rank_offset:
-            raise ValueError(f"init_weight_group: rank={rank} and rank_offset={rank_offset} disagree; give one")
-        rank = rank if rank is not None else (rank_offset if rank_offset is not None else 1)
-
-        device = self.device if backend == "nccl" else "cpu"
-        self._receiver = CollectiveReceiver(
-            master_addr, master_port, rank, world_size, backend=backend, device=device, timeout_s=timeout_s
-        )
-
-    receive_in_place = True  # broadcast bytes land straight in matching parameters (no copy through a buffer)
-
-    @torch.no_grad()
-    def receive_weights(self, *, verify: bool = True):
-        """Take one broadcast sync (blocks until the sender's end frame); returns its ``SyncStats``.
-
-        Generation waits meanwhile. ``policy_version`` becomes the version sent; on a failed check
-        (:class:`~rl_rollout.transport.WeightSyncError`) it stays and the weights are mixed.
-        """
-        receiver = self._receiver
-        if receiver is None:
-            raise RuntimeError("receive_weights needs a weight group: call init_weight_group(...) first")
-        with self._lock:
-            self._check_awake()
-            stats = receiver.receive(
-                self._copy_weights,
-                verify=verify,
-                check_loaded=self._loaded_sha256,
-                targets=self.model.state_dict() if self.receive_in_place else None,
-            )
-            self.policy_version = stats.version
-        return stats
-
-    @property
-    def dtype(self) -> torch.dtype:
-        """The dtype the engine holds its weights in."""
-        return next(self.model.parameters()).dtype
-
-    @torch.no_grad()
-    def verify_weights(self, expected, *, rtol: float | None = None) -> dict:
-        """Check that the model holds ``expected`` (:func:`rl_rollout.weights.weight_stats` of what was sent):
-        each name's element count, sum and sum of squares; a tied head is the embedding's tensor itself.
-        Raises :class:`~rl_rollout.transport.WeightSyncError` naming every tensor that differs or is missing;
-        returns ``{"tensors": n checked, "seconds": s}`` (the same contract as ``VLLMEngine.verify_weights``)."""
-
-        from rl_rollout.transport import WeightSyncError
-        from rl_rollout.weights import DEFAULT_STATS_RTOL, compare_weight_stats, tensor_stats
-
-        t0 = time.perf_counter()
-        state = self.model.state_dict()
-        actual = {n: tensor_stats(state[n]) for n in expected if n in state}
-        problems = compare_weight_stats(expected, actual, rtol=DEFAULT_STATS_RTOL if rtol is None else rtol)
-        if problems:
-            raise WeightSyncError(
-                f"the engine does not hold the weights sent: {len(problems)} of {len(expected)} "
-                "tensors differ or are missing:\n  " + "\n  ".join(problems)
-            )
-        return {"tensors": len(expected), "seconds": time.perf_counter() - t0}
-
-    def _copy_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]]) -> None:
-        state = self.model.state_dict()
-        for name, tensor in named_tensors:
-            if name not in state:
-                known = ", ".join(list(state)[:4])
-                raise KeyError(
-                    f"update_weights: {name!r} is not a parameter of this model "
-                    f"(names look like {known}, ...); send Hugging Face parameter names"
-                )
-            if state[name].shape != tensor.shape:
-                raise ValueError(
-                    f"update_weights: {name!r} has shape {tuple(tensor.shape)}, "
-                    f"the model expects {tuple(state[name].shape)}"
-                )
-            state[name].copy_(tensor)
-
-    def _loaded_sha256(self, named_tensors: list[tuple[str, torch.Tensor]]) -> str | None:
-        """sha256 of the model's tensors of those names, in wire layout; None if a dtype differs (no exact check)."""
-        import hashlib
-
-        state = self.model.state_dict()
-        h = hashlib.sha256()
-        for name, wire in named_tensors:
-            loaded = state[name]
-            if loaded.dtype != wire.dtype:
-                return None
-            h.update(loaded.detach().contiguous().reshape(-1).view(torch.uint8).cpu().numpy())
-        return h.hexdigest()
 
     def sleep(self, level: int = 1) -> None:
         if level not in (1, 2):

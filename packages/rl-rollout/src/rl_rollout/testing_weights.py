@@ -5,6 +5,8 @@ them)."""
 
 from __future__ import annotations
 
+from rl_rollout.ipc import IpcSender, share_buckets
+
 
 def peaked_weights(model, *, seed: int = 0, embed_std: float = 0.3, residual_gain: float = 8.0) -> dict:
     """A new random state dict for ``model`` with varied, decisive next-token distributions.
@@ -72,8 +74,6 @@ def ipc_trainer_process(model_path: str, queue, done, corrupt: bool = False, see
     import torch
     from transformers import AutoModelForCausalLM
 
-    from rl_rollout.ipc import share_buckets
-
     # transformers wraps Module.cuda with functools.wraps, whose typeshed type loses the bound self
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).cuda()  # type: ignore[call-arg]
     model.load_state_dict(peaked_weights(model, seed=seed), strict=False)
@@ -91,8 +91,6 @@ def ipc_sender_process(model_path: str, to_engine, from_engine, seeds: list[int]
     engine's acknowledgement on ``from_engine`` (``"reset"`` there makes the next sync send fresh handles)."""
     import torch
     from transformers import AutoModelForCausalLM
-
-    from rl_rollout.ipc import IpcSender
 
     # transformers wraps Module.cuda with functools.wraps, whose typeshed type loses the bound self
     model = AutoModelForCausalLM.from_pretrained(model_path, dtype=torch.float32).cuda()  # type: ignore[call-arg]

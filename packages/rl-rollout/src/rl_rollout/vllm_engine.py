@@ -86,8 +86,15 @@ from typing import Any, Literal, TypeVar
 
 import torch
 
+from rl_rollout.partial import generate_in_chunks
 from rl_rollout.types import RolloutRequest, RolloutSample
-from rl_rollout.vllm_memory import _device_free_total, _device_memory_note, _release_cached_device_memory, wake_oom_hint
+from rl_rollout.vllm_memory import (  # noqa: F401 - re-exported: imported from here by tests
+    VLLMSleepMixin,
+    _device_free_total,
+    _device_memory_note,
+    _release_cached_device_memory,
+    wake_oom_hint,
+)
 from rl_rollout.vllm_requests import _placeholder_ids, _to_samples, _to_vllm_params, _vllm_prompt, vllm_dtype
 from rl_rollout.vllm_weights import VLLMWeightsMixin, check_encoder_cache_reset
 from rl_rollout.weights import DEFAULT_BUCKET_BYTES
@@ -100,7 +107,7 @@ WORKER_EXTENSION = "rl_rollout.vllm_worker.WorkerExtension"
 MODES = ("sync", "async")
 
 
-class VLLMEngine(VLLMWeightsMixin):
+class VLLMEngine(VLLMWeightsMixin, VLLMSleepMixin):
     """Generation with vLLM. ``engine_kwargs`` go to vLLM's engine arguments unchanged.
 
     ``pause_mode`` (async mode): what ``update_weights`` does with requests in
@@ -263,8 +270,6 @@ class VLLMEngine(VLLMWeightsMixin):
     def _generate_partial(self, requests: list[RolloutRequest], chunk_tokens: int) -> list[list[RolloutSample]]:
         """Partial rollouts (:mod:`rl_rollout.partial`): ``chunk_tokens`` (``partial_chunk_tokens``) tokens per chunk, the lock
         released in between so that an update lands mid-response; ``info["token_versions"]`` per token."""
-        from rl_rollout.partial import generate_in_chunks
-
         results: dict[int, list[RolloutSample]] = {}
         groups: dict = {}
         for i, r in enumerate(requests):
@@ -341,44 +346,7 @@ class VLLMEngine(VLLMWeightsMixin):
         with self._lock:
             return self._llm.collective_rpc(method, args=args)
 
-    # ---- memory and lifetime ----
-
-    def sleep(self, level: int = 1) -> None:
-        """vLLM sleep; on platforms without sleep mode it only pauses scheduling (module docstring)."""
-        if level not in (1, 2):
-            raise ValueError(f"sleep level must be 1 (offload weights) or 2 (discard weights), got {level}")
-        self._check_usable()
-        if self.mode == "async":
-            self._run(self._llm.sleep(level))
-        else:
-            with self._lock:
-                self._llm.sleep(level)
-        self._weights_epoch += 1  # the KV is gone (vLLM drops its prefix cache too); level 2 drops the weights
-        self._asleep = {"weights", "kv_cache"}
-
-    def wake_up(self, tags: list[str] | None = None) -> None:
-        unknown = set(tags or ()) - {"weights", "kv_cache"}
-        if unknown:
-            raise ValueError(
-                f"wake_up tags must be among ['weights', 'kv_cache'] (or None for all), got {sorted(unknown)}"
-            )
-        _release_cached_device_memory()
-        try:
-            if self.mode == "async":
-                awake = self._run(self._llm.wake_up(tags))
-            else:
-                with self._lock:
-                    awake = self._llm.wake_up(tags)
-        except Exception as e:  # in-process vLLM raises cumem's RuntimeError; an engine core of its own process
-            # answers a plain Exception ("Call to wake_up method failed: CUDA Error: out of memory ...")
-            if "out of memory" not in str(e):
-                raise
-            raise RuntimeError(
-                f"VLLMEngine.wake_up({tags}): the engine's memory no longer fits on the device ({e}); "
-                f"{_device_memory_note()}. What the trainer holds while the engine is awake must fit beside the "
-                f"engine's share: {wake_oom_hint(self._memory_share, *_device_free_total())}"
-            ) from e
-        self._asleep = set() if awake else self._asleep - set(tags or self._asleep)
+    # ---- lifetime (sleep and wake_up: VLLMSleepMixin, rl_rollout.vllm_memory) ----
 
     def shutdown(self) -> None:
         if self._closed:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 import torch
 
 from rl_rollout.types import FinishReason, RolloutRequest, RolloutSample
+from rl_rollout.vision import is_vision_config, placeholder_token_ids
 from rl_rollout.weights import as_torch_dtype
 
 
@@ -29,8 +30,6 @@ def vllm_dtype(dtype: str | torch.dtype) -> str:
 def _placeholder_ids(model) -> list[int] | None:
     """A vision-language model's image/video placeholder ids (:func:`rl_rollout.vision.placeholder_token_ids`), or
     None for a text model (read from the folder's config; a model vLLM resolves otherwise counts as text)."""
-    from rl_rollout.vision import is_vision_config, placeholder_token_ids
-
     try:
         from transformers import AutoConfig
 

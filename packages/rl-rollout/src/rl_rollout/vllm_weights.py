@@ -19,12 +19,15 @@ count, float64 sum and sum of squares, read through the kernels (see the worker)
 from __future__ import annotations
 
 import logging
+import pickle
 import threading
+import time
 from collections.abc import Coroutine, Iterable, Mapping
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import torch
 
+from rl_rollout.transport import BACKENDS, SyncStats, WeightSyncError
 from rl_rollout.weights import (
     DEFAULT_STATS_RTOL,
     TensorStats,
@@ -235,8 +238,6 @@ class VLLMWeightsMixin:
         buckets). For the hybrid placement; needs CUDA (tests/test_rollout_vllm_ipc.py, on a GPU).
         ``verify``: the buckets' sha256; ``expected``: :meth:`verify_weights` after the load.
         """
-        import pickle
-
         if self.tensor_parallel_size != 1:
             raise NotImplementedError(
                 f"update_weights_ipc with tensor_parallel_size={self.tensor_parallel_size}: "
@@ -267,8 +268,6 @@ class VLLMWeightsMixin:
         Blocks until all ``world_size`` ranks joined; returns the workers' ranks. Several engines
         take consecutive offsets (1, 1 + TP, ...).
         """
-        from rl_rollout.transport import BACKENDS
-
         if backend not in BACKENDS:
             raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
         return self._rpc("rl_init_weight_group", master_addr, master_port, rank_offset, world_size, backend, timeout_s)
@@ -282,8 +281,6 @@ class VLLMWeightsMixin:
         the bytes received; ``expected`` (the sender's :func:`~rl_rollout.weights.weight_stats`):
         :meth:`verify_weights` after the load.
         """
-        from rl_rollout.transport import SyncStats
-
         self.begin_weight_update()
         try:
             results = self._rpc("rl_receive_weights", verify)
@@ -334,10 +331,6 @@ class VLLMWeightsMixin:
         head against the embedding when only the embedding was sent. Raises
         :class:`~rl_rollout.transport.WeightSyncError` naming every tensor that differs or is missing;
         returns ``{"tensors": n checked, "seconds": s}``."""
-        import time
-
-        from rl_rollout.transport import WeightSyncError
-
         t0 = time.perf_counter()
         actual, ties, missing = self.weight_stats(expected)
         problems = compare_weight_stats(expected, actual, ties=ties, missing=missing, rtol=rtol)
@@ -352,8 +345,6 @@ class VLLMWeightsMixin:
 
 def _check_session(reports: list[dict]) -> None:
     """Raise for layers that got part of their weights in a session; log those that got none."""
-    from rl_rollout.transport import WeightSyncError
-
     partial = sorted({name for r in reports for name in r.get("partial", ())})
     if partial:
         raise WeightSyncError(

@@ -52,7 +52,9 @@ with the same log-probs (docs/performance.md); on CPU it is never used (packed w
 In direct mode the first sync also records a copy plan (:mod:`rl_rollout.copy_plan`: which slice of which
 parameter each tensor's load writes) and later syncs replay it as one ``torch._foreach_copy_``; tensors
 whose load is not a plain copy still go through ``load_weights`` (``RL_VLLM_COPY_PLAN=0``: no plan).
-Imported inside vLLM workers only: vLLM imports stay inside methods.
+Imported inside vLLM workers only: vLLM imports stay inside methods. What the extension reads off vLLM's
+model (tied parameters, vision-tower names, the session report, the direct-load choice) is
+:mod:`rl_rollout.vllm_worker_model`, re-exported here.
 """
 
 from __future__ import annotations
@@ -60,12 +62,27 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
+import pickle
 import time
 from typing import Any
 
 import torch
 
+from rl_rollout.copy_plan import CopyPlan, CopyPlanStale, ParamIndex
+from rl_rollout.ipc import IpcReceiver, IpcSync, open_bucket
+from rl_rollout.transport import CollectiveReceiver
 from rl_rollout.vllm_inspect import Unsupported, param_stats
+from rl_rollout.vllm_worker_model import (  # noqa: F401 - re-exported: imported from here by tests and testing
+    DIRECT_LOAD_ARCHITECTURES,
+    TOWER_PREFIXES,
+    _direct_load,
+    _has_tower_level,
+    _session_report,
+    _tied_parameters,
+    _vllm_name,
+    tower_names_for_vllm,
+    with_tower_level,
+)
 from rl_rollout.weights import unpack_bucket
 
 logger = logging.getLogger(__name__)
@@ -167,8 +184,6 @@ class WorkerExtension:
         replacement once per session, and checked against the plan after every new lookup."""
         from vllm.config import set_current_vllm_config
 
-        from rl_rollout.copy_plan import CopyPlan, CopyPlanStale, ParamIndex
-
         def load(ws):
             with set_current_vllm_config(self.vllm_config):
                 model.load_weights(weights=ws)
@@ -213,10 +228,6 @@ class WorkerExtension:
         handle is a pickled rebuild call anyway: only from a trainer you trust. For the colocated
         (hybrid) placement on GPU (ran on an H200 under vLLM 0.26; the vLLM CPU build has no CUDA).
         """
-        import pickle
-
-        from rl_rollout.ipc import IpcReceiver, IpcSync, open_bucket
-
         if not hasattr(self, "_rl_loaded"):
             raise RuntimeError("rl_load_ipc called outside a weight update: call rl_begin_weight_update first")
         shared = pickle.loads(sync)
@@ -282,8 +293,6 @@ class WorkerExtension:
         self, master_addr: str, master_port: int, rank_offset: int, world_size: int, backend: str, timeout_s: float
     ) -> int:
         """Join the trainer's weight broadcast group; returns this worker's rank in it."""
-        from rl_rollout.transport import CollectiveReceiver
-
         rank = rank_offset + self.rank
         device = "cpu" if backend == "gloo" else self.device
         self._rl_receiver = CollectiveReceiver(
@@ -337,107 +346,3 @@ class WorkerExtension:
                 except Unsupported as e:
                     missing[name] = str(e)
         return {"stats": stats, "ties": ties, "missing": missing}
-
-
-# Architectures whose vLLM loaders only copy (no weight transform after loading on CUDA): direct load by
-# default there. LlamaForCausalLM ran on an H200 (tests/test_cli_vllm_gpu.py, benchmarks/vllm_sync.py);
-# the others share its loader (stacked qkv/gate_up parameters, plain copies). Anything else keeps the
-# layerwise reload unless RL_VLLM_DIRECT_LOAD=1.
-DIRECT_LOAD_ARCHITECTURES = frozenset(
-    {"LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM", "MistralForCausalLM"}
-)
-
-
-def _direct_load(model_config) -> bool:
-    """Whether a sync loads straight into the live parameters: ``RL_VLLM_DIRECT_LOAD=1`` forces it and ``0``
-    turns it off; unset, it is on for :data:`DIRECT_LOAD_ARCHITECTURES`. Never on CPU or for quantized models."""
-    if not torch.cuda.is_available() or getattr(model_config, "quantization", None) is not None:
-        return False
-    flag = os.environ.get("RL_VLLM_DIRECT_LOAD")
-    if flag in ("0", "1"):
-        return flag == "1"
-    archs = getattr(model_config, "architectures", None) or getattr(model_config.hf_config, "architectures", None) or []
-    return bool(archs) and all(a in DIRECT_LOAD_ARCHITECTURES for a in archs)
-
-
-def _tied_parameters(model) -> dict[str, str]:
-    """``{alias: source}``: parameters registered on several modules (``lm_head.weight`` ->
-    ``model.embed_tokens.weight`` under ``tie_word_embeddings``), by vLLM name, first registration
-    the source. Only valid outside a reload session (the reload gives each module its own tensor)."""
-    seen: dict[int, str] = {}
-    ties = {}
-    for mod_name, module in model.named_modules():
-        for pname, param in module._parameters.items():
-            if param is None:
-                continue
-            full = f"{mod_name}.{pname}" if mod_name else pname
-            if id(param) in seen:
-                ties[full] = seen[id(param)]
-            else:
-                seen[id(param)] = full
-    return ties
-
-
-# transformers 5 names a CLIP/SigLIP vision tower without its ``vision_model.`` level (``model.vision_tower.embeddings.*``,
-# saved as ``vision_tower.embeddings.*``); vLLM's LLaVA-family models keep that level, as the hub checkpoints do
-# (``vision_tower.vision_model.embeddings.*``): "no module or parameter named 'vision_tower.embeddings'".
-TOWER_PREFIXES = ("model.vision_tower.", "vision_tower.")
-
-
-def with_tower_level(name: str) -> str:
-    """A transformers-5 vision tower name given back its ``vision_model.`` level; any other name unchanged."""
-    for prefix in TOWER_PREFIXES:
-        if name.startswith(prefix) and not name.startswith(prefix + "vision_model."):
-            return prefix + "vision_model." + name[len(prefix) :]
-    return name
-
-
-def tower_names_for_vllm(model, weights: list) -> list:
-    """``(hf_name, tensor)`` pairs with a vision tower's transformers-5 names given back the ``vision_model.`` level
-    that ``model`` (vLLM's) has under ``vision_tower``; everything else, and every model without such a tower,
-    unchanged."""
-    if not _has_tower_level(model):
-        return weights
-    return [(with_tower_level(name), tensor) for name, tensor in weights]
-
-
-def _has_tower_level(model) -> bool:
-    return hasattr(getattr(model, "vision_tower", None), "vision_model")
-
-
-def _vllm_name(mapper, hf_name: str) -> str | None:
-    if mapper is None:
-        return hf_name
-    return (getattr(mapper, "map_name", None) or mapper._map_name)(hf_name)
-
-
-def _session_report(model) -> dict:
-    """Layers of the open session that got none / part of their weights; quiets the ones with nothing to load.
-
-    Before ``finalize_layerwise_reload``, a layer whose info still ``can_load()`` was not processed yet."""
-    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
-
-    try:
-        from vllm.model_executor.layers.attention import is_deferred_attention_layer
-        from vllm.model_executor.model_loader.reload.layerwise import LAYERWISE_INFO
-    except ImportError:  # another vLLM layout: no report
-        return {"kept_old": [], "partial": []}
-    kept_old, partial = [], []
-    for name, layer in model.named_modules():
-        info = LAYERWISE_INFO.get(layer)
-        fields = ("can_load", "kernel_tensors", "load_numel", "load_numel_total")
-        if info is None or not all(hasattr(info, a) for a in fields):
-            continue  # not in this session, or another vLLM's bookkeeping: no report
-        if not info.can_load() or info.kernel_tensors is None or is_deferred_attention_layer(layer):
-            continue
-        params, buffers = info.kernel_tensors
-        if info.load_numel <= 0:
-            if not params and set(buffers) <= set(getattr(info, "kernel_non_persistent_buffers", ())):
-                # computed, not loaded (a rotary embedding's cos/sin cache): vLLM restores it as it
-                # does for a layer with nothing loadable, without "Failed to load weights"
-                info.load_numel_total = 0
-            elif info.load_numel_total:
-                kept_old.append(name)
-        elif info.load_numel < info.load_numel_total and not isinstance(layer, VocabParallelEmbedding):
-            partial.append(name)  # a vocabulary's padding rows are never loaded: not partial
-    return {"kept_old": kept_old, "partial": partial}

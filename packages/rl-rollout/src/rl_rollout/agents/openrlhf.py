@@ -35,6 +35,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from rl_rollout.agents.calculator import CalculatorEnv
 from rl_rollout.agents.env import Environment, StepResult
 
 __all__ = ["AgentExecutorBase", "AgentInstanceBase", "OpenRLHFAgentEnv", "load_agent"]
@@ -166,8 +167,6 @@ def _load_file(path: str) -> types.ModuleType:
 def load_agent(spec: str) -> Callable[[], Environment]:
     """``file.py``, ``file.py:NAME`` or ``builtin:calculator`` -> a factory of fresh environments."""
     if spec == "builtin:calculator":
-        from rl_rollout.agents.calculator import CalculatorEnv
-
         return CalculatorEnv
     path, _, name = spec.partition(":") if not spec.endswith(".py") else (spec, "", "")
     module = _load_file(path)

@@ -108,6 +108,7 @@ OPENRLHF_HINT = (
 
 def _load_string(spec: str) -> RewardFn:
     if spec.startswith("builtin:"):
+        # lazy: import cycle with rewards.verifiers (it raises this module's RewardLoadError)
         from rl_rollout.rewards.verifiers import make_builtin
 
         return make_builtin(spec.removeprefix("builtin:"))

@@ -2,7 +2,8 @@
 
 :class:`RewardResult` (one sample), :class:`RewardCounts` (calls by outcome, added across scorers and
 flattened into metrics), :class:`RewardError` / :class:`RewardTimeoutError` (a run that stops on its
-reward calls), :class:`OnError` (fall back or raise).
+reward calls), :class:`OnError` (fall back or raise); ``_Tally``, one batch's outcomes as the runner
+collects them.
 """
 
 from __future__ import annotations
@@ -78,3 +79,20 @@ class RewardCounts:
             f"{prefix}timeouts": self.timeouts,
             f"{prefix}nonfinite": self.nonfinite,
         }
+
+
+class _Tally:
+    """The current batch's outcomes; the first failure is the lowest sample index that failed."""
+
+    def __init__(self) -> None:
+        self.n = {"ok": 0, "error": 0, "timeout": 0, "nonfinite": 0}
+        self.first: tuple[int, str] | None = None
+
+    def add(self, index: int, status: RewardStatus, message: str | None = None) -> None:
+        self.n[status] += 1
+        if message is not None and (self.first is None or index < self.first[0]):
+            self.first = (index, message)
+
+    def counts(self) -> RewardCounts:
+        n = self.n
+        return RewardCounts(n["ok"], n["error"], n["timeout"], n["nonfinite"], self.first and self.first[1])

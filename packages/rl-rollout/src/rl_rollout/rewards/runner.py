@@ -79,26 +79,10 @@ from rl_rollout.rewards.results import (  # noqa: F401  (re-exported: the runner
     RewardResult,
     RewardStatus,
     RewardTimeoutError,
+    _Tally,
 )
 
 logger = logging.getLogger(__name__)
-
-
-class _Tally:
-    """The current batch's outcomes; the first failure is the lowest sample index that failed."""
-
-    def __init__(self) -> None:
-        self.n = {"ok": 0, "error": 0, "timeout": 0, "nonfinite": 0}
-        self.first: tuple[int, str] | None = None
-
-    def add(self, index: int, status: RewardStatus, message: str | None = None) -> None:
-        self.n[status] += 1
-        if message is not None and (self.first is None or index < self.first[0]):
-            self.first = (index, message)
-
-    def counts(self) -> RewardCounts:
-        n = self.n
-        return RewardCounts(n["ok"], n["error"], n["timeout"], n["nonfinite"], self.first and self.first[1])
 
 
 def _is_real(x: object) -> bool:

@@ -56,7 +56,9 @@ BUILTIN_FORMS = ["exact_match", "exact_match:strict", "math", "math:REL_TOL", "f
 
 def make_builtin(name: str) -> Any:
     """Build the verifier for ``name`` (a spec without its ``builtin:`` prefix), e.g. ``"math:1e-4"``."""
-    from rl_rollout.rewards.loading import RewardLoadError
+    from rl_rollout.rewards.loading import (
+        RewardLoadError,
+    )  # lazy: import cycle (rewards.loading builds these verifiers)
 
     base, _, arg = name.partition(":")
     try:
