@@ -23,9 +23,14 @@ import argparse
 import json
 import logging
 import string
+from functools import partial
 from pathlib import Path
 
+from rl_algos import AdvantageConfig, KLConfig
 from rl_cli.errors import CliArgs, user_errors
+from rl_rollout import EngineConfig, RewardRunner, SamplingConfig, WeightSyncConfig, engine_names
+from rl_rollout.engine import resolve_engine
+from rl_rollout.testing import make_tiny_model
 
 LETTERS = string.ascii_lowercase[:8]
 
@@ -51,7 +56,6 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--letters", type=int, default=4, help="how many different letters the prompts ask for")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--debug", action="store_true", help=CliArgs.__dataclass_fields__["debug"].metadata["help"])
-    from rl_rollout import engine_names
 
     ap.add_argument(
         "--rollout_engine",
@@ -73,8 +77,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = arg_parser()
     args = ap.parse_args(argv)
     if args.enforce_eager:
-        from rl_rollout.engine import resolve_engine
-
         if resolve_engine(args.rollout_engine).name == "hf":  # auto may resolve to hf too (no vLLM here)
             ap.error(
                 f"--enforce_eager is a vLLM setting and --rollout_engine {args.rollout_engine} runs the HF "
@@ -82,18 +84,14 @@ def main(argv: list[str] | None = None) -> int:
             )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from functools import partial
-
     from transformers import AutoTokenizer
 
-    from rl_algos import AdvantageConfig, KLConfig
+    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
     from rl_core.configs import CheckpointConfig
     from rl_core.data import DataConfig, PromptDataset, load_rows
     from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
     from rl_core.strategy import StrategyConfig
     from rl_core.trainers.ppo import PPOConfig
-    from rl_rollout import EngineConfig, RewardRunner, SamplingConfig, WeightSyncConfig
-    from rl_rollout.testing import make_tiny_model
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)

@@ -44,21 +44,22 @@ def doctor() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # lazy: the command's module pulls torch and rl-core; `rl --help` stays light
     from rl_cli.train import COMMANDS, run
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in COMMANDS:
         return run(argv[0], argv[1:])
     if argv and argv[0] in RL_COMMANDS:
-        import importlib
-
         module, func = RL_COMMANDS[argv[0]][0].split(":")
         return getattr(importlib.import_module(f"rl_cli.{module}"), func)(argv[1:])
     if argv and argv[0] == "demo":
+        # lazy: the command's module pulls torch and rl-core; `rl --help` stays light
         from rl_cli.demo import main as demo
 
         return demo(argv[1:])
     if argv and argv[0] == "serve-rm":
+        # lazy: the command's module pulls torch and rl-core; `rl --help` stays light
         from rl_cli.serve_rm import main as serve_rm
 
         return serve_rm(argv[1:])

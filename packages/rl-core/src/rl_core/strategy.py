@@ -41,6 +41,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from rl_core.activation_checkpointing import select_checkpointed_layers
 from rl_core.ds_internals import _coalescible, _full_numel, _gather_bucket, _OneRankCoalescing, _skip_deepspeed_shm_comm
 from rl_core.strategy_config import (  # re-exported: the settings live beside, the engine here
     GRAD_ACCUM_DTYPES,
@@ -138,6 +139,7 @@ class DeepSpeedStrategy:
                 _skip_deepspeed_shm_comm()
             deepspeed.init_distributed(dist_backend=backend)
         if self.cfg.ring_attn_size > 1:
+            # lazy: import cycle (rl_core -> rl_core.rl.build -> rl_core.strategy -> rl_core)
             from rl_core import ring_attention
 
             ring_attention.setup(self.cfg.ring_attn_size, self.cfg.ring_head_stride)
@@ -385,7 +387,6 @@ class DeepSpeedStrategy:
                 inner.gradient_checkpointing_enable(
                     gradient_checkpointing_kwargs={"use_reentrant": self.cfg.gradient_checkpointing_use_reentrant}
                 )
-            from rl_core.activation_checkpointing import select_checkpointed_layers
 
             what = select_checkpointed_layers(
                 engine.module, self.cfg.gradient_checkpointing_layers, device=self.device, optimizer=engine.optimizer

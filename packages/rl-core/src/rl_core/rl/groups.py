@@ -31,9 +31,13 @@ import functools
 import logging
 import queue
 import threading
+import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any, Protocol
+
+from rl_rollout.pool import EnginePool
+from rl_rollout.tick_batch import TickBatcher
 
 if TYPE_CHECKING:
     from rl_rollout.pool import EnginePool
@@ -207,8 +211,6 @@ class _EngineTurns:
     engine (rank 0) as one ``generate_turns`` call, made on a thread."""
 
     def __init__(self, group: WorkerGroup):
-        from rl_rollout.tick_batch import TickBatcher
-
         self._ticks = TickBatcher(lambda reqs: asyncio.to_thread(group.call_rank, 0, "generate_turns", reqs))
 
     async def agenerate(self, request) -> list:
@@ -239,8 +241,6 @@ class GroupRollout:
         engine's requests of one event-loop tick go as one ``generate_turns`` call, made on a thread (the
         engines sample at once; the episodes one engine answered go on while the others still sample)."""
         if self.pool is None:
-            from rl_rollout.pool import EnginePool
-
             self.pool = EnginePool([_EngineTurns(g) for g in self.engines])
         return await self.pool.agenerate(request)
 
@@ -364,8 +364,6 @@ class IpcWeightSync:
         self.policy, self.rollout, self.verify = policy, rollout, verify
 
     def __call__(self, version: int) -> dict:
-        import time
-
         t0 = time.perf_counter()
         shared = self.policy.call("share_weights_ipc", version, self.verify)
         t1 = time.perf_counter()
@@ -413,7 +411,6 @@ class DirectWeightSync:
 def verify_engines(policy: WorkerGroup, engines: Sequence[WorkerGroup]) -> float:
     """Every engine checks it holds the policy's weights (per-tensor count, sum, sum of squares); raises the
     engine's WeightSyncError naming the tensors that differ. Returns the seconds it took."""
-    import time
 
     t0 = time.perf_counter()
     expected = policy.call("weight_stats")[0]

@@ -89,6 +89,7 @@ from rl_core.trainers.ppo_config import PPOConfig
 from rl_core.trainers.ppo_eval import EvalPass
 from rl_core.trainers.ppo_experience import ExperienceMaker, GapAlarm
 from rl_core.trainers.ppo_rollout import Sampler, _bounded
+from rl_rollout.agents.openrlhf import load_agent
 
 __all__ = ["PPOConfig", "PPOTrainer"]
 
@@ -146,8 +147,6 @@ class PPOTrainer:
         check_parts(cfg, rollout=rollout, critic=critic, ref=ref, reward_fn=reward_fn, reward_model=reward_model)
         agent = None  # a factory of fresh environments, one per episode
         if cfg.agent:
-            from rl_rollout.agents.openrlhf import load_agent
-
             agent = load_agent(cfg.agent.func_path)
             if hasattr(rollout, "batch_agenerate"):  # the HF engine: one generate per turn of all episodes
                 rollout.batch_agenerate = True

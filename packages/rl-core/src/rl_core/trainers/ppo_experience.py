@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 import torch
 
+from rl_algos import approx_kl, masked_mean, masked_whiten
 from rl_core.rl.experience import Experience, TokenField, collate, rows
 from rl_core.rl.groups import concurrently
 
@@ -99,7 +100,6 @@ class ExperienceMaker:
         """Step 4: KL (as a reward penalty with the controller's coefficient), the estimator, the whitening, into
         each item (``advantages``, ``returns``); the metrics. ``fresh`` (async): which items the policy that
         trains generated; only they measure the engine's gap."""
-        from rl_algos import approx_kl, masked_mean, masked_whiten
 
         c = self.cfg
         turns = bool(c.agent and c.agent.turn_rewards)

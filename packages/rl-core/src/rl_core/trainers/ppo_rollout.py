@@ -20,8 +20,12 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rl_algos import clip_rewards, overlong_penalty, stop_properly_penalty
+from rl_algos import clip_rewards, filter_groups, overlong_penalty, stop_properly_penalty
 from rl_core.rl.experience import Experience, make_item
+from rl_rollout import RolloutRequest
+from rl_rollout.agents import AgentExecutor, AgentRequest
+from rl_rollout.rewards import RewardError, RewardRunner
+from rl_rollout.vision import image_inputs, load_images
 
 if TYPE_CHECKING:
     from rl_rollout.rewards import RewardCounts
@@ -32,7 +36,6 @@ logger = logging.getLogger(__name__)
 def _bounded(fn):
     """A plain ``fn(prompt, response, label)`` as a :class:`rl_rollout.RewardRunner`: its calls run on threads,
     30 s each at most, failures counted (the runner's defaults)."""
-    from rl_rollout.rewards import RewardRunner
 
     def call(prompt, response, label, **info):
         return fn(prompt, response, label)
@@ -64,7 +67,6 @@ def _images_of(prompt: dict) -> dict | None:
     """A vision-language prompt's images as a request carries them (``{"image": [PIL images]}``), or None."""
     if not prompt.get("images"):
         return None
-    from rl_rollout.vision import load_images
 
     return {"image": load_images(prompt["images"])}
 
@@ -157,7 +159,6 @@ class Sampler:
 
     def generate(self, prompts: list[dict], seed: int, *, n: int | None = None, temperature: float | None = None):
         """``n`` samples per prompt (default: the run's); the eval pass gives its own ``n`` and ``temperature``."""
-        from rl_rollout import RolloutRequest
 
         sampling = self.cfg.sampling
         over: dict[str, float] = {"n": n} if n is not None else {}
@@ -180,7 +181,6 @@ class Sampler:
 
     def episodes(self, prompts: list[dict], params):
         """Multi-turn episodes (rl-rollout's AgentExecutor): environment tokens carry loss mask 0."""
-        from rl_rollout.agents import AgentExecutor, AgentRequest
 
         c = self.cfg
         executor = AgentExecutor(
@@ -293,7 +293,6 @@ class Sampler:
         images and image processor the engine generated with, for the policy's and reference's forwards."""
         if not any(p.get("images") for p in prompts):
             return
-        from rl_rollout.vision import image_inputs
 
         n = len(items) // len(prompts)
         proc = self.prompts.image_processor
@@ -310,7 +309,6 @@ class Sampler:
         Over-sampling (``generate_batch_size`` G > ``rollout_batch_size``, async only): when the buffer of groups
         left by earlier rounds cannot fill the batch, one round generates G prompts; the batch takes the oldest
         groups and the rest wait, in prompt order, for the next iterations (``oversample/buffered``)."""
-        from rl_algos import filter_groups
 
         c, n, want = self.cfg, self.cfg.sampling.n_samples_per_prompt, self.cfg.rollout_batch_size
         buffer = self.group_buffer
@@ -402,8 +400,6 @@ class Sampler:
             f"{counts.timeouts}, non-finite {counts.nonfinite})"
         )
         if counts.failures > limit * counts.calls:
-            from rl_rollout.rewards import RewardError
-
             self.metrics.log(it, {"rl/" + k: v for k, v in stats.items() if k.startswith("reward/")})
             if not self.cfg.async_rl:  # async: the trainer thread, still logging, closes it when it re-raises
                 self.metrics.close()
