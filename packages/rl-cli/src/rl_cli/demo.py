@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+    # lazy: rl-core's loop (numpy, the hub); `rl demo --help` stays light
     from rl_core.configs import CheckpointConfig
     from rl_core.data import DataConfig, PromptDataset, load_rows
     from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run

@@ -44,7 +44,7 @@ def doctor() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    # lazy: the command's module pulls torch and rl-core; `rl --help` stays light
+    # lazy: rl_cli.train pulls torch; importing rl_cli.main (the `rl` entry point) stays light
     from rl_cli.train import COMMANDS, run
 
     argv = sys.argv[1:] if argv is None else list(argv)
@@ -54,12 +54,12 @@ def main(argv: list[str] | None = None) -> int:
         module, func = RL_COMMANDS[argv[0]][0].split(":")
         return getattr(importlib.import_module(f"rl_cli.{module}"), func)(argv[1:])
     if argv and argv[0] == "demo":
-        # lazy: the command's module pulls torch and rl-core; `rl --help` stays light
+        # lazy: rl demo's module (rl-core's loop, a tiny model); only `rl demo` loads it
         from rl_cli.demo import main as demo
 
         return demo(argv[1:])
     if argv and argv[0] == "serve-rm":
-        # lazy: the command's module pulls torch and rl-core; `rl --help` stays light
+        # lazy: rl serve-rm's module (rl-core's models, the reward server); only `rl serve-rm` loads it
         from rl_cli.serve_rm import main as serve_rm
 
         return serve_rm(argv[1:])

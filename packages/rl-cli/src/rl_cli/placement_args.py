@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rl_core.rl.roles import run_roles
 from rl_rollout.config import check_numbers, meta
 
 
@@ -74,8 +75,6 @@ class RayArgs:
 def _role_counts(ray_args: RayArgs, ppo, model) -> dict[str, tuple[int, int]]:
     """``{role: (nodes, GPUs per node)}`` of an ``rl ppo-ray`` run: the roles rl-core's :func:`run_roles` decides
     the run has (0, 0 for the others), each defaulting to the actor's counts."""
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
-    from rl_core.rl.roles import run_roles
 
     a, roles = ray_args, run_roles(ppo, reward_model=bool(model.reward_pretrain))
 

@@ -36,10 +36,25 @@ from dataclasses import replace
 
 from rl_cli import extensions
 from rl_cli.config import build_parser
+from rl_cli.dry_run import print_config
 from rl_cli.errors import CliArgs, UserError, set_debug, user_errors
 from rl_cli.loading import build, given, settings
 from rl_cli.placement_args import RayArgs, _world_sizes
 from rl_cli.train import _local_models, _wandb_installed, _wandb_key, check_moe
+from rl_core.configs import check_eval_rows, check_eval_set
+from rl_core.data import DataConfig, DataError, PretrainDataset, PromptDataset, load_rows, training_rows
+from rl_core.folder_lock import hold
+from rl_core.metrics import LoggerConfig, MetricsLogger
+from rl_core.preflight import check_models, check_rl_batches, load_processor, load_tokenizer
+from rl_core.rl.auto import Hardware
+from rl_core.rl.auto import resolve as resolve_auto
+from rl_core.rl.batching import MicroBatchConfig
+from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
+from rl_core.rl.roles import require_reward
+from rl_core.strategy import StrategyConfig
+from rl_core.trainers.ppo import PPOConfig
+from rl_core.trainers.ppo_checkpoint import check_folder
+from rl_core.trainers.ppo_checks import check_combinations
 from rl_rollout.config import EngineConfig, RewardConfig, WeightSyncConfig
 from rl_rollout.rewards import RewardError
 
@@ -47,14 +62,6 @@ logger = logging.getLogger(__name__)
 
 
 def _groups(ray: bool) -> dict[str, type]:
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
-    from rl_core.data import DataConfig
-    from rl_core.metrics import LoggerConfig
-    from rl_core.rl.batching import MicroBatchConfig
-    from rl_core.rl.build import RLModelConfig
-    from rl_core.strategy import StrategyConfig
-    from rl_core.trainers.ppo import PPOConfig
-
     g = {
         "model": RLModelConfig,
         "data": DataConfig,
@@ -84,9 +91,6 @@ UNUSED_BY_RL = {
 
 
 def _refuse_unused(cfgs: dict, parser) -> None:
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
-    from rl_core.data import DataConfig
-
     d = cfgs["data"]
     defaults = DataConfig()
     for name, why in UNUSED_BY_RL.items():
@@ -96,9 +100,6 @@ def _refuse_unused(cfgs: dict, parser) -> None:
 
 def _auto(cfgs: dict, given: frozenset[str], ray: bool) -> tuple:
     """Decide the settings left to the hardware (rl_core.rl.auto) into ``cfgs``; the choices, with why."""
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
-    from rl_core.rl.auto import Hardware
-    from rl_core.rl.auto import resolve as resolve_auto
 
     sizes = _world_sizes(cfgs) if ray else {"policy": 1}
     hw = Hardware.here(trained_ranks=max(sizes.get("policy", 1), sizes.get("critic", 0)))
@@ -139,9 +140,6 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
             flush=True,
         )
     if getattr(args, "print_config", False):  # a dry run: before any path is read, model loaded or Ray started
-        # lazy: pulls rl-core's training stack; `rl <command> --help` stays light
-        from rl_cli.dry_run import print_config
-
         print_config(name, cfgs, chosen=_auto(cfgs, given(groups, args, flags), ray))
         return None
     m, d, p = cfgs["model"], cfgs["data"], cfgs["ppo"]
@@ -149,10 +147,6 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         parser.error("--pretrain is required: a local HF model folder (config.json, weights, tokenizer)")
     if not d.dataset:
         parser.error("--prompt_data (or --dataset) is required: prompts as .jsonl/.json/.parquet or a datasets folder")
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
-    from rl_core.configs import check_eval_rows, check_eval_set
-    from rl_core.rl.roles import require_reward
-    from rl_core.trainers.ppo_checks import check_combinations
 
     try:
         require_reward(reward_fn=cfgs["reward"].given, reward_model=bool(m.reward_pretrain), agent=bool(p.agent))
@@ -164,8 +158,6 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     cfgs["model"] = m = _local_models(f"rl {name}", m)  # hub ids -> local HF cache folders, before any model loads
     _wandb_installed(f"rl {name}", cfgs["logger"])
     set_debug(cfgs["cli"].debug)
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
-    from rl_core.preflight import check_models
 
     cfgs["model"] = m = check_models(m)  # config.json and weights in every model folder
     for choice in _auto(cfgs, given(groups, args, flags), ray):  # the hardware's settings, from the local folders
@@ -184,10 +176,6 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
 
     if not getattr(args, "print_config", False):
         cfgs["reward"].check_sources()  # the reward file imports, the reward server answers
-
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
-    from rl_core.data import DataError, PromptDataset, load_rows, training_rows
-    from rl_core.preflight import check_rl_batches, load_processor, load_tokenizer
 
     tok = load_tokenizer(m.pretrain, use_fast=not d.disable_fast_tokenizer, chat_template=d.tokenizer_chat_template)
     proc = load_processor(m.pretrain) if d.image_key else None  # vision-language prompts
@@ -245,9 +233,6 @@ def pretrain_items(cfgs: dict, tok, n_prompts: int):
     if p.ptx is None:
         return None
 
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
-    from rl_core.data import DataError, PretrainDataset, training_rows
-
     cfg = replace(
         d,
         dataset=p.ptx.data,
@@ -269,9 +254,6 @@ def pretrain_items(cfgs: dict, tok, n_prompts: int):
 
 
 def run_config(cfgs: dict):
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
-    from rl_core.rl.build import RunConfig
-
     return RunConfig(
         model=cfgs["model"],
         strategy=cfgs["strategy"],
@@ -286,8 +268,6 @@ def run_config(cfgs: dict):
 def metrics_logger(cfgs: dict):
     """The driver's metrics: run_dir files, TensorBoard (--use_tensorboard), wandb (--use_wandb) with the
     run's settings as its config (minus tokens)."""
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
-    from rl_core.metrics import MetricsLogger
 
     run_config = (
         {
@@ -333,9 +313,6 @@ def run_folders(cfgs: dict):
     life, then
     decide what resume takes (rl_core.trainers.ppo_checkpoint.check_folder: damaged checkpoints skipped, a folder
     that cannot serve refused), all before any model loads."""
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
-    from rl_core.folder_lock import hold
-    from rl_core.trainers.ppo_checkpoint import check_folder
 
     ck = cfgs["ppo"].ckpt
     with hold({"--run_dir": cfgs["ppo"].run_dir, "--ckpt_path": ck.ckpt_path}, {"--save_path": ck.save_path}):
@@ -349,8 +326,6 @@ def run_local(argv: list[str] | None = None) -> int:
     if prepared is None:
         return 0
     cfgs, tok, prompts, eval_prompts = prepared
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
-    from rl_core.rl.build import LocalFactory, build_run
 
     with run_folders(cfgs):  # before any model loads: a folder another run writes is refused at once
         run = build_run(

@@ -73,7 +73,7 @@ def _run_on_ray(cfgs: dict, tok, prompts, eval_prompts, plan) -> int:
     r, a = cfgs["rollout"], cfgs["ray"]
     import ray
 
-    # lazy: rl-core's training stack (numpy, hub, tqdm) and rl-placement (ray); `rl <command> --help` stays light
+    # lazy: the Ray factory and rl-placement import ray; `rl ppo-ray --help` stays light
     from rl_cli.ray_factory import RayFactory
     from rl_core.rl.build import build_run
     from rl_placement import PlacementError, create_placement_groups

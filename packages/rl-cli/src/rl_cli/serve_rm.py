@@ -80,7 +80,7 @@ class RewardModelArgs:
 
     @property
     def attn(self) -> str | None:
-        # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+        # lazy: rl-core's models (numpy, the hub); `rl serve-rm --help` stays light
         from rl_core.attention import requested_attention
 
         return requested_attention(self.attn_implementation, self.flash_attn)
@@ -93,7 +93,7 @@ class RewardModelScorer:
         import torch
         from transformers import AutoTokenizer
 
-        # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+        # lazy: rl-core's models (numpy, the hub); `rl serve-rm --help` stays light
         from rl_core.models import RewardModel
 
         if a.reward_pretrain is None:
@@ -166,7 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     if m.reward_pretrain:
         cfgs["model"] = m = _local_models("rl serve-rm", m)  # a hub id -> its local HF cache folder
         set_debug(cfgs["cli"].debug)
-        # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+        # lazy: rl-core's models (numpy, the hub); `rl serve-rm --help` stays light
         from rl_core.preflight import check_models
 
         cfgs["model"] = m = check_models(m)  # config.json and weights, before the model loads

@@ -62,7 +62,7 @@ def _wandb_key(argv: list[str], parser=None) -> list[str]:
 def _local_models(prog: str, model_cfg):
     """Hub ids (``--pretrain org/name``) -> folders of the local HF cache. A missing one raises ModelNotFoundError,
     which the command's guard (:func:`rl_cli.errors.user_errors`) prints in one line (exit code 2)."""
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+    # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
     from rl_core.hub import resolve_models
 
     return resolve_models(model_cfg)
@@ -82,7 +82,7 @@ def check_moe(aux_loss_coef: float, pretrain: str) -> None:
         return
     from transformers import AutoConfig
 
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+    # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
     from rl_core.models import check_moe_aux_loss
 
     try:
@@ -107,7 +107,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
                 "--fused_lm_head: rl rm trains a reward model, whose head gives a score, not token "
                 "log-probs; drop --fused_lm_head"
             )
-        # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+        # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
         from rl_core.models import check_fused_lm_head
 
         try:
@@ -115,7 +115,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
         except ValueError as e:
             parser.error(str(e))
     if getattr(args, "print_config", False):  # a dry run: before any path is read or model loaded
-        # lazy: pulls rl-core's training stack; `rl <command> --help` stays light
+        # lazy: pulls rl-core (numpy, the hub, PyYAML); `rl --help` imports this module and stays light
         from rl_cli.dry_run import print_config
 
         print_config(name, cfgs)
@@ -129,7 +129,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
         parser.error("--dataset is required: a .jsonl/.json/.parquet file or a save_to_disk folder")
     cfgs["model"] = _local_models(f"rl {name}", cfgs["model"])
     set_debug(cfgs["cli"].debug)
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+    # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
     from rl_core.preflight import check_models, load_tokenizer
 
     cfgs["model"] = check_models(cfgs["model"])  # config.json and weights, before anything loads
@@ -140,7 +140,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
             cfgs["strategy"].check_param_offload("--ref_offload")
         except ValueError as e:
             parser.error(str(e))
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+    # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
     from rl_core.configs import check_eval_set  # rl-core loads torch: after the parse, as the trainers are
 
     try:
@@ -149,7 +149,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
         parser.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+    # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
     from rl_core.data import DataError, load_rows, training_rows
     from rl_core.strategy import DeepSpeedStrategy
 
@@ -159,7 +159,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
         cfgs["model"].pretrain, use_fast=not data.disable_fast_tokenizer, chat_template=data.tokenizer_chat_template
     )
     if getattr(cfgs["train"], "pretrain_mode", False):  # rl sft --pretrain_mode: every token of the text
-        # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+        # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
         from rl_core.data import PretrainDataset
 
         unread = [
@@ -210,7 +210,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
             print(f"[rl {name}] eval set: {eval_ds.report.summary()}")
         print(f"[rl {name}] {plan.describe()}", flush=True)
     ck = cfgs["train"].ckpt
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+    # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
     from rl_core.folder_lock import hold
 
     # before the model loads: the folders this run writes are its own (rank 0 locks them for all; the trainer
@@ -221,7 +221,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
         else hold({})
     ):
         if ck.load_checkpoint and ck.ckpt_path:
-            # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+            # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
             from rl_core.checkpoint import CheckpointManager
 
             CheckpointManager(ck.ckpt_path, strategy, ck.max_ckpt_num, ck.max_ckpt_mem).usable()

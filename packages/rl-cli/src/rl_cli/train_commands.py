@@ -65,13 +65,13 @@ class ModelArgs:
         if self.lora_rank < 0:
             raise ValueError(f"lora_rank (--lora_rank) must be >= 0, got {self.lora_rank}")
         check_numbers(self, at_least_1=("lora_alpha",), unit=("lora_dropout",))
-        # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+        # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
         from rl_core.attention import requested_attention
 
         requested_attention(self.attn_implementation, self.flash_attn)
 
     def lora(self):
-        # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+        # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
         from rl_core.models import LoraSpec
 
         return LoraSpec.of(self.lora_rank, self.lora_alpha, self.lora_dropout, self.target_modules)
@@ -87,7 +87,7 @@ class Command:
 
 
 def _load_kw(cfgs: dict, strategy_cfg) -> dict:
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+    # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
     from rl_core.attention import requested_attention
 
     model = cfgs["model"]
@@ -105,7 +105,7 @@ def _load_kw(cfgs: dict, strategy_cfg) -> dict:
 
 
 def _build_sft(strategy, cfgs, tok, ds, train, eval_ds):
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+    # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
     from rl_core.models import Actor
     from rl_core.trainers import SFTTrainer
 
@@ -117,7 +117,7 @@ def _build_sft(strategy, cfgs, tok, ds, train, eval_ds):
 
 
 def _build_rm(strategy, cfgs, tok, ds, train, eval_ds):
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+    # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
     from rl_core.models import RewardModel
     from rl_core.trainers import RewardModelTrainer
 
@@ -135,7 +135,7 @@ def _build_rm(strategy, cfgs, tok, ds, train, eval_ds):
 
 def _with_reference(trainer_name: str):
     def build(strategy, cfgs, tok, ds, train, eval_ds):
-        # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+        # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
         from rl_core import trainers
         from rl_core.models import Actor, frozen
 
@@ -198,7 +198,7 @@ COMMANDS = {
 
 
 def _groups(cmd: Command) -> dict[str, type]:
-    # lazy: rl-core's training stack (numpy, hub, tqdm); `rl <command> --help` stays light
+    # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
     from rl_core.data import DataConfig
     from rl_core.metrics import LoggerConfig
     from rl_core.strategy import StrategyConfig

@@ -36,9 +36,10 @@ from rl_core.rl.auto import resolve as resolve_auto
 from rl_core.rl.batching import MicroBatchConfig
 from rl_core.rl.ds_sleep import check_ds_sleep
 from rl_core.rl.frozen_workers import ReferenceWorker, RewardModelWorker
-from rl_core.rl.groups import DirectWeightSync, LocalGroup, WorkerGroup
+from rl_core.rl.groups import LocalGroup, WorkerGroup
 from rl_core.rl.objectives import CriticObjective, PolicyObjective
 from rl_core.rl.roles import require_reward, run_roles
+from rl_core.rl.weight_syncs import DirectWeightSync
 from rl_core.rl.workers import CriticWorker, PolicyWorker
 from rl_core.strategy import StrategyConfig
 from rl_core.trainers.ppo import PPOTrainer

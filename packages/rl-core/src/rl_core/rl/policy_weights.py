@@ -150,7 +150,7 @@ class PolicyWeights:
         If the weights moved since the last sync (DeepSpeed sleep offloads and reloads them), the sender packs
         from then on. ZeRO-3 (gathered copies) and LoRA (merged ones): every rank copies the full weights into
         persistent CUDA IPC buckets. Either way the trainer must not change what it shared until the engine
-        loaded it: call again only after the engine's load returned (:class:`rl_core.rl.groups.IpcWeightSync`)."""
+        loaded it: call again only after the engine's load returned (:class:`rl_core.rl.weight_syncs.IpcWeightSync`)."""
 
         t0 = time.perf_counter()
         gathered = self.s.cfg.zero_stage == 3 or self._lora is not None

@@ -16,6 +16,19 @@ from rl_core.rl.groups import concurrently
 logger = logging.getLogger(__name__)
 
 
+def trains_on_policy(cfg, train_batch_size: int, *, kl_penalty: bool) -> bool:
+    """One epoch and one global batch per iteration, no KL reward penalty: the policy trains once on weights
+    the engine sampled with, so its old log-probs are its train forward's (detached): skip that forward.
+    Asynchronous training samples with older weights than the ones that train: never on-policy."""
+    return (
+        cfg.max_epochs == 1
+        and cfg.rollout_batch_size * cfg.sampling.n_samples_per_prompt == train_batch_size
+        and not kl_penalty
+        and cfg.freezing_actor_steps == 0
+        and not cfg.async_rl
+    )
+
+
 class GapAlarm:
     """Warns (in full once, then in one line) and counts (``logprob_gap_alarm``) when the mean |trainer - engine|
     log-prob gap of a batch exceeds ``threshold`` (0: off); ``warned`` is kept by checkpoints."""
