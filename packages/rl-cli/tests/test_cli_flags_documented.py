@@ -20,7 +20,8 @@ from rl_cli.config import build_parser
 ROOT = Path(__file__).resolve().parents[3]
 FLAG = re.compile(r"(?<![\w-])--([a-z][a-z0-9_.]*[a-z0-9])(\.\*|_\*)?")
 # where refusals are written (the tables) and explained (the module that installs them)
-OPENRLHF_TABLES = {ROOT / "packages" / "rl-cli" / "src" / "rl_cli" / name for name in ("openrlhf_tables.py", "openrlhf.py")}
+OPENRLHF_TABLES = {ROOT / "packages" / "rl-cli" / "src" / "rl_cli" / name for name in (
+    "openrlhf_tables.py", "openrlhf_refused.py", "openrlhf.py")}
 ADD_ARGUMENT = re.compile(r"add_argument\(\s*\"(--[\w.-]+)\"")
 # outside tools' own flags, allowed only on a line that names the tool
 TOOLS = {

@@ -23,9 +23,14 @@ import argparse
 import json
 import logging
 import string
+from functools import partial
 from pathlib import Path
 
+from rl_algos import AdvantageConfig, KLConfig, PolicyLossConfig
 from rl_cli.errors import CliArgs, user_errors
+from rl_rollout import EngineConfig, RewardRunner, SamplingConfig, WeightSyncConfig, engine_names
+from rl_rollout.engine import resolve_engine
+from rl_rollout.testing import make_tiny_model
 
 LETTERS = string.ascii_lowercase[:8]
 
@@ -48,10 +53,15 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--learning_rate", type=float, default=3e-3)
     ap.add_argument("--max_norm", type=float, default=1.0, help="gradient clipping (0: off)")
     ap.add_argument("--max_epochs", type=int, default=2, help="passes over each iteration's samples")
+    ap.add_argument(
+        "--entropy_coef",
+        type=float,
+        default=0.0,
+        help="entropy bonus in the policy loss (PolicyLossConfig.entropy_coef; 0: none)",
+    )
     ap.add_argument("--letters", type=int, default=4, help="how many different letters the prompts ask for")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--debug", action="store_true", help=CliArgs.__dataclass_fields__["debug"].metadata["help"])
-    from rl_rollout import engine_names
 
     ap.add_argument(
         "--rollout_engine",
@@ -73,8 +83,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = arg_parser()
     args = ap.parse_args(argv)
     if args.enforce_eager:
-        from rl_rollout.engine import resolve_engine
-
         if resolve_engine(args.rollout_engine).name == "hf":  # auto may resolve to hf too (no vLLM here)
             ap.error(
                 f"--enforce_eager is a vLLM setting and --rollout_engine {args.rollout_engine} runs the HF "
@@ -82,18 +90,14 @@ def main(argv: list[str] | None = None) -> int:
             )
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
-    from functools import partial
-
     from transformers import AutoTokenizer
 
-    from rl_algos import AdvantageConfig, KLConfig
+    # lazy: rl-core's loop (numpy, the hub); `rl demo --help` stays light
     from rl_core.configs import CheckpointConfig
     from rl_core.data import DataConfig, PromptDataset, load_rows
     from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
     from rl_core.strategy import StrategyConfig
     from rl_core.trainers.ppo import PPOConfig
-    from rl_rollout import EngineConfig, RewardRunner, SamplingConfig, WeightSyncConfig
-    from rl_rollout.testing import make_tiny_model
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)
@@ -121,6 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     cfg = PPOConfig(
         advantage=AdvantageConfig("group_norm"),
         kl=KLConfig(init_coef=0.0),
+        policy_loss=PolicyLossConfig(entropy_coef=args.entropy_coef or None),
         sampling=SamplingConfig(args.n_samples_per_prompt, args.max_new_tokens),
         rollout_batch_size=args.rollout_batch_size,
         max_iterations=args.iterations,

@@ -19,6 +19,7 @@ import os
 import yaml
 
 from rl_cli.loading import as_plain
+from rl_cli.placement_args import plan_from
 from rl_core.preflight import check_rl_batches
 from rl_core.rl.roles import run_roles
 
@@ -101,7 +102,7 @@ def print_config(command: str, cfgs: dict, chosen=()) -> None:
     for line in lines:
         _say(command, line)
     if ray:
-        from rl_cli.placement_args import plan_from
+        # lazy: rl-placement imports ray; `rl ppo --help` stays light
         from rl_placement import PlacementError
 
         try:

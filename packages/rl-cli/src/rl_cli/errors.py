@@ -20,7 +20,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from rl_rollout.config import meta
+from rl_cli.config import FALSE, TRUE
+from rl_rollout.config_fields import meta
 
 EXIT_USER_ERROR = 2  # argparse's code for a usage error too
 
@@ -72,8 +73,6 @@ def set_debug(on: bool) -> None:
 
 
 def _debug_in(argv: list[str]) -> bool:
-    from rl_cli.config import FALSE, TRUE
-
     on = False
     for i, a in enumerate(argv):
         name, _, value = a.partition("=")

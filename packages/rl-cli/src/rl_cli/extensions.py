@@ -15,6 +15,7 @@ importable there.
 from __future__ import annotations
 
 import importlib
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -47,7 +48,6 @@ def resolved(specs: Iterable[str]) -> list[str]:
 def from_env() -> list[str]:
     """Import what :data:`ENV` lists (set by ``rl ppo-ray`` for its role actors: the policy builds the loss
     variant, the loop's estimator runs in the driver that imported them already)."""
-    import os
 
     return load([s for s in os.environ.get(ENV, "").split(os.pathsep) if s])
 

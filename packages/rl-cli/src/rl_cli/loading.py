@@ -148,6 +148,7 @@ def settings(
     values: dict[str, Any] = dict(getattr(args, openrlhf.DEFAULTS, {})) if openrlhf_defaults else {}
     cfg_file = getattr(args, "config", None)
     if cfg_file:
+        # lazy: PyYAML only when a --config file is read
         import yaml
 
         path = Path(cfg_file)

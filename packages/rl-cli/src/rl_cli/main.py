@@ -12,6 +12,7 @@ command that does not exist fails with the list of those that do.
 from __future__ import annotations
 
 import argparse
+import importlib
 import importlib.metadata as md
 import sys
 
@@ -27,25 +28,27 @@ def versions() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    # lazy: rl_cli.train pulls torch; importing rl_cli.main (the `rl` entry point) stays light
     from rl_cli.train import COMMANDS, run
 
     argv = sys.argv[1:] if argv is None else list(argv)
     if argv and argv[0] in COMMANDS:
         return run(argv[0], argv[1:])
     if argv and argv[0] in RL_COMMANDS:
-        import importlib
-
         module, func = RL_COMMANDS[argv[0]][0].split(":")
         return getattr(importlib.import_module(f"rl_cli.{module}"), func)(argv[1:])
     if argv and argv[0] == "demo":
+        # lazy: rl demo's module (rl-core's loop, a tiny model); only `rl demo` loads it
         from rl_cli.demo import main as demo
 
         return demo(argv[1:])
     if argv and argv[0] == "doctor":
+        # lazy: rl doctor's module imports each part it checks; only `rl doctor` loads it
         from rl_cli.doctor import main as doctor
 
         return doctor(argv[1:])
     if argv and argv[0] == "serve-rm":
+        # lazy: rl serve-rm's module (rl-core's models, the reward server); only `rl serve-rm` loads it
         from rl_cli.serve_rm import main as serve_rm
 
         return serve_rm(argv[1:])

@@ -141,9 +141,11 @@ def install(
 
 def groups_of(command: str) -> dict[str, type]:
     if command in ("ppo", "ppo-ray"):
+        # lazy: import cycle (rl_cli.config -> rl_cli.openrlhf -> rl_cli.ppo -> rl_cli.config)
         from rl_cli import ppo
 
         return ppo._groups(command == "ppo-ray")
+    # lazy: import cycle (rl_cli.config -> rl_cli.openrlhf -> rl_cli.train -> rl_cli.config)
     from rl_cli import train
 
     return train._groups(train.COMMANDS[command])
@@ -151,6 +153,7 @@ def groups_of(command: str) -> dict[str, type]:
 
 def parser_of(command: str) -> argparse.ArgumentParser:
     """The command's real parser (the one ``rl COMMAND`` runs), built without loading anything heavy."""
+    # lazy: import cycle (rl_cli.config -> rl_cli.openrlhf -> rl_cli.config)
     from rl_cli.config import build_parser
 
     return build_parser(f"rl {command}", command, groups_of(command))[0]
@@ -163,6 +166,7 @@ def _default_gap(command: str, dest: str, shape: dict) -> str:
         theirs = False
     if isinstance(theirs, str) and ("(" in theirs or "%" in theirs):  # an expression or a run-name pattern
         return ""
+    # lazy: import cycle (rl_cli.config -> rl_cli.openrlhf -> rl_cli.config)
     from rl_cli.config import field_at
 
     f = field_at(groups_of(command), dest)
@@ -187,6 +191,7 @@ class Row:
 
 
 def rows(command: str) -> list[Row]:
+    # lazy: import cycle (rl_cli.config -> rl_cli.openrlhf -> rl_cli.ppo -> rl_cli.config)
     from rl_cli.ppo import UNUSED_BY_RL
 
     parser = parser_of(command)

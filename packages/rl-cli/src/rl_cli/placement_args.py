@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rl_rollout.config import check_numbers, meta
+from rl_core.rl.roles import run_roles
+from rl_rollout.config_fields import check_numbers, meta
 
 
 @dataclass(frozen=True)
@@ -74,7 +75,6 @@ class RayArgs:
 def _role_counts(ray_args: RayArgs, ppo, model) -> dict[str, tuple[int, int]]:
     """``{role: (nodes, GPUs per node)}`` of an ``rl ppo-ray`` run: the roles rl-core's :func:`run_roles` decides
     the run has (0, 0 for the others), each defaulting to the actor's counts."""
-    from rl_core.rl.roles import run_roles
 
     a, roles = ray_args, run_roles(ppo, reward_model=bool(model.reward_pretrain))
 
@@ -100,6 +100,7 @@ def _world_sizes(cfgs: dict) -> dict[str, int]:
 
 def plan_from(ray_args: RayArgs, ppo, model):
     """The placement plan: roles the run needs (critic for gae, ref for KL, reward for a reward model)."""
+    # lazy: rl-placement imports ray; `rl ppo --help` stays light
     from rl_placement import PlacementPlan
 
     a, c = ray_args, _role_counts(ray_args, ppo, model)

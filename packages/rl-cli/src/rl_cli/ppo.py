@@ -29,27 +29,39 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import importlib.util
 import logging
 import sys
+from dataclasses import replace
 
+from rl_cli import extensions
 from rl_cli.config import build_parser
+from rl_cli.dry_run import print_config
 from rl_cli.errors import CliArgs, UserError, set_debug, user_errors
 from rl_cli.loading import build, given, settings
 from rl_cli.placement_args import RayArgs, _world_sizes
 from rl_cli.train import _local_models, _wandb_installed, _wandb_key, check_moe
+from rl_core.configs import check_eval_rows, check_eval_set
+from rl_core.data import DataConfig, DataError, PretrainDataset, PromptDataset, load_rows, training_rows
+from rl_core.folder_lock import hold
+from rl_core.metrics import LoggerConfig, MetricsLogger
+from rl_core.preflight import check_models, check_rl_batches, load_processor, load_tokenizer
+from rl_core.rl.auto import Hardware
+from rl_core.rl.auto import resolve as resolve_auto
+from rl_core.rl.batching import MicroBatchConfig
+from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
+from rl_core.rl.roles import require_reward
+from rl_core.strategy import StrategyConfig
+from rl_core.trainers.ppo import PPOConfig
+from rl_core.trainers.ppo_checkpoint import check_folder
+from rl_core.trainers.ppo_checks import check_combinations
+from rl_rollout.config import EngineConfig, RewardConfig, WeightSyncConfig
+from rl_rollout.rewards import RewardError
 
 logger = logging.getLogger(__name__)
 
 
 def _groups(ray: bool) -> dict[str, type]:
-    from rl_core.data import DataConfig
-    from rl_core.metrics import LoggerConfig
-    from rl_core.rl.batching import MicroBatchConfig
-    from rl_core.rl.build import RLModelConfig
-    from rl_core.strategy import StrategyConfig
-    from rl_core.trainers.ppo import PPOConfig
-    from rl_rollout.config import EngineConfig, RewardConfig, WeightSyncConfig
-
     g = {
         "model": RLModelConfig,
         "data": DataConfig,
@@ -79,8 +91,6 @@ UNUSED_BY_RL = {
 
 
 def _refuse_unused(cfgs: dict, parser) -> None:
-    from rl_core.data import DataConfig
-
     d = cfgs["data"]
     defaults = DataConfig()
     for name, why in UNUSED_BY_RL.items():
@@ -90,8 +100,6 @@ def _refuse_unused(cfgs: dict, parser) -> None:
 
 def _auto(cfgs: dict, given: frozenset[str], ray: bool) -> tuple:
     """Decide the settings left to the hardware (rl_core.rl.auto) into ``cfgs``; the choices, with why."""
-    from rl_core.rl.auto import Hardware
-    from rl_core.rl.auto import resolve as resolve_auto
 
     sizes = _world_sizes(cfgs) if ray else {"policy": 1}
     hw = Hardware.here(trained_ranks=max(sizes.get("policy", 1), sizes.get("critic", 0)))
@@ -106,8 +114,6 @@ def _auto(cfgs: dict, given: frozenset[str], ray: bool) -> tuple:
 
 
 def _prepare(name: str, argv: list[str] | None, ray: bool):
-    from rl_cli import extensions
-
     argv = sys.argv[1:] if argv is None else argv
     groups = _groups(ray)
     extensions.load(extensions.in_argv(argv))  # before the parser: --help lists what they register
@@ -134,8 +140,6 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
             flush=True,
         )
     if getattr(args, "print_config", False):  # a dry run: before any path is read, model loaded or Ray started
-        from rl_cli.dry_run import print_config
-
         print_config(name, cfgs, chosen=_auto(cfgs, given(groups, args, flags), ray))
         return None
     m, d, p = cfgs["model"], cfgs["data"], cfgs["ppo"]
@@ -143,9 +147,6 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         parser.error("--pretrain is required: a local HF model folder (config.json, weights, tokenizer)")
     if not d.dataset:
         parser.error("--prompt_data (or --dataset) is required: prompts as .jsonl/.json/.parquet or a datasets folder")
-    from rl_core.configs import check_eval_rows, check_eval_set
-    from rl_core.rl.roles import require_reward
-    from rl_core.trainers.ppo_checks import check_combinations
 
     try:
         require_reward(reward_fn=cfgs["reward"].given, reward_model=bool(m.reward_pretrain), agent=bool(p.agent))
@@ -157,7 +158,6 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     cfgs["model"] = m = _local_models(f"rl {name}", m)  # hub ids -> local HF cache folders, before any model loads
     _wandb_installed(f"rl {name}", cfgs["logger"])
     set_debug(cfgs["cli"].debug)
-    from rl_core.preflight import check_models
 
     cfgs["model"] = m = check_models(m)  # config.json and weights in every model folder
     for choice in _auto(cfgs, given(groups, args, flags), ray):  # the hardware's settings, from the local folders
@@ -177,14 +177,9 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     if not getattr(args, "print_config", False):
         cfgs["reward"].check_sources()  # the reward file imports, the reward server answers
 
-    from rl_core.data import DataError, PromptDataset, load_rows, training_rows
-    from rl_core.preflight import check_rl_batches, load_processor, load_tokenizer
-
     tok = load_tokenizer(m.pretrain, use_fast=not d.disable_fast_tokenizer, chat_template=d.tokenizer_chat_template)
     proc = load_processor(m.pretrain) if d.image_key else None  # vision-language prompts
     if proc is not None and cfgs["rollout"].spec().name == "vllm":
-        import importlib.util
-
         if importlib.util.find_spec("torchvision") is None:  # vLLM's multimodal models import it: fail before loading
             raise UserError(
                 "prompts with images (--image_key) on vLLM engines need torchvision (vLLM's multimodal "
@@ -237,9 +232,6 @@ def pretrain_items(cfgs: dict, tok, n_prompts: int):
     p, d = cfgs["ppo"], cfgs["data"]
     if p.ptx is None:
         return None
-    from dataclasses import replace
-
-    from rl_core.data import DataError, PretrainDataset, training_rows
 
     cfg = replace(
         d,
@@ -262,8 +254,6 @@ def pretrain_items(cfgs: dict, tok, n_prompts: int):
 
 
 def run_config(cfgs: dict):
-    from rl_core.rl.build import RunConfig
-
     return RunConfig(
         model=cfgs["model"],
         strategy=cfgs["strategy"],
@@ -278,7 +268,6 @@ def run_config(cfgs: dict):
 def metrics_logger(cfgs: dict):
     """The driver's metrics: run_dir files, TensorBoard (--use_tensorboard), wandb (--use_wandb) with the
     run's settings as its config (minus tokens)."""
-    from rl_core.metrics import MetricsLogger
 
     run_config = (
         {
@@ -324,8 +313,6 @@ def run_folders(cfgs: dict):
     life, then
     decide what resume takes (rl_core.trainers.ppo_checkpoint.check_folder: damaged checkpoints skipped, a folder
     that cannot serve refused), all before any model loads."""
-    from rl_core.folder_lock import hold
-    from rl_core.trainers.ppo_checkpoint import check_folder
 
     ck = cfgs["ppo"].ckpt
     with hold({"--run_dir": cfgs["ppo"].run_dir, "--ckpt_path": ck.ckpt_path}, {"--save_path": ck.save_path}):
@@ -339,8 +326,6 @@ def run_local(argv: list[str] | None = None) -> int:
     if prepared is None:
         return 0
     cfgs, tok, prompts, eval_prompts = prepared
-    from rl_core.rl.build import LocalFactory, build_run
-    from rl_rollout.rewards import RewardError
 
     with run_folders(cfgs):  # before any model loads: a folder another run writes is refused at once
         run = build_run(

@@ -5,11 +5,15 @@ local Ray started here (``--num_gpus N`` logical GPUs on a machine without any).
 from __future__ import annotations
 
 import os
+import tempfile
 
+from rl_cli import extensions
 from rl_cli.errors import user_errors
 from rl_cli.placement_args import plan_from
 from rl_cli.ppo import _finish, _prepare, metrics_logger, pretrain_items, run_config, run_folders
+from rl_cli.ray_cluster import cluster_address, connect
 from rl_rollout import engine_spec
+from rl_rollout.rewards import RewardError
 
 # OpenRLHF's --full_determinism for its vLLM engines (vllm_engine.py, after vLLM's reproducibility example): the
 # engine core runs in the engine's process, so its scheduling does not race a second process
@@ -23,8 +27,6 @@ def _local_ray_env() -> None:
     worker's environment (its uv hook: minutes per run on 2 cores); and with
     PYTHONDONTWRITEBYTECODE every worker compiles Ray from source.
     """
-    import os
-    import tempfile
 
     os.environ.setdefault("RAY_ENABLE_UV_RUN_RUNTIME_ENV", "0")
     os.environ.setdefault("PYTHONPYCACHEPREFIX", os.path.join(tempfile.gettempdir(), "rl-ray-pycache"))
@@ -44,6 +46,7 @@ def run_ray(argv: list[str] | None = None) -> int:
         return 0
     cfgs, tok, prompts, eval_prompts = prepared
     p, r, a = cfgs["ppo"], cfgs["rollout"], cfgs["ray"]
+    # lazy: rl-placement imports ray; `rl ppo-ray --help` stays light
     from rl_placement import PlacementError
 
     try:
@@ -70,7 +73,7 @@ def _run_on_ray(cfgs: dict, tok, prompts, eval_prompts, plan) -> int:
     r, a = cfgs["rollout"], cfgs["ray"]
     import ray
 
-    from rl_cli.ray_cluster import cluster_address, connect
+    # lazy: the Ray factory and rl-placement import ray; `rl ppo-ray --help` stays light
     from rl_cli.ray_factory import RayFactory
     from rl_core.rl.build import build_run
     from rl_placement import PlacementError, create_placement_groups
@@ -89,7 +92,6 @@ def _run_on_ray(cfgs: dict, tok, prompts, eval_prompts, plan) -> int:
             placed = create_placement_groups(plan, strategy=a.placement_strategy)
         except PlacementError as e:
             raise SystemExit(f"rl ppo-ray: the placement does not fit this cluster: {e}") from None
-        from rl_cli import extensions
 
         exts = extensions.resolved(cfgs["cli"].extension)  # the role actors import them before they build
         factory = RayFactory(
@@ -114,7 +116,6 @@ def _run_on_ray(cfgs: dict, tok, prompts, eval_prompts, plan) -> int:
         except ValueError as e:
             raise SystemExit(f"rl ppo-ray: {e}") from None
         print(f"[rl ppo-ray] {factory.describe()}", flush=True)
-        from rl_rollout.rewards import RewardError
 
         try:
             run.trainer.fit()

@@ -18,7 +18,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
+
+from rl_placement import RayActorGroup, bundle_gpu_ids
 
 
 def _one_visible_gpu() -> None:
@@ -124,6 +127,7 @@ class RolloutEngineActor:
 
 def _preload(kind: str) -> None:
     """Import the engine class of ``kind`` (``auto`` resolved here) and, for vLLM, vLLM itself: no CUDA yet."""
+    # lazy: rl-rollout pulls torch; this module loads without it
     from rl_rollout.engine import resolve_engine
 
     spec = resolve_engine(kind)
@@ -134,7 +138,6 @@ def _preload(kind: str) -> None:
 
 def engine_gpus(placed) -> dict[int, list[str]]:
     """Engine index -> the GPU ids of its bundles, for the engines with TP > 1 (call before any actor starts)."""
-    from rl_placement import bundle_gpu_ids
 
     return {
         pe.engine: bundle_gpu_ids(pe.placement_group, pe.bundle_indices)
@@ -155,7 +158,6 @@ def spawn_engines(
     """One empty :class:`RolloutEngineActor` group per engine of the plan, not waited for: the actors start and
     import ``engine_kind``'s libraries while the models load; :func:`start_engines` with ``actors=`` builds the
     engines in them later (an engine sizes its KV cache from the GPU memory the models left)."""
-    from rl_placement import RayActorGroup
 
     groups = []
     try:
@@ -206,8 +208,8 @@ def start_engines(
     ``gpus[e]`` with its multiprocessing executor). ``actors``: the groups :func:`spawn_engines` made
     for this plan (with the same ``gpus``), to build the engines in; without, they are spawned here.
     On any failure every group is shut down, ``actors`` included."""
-    from concurrent.futures import ThreadPoolExecutor
 
+    # lazy: rl-rollout pulls torch; this module loads without it
     from rl_rollout import engine_names, engine_spec
     from rl_rollout.config import EngineConfig
     from rl_rollout.engine import EngineContext

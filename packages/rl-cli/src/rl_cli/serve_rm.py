@@ -21,6 +21,7 @@ OpenRLHF's client needs: it sends none. Runs until Ctrl-C or SIGTERM.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import signal
 import sys
 from dataclasses import dataclass, field
@@ -30,7 +31,9 @@ from rl_cli.config import build_parser
 from rl_cli.errors import CliArgs, set_debug, user_errors
 from rl_cli.loading import resolve
 from rl_cli.train import _local_models
-from rl_rollout.config import meta
+from rl_rollout.config import RewardConfig, meta
+from rl_rollout.rewards import RewardLoadError
+from rl_rollout.rewards.server import RewardServerConfig
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ class RewardModelArgs:
 
     @property
     def attn(self) -> str | None:
+        # lazy: rl-core's models (numpy, the hub); `rl serve-rm --help` stays light
         from rl_core.attention import requested_attention
 
         return requested_attention(self.attn_implementation, self.flash_attn)
@@ -89,6 +93,7 @@ class RewardModelScorer:
         import torch
         from transformers import AutoTokenizer
 
+        # lazy: rl-core's models (numpy, the hub); `rl serve-rm --help` stays light
         from rl_core.models import RewardModel
 
         if a.reward_pretrain is None:
@@ -130,9 +135,6 @@ class RewardModelScorer:
 
 
 def _groups() -> dict[str, type]:
-    from rl_rollout.config import RewardConfig
-    from rl_rollout.rewards.server import RewardServerConfig
-
     return {"model": RewardModelArgs, "reward": RewardConfig, "server": RewardServerConfig, "cli": CliArgs}
 
 
@@ -164,15 +166,13 @@ def main(argv: list[str] | None = None) -> int:
     if m.reward_pretrain:
         cfgs["model"] = m = _local_models("rl serve-rm", m)  # a hub id -> its local HF cache folder
         set_debug(cfgs["cli"].debug)
+        # lazy: rl-core's models (numpy, the hub); `rl serve-rm --help` stays light
         from rl_core.preflight import check_models
 
         cfgs["model"] = m = check_models(m)  # config.json and weights, before the model loads
     if getattr(args, "print_config", False):
         print(_describe(cfgs))
         return 0
-    import logging
-
-    from rl_rollout.rewards import RewardLoadError
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:

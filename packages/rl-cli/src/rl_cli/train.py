@@ -1,7 +1,7 @@
 """``rl sft | rm | dpo | kto``: flags -> configs -> data, models, DeepSpeed -> trainer.fit().
 
-Each command is a :class:`Command`: its trainer config class, its dataset class and
-how to build the trainer. Flags come from ``ModelArgs``, rl_core's ``DataConfig``,
+Each command is a :class:`Command` of :mod:`rl_cli.train_commands`: its trainer config
+class, its dataset class and how to build the trainer. Flags come from ``ModelArgs``, rl_core's ``DataConfig``,
 ``StrategyConfig`` and the trainer's config (:mod:`rl_cli.config`). Every run prints
 the resolved batch arithmetic (global batch, micro batch, accumulation steps, data
 parallel size, total optimizer steps) and the data report before training starts.
@@ -15,210 +15,18 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
-from rl_cli.config import build_parser
-from rl_cli.errors import CliArgs, UserError, set_debug, user_errors
+from rl_cli.config import FALSE, TRUE, build_parser
+from rl_cli.errors import UserError, set_debug, user_errors
 from rl_cli.loading import resolve
-from rl_rollout.config import check_numbers, meta
+from rl_cli.train_commands import (  # noqa: F401  (re-exported: their old home)
+    COMMANDS,
+    Command,
+    ModelArgs,
+    _groups,
+)
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class ModelArgs:
-    """Which model folders to load, and how (OpenRLHF flag names)."""
-
-    pretrain: str | None = field(
-        default=None,
-        metadata=meta(
-            "the model to train: a local HF folder, or a hub id (org/name) in the local HF cache (HF_HOME, HF_HUB_CACHE)"
-        ),
-    )
-    ref_pretrain: str | None = field(
-        default=None, metadata=meta("reference for DPO/KTO, a folder or a cached hub id (default: --pretrain)")
-    )
-    flash_attn: bool = field(default=False, metadata=meta("flash_attention_2 (needs flash-attn; default sdpa)"))
-    attn_implementation: str | None = field(
-        default=None,
-        metadata=meta(
-            "the attention kernel: sdpa | eager | flash_attention_2 | torch_varlen | flex_attention (default: "
-            "flash-attn when importable, else sdpa); with --packing_samples, torch_varlen / flex_attention skip sdpa's "
-            "dense block-diagonal mask (CUDA; rl-core README)",
-            openrlhf=("ds.attn_implementation",),
-        ),
-    )
-    use_liger_kernel: bool = field(
-        default=False,
-        metadata=meta("liger-kernel's fused RMSNorm / SwiGLU / RoPE on the model (CUDA; the rl-core[liger] extra)"),
-    )
-    experts_implementation: str | None = field(
-        default=None,
-        metadata=meta(
-            "MoE expert kernels, passed to transformers' from_pretrained: eager | batched_mm | grouped_mm | deepgemm "
-            "(default: transformers' choice, grouped_mm where it runs, else eager); the trained and frozen models",
-            openrlhf=("ds.experts_implementation",),
-        ),
-    )
-    fused_lm_head: bool = field(
-        default=False,
-        metadata=meta(
-            "the LM head and the token log-probs computed together, chunk by chunk: the [tokens, vocabulary] logits are "
-            "never held whole (rl_algos.logprobs_from_hidden; one more LM-head matmul in backward); sft, dpo and kto, "
-            "Llama / Mistral / Qwen2 / Qwen3 / Mixtral text models, not with --zero_stage 3"
-        ),
-    )
-    lora_rank: int = field(default=0, metadata=meta(">0 trains a LoRA adapter (peft) instead of all weights"))
-    lora_alpha: int = field(default=16, metadata=meta("LoRA scaling alpha"))
-    lora_dropout: float = field(default=0.0, metadata=meta("LoRA dropout"))
-    target_modules: str = field(default="all-linear", metadata=meta("comma-separated module names or all-linear"))
-
-    def __post_init__(self) -> None:
-        if self.lora_rank < 0:
-            raise ValueError(f"lora_rank (--lora_rank) must be >= 0, got {self.lora_rank}")
-        check_numbers(self, at_least_1=("lora_alpha",), unit=("lora_dropout",))
-        from rl_core.attention import requested_attention
-
-        requested_attention(self.attn_implementation, self.flash_attn)
-
-    def lora(self):
-        from rl_core.models import LoraSpec
-
-        return LoraSpec.of(self.lora_rank, self.lora_alpha, self.lora_dropout, self.target_modules)
-
-
-@dataclass(frozen=True)
-class Command:
-    name: str
-    help: str
-    config_cls: Callable[[], type]
-    dataset_cls: Callable[[], type]
-    build: Callable  # (strategy, configs, tokenizer, dataset, train_cfg, eval_dataset or None) -> Trainer
-
-
-def _load_kw(cfgs: dict, strategy_cfg) -> dict:
-    from rl_core.attention import requested_attention
-
-    model = cfgs["model"]
-    attn = requested_attention(model.attn_implementation, model.flash_attn)
-    return {
-        "dtype": "bf16" if strategy_cfg.bf16 else "fp32",
-        # ring attention: every model of the run computes its slice of each row (rl_core.ring_attention)
-        "attn_implementation": "rl_ring" if strategy_cfg.ring_attn_size > 1 else attn,
-        "gradient_checkpointing": strategy_cfg.gradient_checkpointing,
-        "lora": model.lora(),
-        "use_liger_kernel": model.use_liger_kernel,
-        "packed": bool(getattr(cfgs.get("data"), "packing", False)),  # the default attention for packed rows
-        "experts_implementation": model.experts_implementation,
-    }
-
-
-def _build_sft(strategy, cfgs, tok, ds, train, eval_ds):
-    from rl_core.models import Actor
-    from rl_core.trainers import SFTTrainer
-
-    m = cfgs["model"]
-    kw = {**_load_kw(cfgs, strategy.cfg), "fused_lm_head": m.fused_lm_head}
-    return SFTTrainer(
-        strategy, Actor.from_pretrained(m.pretrain, **kw), tok, ds, train, eval_dataset=eval_ds, logger=cfgs["logger"]
-    )
-
-
-def _build_rm(strategy, cfgs, tok, ds, train, eval_ds):
-    from rl_core.models import RewardModel
-    from rl_core.trainers import RewardModelTrainer
-
-    m = cfgs["model"]
-    return RewardModelTrainer(
-        strategy,
-        RewardModel.from_pretrained(m.pretrain, **_load_kw(cfgs, strategy.cfg)),
-        tok,
-        ds,
-        train,
-        eval_dataset=eval_ds,
-        logger=cfgs["logger"],
-    )
-
-
-def _with_reference(trainer_name: str):
-    def build(strategy, cfgs, tok, ds, train, eval_ds):
-        from rl_core import trainers
-        from rl_core.models import Actor, frozen
-
-        m = cfgs["model"]
-        kw = {**_load_kw(cfgs, strategy.cfg), "fused_lm_head": m.fused_lm_head}
-        ref = frozen(
-            Actor.from_pretrained(m.ref_pretrain or m.pretrain, **{**kw, "lora": None, "gradient_checkpointing": False})
-        )
-        return getattr(trainers, trainer_name)(
-            strategy,
-            Actor.from_pretrained(m.pretrain, **kw),
-            ref,
-            tok,
-            ds,
-            train,
-            eval_dataset=eval_ds,
-            logger=cfgs["logger"],
-        )
-
-    return build
-
-
-def _cls(module: str, name: str):
-    def get():
-        import importlib
-
-        return getattr(importlib.import_module(module), name)
-
-    return get
-
-
-COMMANDS = {
-    "sft": Command(
-        "sft",
-        "supervised fine-tuning",
-        _cls("rl_core.trainers", "SFTConfig"),
-        _cls("rl_core.data", "SFTDataset"),
-        _build_sft,
-    ),
-    "rm": Command(
-        "rm",
-        "reward model (pairwise)",
-        _cls("rl_core.trainers", "RMConfig"),
-        _cls("rl_core.data", "PreferenceDataset"),
-        _build_rm,
-    ),
-    "dpo": Command(
-        "dpo",
-        "direct preference optimization (DPO, IPO, cDPO)",
-        _cls("rl_core.trainers", "DPOConfig"),
-        _cls("rl_core.data", "PreferenceDataset"),
-        _with_reference("DPOTrainer"),
-    ),
-    "kto": Command(
-        "kto",
-        "Kahneman-Tversky optimization",
-        _cls("rl_core.trainers", "KTOConfig"),
-        _cls("rl_core.data", "KTODataset"),
-        _with_reference("KTOTrainer"),
-    ),
-}
-
-
-def _groups(cmd: Command) -> dict[str, type]:
-    from rl_core.data import DataConfig
-    from rl_core.metrics import LoggerConfig
-    from rl_core.strategy import StrategyConfig
-
-    return {
-        "model": ModelArgs,
-        "data": DataConfig,
-        "strategy": StrategyConfig,
-        "train": cmd.config_cls(),
-        "logger": LoggerConfig,
-        "cli": CliArgs,
-    }
 
 
 def _wandb_key(argv: list[str], parser=None) -> list[str]:
@@ -227,7 +35,6 @@ def _wandb_key(argv: list[str], parser=None) -> list[str]:
 
     The spellings are those the parser gives ``logger.use_wandb`` (all its aliases), else the usual ones.
     """
-    from rl_cli.config import FALSE, TRUE
 
     names = {n for a in getattr(parser, "_actions", ()) if a.dest == "logger.use_wandb" for n in a.option_strings} or {
         "--use_wandb",
@@ -255,6 +62,7 @@ def _wandb_key(argv: list[str], parser=None) -> list[str]:
 def _local_models(prog: str, model_cfg):
     """Hub ids (``--pretrain org/name``) -> folders of the local HF cache. A missing one raises ModelNotFoundError,
     which the command's guard (:func:`rl_cli.errors.user_errors`) prints in one line (exit code 2)."""
+    # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
     from rl_core.hub import resolve_models
 
     return resolve_models(model_cfg)
@@ -274,6 +82,7 @@ def check_moe(aux_loss_coef: float, pretrain: str) -> None:
         return
     from transformers import AutoConfig
 
+    # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
     from rl_core.models import check_moe_aux_loss
 
     try:
@@ -298,6 +107,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
                 "--fused_lm_head: rl rm trains a reward model, whose head gives a score, not token "
                 "log-probs; drop --fused_lm_head"
             )
+        # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
         from rl_core.models import check_fused_lm_head
 
         try:
@@ -305,6 +115,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
         except ValueError as e:
             parser.error(str(e))
     if getattr(args, "print_config", False):  # a dry run: before any path is read or model loaded
+        # lazy: pulls rl-core (numpy, the hub, PyYAML); `rl --help` imports this module and stays light
         from rl_cli.dry_run import print_config
 
         print_config(name, cfgs)
@@ -318,6 +129,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
         parser.error("--dataset is required: a .jsonl/.json/.parquet file or a save_to_disk folder")
     cfgs["model"] = _local_models(f"rl {name}", cfgs["model"])
     set_debug(cfgs["cli"].debug)
+    # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
     from rl_core.preflight import check_models, load_tokenizer
 
     cfgs["model"] = check_models(cfgs["model"])  # config.json and weights, before anything loads
@@ -328,6 +140,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
             cfgs["strategy"].check_param_offload("--ref_offload")
         except ValueError as e:
             parser.error(str(e))
+    # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
     from rl_core.configs import check_eval_set  # rl-core loads torch: after the parse, as the trainers are
 
     try:
@@ -336,6 +149,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
         parser.error(str(e))
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
 
+    # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
     from rl_core.data import DataError, load_rows, training_rows
     from rl_core.strategy import DeepSpeedStrategy
 
@@ -345,6 +159,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
         cfgs["model"].pretrain, use_fast=not data.disable_fast_tokenizer, chat_template=data.tokenizer_chat_template
     )
     if getattr(cfgs["train"], "pretrain_mode", False):  # rl sft --pretrain_mode: every token of the text
+        # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
         from rl_core.data import PretrainDataset
 
         unread = [
@@ -395,6 +210,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
             print(f"[rl {name}] eval set: {eval_ds.report.summary()}")
         print(f"[rl {name}] {plan.describe()}", flush=True)
     ck = cfgs["train"].ckpt
+    # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
     from rl_core.folder_lock import hold
 
     # before the model loads: the folders this run writes are its own (rank 0 locks them for all; the trainer
@@ -405,6 +221,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
         else hold({})
     ):
         if ck.load_checkpoint and ck.ckpt_path:
+            # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
             from rl_core.checkpoint import CheckpointManager
 
             CheckpointManager(ck.ckpt_path, strategy, ck.max_ckpt_num, ck.max_ckpt_mem).usable()

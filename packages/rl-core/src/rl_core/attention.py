@@ -14,6 +14,9 @@ import functools
 import importlib.util
 import logging
 
+import rl_core.varlen_attention as varlen_attention
+from rl_core.preflight import InputError
+
 logger = logging.getLogger(__name__)
 
 VALID = ("flash_attention_2", "sdpa", "eager", "torch_varlen", "flex_attention")
@@ -42,9 +45,7 @@ def requested_attention(attn_implementation: str | None, flash_attn: bool = Fals
 def _packed_default(dtype: str | None, model_config) -> tuple[str, str]:
     """The default for a model that will see packed rows, and why: torch_varlen where it runs (CUDA, bf16/fp16, a
     varlen kernel in this torch, full attention: a sliding window would need the mask varlen skips), else sdpa."""
-    from rl_core.varlen_attention import varlen_available
-
-    if (why := varlen_available()) is not None:
+    if (why := varlen_attention.varlen_available()) is not None:
         return "sdpa", f"packed rows, but {why}"
     if dtype not in ("bf16", "fp16"):
         return "sdpa", f"packed rows in {dtype}: torch's varlen kernel takes bf16/fp16 only"
@@ -76,14 +77,11 @@ def attention_implementation(
         else:
             choice, why = "sdpa", "flash_attn not installed"
         if choice == "torch_varlen":
-            from rl_core.varlen_attention import register
-
-            register()
+            varlen_attention.register()
         _log_choice(choice, why)
         return choice
     if requested not in VALID:
         raise ValueError(f"unknown attention implementation {requested!r}; valid: {', '.join(VALID)}")
-    from rl_core.preflight import InputError  # a ValueError the CLI prints in one line
 
     if requested == "flash_attention_2" and not has_flash:
         raise InputError(
@@ -92,14 +90,12 @@ def attention_implementation(
             "to use sdpa"
         )
     if requested == "torch_varlen":
-        from rl_core.varlen_attention import register, varlen_available
-
-        if (unusable := varlen_available()) is not None:
+        if (unusable := varlen_attention.varlen_available()) is not None:
             raise InputError(
                 f"attention implementation torch_varlen cannot run here: {unusable}; use sdpa "
                 f"(--attn_implementation sdpa) on this machine"
             )
-        register()
+        varlen_attention.register()
     if requested == "flex_attention" and not _cuda():
         raise InputError(
             "attention implementation flex_attention needs a CUDA device here (torch's FlexAttention "

@@ -54,6 +54,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+import rl_core.hf_export
 from rl_core.checkpoint_manifest import manifest, newest_usable, verify
 from rl_core.disk_space import named_if_full
 from rl_core.ds_universal import DS_TAG, UNIVERSAL_CONVERT_TIMEOUT_S, UNIVERSAL_TAG, to_universal  # noqa: F401 - also importable from here
@@ -359,7 +360,5 @@ def _uncommit_and_remove(path: Path) -> None:
 
 def __getattr__(name: str):  # the HF export and the LoRA merge live in rl_core.hf_export; old imports keep working
     if name in ("export_hf", "lora_scale", "merge_lora_state", "merge_lora_stream"):
-        import rl_core.hf_export
-
         return getattr(rl_core.hf_export, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -5,6 +5,7 @@ DeepSpeed's shared-memory all-reduce on CPU. Kept apart so the strategy reads as
 from __future__ import annotations
 
 import contextlib
+import importlib
 from typing import Any
 
 import torch
@@ -80,7 +81,6 @@ def _skip_deepspeed_shm_comm() -> None:
     every new process and venv: tens of seconds the first time in each venv (a test run's subprocesses, Ray
     actors, ``rl demo`` on a fresh machine), and rebuilt whenever another venv built it last (the cache is keyed
     by Python and torch, not venv). gloo does the all-reduce without it; ``RL_DS_SHM_COMM=1`` keeps DeepSpeed's."""
-    import importlib
 
     # (not `import deepspeed.comm.torch as m`: that reads the attribute `torch` of deepspeed.comm, the torch module)
     module: Any = importlib.import_module("deepspeed.comm.torch")  # a module: any attribute may be set

@@ -4,9 +4,12 @@ it (:func:`to_universal`, collective)."""
 
 from __future__ import annotations
 
+import datetime
 import logging
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import torch.distributed as dist
@@ -31,7 +34,6 @@ def to_universal(path: Path) -> Path:
     collective until its timeout). The others wait in a gloo group of their own whose timeout fits a
     conversion (:data:`UNIVERSAL_CONVERT_TIMEOUT_S`, ``RL_UNIVERSAL_CONVERT_TIMEOUT_S``): the run's collective
     timeout (DeepSpeed's default 30 minutes, less when set) can be shorter than converting a large model."""
-    import datetime
 
     final = path / UNIVERSAL_TAG
     group = None
@@ -64,9 +66,6 @@ def to_universal(path: Path) -> Path:
 
 
 def _convert_to_universal(path: Path, final: Path) -> None:
-    import subprocess
-    import sys
-
     tmp = path / f".tmp-{UNIVERSAL_TAG}"
     shutil.rmtree(tmp, ignore_errors=True)
     out = subprocess.run(

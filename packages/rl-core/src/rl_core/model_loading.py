@@ -12,6 +12,9 @@ from pathlib import Path
 import torch
 
 from rl_core.attention import attention_implementation
+from rl_core.liger import apply_liger_kernel, require_liger
+from rl_core.preflight import InputError
+from rl_core.ring_attention import register
 
 Tensor = torch.Tensor
 HEAD_FILE, HEAD_META = "rl_head.safetensors", "rl_head.json"
@@ -84,8 +87,6 @@ def _load(
     experts_implementation: str | None = None,
 ):
     if use_liger_kernel:
-        from rl_core.liger import require_liger
-
         require_liger()  # before the weights load, not after
     model_config = None
     if attn is None and packed:  # the default for packed rows depends on the model's attention (sliding window)
@@ -93,8 +94,6 @@ def _load(
 
         model_config = AutoConfig.from_pretrained(_check_folder(path))
     if attn == "rl_ring":  # ring attention (rl_core.ring_attention): every role of a run with --ring_attn_size > 1
-        from rl_core.ring_attention import register
-
         impl = register()
     else:
         impl = attention_implementation(attn, packed=packed, dtype=dtype, model_config=model_config)
@@ -103,13 +102,9 @@ def _load(
         model = auto_cls.from_pretrained(_check_folder(path), dtype=_dtype(dtype), attn_implementation=impl, **extra)
     except ValueError as e:
         if extra and "experts_implementation" in str(e):  # transformers' own check, which lists the valid ones
-            from rl_core.preflight import InputError
-
             raise InputError(f"--experts_implementation {experts_implementation}: {e}") from e
         raise
     if use_liger_kernel:
-        from rl_core.liger import apply_liger_kernel
-
         apply_liger_kernel(model)
     if gradient_checkpointing:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})

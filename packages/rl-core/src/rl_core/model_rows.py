@@ -13,6 +13,7 @@ Tensor = torch.Tensor
 
 def _ring_slice(input_ids: Tensor, attention_mask: Tensor | None, position_ids: Tensor | None):
     """:func:`rl_core.ring_attention.sharded` for a packed row (padded rows are packed first: :func:`_ring_padded`)."""
+    # lazy: import cycle (rl_core -> rl_core.models -> rl_core.model_rows -> rl_core)
     from rl_core import ring_attention
 
     if ring_attention.current() is not None and (
@@ -29,6 +30,7 @@ def _ring_slice(input_ids: Tensor, attention_mask: Tensor | None, position_ids: 
 def _ring_padded(attention_mask: Tensor | None) -> bool:
     """Padded rows under ring attention: the forward packs their real tokens into one row, as OpenRLHF's
     ``unpad_and_slice_tensor`` does, and puts the per-token outputs back (:func:`_unpad`, :func:`_repad`)."""
+    # lazy: import cycle (rl_core -> rl_core.models -> rl_core.model_rows -> rl_core)
     from rl_core import ring_attention
 
     return attention_mask is not None and ring_attention.current() is not None

@@ -41,11 +41,18 @@ from typing import Any
 import torch
 from torch import nn
 
-from rl_algos import logprobs_and_entropy_from_logits, logprobs_from_logits
+from rl_algos import (
+    LogprobsEntropy,
+    logprobs_and_entropy_from_logits,
+    logprobs_from_hidden,
+    logprobs_from_logits,
+    weighted_logprob_sum_from_hidden,
+)
 from rl_core.hub import ModelNotFoundError, resolve_model, resolve_models  # model args resolve here too
 from rl_core.model_loading import HEAD_FILE, HEAD_META, LoraSpec, _check_folder, _load, _lora, check_moe_aux_loss
 from rl_core.model_rows import _positions, _repad, _ring_padded, _ring_slice, _shift_right, _unpad
 from rl_core.scalar_models import Critic, RewardModel
+from rl_rollout.vision import causal_lm_class, is_vision_config, placeholder_token_ids, token_types
 
 __all__ = [
     "HEAD_FILE",
@@ -100,7 +107,6 @@ class Actor(nn.Module):
         self.model: Any = model
         self.moe_aux_loss = False  # enable_moe_aux_loss(): forwards return the router's load-balancing loss
         self.fused_lm_head = False  # enable_fused_lm_head(): log-probs from the hidden states, chunk by chunk
-        from rl_rollout.vision import placeholder_token_ids
 
         # a VLM's image placeholders: the engines never sample them, so the log-probs leave them out too
         self._placeholders = placeholder_token_ids(model.config)
@@ -108,7 +114,6 @@ class Actor(nn.Module):
     @property
     def is_vlm(self) -> bool:
         """A vision-language model: its forward takes image tensors (:mod:`rl_rollout.vision`)."""
-        from rl_rollout.vision import is_vision_config
 
         return is_vision_config(self.config)
 
@@ -173,8 +178,6 @@ class Actor(nn.Module):
         return head
 
     def _fused_logprobs(self, hidden: Tensor, labels: Tensor, temperature: float, entropy: bool):
-        from rl_algos import LogprobsEntropy, logprobs_from_hidden
-
         head = self._head()
         out = logprobs_from_hidden(
             hidden, head.weight, labels, bias=head.bias, temperature=temperature, return_entropy=entropy
@@ -188,7 +191,6 @@ class Actor(nn.Module):
         (``lp_BT[:, t]`` predicts token t); the kernel's row t predicts token t + 1, so they move one to the left;
         the last row's wrapped-around label and, in packed rows, the rows that predict a sequence's first token
         (``_shift_right`` drops their log-probs) weigh nothing."""
-        from rl_algos import weighted_logprob_sum_from_hidden
 
         head = self._head()
         w = lp_weights_BT.float()
@@ -230,7 +232,6 @@ class Actor(nn.Module):
         A vision-language folder loads as ``AutoModelForImageTextToText``; ``freeze_visual_encoder``: see
         :meth:`freeze_visual_encoder` (before LoRA wraps the model). ``fused_lm_head``: see
         :meth:`enable_fused_lm_head`."""
-        from rl_rollout.vision import causal_lm_class
 
         auto_cls = causal_lm_class(_check_folder(path))
         if not freeze_visual_encoder:
@@ -303,8 +304,6 @@ class Actor(nn.Module):
             lp_BT = _repad(o.logprobs, idx, input_ids.shape)
             return ActorOutput(lp_BT, ent, o.aux_loss, None if lp_weights is None else (lp_BT * lp_weights).sum())
         if images:
-            from rl_rollout.vision import token_types
-
             images = {**images, **token_types(self.config, input_ids, images)}
         if position_ids is None and attention_mask is not None:
             position_ids = None if images else _positions(attention_mask)

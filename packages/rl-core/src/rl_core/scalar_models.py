@@ -13,8 +13,10 @@ from typing import Any
 import torch
 from torch import nn
 
+from rl_core.hf_export import merge_lora_state
 from rl_core.model_loading import HEAD_FILE, HEAD_META, LoraSpec, _check_folder, _load, _openrlhf_head
 from rl_core.model_rows import _positions, _repad, _ring_padded, _ring_slice, _shift_right, _unpad
+from rl_core.varlen_attention import cu_seqlens
 
 logger = logging.getLogger(__name__)
 Tensor = torch.Tensor
@@ -141,8 +143,6 @@ class _ScalarHeadModel(nn.Module):
         state = state_dict if state_dict is not None else self.state_dict()
         body_state = {k[len("body.") :]: v for k, v in state.items() if k.startswith("body.")}
         if hasattr(self.body, "peft_config"):  # LoRA: the merged body (transformers/vLLM load it), the adapter apart
-            from rl_core.hf_export import merge_lora_state
-
             self.body.save_pretrained(path / "adapter", state_dict=body_state, **kw)
             self.body.get_base_model().save_pretrained(
                 path, state_dict=merge_lora_state(body_state, self.body.peft_config), **kw
@@ -191,7 +191,6 @@ class RewardModel(_ScalarHeadModel):
                     "RewardModel needs an attention_mask (padded rows) or position_ids (packed rows) "
                     "to find each sequence's last token"
                 )
-            from rl_core.varlen_attention import cu_seqlens  # transformers' own rule for where a sequence starts
 
             scores_BT = self.per_token(input_ids, position_ids=position_ids)
             edges, _ = cu_seqlens(position_ids, input_ids.shape[0])

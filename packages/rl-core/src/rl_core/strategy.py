@@ -35,12 +35,13 @@ import random
 import socket
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 
+from rl_core.activation_checkpointing import select_checkpointed_layers
+from rl_core.ds_config import deepspeed_config, muon_section, trainable_param_groups
 from rl_core.ds_internals import _coalescible, _full_numel, _gather_bucket, _OneRankCoalescing, _skip_deepspeed_shm_comm
 from rl_core.strategy_config import (  # re-exported: the settings live beside, the engine here
     GRAD_ACCUM_DTYPES,
@@ -138,6 +139,7 @@ class DeepSpeedStrategy:
                 _skip_deepspeed_shm_comm()
             deepspeed.init_distributed(dist_backend=backend)
         if self.cfg.ring_attn_size > 1:
+            # lazy: import cycle (rl_core -> rl_core.rl.build -> rl_core.strategy -> rl_core)
             from rl_core import ring_attention
 
             ring_attention.setup(self.cfg.ring_attn_size, self.cfg.ring_head_stride)
@@ -211,107 +213,17 @@ class DeepSpeedStrategy:
     # ----- DeepSpeed engine -------------------------------------------------------------
 
     def ds_config(self, *, train: bool = True, offload: bool = False) -> dict:
-        """DeepSpeed's config: the training one, or with ``train=False`` a frozen model's (OpenRLHF's
-        get_eval_ds_config: ZeRO-3 when training runs it, else stage 0), whose parameters ``offload`` keeps on
-        the CPU (ZeRO-3's offload_param, as OpenRLHF's --ref.offload / --reward.offload)."""
-        c = self.cfg
-        if offload and train:
-            raise ValueError(
-                "offload=True is for frozen models (train=False); trained ones offload their "
-                "optimizer states: --adam_offload"
-            )
-        if offload:
-            c.check_param_offload("--ref_offload / --reward_offload")
-        plan = self.batch_plan()
-        zero: dict = {
-            "stage": c.zero_stage if train else (3 if c.zero_stage == 3 else 0),
-            "reduce_bucket_size": c.zero_bucket_bytes,
-            "allgather_bucket_size": c.zero_bucket_bytes,
-        }
-        if zero["stage"] in (1, 2):
-            # the contiguous gradient buffer serves the reduce over ranks; alone, it is one more copy of
-            # every gradient per step (SFT benchmark, one process: ZeRO-1 1.19x -> 1.05x a plain loop)
-            zero["contiguous_gradients"] = plan.dp_size > 1
-        if c.zero_stage == 3:
-            zero.update(
-                stage3_prefetch_bucket_size=c.zero_bucket_bytes,
-                stage3_param_persistence_threshold=10_000,
-                stage3_gather_16bit_weights_on_model_save=True,
-            )
-        if offload:
-            zero["offload_param"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
-        if train and c.adam_offload:
-            zero["offload_optimizer"] = {"device": "cpu", "pin_memory": torch.cuda.is_available()}
-        extra: dict[str, Any] = {}  # DeepSpeed config sections
-        if train:  # OpenRLHF's get_train_ds_config (its eval config has none of these)
-            if c.overlap_comm:
-                zero.update(overlap_comm=True, contiguous_gradients=True)
-            if c.zpg > 1:
-                zero["zero_hpz_partition_size"] = c.zpg
-            if c.grad_accum_dtype is not None:
-                extra["data_types"] = {"grad_accum_dtype": c.grad_accum_dtype}
-            if c.use_ds_universal_ckpt:  # as OpenRLHF's get_train_ds_config; rl_core.checkpoint converts at load
-                extra["checkpoint"] = {"load_universal": True}
-            if c.optim == "muon":
-                extra["optimizer"] = self.muon_config()
-                if c.zero_stage == 3:  # DeepSpeed: "Muon and reduce scatter cannot be used together"
-                    zero["reduce_scatter"] = False
-        return {
-            **extra,
-            "train_micro_batch_size_per_gpu": plan.micro_batch,
-            "gradient_accumulation_steps": plan.accumulation_steps,
-            # DeepSpeed counts every rank as data parallel: a ring group's ranks are replicas of one slice
-            "train_batch_size": plan.global_batch * c.ring_attn_size,
-            "gradient_clipping": c.max_norm if c.max_norm > 0 else 0.0,
-            "zero_optimization": zero,
-            "bf16": {"enabled": c.bf16},
-            "zero_allow_untested_optimizer": True,
-            "steps_per_print": 10**9,
-            "wall_clock_breakdown": False,
-            # DeepSpeed's throughput timer (on by default) synchronises the whole device at every forward and every
-            # step() to time a samples/s figure nobody prints here: the host then waits for the GPU twice per
-            # micro-batch and the GPU idles while the next one is launched (a third of the policy's training call
-            # at the 0.5B shape on an H100, docs/performance.md)
-            "timers": {"throughput": {"enabled": False, "synchronized": False}},
-        }
+        """DeepSpeed's config: the training one, or with ``train=False`` a frozen model's, whose parameters
+        ``offload`` keeps on the CPU (:func:`rl_core.ds_config.deepspeed_config`)."""
+        return deepspeed_config(self.cfg, self.batch_plan, train=train, offload=offload)
 
     def param_groups(self, model: nn.Module) -> list[dict]:
         """The trainable parameters in two groups: decayed by --l2, and norms and biases, not decayed."""
-        decay: list[nn.Parameter] = []
-        no_decay: list[nn.Parameter] = []
-        for name, p in model.named_parameters():
-            if p.requires_grad:
-                (no_decay if p.ndim < 2 or "norm" in name.lower() or name.endswith(".bias") else decay).append(p)
-        groups = [{"params": decay, "weight_decay": self.cfg.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-        groups = [g for g in groups if g["params"]]
-        if not groups:
-            raise ValueError("the model has no trainable parameters (all requires_grad=False): nothing to train")
-        return groups
+        return trainable_param_groups(model, self.cfg.weight_decay)
 
     def muon_config(self) -> dict:
-        """DeepSpeed's ``optimizer`` section for ``optim="muon"``, as OpenRLHF's ``_ds_init_train_model`` writes it
-        (Muon: Jordan et al. 2024, kellerjordan.github.io/posts/muon; at LLM scale: Liu et al. 2025,
-        arXiv:2502.16982).
-
-        ``deepspeed.initialize`` then tags each parameter (``use_muon``: 2-D, name without ``embed`` /
-        ``lm_head``) and builds ``MuonWithAuxAdam``, splitting each of :meth:`param_groups` into a Muon half
-        (``muon_lr``, ``momentum``) and an AdamW half (``adam_lr``, ``betas``, ``eps``); a group's own
-        ``weight_decay`` applies to both halves. DeepSpeed runs Newton-Schulz with 5 steps and Nesterov
-        momentum (neither is configurable there). The AdamW half is torch's AdamW, as our ``adam`` path's, or
-        DeepSpeedCPUAdam with ``adam_offload``."""
-        c = self.cfg
-        params = {
-            "lr": c.muon_lr,
-            "muon_lr": c.muon_lr,
-            "adam_lr": c.learning_rate,
-            "momentum": c.muon_momentum,
-            "betas": list(c.adam_betas),
-            "eps": c.adam_eps,
-            "weight_decay": c.weight_decay,
-        }
-        if not c.adam_offload:
-            params["torch_adam"] = True  # instead of DeepSpeed's FusedAdam, a CUDA op built at first use
-        return {"type": "Muon", "params": params}
+        """DeepSpeed's ``optimizer`` section for ``optim="muon"`` (:func:`rl_core.ds_config.muon_section`)."""
+        return muon_section(self.cfg)
 
     def make_optimizer(self, model: nn.Module) -> torch.optim.Optimizer:
         c = self.cfg
@@ -385,7 +297,6 @@ class DeepSpeedStrategy:
                 inner.gradient_checkpointing_enable(
                     gradient_checkpointing_kwargs={"use_reentrant": self.cfg.gradient_checkpointing_use_reentrant}
                 )
-            from rl_core.activation_checkpointing import select_checkpointed_layers
 
             what = select_checkpointed_layers(
                 engine.module, self.cfg.gradient_checkpointing_layers, device=self.device, optimizer=engine.optimizer

@@ -9,7 +9,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from rl_rollout.config import check_numbers, meta
+from rl_core.activation_checkpointing import parse_layers
+from rl_rollout.config_fields import check_numbers, meta
 
 OPTIMIZERS = ("adam", "muon")
 MUON_DEFAULTS = {"muon_lr": 0.02, "muon_momentum": 0.95}  # OpenRLHF's --muon.lr, --muon.momentum
@@ -192,7 +193,6 @@ class StrategyConfig:
         check_numbers(
             self, positive=("zero_bucket_bytes",), non_negative=("learning_rate", "max_norm", "weight_decay", "seed")
         )
-        from rl_core.activation_checkpointing import parse_layers
 
         layers = parse_layers(self.gradient_checkpointing_layers)
         object.__setattr__(self, "gradient_checkpointing_layers", layers)  # canonical text: all, auto, "4"

@@ -187,6 +187,7 @@ def _check_labels(logits: Tensor, labels: Tensor) -> None:
 
 
 def _triton(logits: Tensor, labels: Tensor | None, temperature: float, with_entropy: bool) -> LogprobsEntropy:
+    # lazy: the Triton kernel (CUDA only) pulls triton
     from rl_algos.losses.logits_triton import TritonLogprobsEntropyFn
 
     lab = None if labels is None else labels.reshape(-1).long().contiguous()

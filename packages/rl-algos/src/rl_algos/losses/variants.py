@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
+import typing
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -150,8 +152,6 @@ POLICY_LOSSES.register(GSPOLossConfig)
 def policy_loss_params(type: str) -> dict[str, type]:
     """The variant's own fields (name -> type) beyond :class:`PPOLossConfig`'s shared ones: what a run sets with
     ``KEY=VALUE`` settings (:func:`policy_loss_settings`)."""
-    import types
-    import typing
 
     cls = POLICY_LOSSES[type]
     shared = {f.name for f in dataclasses.fields(PPOLossConfig)}

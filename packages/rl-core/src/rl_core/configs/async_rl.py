@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rl_rollout.config import meta
+from rl_rollout.config_fields import meta
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rl_core.checkpoint import check_max_gb, unset_infinite_budget
-from rl_rollout.config import check_numbers, meta
+from rl_rollout.config_fields import check_numbers, meta
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from rl_core.strategy_config import MUON_DEFAULTS, SCHEDULES, check_optimizer
-from rl_rollout.config import check_numbers, meta
+from rl_rollout.config_fields import check_numbers, meta
 
 
 @dataclass(frozen=True)

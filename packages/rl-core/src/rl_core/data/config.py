@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from rl_rollout.config import meta
+from rl_rollout.config_fields import meta
 
 
 @dataclass

@@ -38,6 +38,7 @@ from rl_core.data.encoding import (
     render_prompt,
 )
 from rl_core.data.loading import DataError, Row, where_of
+from rl_rollout.vision import load_images
 
 logger = logging.getLogger(__name__)
 
@@ -201,8 +202,6 @@ class PromptDataset(_EagerDataset):
         return item
 
     def _images(self, row: dict, where: str) -> tuple[object, list]:
-        from rl_rollout.vision import load_images
-
         cfg = self.cfg
         refs = row.get(cfg.image_key)
         try:

@@ -197,6 +197,7 @@ def _read_json(path: Path, split: str, limit: int | None, skip_bad: bool = False
 
 
 def _read_parquet(path: Path) -> list[Row]:
+    # lazy: pyarrow only for parquet files
     import pyarrow as pa
     import pyarrow.parquet as pq
 

@@ -11,7 +11,7 @@
   critic's value loss and optimizer), resolved once from the run's config and handed to the workers.
 - :mod:`rl_core.rl.ds_sleep`: DeepSpeed sleep, the trained roles' states in host memory while the engines generate.
 - :mod:`rl_core.rl.groups`: the worker-group protocol, the in-process group, generation over
-  engine groups and the weight syncs (collective broadcast, CUDA IPC, in-process).
+  engine groups; :mod:`rl_core.rl.weight_syncs`: the weight syncs (collective broadcast, CUDA IPC, in-process).
 - :mod:`rl_core.rl.roles`: which roles a run has (decided once) and the check that it has a reward.
 - :mod:`rl_core.rl.build` (import it by name: it needs the trainers): the one builder: a run config and a group factory in, the roles, engines,
   weight sync and loop of a run out (``rl ppo``, ``rl ppo-ray``, ``rl demo``, benchmarks, tests).
@@ -20,18 +20,10 @@
 from rl_core.rl.batching import MicroBatchConfig, plan_micro_batches
 from rl_core.rl.experience import Experience, ExperienceBatch, collate, dp_order, make_item, rows
 from rl_core.rl.frozen_workers import ReferenceWorker, RewardModelWorker
-from rl_core.rl.groups import (
-    BroadcastWeightSync,
-    DirectWeightSync,
-    EngineFailure,
-    GroupRollout,
-    IpcWeightSync,
-    LocalGroup,
-    WorkerGroup,
-    concurrently,
-)
+from rl_core.rl.groups import EngineFailure, GroupRollout, LocalGroup, WorkerGroup, concurrently
 from rl_core.rl.objectives import CriticObjective, PolicyObjective
 from rl_core.rl.policy_weights import PolicyWeights, hf_names
+from rl_core.rl.weight_syncs import BroadcastWeightSync, DirectWeightSync, IpcWeightSync
 from rl_core.rl.workers import CriticWorker, PolicyWorker
 
 __all__ = [

@@ -31,6 +31,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import rl_core.varlen_attention as varlen_attention
+from rl_core.attention import requested_attention
+from rl_core.strategy import auto_zero_stage
+
 
 @dataclass(frozen=True)
 class Hardware:
@@ -46,14 +50,17 @@ class Hardware:
     def here(cls, trained_ranks: int = 1) -> Hardware:
         import torch
 
-        from rl_core.varlen_attention import varlen_available
-
         liger = None
         if importlib.util.find_spec("liger_kernel") is None:
             liger = "liger-kernel is not installed (pip install 'rl-core[liger]')"
         elif not torch.cuda.is_available():
             liger = "no CUDA device"
-        return cls(cuda=torch.cuda.is_available(), trained_ranks=trained_ranks, varlen=varlen_available(), liger=liger)
+        return cls(
+            cuda=torch.cuda.is_available(),
+            trained_ranks=trained_ranks,
+            varlen=varlen_attention.varlen_available(),
+            liger=liger,
+        )
 
 
 @dataclass(frozen=True)
@@ -93,8 +100,6 @@ def _liger_types() -> tuple[str, ...] | None:
 
 
 def _packing(cfg, hw: Hardware, model_config, images: bool) -> tuple[bool, str]:
-    from rl_core.attention import requested_attention
-
     attn = requested_attention(cfg.model.attn_implementation, cfg.model.flash_attn)
     if images:
         return False, "prompts with images go in padded rows"
@@ -132,7 +137,6 @@ def resolve(cfg, hw: Hardware, *, given: frozenset[str] | None = None, images: b
     changes nothing), and what was decided, with why. ``given``: the dotted settings the user set (the CLI's
     command line and YAML); None (a Python caller): a ``micro_train_batch_size`` other than 1 counts as given.
     ``images``: the prompts carry images."""
-    from rl_core.strategy import auto_zero_stage
 
     choices: list[Choice] = []
     model, strategy, batching, packing = cfg.model, cfg.strategy, cfg.batching, cfg.packing

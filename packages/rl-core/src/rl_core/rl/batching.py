@@ -28,9 +28,11 @@ from dataclasses import dataclass, field
 
 import torch
 
+import rl_core.activation_checkpointing as ac
 from rl_core.data.collate import pack_greedy
 from rl_core.rl.experience import Experience, collate
-from rl_rollout.config import check_numbers, meta
+from rl_rollout.config_fields import check_numbers, meta
+from rl_rollout.vision import cat_image_inputs
 
 logger = logging.getLogger(__name__)
 
@@ -111,11 +113,10 @@ def memory_budget(engine, device: torch.device, *, train: bool) -> tuple[int, st
     input, a no-grad forward one layer at a time. Free memory as :func:`rl_core.activation_checkpointing.free_bytes` (gradients
     and Adam moments still to come left out). ``AUTO_SHARE`` of it, within ``AUTO_MIN_TOKENS``..``AUTO_MAX_TOKENS``.
     """
-    from rl_core.activation_checkpointing import ActivationEstimate, decoder_layers, free_bytes
 
     module = getattr(engine, "module", engine)
-    layers = decoder_layers(module)
-    est = ActivationEstimate.of(module, len(layers))
+    layers = ac.decoder_layers(module)
+    est = ac.ActivationEstimate.of(module, len(layers))
     fused = bool(getattr(module, "fused_lm_head", False))
     # rl_algos' log-probs keep the logits and, in backward, their gradient (2 e V; the fp32 work is per chunk or
     # inside the Triton kernel), not the estimate's e + 4 bytes per logit
@@ -126,7 +127,7 @@ def memory_budget(engine, device: torch.device, *, train: bool) -> tuple[int, st
         per_token = est.bytes(ckpt, 1) - est.head + head
     else:
         per_token = est.per_layer + head
-    free = free_bytes(module, device, getattr(engine, "optimizer", None) if train else None)
+    free = ac.free_bytes(module, device, getattr(engine, "optimizer", None) if train else None)
     free -= FUSED_HEAD_RESERVE if fused else 0
     tokens = int(AUTO_SHARE * max(free, 0) / max(per_token, 1))
     clamped = min(max(tokens, AUTO_MIN_TOKENS), AUTO_MAX_TOKENS)
@@ -284,8 +285,6 @@ class ModelInputs:
                 "attention_mask": to_device(b.attention_mask_BT, device),
             }
         if pixels:
-            from rl_rollout.vision import cat_image_inputs
-
             parts = [it.image_inputs for it in items if it.image_inputs]  # (cat_image_inputs skips the rest too)
             kw.update({k: v.to(device) for k, v in cat_image_inputs(parts).items()})
         return cls(kw, lengths, packing)

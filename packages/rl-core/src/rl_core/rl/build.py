@@ -30,19 +30,22 @@ from typing import Any, Protocol
 from rl_algos import estimator_names
 from rl_core.attention import requested_attention
 from rl_core.metrics import MetricsLogger
+from rl_core.models import LoraSpec, check_fused_lm_head
 from rl_core.rl.auto import Hardware
 from rl_core.rl.auto import resolve as resolve_auto
 from rl_core.rl.batching import MicroBatchConfig
 from rl_core.rl.ds_sleep import check_ds_sleep
 from rl_core.rl.frozen_workers import ReferenceWorker, RewardModelWorker
-from rl_core.rl.groups import DirectWeightSync, LocalGroup, WorkerGroup
+from rl_core.rl.groups import LocalGroup, WorkerGroup
 from rl_core.rl.objectives import CriticObjective, PolicyObjective
 from rl_core.rl.roles import require_reward, run_roles
+from rl_core.rl.weight_syncs import DirectWeightSync
 from rl_core.rl.workers import CriticWorker, PolicyWorker
 from rl_core.strategy import StrategyConfig
 from rl_core.trainers.ppo import PPOTrainer
 from rl_core.trainers.ppo_config import PPOConfig
 from rl_rollout.config import EngineConfig, WeightSyncConfig, check_numbers, meta
+from rl_rollout.vision import is_vision_config
 
 logger = logging.getLogger(__name__)
 
@@ -156,7 +159,6 @@ class RLModelConfig:
 
     def lora(self):
         """The LoRA settings of the trained roles (policy, critic), or None."""
-        from rl_core.models import LoraSpec
 
         return LoraSpec.of(self.lora_rank, self.lora_alpha, self.lora_dropout, self.target_modules)
 
@@ -184,7 +186,6 @@ class RunConfig:
 
     def __post_init__(self) -> None:
         check_ds_sleep(self.ppo.deepspeed_enable_sleep, self.strategy)
-        from rl_core.models import check_fused_lm_head
 
         check_fused_lm_head(self.model.fused_lm_head, self.strategy)
         offloaded = [f"--{n}" for n in ("ref_offload", "reward_offload") if getattr(self.model, n)]
@@ -266,8 +267,6 @@ class Run:
 
 def _is_vlm(path: str) -> bool:
     from transformers import AutoConfig
-
-    from rl_rollout.vision import is_vision_config
 
     return is_vision_config(AutoConfig.from_pretrained(path))
 

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from rl_core.rl.groups import concurrently
+
 if TYPE_CHECKING:
     from rl_core.strategy import DeepSpeedStrategy
 
@@ -158,7 +160,6 @@ def call_roles(groups, method: str, parallel: bool, *args) -> dict[str, float]:
     """``method`` (``ds_offload`` / ``ds_reload``, with ``args``) on every rank of the trained roles' groups (at
     once when they live apart) -> the loop's metrics: the slowest rank's seconds (``ds_sleep_s`` / ``ds_wake_s``),
     and for an offload every rank's bytes (``ds_sleep_gb``; on CUDA ``ds_sleep_freed_gb``)."""
-    from rl_core.rl.groups import concurrently
 
     calls = [lambda g=g: g.call(method, *args) for g in groups]
     ranks = [r for rs in (concurrently(*calls) if parallel else [f() for f in calls]) for r in rs]

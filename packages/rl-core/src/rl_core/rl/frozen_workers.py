@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from rl_core.models import Actor, RewardModel, frozen
 from rl_core.rl.batching import MicroBatchConfig
 from rl_core.rl.experience import Experience
 from rl_core.rl.worker_base import _Worker
@@ -35,7 +36,6 @@ class ReferenceWorker(_Worker):
         offload: bool = False,
     ):
         super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
-        from rl_core.models import Actor, frozen
 
         self.temperature = temperature
         kw = {
@@ -71,7 +71,6 @@ class RewardModelWorker(_Worker):
         offload: bool = False,
     ):
         super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
-        from rl_core.models import RewardModel
 
         kw = {
             k: v

@@ -17,6 +17,11 @@ import time
 
 import torch
 
+from rl_core.hf_export import merge_lora_stream
+from rl_rollout.ipc import IpcSender
+from rl_rollout.transport import CollectiveSender
+from rl_rollout.weights import tensor_stats
+
 
 def hf_names(named_params):
     """Actor parameter names (``model.<hf name>``) -> the engine's HF names."""
@@ -53,8 +58,6 @@ class PolicyWeights:
     ) -> None:
         """Rank 0 joins the engines' weight group as its sender (blocks until every engine worker joined)."""
         if self.rank == 0:
-            from rl_rollout.transport import CollectiveSender
-
             device = self.s.device if backend == "nccl" else "cpu"
             self._sender = CollectiveSender(
                 master_addr, master_port, world_size, backend=backend, device=device, timeout_s=timeout_s
@@ -67,7 +70,6 @@ class PolicyWeights:
         named = (nt for bucket in self.s.named_parameter_buckets(self._module()) for nt in hf_names(bucket))
         if self._lora is None or not merge:
             return named
-        from rl_core.hf_export import merge_lora_stream
 
         return merge_lora_stream(named, self._lora)
 
@@ -89,7 +91,6 @@ class PolicyWeights:
         (``live=True``); ZeRO-3 gathers bucket by bucket. LoRA: the merged weights, fresh copies (never
         ``live``). ``verify``: the engine then checks it holds what was sent (count, sum and sum of squares
         per tensor; raises WeightSyncError)."""
-        from rl_rollout.weights import tensor_stats
 
         cuda = torch.device(self.s.device).type == "cuda"
         if cuda:  # the train step's kernels are done before the clock starts, the copies before it stops
@@ -136,7 +137,6 @@ class PolicyWeights:
     def stats(self) -> dict | None:
         """Per-tensor count, sum and sum of squares (HF names) of the policy's weights, on rank 0 (None
         elsewhere): what an engine's ``verify_weights`` checks. Collective under ZeRO-3."""
-        from rl_rollout.weights import tensor_stats
 
         out = {n: tensor_stats(t) for n, t in self.named(merge=self.rank == 0)}
         return out if self.rank == 0 else None
@@ -150,8 +150,7 @@ class PolicyWeights:
         If the weights moved since the last sync (DeepSpeed sleep offloads and reloads them), the sender packs
         from then on. ZeRO-3 (gathered copies) and LoRA (merged ones): every rank copies the full weights into
         persistent CUDA IPC buckets. Either way the trainer must not change what it shared until the engine
-        loaded it: call again only after the engine's load returned (:class:`rl_core.rl.groups.IpcWeightSync`)."""
-        from rl_rollout.ipc import IpcSender
+        loaded it: call again only after the engine's load returned (:class:`rl_core.rl.weight_syncs.IpcWeightSync`)."""
 
         t0 = time.perf_counter()
         gathered = self.s.cfg.zero_stage == 3 or self._lora is not None

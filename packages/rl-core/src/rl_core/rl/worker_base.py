@@ -12,8 +12,10 @@ from typing import Any
 
 import torch
 
+from rl_core.checkpoint import load_engine_state, save_engine_state
 from rl_core.rl.batching import MicroBatchConfig, ModelInputs, equalise, memory_budget, plan_micro_batches
 from rl_core.rl.experience import Experience, rows
+from rl_core.strategy import DeepSpeedStrategy
 
 logger = logging.getLogger(__name__)
 
@@ -34,7 +36,6 @@ class _Worker:
     def __init__(
         self, strategy_cfg, *, pad_id: int = 0, batching: MicroBatchConfig | None = None, packing: bool = False
     ):
-        from rl_core.strategy import DeepSpeedStrategy
 
         self.s = DeepSpeedStrategy(strategy_cfg)
         self.s.setup_distributed()
@@ -61,6 +62,7 @@ class _Worker:
 
     def world(self) -> dict:
         """This rank's place: rank, world size, device (for the controller's log and checks)."""
+        # lazy: import cycle (rl_core -> rl_core.rl.build -> rl_core.rl.frozen_workers -> rl_core.rl.worker_base -> rl_core)
         from rl_core import ring_attention
 
         ring = ring_attention.current()
@@ -166,13 +168,11 @@ class _Worker:
         """Collective: this rank's part of the model, optimizer, scheduler and RNG into ``path`` (DeepSpeed
         state), on disk when every rank returns. The loop's :class:`~rl_core.rl.checkpoint.RLCheckpoints`
         commits it with the other roles' parts."""
-        from rl_core.checkpoint import save_engine_state
 
         return str(save_engine_state(self.s, self.engine, path, self._client_state()))
 
     def load_checkpoint(self, path: str) -> None:
         """Collective: restore what :meth:`save_checkpoint` wrote into ``path`` (unpickles: trusted only)."""
-        from rl_core.checkpoint import load_engine_state
 
         self._restore_client_state(load_engine_state(self.engine, path), path)
 

@@ -35,8 +35,12 @@ from dataclasses import replace
 
 import torch
 
+from rl_algos import aggregate_loss, approx_kl, value_loss
+from rl_core.hf_export import export_hf
+from rl_core.models import Actor, Critic
 from rl_core.rl.batching import MicroBatchConfig, to_device
 from rl_core.rl.ds_sleep import DeepSpeedSleep
+from rl_core.rl.ema import EmaWeights
 from rl_core.rl.experience import Experience, TokenField, collate, sequence
 from rl_core.rl.objectives import CriticObjective, PolicyObjective
 from rl_core.rl.policy_weights import PolicyWeights
@@ -62,7 +66,6 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         ptx: list[dict] | None = None,
     ):
         super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
-        from rl_core.models import Actor
 
         self.objective = objective
         self.variant = objective.variant()  # built once (rl_algos.POLICY_LOSSES): clip, correction, aggregation
@@ -91,8 +94,6 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         self.engine = self.s.prepare(actor, total_steps=total_steps)
         self._ema = None
         if objective.ema_beta is not None:
-            from rl_core.rl.ema import EmaWeights
-
             self._ema = EmaWeights(self.engine.module, objective.ema_beta)
             logger.info(
                 "policy EMA (beta %g): %.3f GB on %s, rank %d",
@@ -121,7 +122,6 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         The rollout log-prob gap is then measured here (``rollout_logprob_gap``, ``rollout_gap_tokens``).
 
         Returns ``[metrics]`` (a list, as ``call_sharded`` wants), averaged over steps and ranks."""
-        from rl_algos import aggregate_loss, approx_kl
 
         o, variant, dev, world = self.objective, self.variant, self.s.device, self.s.world_size
         entropy_coef, aux_coef = o.loss.entropy_coef, o.loss.aux_loss_coef
@@ -275,7 +275,6 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
 
     def export(self, save_path: str, tokenizer_path: str | None = None) -> str:
         """The HF export of the policy, or of its EMA weights with ``enable_ema`` (as OpenRLHF's save_model)."""
-        from rl_core.hf_export import export_hf
 
         tok = None
         if tokenizer_path:
@@ -330,7 +329,6 @@ class CriticWorker(DeepSpeedSleep, _Worker):
     ):
         strategy_cfg = replace(strategy_cfg, **objective.optimizer.overrides())  # its own optimizer, schedule, clipping
         super().__init__(strategy_cfg, pad_id=pad_id, batching=batching, packing=packing)
-        from rl_core.models import Critic
 
         self.objective = objective
         self.engine = self.s.prepare(Critic.from_pretrained(pretrain, **(load_kw or {})), total_steps=total_steps)
@@ -344,7 +342,6 @@ class CriticWorker(DeepSpeedSleep, _Worker):
 
     def train(self, items: list[Experience]) -> list[dict[str, float]]:
         """Critic epochs, like :meth:`PolicyWorker.train`; returns ``[metrics]``."""
-        from rl_algos import value_loss
 
         o, dev, world = self.objective, self.s.device, self.s.world_size
         sums: dict = {"critic_loss": 0.0, "value_clip_fraction": 0.0}
@@ -377,13 +374,12 @@ class CriticWorker(DeepSpeedSleep, _Worker):
         return self._leader([self.s.all_reduce(sums, "sum")])
 
     def export(self, save_path: str, tokenizer_path: str | None = None) -> str:
-        from rl_core.hf_export import export_hf
-
         return str(export_hf(self.s, self.engine, save_path))
 
 
 def __getattr__(name: str):  # the frozen roles live in rl_core.rl.frozen_workers; old imports keep working
     if name in ("ReferenceWorker", "RewardModelWorker"):
+        # lazy: import cycle (rl_core.rl.workers -> rl_core.rl -> rl_core.rl.workers)
         from rl_core.rl import frozen_workers
 
         return getattr(frozen_workers, name)

@@ -41,7 +41,7 @@ from rl_core.data import pack_collate, pad_collate
 from rl_core.folder_lock import hold
 from rl_core.hf_export import export_hf
 from rl_core.metrics import LoggerConfig, MetricsLogger
-from rl_rollout.config import check_numbers, meta
+from rl_rollout.config_fields import check_numbers, meta
 
 logger = logging.getLogger(__name__)
 

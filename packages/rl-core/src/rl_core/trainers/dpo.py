@@ -33,7 +33,7 @@ import torch
 from rl_algos import dpo_loss
 from rl_core.data import model_inputs, preference_collate, sequence_sums
 from rl_core.trainers.base import LMTrainerConfig, Trainer
-from rl_rollout.config import check_numbers, meta
+from rl_rollout.config_fields import check_numbers, meta
 
 logger = logging.getLogger(__name__)
 

@@ -27,7 +27,7 @@ from rl_algos import kto_loss
 from rl_core.data import model_inputs, sequence_sums
 from rl_core.trainers.base import LMTrainerConfig, Trainer
 from rl_core.trainers.dpo import sequence_logps
-from rl_rollout.config import meta
+from rl_rollout.config_fields import meta
 
 
 @dataclass(frozen=True)

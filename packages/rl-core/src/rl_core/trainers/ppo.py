@@ -70,25 +70,27 @@ import logging
 import math
 import time
 
-import torch
 from tqdm import tqdm
 
 from rl_core.configs import check_eval_set
 from rl_core.folder_lock import hold
 from rl_core.metrics import MetricsLogger
-from rl_core.preflight import InputError, check_rl_arithmetic
+from rl_core.preflight import check_rl_arithmetic
 from rl_core.rl import ds_sleep
 from rl_core.rl.batching import BudgetWatch, MicroBatchConfig
 from rl_core.rl.experience import Experience, dp_order, ring_shards
-from rl_core.rl.groups import LocalGroup, concurrently
+from rl_core.rl.groups import LocalGroup
 from rl_core.rl.pipeline import AsyncRollout
-from rl_core.rng_state import rng_state_from_json, rng_state_json, set_rng_state
-from rl_core.trainers.ppo_checkpoint import LoopCheckpoints, best_metric_key, resumed_settings
+from rl_core.rng_state import rng_state_from_json, set_rng_state
+from rl_core.trainers.ppo_checkpoint import loop_checkpoints, loop_settings, loop_state, resume_state
 from rl_core.trainers.ppo_checks import check_combinations, check_parts
 from rl_core.trainers.ppo_config import PPOConfig
 from rl_core.trainers.ppo_eval import EvalPass
-from rl_core.trainers.ppo_experience import ExperienceMaker, GapAlarm
-from rl_core.trainers.ppo_rollout import Sampler, _bounded
+from rl_core.trainers.ppo_experience import ExperienceMaker, GapAlarm, trains_on_policy
+from rl_core.trainers.ppo_rewards import _bounded
+from rl_core.trainers.ppo_rollout import Sampler
+from rl_core.trainers.ppo_sync import release_device_caches, sync_engines
+from rl_rollout.agents.openrlhf import load_agent
 
 __all__ = ["PPOConfig", "PPOTrainer"]
 
@@ -146,17 +148,11 @@ class PPOTrainer:
         check_parts(cfg, rollout=rollout, critic=critic, ref=ref, reward_fn=reward_fn, reward_model=reward_model)
         agent = None  # a factory of fresh environments, one per episode
         if cfg.agent:
-            from rl_rollout.agents.openrlhf import load_agent
-
             agent = load_agent(cfg.agent.func_path)
             if hasattr(rollout, "batch_agenerate"):  # the HF engine: one generate per turn of all episodes
                 rollout.batch_agenerate = True
-        samples = cfg.rollout_batch_size * cfg.sampling.n_samples_per_prompt
-        ranks = {
-            role: g.world_size
-            for role, g in (("policy", policy), ("critic", critic), ("ref", ref), ("reward", reward_model))
-            if g is not None
-        }
+        roles = {"policy": policy, "critic": critic, "ref": ref, "reward": reward_model}
+        ranks = {role: g.world_size for role, g in roles.items() if g is not None}
         check_rl_arithmetic(cfg, train_batch_size, ring=self.ring, num_prompts=len(prompts), world_sizes=ranks)
         self.num_iterations = cfg.iterations(len(prompts))
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -183,31 +179,13 @@ class PPOTrainer:
             if eval_prompts is not None
             else None
         )
-        best_key = best_metric_key(cfg, eval_prompts is not None)  # --best_metric_key as eval/NAME (None: no best)
-        self.ckpt = (
-            LoopCheckpoints(
-                cfg.ckpt,
-                policy=policy,
-                critic=critic,
-                best_key=best_key,
-                tokenizer_path=getattr(tokenizer, "name_or_path", None),
-            )
-            if cfg.ckpt.ckpt_path
-            else None
+        self.ckpt = loop_checkpoints(
+            cfg, policy=policy, critic=critic, eval_set=eval_prompts is not None, tokenizer=tokenizer
         )
         self.history: list[dict[str, float]] = []
         self.eval_history: list[dict[str, float]] = []  # the eval passes' metrics, with their iteration
         self.kl = cfg.kl.controller()  # the reward penalty's coefficient (None: KL as a loss, or off)
-        # One epoch and one global batch per iteration, no KL reward penalty: the policy trains once on weights
-        # the engine sampled with, so its old log-probs are its train forward's (detached): skip that forward.
-        # Asynchronous training samples with older weights than the ones that train: never on-policy.
-        on_policy = (
-            cfg.max_epochs == 1
-            and samples == train_batch_size
-            and self.kl is None
-            and cfg.freezing_actor_steps == 0
-            and not cfg.async_rl
-        )
+        on_policy = trains_on_policy(cfg, train_batch_size, kl_penalty=self.kl is not None)
         if cfg.async_rl and cfg.async_rl.partial_rollout:
             rollout.partial_chunk_tokens = cfg.async_rl.partial_rollout_tokens
         self._ckpt_cursor = 0  # the prompt cursor after the batch trained last (async: the producer runs ahead)
@@ -272,43 +250,20 @@ class PPOTrainer:
 
     def _release_device_caches(self) -> dict[str, float]:
         """Every model role's ranks empty torch's CUDA cache before the sleeping engines wake into that memory
-        (part of ``wake_s``); on CUDA ``device_cache_freed_gb``, what they gave back (all ranks)."""
-
+        (:func:`~rl_core.trainers.ppo_sync.release_device_caches`)."""
         groups = [g for g in (self.policy, self.critic, self.ref, self.reward_model) if g is not None]
-        calls = [lambda g=g: g.call("release_device_cache") for g in groups]
-        ranks = [r for rs in (concurrently(*calls) if self.parallel else [f() for f in calls]) for r in rs]
-        if ranks and all("freed_bytes" in r for r in ranks):
-            return {"device_cache_freed_gb": sum(r["freed_bytes"] for r in ranks) / 1e9}
-        return {}
+        return release_device_caches(groups, self.parallel)
 
     def _sync(self, version: int) -> dict[str, float]:
-        """Wake the engines (timed apart: ``wake_s``), then push this version's weights (``sync_s``)."""
-        t0 = time.perf_counter()
-        level2 = self.sleep_engines and self.sleep_level == 2
-        released = {}
-        if self.sleep_engines:  # level 2: only the weights' memory first; the sync refills every tensor
-            released = self._release_device_caches()
-            self.rollout.wake_up(["weights"] if level2 else None)
-        t1 = time.perf_counter()
-        stats = self.weight_sync(version) or {}
-        t2 = time.perf_counter()
-        if level2:
-            self.rollout.wake_up(["kv_cache"])
-        out = {
-            "wake_s": t1 - t0 + time.perf_counter() - t2,
-            "sync_s": t2 - t1,
-            "sync_gb_per_s": float(stats.get("gb_per_s", 0.0)),
-            **released,
-        }
-        if "verify_s" in stats:  # the engines checked they hold what was sent (part of sync_s)
-            out["sync_verify_s"] = float(stats["verify_s"])
-        if "in_place" in stats:  # CUDA IPC: 1 when the engines read the policy's own memory, 0 from buckets
-            out["sync_in_place"] = float(stats["in_place"])
-        # CUDA IPC: the policy's call (packing, handles), the engines' load, and the time inside each (the rest Ray's)
-        for part in ("share_s", "load_s", "share_work_s", "load_work_s"):
-            if part in stats:
-                out[f"sync_{part}"] = float(stats[part])
-        return out
+        """Wake the engines, then push this version's weights (:func:`~rl_core.trainers.ppo_sync.sync_engines`)."""
+        return sync_engines(
+            self.rollout,
+            self.weight_sync,
+            version,
+            sleep_engines=self.sleep_engines,
+            sleep_level=self.sleep_level,
+            release=self._release_device_caches,
+        )
 
     # ----- the loop --------------------------------------------------------------------------
 
@@ -330,7 +285,7 @@ class PPOTrainer:
             stale, fresh = self.sampler.staleness(batch.samples, it - 1)
             batch.metrics.update(stale, rollout_wait_s=wait_s)
         self._ckpt_cursor = batch.cursor
-        samples, items, scores, m = batch.samples, batch.items, batch.scores_B, batch.metrics
+        items, scores, m = batch.items, batch.scores_B, batch.metrics
         if self.sleep_engines:
             self.rollout.sleep(self.sleep_level)
         if c.deepspeed_enable_sleep and pipeline is None:
@@ -348,18 +303,7 @@ class PPOTrainer:
             pipeline.synced(it)
         if self.kl is not None and "kl" in m:
             self.kl.update(m["kl"], len(items))
-        lengths = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.float32)
-        m.update(
-            {
-                "reward_mean": scores.mean().item(),
-                "reward_std": scores.std().item() if len(scores) > 1 else 0.0,
-                "response_length": lengths.mean().item(),
-                "response_length_max": lengths.max().item(),
-                "truncated": sum(s.finish_reason == "length" for s in samples) / len(samples),
-                "experience_s": t2 - t1,
-                "iteration_s": time.perf_counter() - t0,
-            }
-        )
+        m.update(batch.sample_metrics(), experience_s=t2 - t1, iteration_s=time.perf_counter() - t0)
         if not all(math.isfinite(v) for v in m.values()):
             logger.warning("iteration %d: non-finite metrics %s", it, m)
         self.history.append(m)
@@ -381,53 +325,21 @@ class PPOTrainer:
     # ----- checkpoints of the loop's state ----------------------------------------------------
 
     def _settings(self) -> dict:
-        """What a resume compares with the checkpoint's run (:func:`resumed_settings`)."""
-        c = self.cfg
-        return {
-            "seed": self.sampler.seed,
-            "prompts": len(self.prompts),
-            "rollout_batch_size": c.rollout_batch_size,
-            "n_samples_per_prompt": c.sampling.n_samples_per_prompt,
-            "train_batch_size": self.G,
-            "max_epochs": c.max_epochs,
-        }
+        """What a resume compares with the checkpoint's run (:func:`~rl_core.trainers.ppo_checkpoint.loop_settings`)."""
+        return loop_settings(self.cfg, seed=self.sampler.seed, prompts=len(self.prompts), train_batch_size=self.G)
 
     def _loop_state(self, it: int) -> dict:
         """What a checkpoint after iteration ``it`` keeps of the loop (the roles' states are the workers')."""
-        return {
-            "iteration": it,
-            "settings": self._settings(),
-            "cursor": self._ckpt_cursor,
-            "kl_coef": self.kl.value if self.kl is not None else None,
-            "history": self.history,
-            "gap_warned": self.gap_alarm.warned,
-            "rng": rng_state_json(),
-        }
+        kl_coef = self.kl.value if self.kl is not None else None
+        return loop_state(it, self._settings(), self._ckpt_cursor, kl_coef, self.history, self.gap_alarm.warned)
 
     def _resume(self) -> int:
         """Restore the newest committed iteration (every role and the loop); returns it (0 when none)."""
-        newest = self.ckpt.newest() if self.ckpt is not None else None
-        if newest is not None and newest >= self.num_iterations:  # before any role's state is read
-            raise InputError(
-                f"--load_checkpoint: the newest checkpoint under --ckpt_path {self.cfg.ckpt.ckpt_path} "
-                f"is iteration {newest}, at or past this run's last ({self.num_iterations}): nothing "
-                f"would train; raise --max_iterations (or --num_episodes) above {newest}, or give a "
-                f"fresh --ckpt_path"
-            )
-        changed = (
-            resumed_settings((self.ckpt.peek() or {}).get("settings"), self._settings())
-            if newest is not None and self.ckpt is not None
-            else []
-        )  # before any role's state is read: a prompt order it cannot continue
-        state = self.ckpt.load() if self.ckpt is not None else None
+        if self.ckpt is None:
+            return 0
+        state = resume_state(self.ckpt, self.num_iterations, self.cfg.ckpt.ckpt_path, self._settings())
         if state is None:
             return 0
-        if changed:
-            logger.warning(
-                "resumed with settings other than the checkpoint's, applied from iteration %d on: %s",
-                state["iteration"] + 1,
-                ", ".join(changed),
-            )
         self.sampler.cursor = self._ckpt_cursor = state["cursor"]
         if self.kl is not None and state["kl_coef"] is not None:
             self.kl.value = state["kl_coef"]

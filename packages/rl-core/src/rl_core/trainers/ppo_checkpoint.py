@@ -19,6 +19,7 @@ from typing import Any
 
 from rl_core.preflight import InputError
 from rl_core.rl.checkpoint import LOOP_STATE, RLCheckpoints
+from rl_core.rng_state import rng_state_json
 
 logger = logging.getLogger(__name__)
 
@@ -151,3 +152,66 @@ class LoopCheckpoints:
         best = state.get("best")  # checkpoints from before --best_metric_key have none
         self.best = best if best is not None and best["key"] == self.best_key else None
         return state
+
+
+def loop_state(it: int, settings: dict, cursor: int, kl_coef: float | None, history: list, gap_warned: bool) -> dict:
+    """What a checkpoint after iteration ``it`` keeps of the loop (the roles' states are the workers'): the run's
+    settings (compared on resume: :func:`resumed_settings`), the prompt cursor, the KL coefficient, the metrics
+    history, the gap alarm's state and this process's RNG state."""
+    return {
+        "iteration": it,
+        "settings": settings,
+        "cursor": cursor,
+        "kl_coef": kl_coef,
+        "history": history,
+        "gap_warned": gap_warned,
+        "rng": rng_state_json(),
+    }
+
+
+def resume_state(ckpt: LoopCheckpoints, num_iterations: int, ckpt_path: str | None, settings: dict) -> dict | None:
+    """The loop's state of the newest committed checkpoint, every role's state restored (None when there is none).
+
+    Refused before any role's state is read: a checkpoint at or past this run's last iteration (nothing would
+    train). Settings other than the checkpoint's run are warned of (applied from the next iteration on)."""
+    newest = ckpt.newest()
+    if newest is not None and newest >= num_iterations:  # before any role's state is read
+        raise InputError(
+            f"--load_checkpoint: the newest checkpoint under --ckpt_path {ckpt_path} "
+            f"is iteration {newest}, at or past this run's last ({num_iterations}): nothing "
+            f"would train; raise --max_iterations (or --num_episodes) above {newest}, or give a "
+            f"fresh --ckpt_path"
+        )
+    # before any role's state is read: a prompt order it cannot continue
+    changed = resumed_settings((ckpt.peek() or {}).get("settings"), settings) if newest is not None else []
+    state = ckpt.load()
+    if state is not None and changed:
+        logger.warning(
+            "resumed with settings other than the checkpoint's, applied from iteration %d on: %s",
+            state["iteration"] + 1,
+            ", ".join(changed),
+        )
+    return state
+
+
+def loop_checkpoints(cfg, *, policy, critic, eval_set: bool, tokenizer) -> LoopCheckpoints | None:
+    """The loop's checkpoints under ``--ckpt_path`` (None without one), with the best eval pass's kept apart when
+    ``--best_metric_key`` names an eval metric (:func:`best_metric_key`)."""
+    if not cfg.ckpt.ckpt_path:
+        return None
+    best_key = best_metric_key(cfg, eval_set)  # --best_metric_key as eval/NAME (None: no best)
+    tokenizer_path = getattr(tokenizer, "name_or_path", None)
+    return LoopCheckpoints(cfg.ckpt, policy=policy, critic=critic, best_key=best_key, tokenizer_path=tokenizer_path)
+
+
+def loop_settings(cfg, *, seed: int, prompts: int, train_batch_size: int) -> dict:
+    """What a resume compares with the checkpoint's run (:func:`resumed_settings`): the prompt order's seed and
+    set size, and the batch shape."""
+    return {
+        "seed": seed,
+        "prompts": prompts,
+        "rollout_batch_size": cfg.rollout_batch_size,
+        "n_samples_per_prompt": cfg.sampling.n_samples_per_prompt,
+        "train_batch_size": train_batch_size,
+        "max_epochs": cfg.max_epochs,
+    }

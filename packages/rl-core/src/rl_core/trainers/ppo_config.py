@@ -38,7 +38,7 @@ from rl_core.configs import (
     from_flat,
 )
 from rl_rollout import SamplingConfig
-from rl_rollout.config import check_numbers, meta
+from rl_rollout.config_fields import check_numbers, meta
 
 
 @dataclass(frozen=True)

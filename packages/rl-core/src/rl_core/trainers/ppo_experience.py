@@ -9,10 +9,24 @@ from collections.abc import Callable
 
 import torch
 
+from rl_algos import approx_kl, masked_mean, masked_whiten
 from rl_core.rl.experience import Experience, TokenField, collate, rows
 from rl_core.rl.groups import concurrently
 
 logger = logging.getLogger(__name__)
+
+
+def trains_on_policy(cfg, train_batch_size: int, *, kl_penalty: bool) -> bool:
+    """One epoch and one global batch per iteration, no KL reward penalty: the policy trains once on weights
+    the engine sampled with, so its old log-probs are its train forward's (detached): skip that forward.
+    Asynchronous training samples with older weights than the ones that train: never on-policy."""
+    return (
+        cfg.max_epochs == 1
+        and cfg.rollout_batch_size * cfg.sampling.n_samples_per_prompt == train_batch_size
+        and not kl_penalty
+        and cfg.freezing_actor_steps == 0
+        and not cfg.async_rl
+    )
 
 
 class GapAlarm:
@@ -99,7 +113,6 @@ class ExperienceMaker:
         """Step 4: KL (as a reward penalty with the controller's coefficient), the estimator, the whitening, into
         each item (``advantages``, ``returns``); the metrics. ``fresh`` (async): which items the policy that
         trains generated; only they measure the engine's gap."""
-        from rl_algos import approx_kl, masked_mean, masked_whiten
 
         c = self.cfg
         turns = bool(c.agent and c.agent.turn_rewards)

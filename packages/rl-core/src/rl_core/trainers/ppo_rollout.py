@@ -3,7 +3,8 @@
 
 The sampler takes ``rollout_batch_size`` prompts in the seeded order, generates ``n_samples_per_prompt``
 samples each (single turns, or agent episodes with environment tokens masked), scores them
-(reward functions, reward-model groups, episode rewards, overlong penalty, clipping), counts
+(reward functions, reward-model groups, episode rewards; the shaping after is
+:mod:`rl_core.trainers.ppo_rewards`: overlong penalty, clipping), counts
 failed reward calls and stops the run past ``reward_max_failure_rate``, applies dynamic
 filtering over sampling rounds, and measures the staleness of asynchronous batches. The rest
 of an iteration (experience, advantages, training, sync, checkpoints) is
@@ -20,8 +21,19 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from rl_algos import clip_rewards, overlong_penalty, stop_properly_penalty
+from rl_algos import filter_groups
 from rl_core.rl.experience import Experience, make_item
+from rl_core.trainers.ppo_rewards import (  # noqa: F401  (_bounded, place_turn_rewards: re-exported, their old home)
+    Scored,
+    _bounded,
+    episode_rewards,
+    place_turn_rewards,
+    shape_rewards,
+)
+from rl_rollout import RolloutRequest
+from rl_rollout.agents import AgentExecutor, AgentRequest
+from rl_rollout.rewards import RewardError
+from rl_rollout.vision import image_inputs, load_images
 
 if TYPE_CHECKING:
     from rl_rollout.rewards import RewardCounts
@@ -29,42 +41,10 @@ if TYPE_CHECKING:
 logger = logging.getLogger(__name__)
 
 
-def _bounded(fn):
-    """A plain ``fn(prompt, response, label)`` as a :class:`rl_rollout.RewardRunner`: its calls run on threads,
-    30 s each at most, failures counted (the runner's defaults)."""
-    from rl_rollout.rewards import RewardRunner
-
-    def call(prompt, response, label, **info):
-        return fn(prompt, response, label)
-
-    call.__qualname__ = getattr(fn, "__qualname__", type(fn).__name__)  # the name in failure messages
-    call.__module__ = getattr(fn, "__module__", None) or "?"
-    return RewardRunner(call)
-
-
-def place_turn_rewards(samples, items: list[Experience]) -> torch.Tensor:
-    """``--agent_turn_rewards``: ``item.turn_rewards_T`` (per token, 0 elsewhere) holds each policy turn's step reward
-    on that turn's last token, for every turn but the episode's last policy turn, whose reward stays in the
-    sample's scalar score (placed on the last response token, that turn's last token). Returns the rewards
-    placed, per sample, to take out of the scalar score."""
-    placed = []
-    for s, item in zip(samples, items, strict=True):
-        T, P = item.T, item.prompt_len
-        token = torch.zeros(T, dtype=torch.float32)
-        spans, rewards = s.info["action_spans"], s.info["turn_rewards"]
-        for (start, end), r in zip(spans[:-1], rewards, strict=False):  # rewards[i]: the step after turn i
-            if end > start:  # a turn of no tokens (none sampled) leaves its reward in the score
-                token[P + end - 1] += r
-        item.turn_rewards_T = token
-        placed.append(token.sum().item())
-    return torch.tensor(placed)
-
-
 def _images_of(prompt: dict) -> dict | None:
     """A vision-language prompt's images as a request carries them (``{"image": [PIL images]}``), or None."""
     if not prompt.get("images"):
         return None
-    from rl_rollout.vision import load_images
 
     return {"image": load_images(prompt["images"])}
 
@@ -84,17 +64,17 @@ class RolloutBatch:
     metrics: dict[str, float] = field(default_factory=dict)
     cursor: int = 0
 
-
-@dataclass
-class Scored:
-    """A scorer's answer for samples: the raw rewards ``scores_B`` (their sum over the run's scorers), what to
-    log, the scores dynamic filtering judges (``filter_B``: the rewards, or a scorer's own scores) and the
-    reward function's call counts (None without one)."""
-
-    scores_B: torch.Tensor
-    info: dict[str, float]
-    filter_B: torch.Tensor
-    counts: RewardCounts | None = None
+    def sample_metrics(self) -> dict[str, float]:
+        """The batch's rewards (mean, std), response lengths (mean, max) and the share cut at the length limit."""
+        scores, samples = self.scores_B, self.samples
+        lengths = torch.tensor([len(s.response_ids) for s in samples], dtype=torch.float32)
+        return {
+            "reward_mean": scores.mean().item(),
+            "reward_std": scores.std().item() if len(scores) > 1 else 0.0,
+            "response_length": lengths.mean().item(),
+            "response_length_max": lengths.max().item(),
+            "truncated": sum(s.finish_reason == "length" for s in samples) / len(samples),
+        }
 
 
 class Sampler:
@@ -157,7 +137,6 @@ class Sampler:
 
     def generate(self, prompts: list[dict], seed: int, *, n: int | None = None, temperature: float | None = None):
         """``n`` samples per prompt (default: the run's); the eval pass gives its own ``n`` and ``temperature``."""
-        from rl_rollout import RolloutRequest
 
         sampling = self.cfg.sampling
         over: dict[str, float] = {"n": n} if n is not None else {}
@@ -180,7 +159,6 @@ class Sampler:
 
     def episodes(self, prompts: list[dict], params):
         """Multi-turn episodes (rl-rollout's AgentExecutor): environment tokens carry loss mask 0."""
-        from rl_rollout.agents import AgentExecutor, AgentRequest
 
         c = self.cfg
         executor = AgentExecutor(
@@ -195,52 +173,13 @@ class Sampler:
             [AgentRequest(list(p["prompt_ids"]), prompt=p.get("prompt"), label=p.get("label")) for p in prompts]
         )
 
-    def _episode_rewards(self, samples) -> tuple[torch.Tensor, torch.Tensor, dict[str, float]]:
-        """The episodes' rewards (sums of step rewards), their scores (OpenRLHF's last ``scores``, else the
-        reward) and what to log: turns, policy and environment tokens, stop causes, the agent's extra logs."""
-        rewards = torch.tensor([float(s.reward or 0.0) for s in samples])
-        scores = torch.tensor([float((s.info["env_info"] or [{}])[-1].get("score", s.reward or 0.0)) for s in samples])
-        k = len(samples)
-        info = {
-            "agent/reward_mean": rewards.mean().item(),
-            "agent/turns": sum(s.info["turns"] for s in samples) / k,
-            "agent/policy_tokens": sum(sum(s.loss_mask) for s in samples) / k,
-            "agent/env_tokens": sum(len(s.loss_mask) - sum(s.loss_mask) for s in samples) / k,
-            "agent/done_fraction": sum(s.info["stop_cause"] == "done" for s in samples) / k,
-        }
-        extra: dict[str, list[float]] = {}
-        for s in samples:
-            for step in s.info["env_info"]:
-                for name, v in (step.get("extra_logs") or {}).items():
-                    extra.setdefault(name, []).append(float(v))
-        info.update({f"agent_extra/{n}": sum(v) / len(v) for n, v in extra.items()})
-        return rewards, scores, info
-
     def rewards(self, prompts: list[dict], samples, items: list[Experience]) -> Scored:
         """The run's rewards (:meth:`score`), then the length penalties and the clipping. Dynamic filtering
         judges the raw rewards (or the scorer's own scores: ``filter_B``), before penalties and clipping, as
         OpenRLHF does (its filter reads each sample's ``scores``; the overlong penalty lands on the rewards only)."""
         raw = self.score(prompts, samples, items, self.cfg.sampling.n_samples_per_prompt)
         scores, info = raw.scores_B, raw.info
-        c = self.cfg
-        if (
-            c.agent and c.agent.turn_rewards
-        ):  # earlier turns' rewards go on their own last tokens; the last turn's stays here
-            scores = scores - place_turn_rewards(samples, items)
-        sh = c.shaping
-        if sh.overlong_buffer_len is not None:
-            lengths = torch.tensor([len(s.response_ids) for s in samples])
-            penalty = overlong_penalty(
-                lengths, c.sampling.max_new_tokens, sh.overlong_buffer_len, sh.overlong_penalty_factor
-            )
-            scores = scores + penalty
-            info["overlong_penalty_mean"] = penalty.mean().item()
-        if sh.stop_properly_penalty_coef is not None:  # ProRL, as OpenRLHF: cut samples (no EOS) lose their reward
-            cut = torch.tensor([s.finish_reason == "length" for s in samples])
-            scores = stop_properly_penalty(scores, cut, sh.stop_properly_penalty_coef)
-            info["stop_properly_penalized"] = cut.float().mean().item()
-        if sh.clip_range is not None:
-            scores = clip_rewards(scores, *sh.clip_range)
+        scores = shape_rewards(self.cfg, samples, items, scores, info)
         return Scored(scores, info, raw.filter_B, raw.counts)
 
     def score(self, prompts: list[dict], samples, items: list[Experience], n: int) -> Scored:
@@ -250,7 +189,7 @@ class Sampler:
         own = None  # the scorer's own scores for dynamic filtering, when it reports them
         counts = None
         if self.agent is not None:
-            rewards, agent_scores, agent_info = self._episode_rewards(samples)
+            rewards, agent_scores, agent_info = episode_rewards(samples)
             parts.append(rewards)
             info.update(agent_info)
             if self.reward_fn is None and self.reward_model is None:
@@ -293,7 +232,6 @@ class Sampler:
         images and image processor the engine generated with, for the policy's and reference's forwards."""
         if not any(p.get("images") for p in prompts):
             return
-        from rl_rollout.vision import image_inputs
 
         n = len(items) // len(prompts)
         proc = self.prompts.image_processor
@@ -310,7 +248,6 @@ class Sampler:
         Over-sampling (``generate_batch_size`` G > ``rollout_batch_size``, async only): when the buffer of groups
         left by earlier rounds cannot fill the batch, one round generates G prompts; the batch takes the oldest
         groups and the rest wait, in prompt order, for the next iterations (``oversample/buffered``)."""
-        from rl_algos import filter_groups
 
         c, n, want = self.cfg, self.cfg.sampling.n_samples_per_prompt, self.cfg.rollout_batch_size
         buffer = self.group_buffer
@@ -402,8 +339,6 @@ class Sampler:
             f"{counts.timeouts}, non-finite {counts.nonfinite})"
         )
         if counts.failures > limit * counts.calls:
-            from rl_rollout.rewards import RewardError
-
             self.metrics.log(it, {"rl/" + k: v for k, v in stats.items() if k.startswith("reward/")})
             if not self.cfg.async_rl:  # async: the trainer thread, still logging, closes it when it re-raises
                 self.metrics.close()

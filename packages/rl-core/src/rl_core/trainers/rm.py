@@ -24,7 +24,7 @@ import torch
 from rl_algos import pairwise_loss
 from rl_core.data import model_inputs, preference_collate
 from rl_core.trainers.base import Trainer, TrainerConfig
-from rl_rollout.config import meta
+from rl_rollout.config_fields import meta
 
 
 @dataclass(frozen=True)

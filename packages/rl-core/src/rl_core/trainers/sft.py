@@ -21,7 +21,7 @@ import torch
 from rl_algos import masked_sum, sft_loss
 from rl_core.data import model_inputs, pad_collate
 from rl_core.trainers.base import LMTrainerConfig, Trainer
-from rl_rollout.config import meta
+from rl_rollout.config_fields import meta
 
 
 @dataclass(frozen=True)
