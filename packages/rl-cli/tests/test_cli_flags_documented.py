@@ -29,7 +29,7 @@ TOOLS = {
     "ray ": {"--head", "--port", "--num", "--address", "--working"},
     "torchrun": {"--nproc_per_node", "--nnodes", "--master_port", "--master_addr", "--node_rank"},
     "deepspeed ": {"--num_gpus", "--module", "--include", "--hostfile"},
-    "pip ": {"--find-links", "--no-deps", "--no-build-isolation"},
+    "pip ": {"--find-links", "--no-deps", "--no-build-isolation", "--no"},  # FLAG reads --no-build-isolation as --no
     "ds_to_universal": {"--input_folder", "--output_folder", "--inject_missing_state"},  # DeepSpeed's converter
 }
 

@@ -165,7 +165,7 @@ def check_parts(parts: Sequence[Part] = PARTS) -> list[Check]:
 
 
 def _flag(argv: Sequence[str], name: str) -> str | None:
-    """The value of ``--name V`` or ``--name=V`` in argv (the last one wins, as argparse does), else None."""
+    """The value of ``--NAME V`` or ``--NAME=V`` in argv (the last one wins, as argparse does), else None."""
     value = None
     for i, arg in enumerate(argv):
         if arg == f"--{name}" and i + 1 < len(argv):

@@ -125,7 +125,7 @@ class _Sandbox:
         # The sandbox imports math_verify the way this process would: same interpreter, same path.
         env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p)
         self.proc = subprocess.Popen(
-            [sys.executable, "-u", os.path.abspath(__file__), "--serve"],
+            [sys.executable, "-u", os.path.abspath(__file__), "serve"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -261,7 +261,7 @@ def judge(reference: str, response: str, timeout_s: float) -> Verdict:
     return Verdict(reply["v"])
 
 
-if __name__ == "__main__" and sys.argv[1:] == ["--serve"]:
+if __name__ == "__main__" and sys.argv[1:] == ["serve"]:
     # Run as a file: this folder is sys.path[0]; drop it so its modules cannot shadow a library's.
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:] = [p for p in sys.path if os.path.abspath(p or ".") != here]
