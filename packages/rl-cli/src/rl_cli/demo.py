@@ -50,7 +50,13 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--max_new_tokens", type=int, default=8)
     ap.add_argument("--n_samples_per_prompt", type=int, default=16)
     ap.add_argument("--rollout_batch_size", type=int, default=4)
-    ap.add_argument("--learning_rate", type=float, default=3e-3)
+    ap.add_argument(
+        "--learning_rate",
+        type=float,
+        default=1e-3,
+        help="(default 1e-3: over seeds 0-3 the last 20 iterations' reward was 0.93-1.00; at 3e-3 0.81-0.90, some "
+        "prompts' groups collapsing onto one wrong answer, where the group advantage is zero)",
+    )
     ap.add_argument("--max_norm", type=float, default=1.0, help="gradient clipping (0: off)")
     ap.add_argument("--max_epochs", type=int, default=2, help="passes over each iteration's samples")
     ap.add_argument(
