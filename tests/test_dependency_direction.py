@@ -30,13 +30,13 @@ ALLOWED = {
     "rl_placement": {"ray"},
     "rl_core": {"rl_algos", "rl_rollout", "torch", "transformers", "deepspeed", "safetensors", "msgpack", "peft",
                 "datasets", "pyarrow", "tensorboard", "matplotlib", "yaml", "tqdm", "numpy", "wandb", "flash_attn",
-                "huggingface_hub", "liger_kernel"},
+                "huggingface_hub", "liger_kernel", "mlflow"},
     "rl_cli": {"rl_algos", "rl_rollout", "rl_placement", "rl_core", "ray", "torch", "transformers", "yaml", "packaging",
                "deepspeed", "msgpack", "safetensors", "numpy", "vllm"},
 }
 # Optional imports (guarded by try/except ImportError, or an extra): allowed without a
 # hard dependency, but they must still be in ALLOWED.
-OPTIONAL = {"vllm", "wandb", "flash_attn", "triton", "liger_kernel", "PIL"}
+OPTIONAL = {"vllm", "wandb", "mlflow", "flash_attn", "triton", "liger_kernel", "PIL"}
 FORBIDDEN = {"rl_core": {"ray", "rl_placement"}, "rl_algos": {"numpy"}}
 
 

@@ -121,3 +121,28 @@ def test_use_wandb_without_wandb_installed_fails_in_one_line_naming_the_extra(ta
         assert len(lines) == 1 and "rl-core[wandb]" in lines[0] and "--use_wandb" in lines[0], out.stderr[-2000:]
         assert KEY not in out.stdout + out.stderr
         assert not (task / "none").exists()  # stopped before anything ran
+
+
+needs_mlflow = pytest.mark.skipif(importlib.util.find_spec("mlflow") is None,
+                                  reason="mlflow is not installed here (rl-core[mlflow])")
+
+
+@needs_mlflow
+@pytest.mark.parametrize(("module", "argv"), [("rl_cli.train_sft", sft_argv), ("rl_cli.train_ppo", ppo_argv)])
+def test_use_mlflow_writes_every_step_to_a_local_store_in_the_run_folder(task, module, argv):
+    """``--use_mlflow`` with no server: a SQLite store in the run folder holds the same steps as metrics.jsonl,
+    the run's config as parameters; read back with MLflow's own client."""
+    from mlflow import MlflowClient
+
+    run = f"mlflow-{module.rsplit('_', 1)[1]}"
+    out = subprocess.run([sys.executable, "-m", module, *argv(task, run), "--use_mlflow", "--mlflow_experiment",
+                          "exp", "--mlflow_run_name", "r1"], env=env(), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    rows = [json.loads(x) for x in (task / run / "metrics.jsonl").read_text().splitlines()]
+    client = MlflowClient(tracking_uri=f"sqlite:///{task / run / 'mlflow.db'}")
+    (found,) = client.search_runs([client.get_experiment_by_name("exp").experiment_id])
+    assert found.info.run_name == "r1" and found.info.status == "FINISHED"
+    name = next(k for k in rows[-1] if k != "step")  # one of the run's scalars
+    history = client.get_metric_history(found.info.run_id, name)
+    assert [(m.step, m.value) for m in history] == [(r["step"], pytest.approx(r[name])) for r in rows if name in r]
+    assert found.data.params, "the run's config was not logged as parameters"

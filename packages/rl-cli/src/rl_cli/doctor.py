@@ -76,6 +76,7 @@ PARTS = (
         optional=True,
     ),
     Part("wandb", "wandb", "--use_wandb", "pip install 'rl-stack-cli[wandb]'", optional=True),
+    Part("mlflow", "mlflow-skinny", "--use_mlflow", "pip install 'rl-stack-cli[mlflow]'", optional=True),
     Part("PIL", "pillow", "--image_key (image prompts)", "pip install 'rl-stack-cli[vision]'", optional=True),
 )
 _BY_MODULE = {p.module: p for p in PARTS}
@@ -190,6 +191,8 @@ def needs(command: str, argv: Sequence[str]) -> list[Part]:
         names.append("liger_kernel")
     if "--use_wandb" in argv or _flag(argv, "use_wandb"):
         names.append("wandb")
+    if "--use_mlflow" in argv:
+        names.append("mlflow")
     if _flag(argv, "image_key"):
         names.append("PIL")
     lora = _flag(argv, "lora_rank")

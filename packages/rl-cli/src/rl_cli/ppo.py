@@ -266,8 +266,8 @@ def run_config(cfgs: dict):
 
 
 def metrics_logger(cfgs: dict):
-    """The driver's metrics: run_dir files, TensorBoard (--use_tensorboard), wandb (--use_wandb) with the
-    run's settings as its config (minus tokens)."""
+    """The driver's metrics: run_dir files, TensorBoard (--use_tensorboard), wandb (--use_wandb) and MLflow
+    (--use_mlflow) with the run's settings as their config (minus tokens)."""
 
     run_config = (
         {
@@ -275,7 +275,7 @@ def metrics_logger(cfgs: dict):
             for g, c in cfgs.items()
             if g != "logger"
         }
-        if cfgs["logger"].use_wandb
+        if cfgs["logger"].use_wandb or cfgs["logger"].mlflow is not None
         else None
     )
     return MetricsLogger.from_config(cfgs["ppo"].run_dir, cfgs["logger"], run_config=run_config)

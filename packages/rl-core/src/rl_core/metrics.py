@@ -12,7 +12,9 @@ and a missing install fails at start-up, in one line, with the fix.
 ``--use_wandb``, ``--wandb_project``, ``--wandb_run_name``, ``--wandb_org``,
 ``--wandb_group``, ``--use_tensorboard``); :meth:`MetricsLogger.from_config` builds
 the logger from it. The wandb API key is never a config value: the CLI moves
-OpenRLHF's ``--use_wandb KEY`` into ``WANDB_API_KEY``, where wandb reads it.
+OpenRLHF's ``--use_wandb KEY`` into ``WANDB_API_KEY``, where wandb reads it. ``--use_mlflow``
+(:class:`~rl_core.configs.mlflow.MLflowConfig`) adds MLflow, and any other tracker is a
+:class:`~rl_core.metric_sinks.MetricSink` passed as ``sinks=`` (log, rewind, close).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rl_core.configs.mlflow import MLflowConfig
+from rl_core.metric_sinks import MetricSink, MLflowSink, import_mlflow
 from rl_rollout.config_fields import meta
 
 logger = logging.getLogger(__name__)
@@ -31,7 +35,7 @@ logger = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class LoggerConfig:
-    """Where a run's metrics go besides ``run_dir`` (metrics.jsonl, curves.png): wandb and TensorBoard."""
+    """Where a run's metrics go besides ``run_dir`` (metrics.jsonl, curves.png): wandb, TensorBoard, MLflow."""
 
     use_wandb: bool = field(
         default=False,
@@ -58,10 +62,24 @@ class LoggerConfig:
         ),
     )
 
+    mlflow: MLflowConfig | None = field(
+        default=None,
+        metadata={
+            **meta(
+                "also log to MLflow (needs rl-core[mlflow]): a SQLite store in the run folder by default, no server "
+                "(--mlflow_tracking_uri for another)",
+                flags=("use_mlflow",),
+            ),
+            "switch": True,
+        },
+    )
+
     def check(self) -> None:
-        """Fail now, in one line, when ``use_wandb`` is set and wandb cannot be imported."""
+        """Fail now, in one line, when ``use_wandb`` / ``use_mlflow`` is set and its library cannot be imported."""
         if self.use_wandb:
             _import_wandb()
+        if self.mlflow is not None:
+            import_mlflow()
 
     def wandb_settings(self, config: dict | None = None) -> dict | None:
         if not self.use_wandb:
@@ -83,8 +101,11 @@ class MetricsLogger:
         enabled: bool = True,
         tensorboard: bool | str | Path = True,
         wandb: dict | None = None,
+        sinks: list[MetricSink] | tuple[MetricSink, ...] = (),
     ):
-        """``tensorboard``: True writes events to ``run_dir/tensorboard``, a path to that folder, False nowhere."""
+        """``tensorboard``: True writes events to ``run_dir/tensorboard``, a path to that folder, False nowhere.
+        ``sinks``: more destinations (:class:`~rl_core.metric_sinks.MetricSink`), called on the enabled rank."""
+        self.sinks = list(sinks) if enabled else []
         self.enabled = enabled and run_dir is not None
         self._wandb = _start_wandb(wandb, run_dir) if enabled and wandb is not None else None
         self.history: dict[str, list[tuple[int, float]]] = {}
@@ -110,7 +131,13 @@ class MetricsLogger:
         rows, TensorBoard purges its events after ``step``; wandb cannot unlog: its rows repeat). Returns the
         number of metrics.jsonl rows dropped."""
         for k in list(self.history):
-            self.history[k] = [(s, v) for s, v in self.history[k] if s <= step]
+            points = [(s, v) for s, v in self.history[k] if s <= step]
+            if points:
+                self.history[k] = points
+            else:  # a metric first logged after ``step``: no panel (an empty one failed to draw in close())
+                del self.history[k]
+        for sink in self.sinks:
+            sink.rewind(step)
         if self._tb is not None:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -134,9 +161,14 @@ class MetricsLogger:
     def from_config(
         cls, run_dir: str | Path | None, cfg: LoggerConfig, *, enabled: bool = True, run_config: dict | None = None
     ) -> MetricsLogger:
-        """The logger a run's settings ask for; ``run_config`` is what wandb records as the run's config."""
+        """The logger a run's settings ask for; ``run_config`` is what wandb and MLflow record as the run's config."""
+        sinks: list[MetricSink] = [MLflowSink(cfg.mlflow, run_dir, run_config)] if cfg.mlflow and enabled else []
         return cls(
-            run_dir, enabled=enabled, tensorboard=cfg.use_tensorboard or True, wandb=cfg.wandb_settings(run_config)
+            run_dir,
+            enabled=enabled,
+            tensorboard=cfg.use_tensorboard or True,
+            wandb=cfg.wandb_settings(run_config),
+            sinks=sinks,
         )
 
     def log(self, step: int, metrics: dict[str, float]) -> None:
@@ -151,6 +183,8 @@ class MetricsLogger:
         if self._tb is not None:
             for k, v in clean.items():
                 self._tb.add_scalar(k, v, step)
+        for sink in self.sinks:
+            sink.log(step, clean)
         if not self.enabled:
             return
         if self._jsonl is None:  # not reached: an enabled logger opened it
@@ -166,6 +200,9 @@ class MetricsLogger:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+        for sink in self.sinks:
+            sink.close()
+        self.sinks = []
         if not self.enabled:
             return None
         if self.run_dir is None or self._jsonl is None:  # not reached: an enabled logger has both
