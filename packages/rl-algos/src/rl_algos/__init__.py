@@ -1,13 +1,13 @@
 """rl_algos: the math of RL for LLMs in pure torch.
 
-Advantages (:mod:`rl_algos.advantages`), KL (:mod:`rl_algos.kl`), losses
-(:mod:`rl_algos.losses`), reward shaping (:mod:`rl_algos.shaping`) and
+Advantages (:mod:`rl_algos.advantages`), KL (:mod:`rl_algos.kl`), distillation divergences
+(:mod:`rl_algos.distill`), losses (:mod:`rl_algos.losses`), reward shaping (:mod:`rl_algos.shaping`) and
 dynamic-sampling filters (:mod:`rl_algos.filters`). Every function takes padded
 ``[batch, seq]`` tensors with a 0/1 mask, is pure (no global state, no
 distributed calls) and imports nothing but torch.
 """
 
-from rl_algos import advantages, filters, kl, losses, shaping
+from rl_algos import advantages, distill, filters, kl, losses, shaping
 from rl_algos._masked import masked_mean, masked_sum
 from rl_algos._settings import parse_settings
 from rl_algos.advantage_config import AdvantageConfig
@@ -20,6 +20,7 @@ from rl_algos.advantages import (
     get_estimator,
     masked_whiten,
 )
+from rl_algos.distill import distill_advantages, forward_kl, generalized_jsd, reverse_kl, topk_forward_kl
 from rl_algos.filters import GroupFilterResult, filter_groups
 from rl_algos.kl import AdaptiveKLController, FixedKLController, KLConfig, KLEstimator, approx_kl
 from rl_algos.losses import (
@@ -48,7 +49,7 @@ from rl_algos.losses import (
 )
 from rl_algos.shaping import ShapingConfig, clip_rewards, kl_penalized_rewards, overlong_penalty, stop_properly_penalty
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 
 __all__ = [
     "AdvantageConfig",
@@ -72,6 +73,12 @@ __all__ = [
     "FixedKLController",
     "GroupFilterResult",
     "advantages",
+    "distill",
+    "distill_advantages",
+    "forward_kl",
+    "generalized_jsd",
+    "reverse_kl",
+    "topk_forward_kl",
     "aggregate_loss",
     "approx_kl",
     "clip_rewards",
