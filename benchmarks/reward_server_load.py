@@ -1,11 +1,12 @@
 """Normal clients' latency and throughput on ``rl serve-rm``'s server, alone and beside hostile clients, in one run.
 
-    PYTHONPATH=... python benchmarks/reward_server_load.py [--seconds 6] [--normal 3]
+    PYTHONPATH=... python benchmarks/reward_server_load.py [--seconds 6] [--normal 3] [--client remote]
 
 Starts a :class:`~rl_rollout.rewards.RewardServer` on loopback (``max_request_bytes`` 1 MiB, ``request_timeout_s``
 2 s, ``max_connections`` 48, as the load test in ``tests/test_rollout_reward_server.py``) and runs ``--normal``
-clients that each POST an 8-sample batch, a new connection per request (urllib: what every version of the
-server speaks), 20 ms apart: first alone for ``--seconds / 2``, then for ``--seconds`` beside 12 slow clients
+clients that each POST an 8-sample batch, 20 ms apart, a new connection per request (urllib: what every version
+of the server speaks), or with ``--client remote`` through :class:`~rl_rollout.rewards.RemoteRewardClient`
+(whatever it does: since 0.21.0 httpx, keeping the connection where the server allows it): first alone for ``--seconds / 2``, then for ``--seconds`` beside 12 slow clients
 (a body byte every 0.2 s), 3 oversized (1 GiB announced, 2 MiB sent) and 3 malformed ones (bad JSON, as fast as
 they can). Prints, for both phases: requests completed, requests/s, p50 / p95 / p99 / max latency in ms, failed
 normal requests, and the server's replies by status. Uses only the server's public API, so the same script
@@ -25,7 +26,7 @@ import urllib.error
 import urllib.request
 
 import rl_rollout
-from rl_rollout.rewards import RewardServer
+from rl_rollout.rewards import RemoteRewardClient, RemoteRewardError, RewardServer
 
 TOKEN = "bench-token"
 
@@ -48,17 +49,25 @@ def _raw(url: str) -> socket.socket:
     return socket.create_connection((host, int(port)), timeout=10)
 
 
-def _normal(url: str, stop: threading.Event, latencies: list[float], failures: list) -> None:
-    body = json.dumps({"prompts": ["2+2="] * 8, "responses": ["4"] * 8, "labels": ["4"] * 8}).encode()
+def _normal(url: str, stop: threading.Event, latencies: list[float], failures: list, remote: bool) -> None:
+    batch = {"prompts": ["2+2="] * 8, "responses": ["4"] * 8, "labels": ["4"] * 8}
+    body = json.dumps(batch).encode()
+    client = RemoteRewardClient(url, TOKEN, retries=0) if remote else None
+    if client is not None:  # warm-up, not timed: the first call imports httpx
+        client.score(batch["prompts"], batch["responses"], batch["labels"])
     while not stop.is_set():
         t0 = time.perf_counter()
         try:
-            status, reply = _post(url, body)
-        except OSError as e:
+            if client is not None:
+                status, rewards = 200, client.score(batch["prompts"], batch["responses"], batch["labels"])
+            else:
+                status, reply = _post(url, body)
+                rewards = json.loads(reply).get("rewards") if status == 200 else None
+        except (OSError, RemoteRewardError) as e:
             failures.append(repr(e))
             continue
-        if status != 200 or json.loads(reply)["rewards"] != [1.0] * 8:
-            failures.append((status, reply[:200]))
+        if status != 200 or rewards != [1.0] * 8:
+            failures.append((status, rewards))
         latencies.append(time.perf_counter() - t0)
         time.sleep(0.02)
 
@@ -102,11 +111,12 @@ def _malformed(url: str, stop: threading.Event) -> None:
         i += 1
 
 
-def _phase(url: str, seconds: float, normal: int, attackers: list) -> dict:
+def _phase(url: str, seconds: float, normal: int, attackers: list, remote: bool) -> dict:
     stop, latencies, failures = threading.Event(), [], []
     threads = [threading.Thread(target=fn, args=(url, stop), daemon=True) for fn in attackers]
     threads += [
-        threading.Thread(target=_normal, args=(url, stop, latencies, failures), daemon=True) for _ in range(normal)
+        threading.Thread(target=_normal, args=(url, stop, latencies, failures, remote), daemon=True)
+        for _ in range(normal)
     ]
     for t in threads:
         t.start()
@@ -134,15 +144,17 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seconds", type=float, default=6.0, help="length of the attacked phase (alone: half)")
     ap.add_argument("--normal", type=int, default=3, help="normal clients")
+    ap.add_argument("--client", choices=("urllib", "remote"), default="urllib", help="how normal clients send")
     args = ap.parse_args()
     attackers = [_slow] * 12 + [_oversized] * 3 + [_malformed] * 3
     with RewardServer(
         _score, token=TOKEN, max_request_bytes=1 << 20, request_timeout_s=2.0, max_connections=48
     ) as server:
-        alone = _phase(server.url, args.seconds / 2, args.normal, [])
-        attacked = _phase(server.url, args.seconds, args.normal, attackers)
+        remote = args.client == "remote"
+        alone = _phase(server.url, args.seconds / 2, args.normal, [], remote)
+        attacked = _phase(server.url, args.seconds, args.normal, attackers, remote)
         counts = dict(sorted(server.counts.items()))
-    print(f"rl-rollout {rl_rollout.__version__}, {os.cpu_count()} CPUs, loopback")
+    print(f"rl-rollout {rl_rollout.__version__}, {os.cpu_count()} CPUs, loopback, normal clients: {args.client}")
     print(f"normal clients alone:                                    {alone}")
     print(f"beside 12 slow, 3 oversized, 3 malformed clients:        {attacked}")
     print(f"server replies by status: {counts}")

@@ -10,6 +10,7 @@ normal clients' latency with the same clients' latency alone.
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import statistics
@@ -268,6 +269,15 @@ def test_keep_alive_serves_several_requests_on_one_connection_and_http_rules_hol
             while not reply.endswith(b"}"):
                 reply += s.recv(4096)
             assert reply.startswith(b"HTTP/1.1 200 ") and reply.endswith(b'"extra_logs":{}}')
+    conn = http.client.HTTPConnection(*server.url.removeprefix("http://").split(":"), timeout=5)
+    took = []
+    for _ in range(7):  # TCP_NODELAY on the server's side: 40 ms a request (the client's delayed ACK) without
+        t0 = time.perf_counter()
+        conn.request("GET", "/health")
+        assert conn.getresponse().read() == b'{"status":"ok"}'
+        took.append(time.perf_counter() - t0)
+    conn.close()
+    assert statistics.median(took) < 0.03, took
     with raw(server.url) as s:
         s.sendall(b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
         assert read_status(s) == 400
