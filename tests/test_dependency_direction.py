@@ -26,7 +26,8 @@ DIST_OF = {"yaml": "pyyaml", "PIL": "pillow", "rl_algos": "rl-algos", "rl_rollou
 # DESIGN.md: what each package may import (besides stdlib and itself).
 ALLOWED = {
     "rl_algos": {"torch", "triton"},  # triton: torch's CUDA wheels bring it; only losses/logits_triton.py, lazily
-    "rl_rollout": {"torch", "transformers", "tokenizers", "msgpack", "safetensors", "numpy", "vllm", "PIL", "math_verify"},
+    "rl_rollout": {"torch", "transformers", "tokenizers", "msgpack", "safetensors", "numpy", "vllm", "PIL", "math_verify",
+                   "uvicorn", "h11", "starlette", "httpx"},  # the reward server and client (rewards/server_app, remote)
     "rl_placement": {"ray"},
     "rl_core": {"rl_algos", "rl_rollout", "torch", "transformers", "deepspeed", "safetensors", "msgpack", "peft",
                 "datasets", "pyarrow", "tensorboard", "matplotlib", "yaml", "tqdm", "numpy", "wandb", "flash_attn",

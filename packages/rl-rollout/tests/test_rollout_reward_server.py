@@ -1,6 +1,6 @@
 """The reward server against OpenRLHF's clients and hostile ones, and our client against OpenRLHF's server.
 
-Everything is real: a RewardServer on loopback, raw sockets for the clients that
+Everything is real: a RewardServer (uvicorn) on loopback, raw sockets for the clients that
 misbehave, urllib for the ones that do not, and for the other direction a few lines of
 ``http.server`` standing in for OpenRLHF's ``serve_rm`` (``POST /get_reward``, reads
 ``query``, answers ``{"rewards", "scores", "extra_logs"}``). The load test runs slow,
@@ -10,6 +10,7 @@ normal clients' latency with the same clients' latency alone.
 
 from __future__ import annotations
 
+import http.client
 import json
 import socket
 import statistics
@@ -174,10 +175,10 @@ def test_every_parse_error_is_a_400_and_the_server_survives(server):
         s.sendall(b"HELLO\r\n\r\n")
         assert read_status(s) == 400
     with raw(server.url) as s:  # headers past max_header_bytes
-        s.sendall(b"POST / HTTP/1.1\r\nX-Big: " + b"a" * (32 << 10) + b"\r\n\r\n")
+        s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (32 << 10) + b"\r\n\r\n")
         assert read_status(s) == 431
     with raw(server.url) as s:  # no Content-Length
-        s.sendall(b"POST / HTTP/1.1\r\nAuthorization: Bearer " + TOKEN.encode() + b"\r\nTransfer-Encoding: chunked\r\n\r\n")
+        s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + TOKEN.encode() + b"\r\nTransfer-Encoding: chunked\r\n\r\n")
         assert read_status(s) == 411
     assert RemoteRewardClient(server.url, TOKEN).score(["p"], ["a"], ["a"]) == [1.0]
 
@@ -186,7 +187,7 @@ def test_oversized_bodies_get_413_and_the_client_reads_it(server):
     status, reply = post(server.url, b"x" * (256 << 10), TOKEN)  # sent in full: drained, then answered
     assert status == 413 and "exceeds max_request_bytes=65536" in reply["error"]
     with raw(server.url) as s:  # only announced: answered at once, nothing read
-        s.sendall(f"POST / HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {1 << 40}\r\n\r\n".encode())
+        s.sendall(f"POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {1 << 40}\r\n\r\n".encode())
         assert read_status(s) == 413
     with pytest.raises(RemoteRewardError, match="HTTP 413: batch of 65 samples exceeds the server's max_batch=64"):
         RemoteRewardClient(server.url, TOKEN).score(["p"] * 65, ["a"] * 65)
@@ -196,7 +197,7 @@ def test_a_slow_client_is_cut_by_the_whole_request_deadline(server):
     """A byte every 0.1 s never trips a per-read timeout; the request's deadline (1.5 s) ends it."""
     t0 = time.monotonic()
     with raw(server.url) as s:
-        request = f"POST / HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 100\r\n\r\n".encode()
+        request = f"POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 100\r\n\r\n".encode()
         status = None
         for i in range(len(request) + 100):
             try:
@@ -217,7 +218,7 @@ def test_a_slow_client_is_cut_by_the_whole_request_deadline(server):
 
 def _post_head(length: int, token: str | None = TOKEN) -> bytes:
     auth = f"Authorization: Bearer {token}\r\n" if token else ""
-    return f"POST /score HTTP/1.1\r\n{auth}Content-Length: {length}\r\n\r\n".encode()
+    return f"POST /score HTTP/1.1\r\nHost: x\r\n{auth}Content-Length: {length}\r\n\r\n".encode()
 
 
 def test_requests_beyond_the_limit_get_503_and_slots_come_back(server):
@@ -257,6 +258,47 @@ def test_idle_and_unauthenticated_connections_hold_no_slot(server):
             s.close()
 
 
+def test_keep_alive_serves_several_requests_on_one_connection_and_http_rules_hold(server):
+    """On uvicorn (0.21.0) a connection is kept alive between requests (it was one request per connection); h11
+    holds clients to HTTP/1.1: a request without Host gets 400 (RFC 9112 3.2), as a trickled head gets 408."""
+    body = b'{"prompts": ["p"], "responses": ["a"], "labels": ["a"]}'
+    with raw(server.url) as s:
+        for _ in range(3):
+            s.sendall(_post_head(len(body)) + body)
+            reply = b""
+            while not reply.endswith(b"}"):
+                reply += s.recv(4096)
+            assert reply.startswith(b"HTTP/1.1 200 ") and reply.endswith(b'"extra_logs":{}}')
+    conn = http.client.HTTPConnection(*server.url.removeprefix("http://").split(":"), timeout=5)
+    took = []
+    for _ in range(7):  # TCP_NODELAY on the server's side: 40 ms a request (the client's delayed ACK) without
+        t0 = time.perf_counter()
+        conn.request("GET", "/health")
+        assert conn.getresponse().read() == b'{"status":"ok"}'
+        took.append(time.perf_counter() - t0)
+    conn.close()
+    assert statistics.median(took) < 0.03, took
+    with raw(server.url) as s:
+        s.sendall(b"POST / HTTP/1.1\r\nContent-Length: 2\r\n\r\n{}")
+        assert read_status(s) == 400
+    t0 = time.monotonic()
+    with raw(server.url) as s:  # half a head, then nothing: the head's deadline (1.5 s) answers 408
+        s.sendall(b"POST / HTTP/1.1\r\nHost: x\r\n")
+        s.settimeout(5)
+        assert read_status(s) == 408 and 1.4 < time.monotonic() - t0 < 4.0
+
+
+def test_importing_the_rewards_package_does_not_import_the_http_stack():
+    """uvicorn, Starlette and httpx load when a server starts or a client sends (rl ppo --help imports this)."""
+    import subprocess
+    import sys
+
+    code = ("import sys, rl_rollout.rewards, rl_rollout.reward_config; "
+            "print(sorted(m for m in ('uvicorn', 'starlette', 'httpx', 'h11') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
 # ----- load test: normal clients keep their latency ----------------------------------------------
 
 
@@ -279,7 +321,7 @@ def _slowloris(url, stop):
     while not stop.is_set():
         try:
             with raw(url) as s:
-                s.sendall(f"POST / HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 1000\r\n\r\n".encode())
+                s.sendall(f"POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: 1000\r\n\r\n".encode())
                 while not stop.is_set():
                     s.sendall(b"x")
                     time.sleep(0.2)
@@ -292,7 +334,7 @@ def _oversized(url, stop):
     while not stop.is_set():
         try:
             with raw(url) as s:
-                s.sendall(f"POST / HTTP/1.1\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {1 << 30}\r\n\r\n"
+                s.sendall(f"POST / HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\nContent-Length: {1 << 30}\r\n\r\n"
                           .encode())
                 for _ in range(8):
                     s.sendall(chunk)

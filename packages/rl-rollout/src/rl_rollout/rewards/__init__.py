@@ -12,17 +12,19 @@
   process or an abandonable thread) is :mod:`~rl_rollout.rewards.lanes`, the result and
   count types every scorer shares are :mod:`~rl_rollout.rewards.results`.
 - :mod:`~rl_rollout.rewards.remote`: :class:`RemoteRewardClient`, batches over
-  HTTP with a bearer token, in our format and OpenRLHF's at once.
-- :mod:`~rl_rollout.rewards.server`: :class:`RewardServer`, hardened against slow,
-  oversized and malformed clients; answers our clients and OpenRLHF's. The request
-  formats and their parsing are :mod:`~rl_rollout.rewards.protocol`.
+  HTTP (httpx) with a bearer token, in our format and OpenRLHF's at once.
+- :mod:`~rl_rollout.rewards.server`: :class:`RewardServer`, uvicorn + Starlette hardened
+  against slow, oversized and malformed clients (:mod:`~rl_rollout.rewards.server_app`);
+  answers our clients and OpenRLHF's. The request formats and their parsing are
+  :mod:`~rl_rollout.rewards.protocol`.
 - :mod:`~rl_rollout.rewards.openrlhf`: :class:`OpenRLHFRewardFunc`, OpenRLHF's reward
   files (``reward_func(queries, prompts, labels)`` returning a tensor or
   ``{"rewards", "scores", "extra_logs"}``) as a batch scorer; :class:`RewardRecord`
   holds what they return.
 
-Everything here is stdlib apart from the package's own imports, and math-verify, which builtin:math runs in
-a sandbox process (:mod:`~rl_rollout.rewards.math_sandbox`). Left out: reward
+Everything here is stdlib apart from the package's own imports; math-verify, which builtin:math runs in
+a sandbox process (:mod:`~rl_rollout.rewards.math_sandbox`); and the HTTP stack (uvicorn, Starlette, httpx),
+imported only when a server starts or a client sends. Left out: reward
 models themselves (rl-core; ``rl serve-rm --reward_pretrain`` serves one).
 """
 

@@ -1,7 +1,7 @@
 """The reward server's wire format: the JSON batch both clients send (ours: prompts/responses/labels;
-OpenRLHF's: query = prompt + response) and the HTTP request head, parsed with limits. Every parse error
-is a :class:`_Refused` with the HTTP status and a one-line reason (:mod:`rl_rollout.rewards.server`
-answers it).
+OpenRLHF's: query = prompt + response), parsed with limits. Every parse error is a :class:`_Refused` with
+the HTTP status and a one-line reason (:mod:`rl_rollout.rewards.server_app` answers it). HTTP itself is
+uvicorn's (h11): nothing here reads a request head.
 """
 
 from __future__ import annotations
@@ -10,8 +10,6 @@ import inspect
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
-
-_MAX_HEADERS = 100
 
 
 class _Refused(Exception):
@@ -81,35 +79,3 @@ def _takes_queries(fn: Callable) -> bool:
         return "queries" in inspect.signature(fn).parameters
     except (TypeError, ValueError):
         return False
-
-
-@dataclass
-class _Head:
-    method: str
-    path: str
-    headers: dict[str, list[str]]
-
-    def get(self, name: str) -> str | None:
-        values = self.headers.get(name)
-        return values[0] if values else None
-
-
-def _parse_head(raw: bytes) -> _Head:
-    lines = raw.decode("latin-1").split("\r\n")
-    while lines and not lines[0]:  # stray CRLFs before the request line are allowed (RFC 9112 2.2)
-        lines.pop(0)
-    parts = lines[0].split(" ") if lines else []
-    if len(parts) != 3 or not parts[2].startswith("HTTP/1.") or not parts[1].startswith("/"):
-        raise _Refused(
-            400, f"malformed request line {lines[0][:100] if lines else ''!r}; expected 'METHOD /path HTTP/1.1'"
-        )
-    fields = [x for x in lines[1:] if x]
-    if len(fields) > _MAX_HEADERS:
-        raise _Refused(431, f"{len(fields)} header lines; at most {_MAX_HEADERS}")
-    headers: dict[str, list[str]] = {}
-    for line in fields:
-        name, sep, value = line.partition(":")
-        if not sep or not name or name != name.strip():
-            raise _Refused(400, f"malformed header line {line[:100]!r}")
-        headers.setdefault(name.lower(), []).append(value.strip())
-    return _Head(parts[0], parts[1].split("?", 1)[0], headers)

@@ -1,4 +1,4 @@
-"""A reward server that hostile clients cannot take down: batches in, rewards out, over HTTP/1.1.
+"""A reward server that hostile clients cannot take down: batches in, rewards out, over HTTP/1.1 (uvicorn).
 
 Wire format (JSON, UTF-8), one batch per request, two dialects of the same thing::
 
@@ -22,30 +22,30 @@ a list or tensor, OpenRLHF's dict ``{"rewards", "scores", "extra_logs"}``, or a
 :class:`~rl_rollout.rewards.loading.RewardRecord`; it is called from one thread at a
 time (a model on one device is not re-entrant).
 
-Hardening (each a constructor argument, checked here and in the tests):
+HTTP is uvicorn's (h11 parses it; one event loop on a thread of its own holds the connections, so a slow
+client costs a socket, not a thread) under a small Starlette app. Hardening (each a constructor argument,
+checked in :mod:`rl_rollout.rewards.server_app` and the tests):
 
-- One deadline per request, ``request_timeout_s``, from the accepted connection to the
-  last byte of the body: a client that trickles bytes gets 408 when it runs out, however
-  often it sends. Scoring is not under it; the reply gets its own ``request_timeout_s``.
-- Connections are served by one event loop (a slow client costs a socket, not a
-  thread). A connection takes one of ``max_connections`` slots only once its headers are in
-  and its token checked: connections still sending headers, or without the token, hold none
-  (their own bound is 16 x ``max_connections``, past which new ones get 503), so idle or
-  unauthenticated clients cannot keep an authorised one waiting. A request past the slots
-  gets 503 with ``Retry-After``. Parsing and scoring run on a small thread pool. Memory is
-  bounded by ``max_connections x max_request_bytes`` (bodies) plus the pending connections'
-  headers (``max_header_bytes`` each).
+- One deadline per request, ``request_timeout_s``: its head within it of the connection's start (or of the
+  previous reply: connections are kept alive for ``keep_alive_s`` between requests), its body by the same
+  deadline: a client that trickles bytes gets 408 when it runs out, however often it sends. Scoring is not
+  under it.
+- A request takes one of ``max_connections`` slots only once its token is checked, so idle or
+  unauthenticated clients cannot keep an authorised one waiting; past the slots it gets 503 with
+  ``Retry-After``. uvicorn bounds all connections at 16 x ``max_connections`` (past that, its own 503).
+  Parsing and scoring run on a small thread pool. Memory is bounded by ``max_connections x
+  max_request_bytes`` (bodies) plus the connections' headers (``max_header_bytes`` each).
 - Every parse error is a 400 with the reason (deeply nested JSON included), headers over
-  ``max_header_bytes`` a 431, a body over ``max_request_bytes`` a 413, a batch over
-  ``max_batch`` a 413, a body without ``Content-Length`` a 411; ``score_fn`` failing a 500.
-  A refused body is read and dropped (up to 64 MiB, within the deadline) so the client
-  sees the reply. One request per connection (``Connection: close``).
+  ``max_header_bytes`` a 431, a body over ``max_request_bytes`` a 413 (announced, or counted as it is read),
+  a batch over ``max_batch`` a 413, a body without ``Content-Length`` a 411; ``score_fn`` failing a 500. A
+  refused body is read and dropped (up to 64 MiB, within the deadline) so the client sees the reply.
 - A bearer token is required unless built with ``allow_no_token=True`` (OpenRLHF's client
   sends none). IPv4/IPv6 as the host resolves; no TLS (put it behind a proxy, or keep it
   on a network nobody else can reach).
 
-Here: the server's settings, start and stop (:class:`RewardServer`, :class:`RewardServerConfig`); how it
-handles one connection is :mod:`rl_rollout.rewards.server_http` (a mixin of :class:`RewardServer`).
+Here: the server's settings, start and stop (:class:`RewardServer`, :class:`RewardServerConfig`); the
+HTTP app and what it adds to uvicorn is :mod:`rl_rollout.rewards.server_app` (imported on :meth:`start`:
+uvicorn and Starlette are not paid for by ``rl --help``), the request formats :mod:`rl_rollout.rewards.protocol`.
 """
 
 from __future__ import annotations
@@ -56,14 +56,14 @@ import logging
 import os
 import socket
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from rl_rollout.config_fields import meta
-from rl_rollout.rewards.protocol import Batch, _parse_head, _Refused, _takes_queries, parse_batch  # noqa: F401
-from rl_rollout.rewards.server_http import _DRAIN_LIMIT, SCORE_PATHS, ConnectionMixin  # noqa: F401 - re-exported
+from rl_rollout.rewards.protocol import Batch, _takes_queries, parse_batch  # noqa: F401 - re-exported
 
 logger = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ TOKEN_ENV = "RL_REWARD_TOKEN"
 _WORKER_THREADS = 4  # parse + score; score_fn itself runs one call at a time
 
 
-class RewardServer(ConnectionMixin):
+class RewardServer:
     """Serve ``score_fn`` over HTTP (see the module docstring).
 
     ``port=0`` picks a free port; :attr:`url` says which, once started. Use as a context
@@ -93,6 +93,7 @@ class RewardServer(ConnectionMixin):
         request_timeout_s: float = 30.0,
         max_connections: int = 64,
         max_header_bytes: int = 16 << 10,
+        keep_alive_s: float = 5.0,
     ) -> None:
         if not callable(score_fn):
             raise TypeError(f"score_fn must be callable (prompts, responses, labels) -> list[float], got {score_fn!r}")
@@ -109,8 +110,9 @@ class RewardServer(ConnectionMixin):
         ):
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-        if not request_timeout_s > 0:
-            raise ValueError(f"request_timeout_s must be > 0 seconds, got {request_timeout_s!r}")
+        for name, seconds in (("request_timeout_s", request_timeout_s), ("keep_alive_s", keep_alive_s)):
+            if not seconds > 0:
+                raise ValueError(f"{name} must be > 0 seconds, got {seconds!r}")
         self.score_fn = score_fn
         self.host, self.port = host, port
         self.token = token or None
@@ -119,21 +121,26 @@ class RewardServer(ConnectionMixin):
         self.request_timeout_s = float(request_timeout_s)
         self.max_connections = max_connections
         self.max_header_bytes = max_header_bytes
+        self.keep_alive_s = float(keep_alive_s)
+        self.backlog = max(128, 2 * max_connections)
         self._counts: collections.Counter[int] = collections.Counter()
         self._counts_lock = threading.Lock()
         self._pass_queries = _takes_queries(score_fn)
         self._score_lock = threading.Lock()
-        self._active = 0  # requests past the token check, holding a slot (max_connections)
-        self._pending = 0  # connections still sending headers (16 x max_connections)
         self._sock: socket.socket | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._pool: ThreadPoolExecutor | None = None
+        self._uvicorn: Any = None  # uvicorn.Server while serving
 
     @property
     def counts(self) -> collections.Counter[int]:
         with self._counts_lock:
             return collections.Counter(self._counts)
+
+    def _count(self, status: int) -> None:
+        with self._counts_lock:
+            self._counts[status] += 1
 
     # ----- lifetime --------------------------------------------------------------------------
 
@@ -149,21 +156,23 @@ class RewardServer(ConnectionMixin):
     def start(self) -> RewardServer:
         if self._sock is not None:
             raise RuntimeError(f"RewardServer is already serving at {self.url}")
+        from rl_rollout.rewards import server_app  # lazy: uvicorn + Starlette cost 0.3 s; rl ppo --help imports us
+
         try:
-            sock = socket.create_server((self.host, self.port), backlog=max(128, 2 * self.max_connections))
+            sock = socket.create_server((self.host, self.port), backlog=self.backlog)
         except OSError as e:
             raise OSError(f"RewardServer cannot listen on {self.host}:{self.port} ({e}); pick another port or 0") from e
         self._sock = sock
         self._pool = ThreadPoolExecutor(_WORKER_THREADS, thread_name_prefix="rl-reward-work")
-        self._loop = asyncio.new_event_loop()
-        ready = threading.Event()
+        self._uvicorn = server_app.make_uvicorn(self)
         failed: list[BaseException] = []
-        self._thread = threading.Thread(target=self._run, args=(ready, failed), name="rl-reward-server", daemon=True)
+        self._thread = threading.Thread(target=self._run, args=(failed,), name="rl-reward-server", daemon=True)
         self._thread.start()
-        ready.wait()
-        if failed:
+        while not self._uvicorn.started and self._thread.is_alive():
+            time.sleep(0.005)
+        if not self._uvicorn.started:
             self.stop()
-            raise failed[0]
+            raise RuntimeError(f"RewardServer did not start: {failed[0] if failed else 'uvicorn exited'}")
         logger.info(
             "reward server listening at %s (max_connections=%d, request_timeout_s=%s, token %s)",
             self.url,
@@ -173,39 +182,30 @@ class RewardServer(ConnectionMixin):
         )
         return self
 
-    def _run(self, ready: threading.Event, failed: list[BaseException]) -> None:
-        loop = self._loop
-        assert loop is not None
-        asyncio.set_event_loop(loop)
+    def _run(self, failed: list[BaseException]) -> None:
+        async def serve() -> None:
+            self._loop = asyncio.get_running_loop()
+            await self._uvicorn.serve(sockets=[self._sock])
+
         try:
-            server = loop.run_until_complete(
-                asyncio.start_server(self._connection, sock=self._sock, limit=self.max_header_bytes)
-            )
-        except BaseException as e:  # noqa: BLE001 - reported by start()
+            asyncio.run(serve())
+        except BaseException as e:  # noqa: BLE001 - reported by start() (uvicorn exits with SystemExit)
             failed.append(e)
-            ready.set()
-            return
-        ready.set()
-        try:
-            loop.run_forever()
-        finally:
-            server.close()
-            tasks = asyncio.all_tasks(loop)
-            for t in tasks:
-                t.cancel()
-            loop.run_until_complete(asyncio.gather(*tasks, return_exceptions=True))
-            loop.close()
 
     def stop(self) -> None:
-        """Stop serving and free the port (idempotent). Calls still in ``score_fn`` are not waited for."""
+        """Stop serving and free the port (idempotent). Requests in flight are dropped; calls still in
+        ``score_fn`` are not waited for."""
         if self._loop is not None and self._thread is not None and self._thread.is_alive():
-            self._loop.call_soon_threadsafe(self._loop.stop)
+            # lazy: loaded by start(), which set self._loop
+            from rl_rollout.rewards.server_app import stop_now
+
+            self._loop.call_soon_threadsafe(stop_now, self._uvicorn)
             self._thread.join(10)
         if self._pool is not None:
             self._pool.shutdown(wait=False, cancel_futures=True)
         if self._sock is not None:
             self._sock.close()
-        self._sock = self._loop = self._thread = self._pool = None
+        self._sock = self._loop = self._thread = self._pool = self._uvicorn = None
 
     def __enter__(self) -> RewardServer:
         return self.start()
@@ -241,7 +241,11 @@ class RewardServerConfig:
     max_request_bytes: int = field(default=16 << 20, metadata=meta("largest request body; larger ones get 413"))
     max_batch: int = field(default=4096, metadata=meta("most samples in one request; more get 413"))
     request_timeout_s: float = field(
-        default=30.0, metadata=meta("seconds from a connection's start to its request's last byte; slower ones get 408")
+        default=30.0,
+        metadata=meta(
+            "seconds for a request's head (from connect, or from the previous reply on a kept-alive connection) "
+            "and its body; slower ones get 408"
+        ),
     )
     max_connections: int = field(
         default=64,
