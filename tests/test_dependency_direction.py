@@ -33,11 +33,12 @@ ALLOWED = {
                 "datasets", "pyarrow", "tensorboard", "matplotlib", "yaml", "tqdm", "numpy", "wandb", "flash_attn",
                 "huggingface_hub", "liger_kernel", "mlflow"},
     "rl_cli": {"rl_algos", "rl_rollout", "rl_placement", "rl_core", "ray", "torch", "transformers", "yaml", "packaging",
-               "deepspeed", "msgpack", "safetensors", "numpy", "vllm"},
+               "deepspeed", "msgpack", "safetensors", "numpy", "vllm",
+               "matplotlib", "tqdm"},  # rl eval's chart and progress bar, each skipped when absent (find_spec)
 }
 # Optional imports (guarded by try/except ImportError, or an extra): allowed without a
 # hard dependency, but they must still be in ALLOWED.
-OPTIONAL = {"vllm", "wandb", "mlflow", "flash_attn", "triton", "liger_kernel", "PIL"}
+OPTIONAL = {"vllm", "wandb", "mlflow", "flash_attn", "triton", "liger_kernel", "PIL", "matplotlib", "tqdm"}
 FORBIDDEN = {"rl_core": {"ray", "rl_placement"}, "rl_algos": {"numpy"}}
 
 

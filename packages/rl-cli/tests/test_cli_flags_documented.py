@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rl_cli import demo, openrlhf, ppo, serve_rm, train
+from rl_cli import eval as rl_eval
 from rl_cli.config import build_parser
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -40,6 +41,7 @@ def _parsers():
     for name, cmd in train.COMMANDS.items():
         yield build_parser(f"rl {name}", "", train._groups(cmd))[0]
     yield build_parser("rl serve-rm", "", serve_rm._groups())[0]
+    yield build_parser("rl eval", "", rl_eval._groups())[0]
 
 
 def rl_flags() -> set[str]:

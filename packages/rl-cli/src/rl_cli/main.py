@@ -2,7 +2,8 @@
 
 ``rl sft | rm | dpo | kto`` (offline trainers, :mod:`rl_cli.train`), ``rl ppo`` and
 ``rl ppo-ray`` (the PPO-family RL loop in one process or over Ray, :mod:`rl_cli.ppo`, :mod:`rl_cli.ppo_ray`),
-each with ``--help``; ``rl demo`` (GRPO on a tiny model, :mod:`rl_cli.demo`);
+each with ``--help``; ``rl eval`` (models or checkpoints on prompt sets, pass@k / maj@k, :mod:`rl_cli.eval`);
+``rl demo`` (GRPO on a tiny model, :mod:`rl_cli.demo`);
 ``rl --version`` (every package's version) and ``rl doctor`` (what this machine can
 run and how to fix what it cannot, :mod:`rl_cli.doctor`), ``rl serve-rm`` (a reward server for
 ``rl ppo --remote_rm_url`` and OpenRLHF's client, :mod:`rl_cli.serve_rm`). Asking for a
@@ -19,6 +20,7 @@ import sys
 RL_COMMANDS = {
     "ppo": ("ppo:run_local", "PPO / GRPO / REINFORCE++ / RLOO in one process"),
     "ppo-ray": ("ppo_ray:run_ray", "the same RL loop over Ray: a placement plan, actors per role, vLLM/HF engines"),
+    "eval": ("eval:main", "evaluate models or checkpoints on prompt sets: pass@k, maj@k, mean reward; no training"),
 }
 PACKAGES = ("rl-algos", "rl-rollout", "rl-placement", "rl-core", "rl-stack-cli")  # distribution names
 
