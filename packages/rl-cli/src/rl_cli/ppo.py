@@ -45,12 +45,13 @@ from rl_core.configs import check_eval_rows, check_eval_set
 from rl_core.data import DataConfig, DataError, PretrainDataset, PromptDataset, load_rows, training_rows
 from rl_core.folder_lock import hold
 from rl_core.metrics import LoggerConfig, MetricsLogger
-from rl_core.preflight import check_models, check_rl_batches, load_processor, load_tokenizer
+from rl_core.preflight import check_model, check_models, check_rl_batches, load_processor, load_tokenizer
 from rl_core.rl.auto import Hardware
 from rl_core.rl.auto import resolve as resolve_auto
 from rl_core.rl.batching import MicroBatchConfig
 from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
 from rl_core.rl.roles import require_reward
+from rl_core.rl.teacher import check_teacher_tokenizer
 from rl_core.strategy import StrategyConfig
 from rl_core.trainers.ppo import PPOConfig
 from rl_core.trainers.ppo_checkpoint import check_folder
@@ -149,7 +150,17 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         parser.error("--prompt_data (or --dataset) is required: prompts as .jsonl/.json/.parquet or a datasets folder")
 
     try:
-        require_reward(reward_fn=cfgs["reward"].given, reward_model=bool(m.reward_pretrain), agent=bool(p.agent))
+        require_reward(
+            reward_fn=cfgs["reward"].given,
+            reward_model=bool(m.reward_pretrain),
+            agent=bool(p.agent),
+            distill_only=bool(p.distill and p.distill.only),
+        )
+        if p.distill is not None and ray:
+            raise ValueError(
+                "--teacher_pretrain: on-policy distillation runs its teacher in one process (rl ppo) in this "
+                "release; rl ppo-ray has no placement for it yet: run rl ppo, or drop --teacher_pretrain"
+            )
         check_eval_set(p.eval.steps, bool(d.eval_dataset))
         check_combinations(p, eval_set=bool(d.eval_dataset), sleep_engines=cfgs["rollout"].enable_sleep)
     except ValueError as e:
@@ -160,6 +171,10 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     set_debug(cfgs["cli"].debug)
 
     cfgs["model"] = m = check_models(m)  # config.json and weights in every model folder
+    if p.distill is not None:  # the teacher's folder and tokenizer, before any model loads
+        teacher = check_model(p.distill.teacher_pretrain, flag="--teacher_pretrain")
+        check_teacher_tokenizer(m.pretrain, teacher)
+        cfgs["ppo"] = p = dataclasses.replace(p, distill=dataclasses.replace(p.distill, teacher_pretrain=teacher))
     for choice in _auto(cfgs, given(groups, args, flags), ray):  # the hardware's settings, from the local folders
         print(f"[rl {name}] auto: {choice}", flush=True)
     check_moe(p.policy_loss.aux_loss_coef, m.pretrain)

@@ -38,7 +38,7 @@ from rl_core.trainers import (
     TrainerConfig,
 )
 
-__version__ = "0.21.0"
+__version__ = "0.22.0"
 
 __all__ = [
     "LocalFactory",

@@ -12,6 +12,7 @@ Command-line names come from each field's metadata (``flags``: our flat names, `
 from rl_core.configs.agent import AgentConfig
 from rl_core.configs.async_rl import AsyncConfig
 from rl_core.configs.checkpoint import CheckpointConfig
+from rl_core.configs.distill import DistillConfig
 from rl_core.configs.ema import EMAConfig
 from rl_core.configs.eval import EvalConfig, best_metric_name, check_eval_rows, check_eval_set, eval_metric_names
 from rl_core.configs.filtering import DynamicFilteringConfig
@@ -25,6 +26,7 @@ __all__ = [
     "AsyncConfig",
     "CheckpointConfig",
     "CriticOptimizerConfig",
+    "DistillConfig",
     "DynamicFilteringConfig",
     "EMAConfig",
     "EvalConfig",

@@ -2,7 +2,7 @@
 
 :func:`build_run` is the only place that decides which roles a run has (a critic when
 the estimator's registry entry needs one, a reference when the KL coefficient is above
-0, a reward-model role when a reward model is given), what each is built from, which
+0, a reward-model role when a reward model is given, a teacher with on-policy distillation), what each is built from, which
 engines generate and how their weights are kept in sync. Where the roles live is the
 factory's business:
 
@@ -15,7 +15,7 @@ factory's business:
 
 A factory has three methods: ``role(name, worker_cls, *args, **kwargs)`` returns a
 worker group of ``worker_cls`` built with those arguments (``name`` is one of
-``policy``, ``critic``, ``ref``, ``reward``); ``rollout(engine_cfg, model, *, dtype,
+``policy``, ``critic``, ``ref``, ``reward``, ``teacher``: the last in-process only); ``rollout(engine_cfg, model, *, dtype,
 seed, device)`` returns the rollout (``generate`` / ``sleep`` / ``wake_up`` /
 ``shutdown``); ``weight_sync(policy, rollout, sync_cfg)`` returns the callable the loop
 syncs with, after resolving the backend with :meth:`rl_rollout.WeightSyncConfig.resolve`.
@@ -39,6 +39,7 @@ from rl_core.rl.frozen_workers import ReferenceWorker, RewardModelWorker
 from rl_core.rl.groups import LocalGroup, WorkerGroup
 from rl_core.rl.objectives import CriticObjective, PolicyObjective
 from rl_core.rl.roles import require_reward, run_roles
+from rl_core.rl.teacher import TeacherWorker
 from rl_core.rl.weight_syncs import DirectWeightSync
 from rl_core.rl.workers import CriticWorker, PolicyWorker
 from rl_core.strategy import StrategyConfig
@@ -249,13 +250,16 @@ class Run:
     ref: WorkerGroup | None = None
     reward_model: WorkerGroup | None = None
     reward_fn: Any = None
+    teacher: WorkerGroup | None = None
 
     def roles(self) -> str:
-        names = ["policy"] + [
-            n
-            for n, g in (("critic", self.critic), ("ref", self.ref), ("reward model", self.reward_model))
-            if g is not None
-        ]
+        groups = (
+            ("critic", self.critic),
+            ("ref", self.ref),
+            ("reward model", self.reward_model),
+            ("teacher", self.teacher),
+        )
+        names = ["policy"] + [n for n, g in groups if g is not None]
         return ", ".join(names)
 
     def close(self) -> None:
@@ -298,7 +302,17 @@ def build_run(
     m, s, p = cfg.model, cfg.strategy, cfg.ppo
     if m.pretrain is None:  # not reached: checked above, and resolve_auto keeps the model folder
         raise ValueError("RLModelConfig.pretrain (--pretrain) is required: a local HF model folder")
-    require_reward(reward_fn=reward_fn is not None, reward_model=bool(m.reward_pretrain), agent=bool(p.agent))
+    require_reward(
+        reward_fn=reward_fn is not None,
+        reward_model=bool(m.reward_pretrain),
+        agent=bool(p.agent),
+        distill_only=bool(p.distill and p.distill.only),
+    )
+    if p.distill is not None and not isinstance(factory, LocalFactory):
+        raise ValueError(
+            "--teacher_pretrain: on-policy distillation runs its teacher in one process (rl ppo) in this release; "
+            "over Ray (rl ppo-ray) the teacher has no placement yet: run rl ppo, or drop --teacher_pretrain"
+        )
     roles = run_roles(p, reward_model=bool(m.reward_pretrain))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     samples = p.rollout_batch_size * p.sampling.n_samples_per_prompt
@@ -357,6 +371,20 @@ def build_run(
         if roles.ref
         else None
     )
+    teacher = (
+        factory.role(
+            "teacher",
+            TeacherWorker,
+            s,
+            p.distill.teacher_pretrain,
+            load_kw=actor_kw,
+            pad_id=pad,
+            temperature=p.sampling.temperature,
+            **mb,
+        )
+        if p.distill is not None
+        else None
+    )
     rm = (
         factory.role(
             "reward",
@@ -395,5 +423,8 @@ def build_run(
         eval_prompts=eval_prompts,
         batching=cfg.batching,
         ring_attn_size=s.ring_attn_size,
+        teacher=teacher,
     )
-    return Run(trainer, policy, rollout, sync, critic=critic, ref=ref, reward_model=rm, reward_fn=reward_fn)
+    return Run(
+        trainer, policy, rollout, sync, critic=critic, ref=ref, reward_model=rm, reward_fn=reward_fn, teacher=teacher
+    )

@@ -25,7 +25,14 @@ import torch
 #: The per-token float fields an item may carry (``<name>_T`` on :class:`Experience`, ``<name>_BT`` on
 #: :class:`ExperienceBatch`), in the order the loop fills them.
 TokenField = Literal[
-    "rollout_logprobs", "old_logprobs", "ref_logprobs", "values", "advantages", "returns", "turn_rewards"
+    "rollout_logprobs",
+    "old_logprobs",
+    "ref_logprobs",
+    "teacher_logprobs",
+    "values",
+    "advantages",
+    "returns",
+    "turn_rewards",
 ]
 TOKEN_FIELDS: tuple[TokenField, ...] = get_args(TokenField)
 
@@ -39,7 +46,8 @@ class Experience:
     - ``rollout_logprobs_T``: the engine's log-probs of the sampled tokens (0 on the prompt), when it returned
       them.
     - ``old_logprobs_T`` (the policy before this step's updates), ``ref_logprobs_T`` (the reference model),
-      ``values_T`` (the critic): the experience forwards.
+      ``teacher_logprobs_T`` (the distillation teacher, :mod:`rl_core.rl.teacher`), ``values_T`` (the critic):
+      the experience forwards.
     - ``turn_rewards_T``: an agent's per-turn rewards on each turn's last token (``--agent_turn_rewards``),
       consumed by the advantage step (then None: not the workers' to train on).
     - ``advantages_T``, ``returns_T``: the advantage step (returns with a critic only).
@@ -53,6 +61,7 @@ class Experience:
     rollout_logprobs_T: torch.Tensor | None = None
     old_logprobs_T: torch.Tensor | None = None
     ref_logprobs_T: torch.Tensor | None = None
+    teacher_logprobs_T: torch.Tensor | None = None
     values_T: torch.Tensor | None = None
     advantages_T: torch.Tensor | None = None
     returns_T: torch.Tensor | None = None
@@ -91,6 +100,7 @@ class ExperienceBatch:
     rollout_logprobs_BT: torch.Tensor | None = None
     old_logprobs_BT: torch.Tensor | None = None
     ref_logprobs_BT: torch.Tensor | None = None
+    teacher_logprobs_BT: torch.Tensor | None = None
     values_BT: torch.Tensor | None = None
     advantages_BT: torch.Tensor | None = None
     returns_BT: torch.Tensor | None = None

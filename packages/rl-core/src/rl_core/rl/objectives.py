@@ -20,7 +20,9 @@ class PolicyObjective:
     """The policy's loss: the variant (``loss``, with ``correction`` in force when the node sets none), the
     KL loss term (``kl_loss``: its estimator, None when KL is a reward penalty or off), PPO-ptx's coefficient
     (None: no pretraining term), the EMA's beta (None: no EMA), the sampling temperature the log-probs use,
-    the passes over each iteration's samples and Dr. GRPO's constant normaliser (``norm_len``)."""
+    the passes over each iteration's samples, Dr. GRPO's constant normaliser (``norm_len``), and the distillation
+    loss term (``distill_loss``: its KL(policy || teacher) estimator, None unless ``--distill_mode loss``; its
+    weight ``distill_coef``)."""
 
     loss: PolicyLossConfig = PolicyLossConfig()
     correction: str | None = None
@@ -30,6 +32,8 @@ class PolicyObjective:
     kl_loss: KLEstimator | None = None
     ptx_coef: float | None = None
     ema_beta: float | None = None
+    distill_loss: KLEstimator | None = None
+    distill_coef: float = 0.0
 
     def __post_init__(self) -> None:
         if self.epochs < 1:
@@ -50,6 +54,8 @@ class PolicyObjective:
             kl_loss=kl.estimator if kl.use_loss and kl.enabled else None,
             ptx_coef=ppo.ptx.coef if ppo.ptx is not None else None,
             ema_beta=ppo.ema.beta if ppo.ema is not None else None,
+            distill_loss=KLEstimator(d.loss_estimator) if (d := ppo.distill) and d.loss_estimator else None,
+            distill_coef=ppo.distill.coef if ppo.distill is not None else 0.0,
         )
 
     def variant(self):

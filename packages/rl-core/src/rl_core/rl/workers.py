@@ -133,6 +133,8 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
             fields.append("old_logprobs")
         if kl_loss:
             fields.append("ref_logprobs")
+        if o.distill_loss is not None:
+            fields.append("teacher_logprobs")
         if use_rollout:
             fields.append("rollout_logprobs")
         # device tensors as they accumulate (no host sync per micro-batch), floats once read_once reads them
@@ -149,6 +151,8 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         aux: list[torch.Tensor] = []  # the MoE router's load-balancing loss of the last forward
         if aux_coef:
             sums["aux_loss"] = 0.0
+        if o.distill_loss is not None:
+            sums["distill_loss"] = 0.0
         if self._ptx:
             sums["ptx_loss"] = 0.0
 
@@ -189,6 +193,11 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                     kl_term = aggregate_loss(kl, m, "token-mean", global_tokens=total, dp_size=world)
                     loss = loss + kl_coef * kl_term
                     sums["kl_loss"] += kl_term.detach() / world
+                if o.distill_loss is not None:  # on-policy distillation: KL(policy || teacher) on the sampled tokens
+                    dkl = approx_kl(lp, b.token("teacher_logprobs"), o.distill_loss, mask=m)
+                    d_term = aggregate_loss(dkl, m, "token-mean", global_tokens=total, dp_size=world)
+                    loss = loss + o.distill_coef * d_term
+                    sums["distill_loss"] += d_term.detach() / world
                 if entropy:
                     if ent is None:  # not reached: a forward asked for the entropy returns it
                         raise RuntimeError("the policy's forward returned no entropy")

@@ -98,7 +98,8 @@ logger = logging.getLogger(__name__)
 
 
 class PPOTrainer:
-    """The loop. ``policy``, ``critic``, ``ref``, ``reward_model``: worker groups (or None);
+    """The loop. ``policy``, ``critic``, ``ref``, ``reward_model``, ``teacher`` (the distillation teacher,
+    with ``cfg.distill``): worker groups (or None);
     ``rollout``: ``generate(requests) -> [[RolloutSample]]`` (+ optional ``sleep``/``wake_up``);
     ``weight_sync``: ``sync(version) -> stats dict``; ``prompts``: a PromptDataset; ``seed`` fixes the
     prompt order (one permutation per pass) and the sampling (seed + 1000 x iteration + round);
@@ -131,12 +132,14 @@ class PPOTrainer:
         eval_prompts=None,
         batching: MicroBatchConfig | None = None,
         ring_attn_size: int = 1,
+        teacher=None,
     ):
         self.ring = ring_attn_size  # every role's ranks in ring attention groups of this size (rl_core.ring_attention)
         self.cfg, self.policy, self.rollout, self.weight_sync, self.seed = cfg, policy, rollout, weight_sync, seed
         if reward_fn is not None and not callable(getattr(reward_fn, "score", None)):
             reward_fn = _bounded(reward_fn)
         self.critic, self.ref, self.reward_model, self.reward_fn = critic, ref, reward_model, reward_fn
+        self.teacher = teacher
         self.prompts, self.tokenizer, self.G, self.sleep_engines = prompts, tokenizer, train_batch_size, sleep_engines
         self.gap_alarm = GapAlarm(cfg.gap_alarm(bf16=False) if gap_alarm is None else gap_alarm)
         if sleep_level not in (1, 2):
@@ -145,13 +148,21 @@ class PPOTrainer:
         self.budgets = BudgetWatch(batching)  # samples over the workers' token budgets, counted and warned of
         check_eval_set(cfg.eval.steps, eval_prompts is not None)
         check_combinations(cfg, eval_set=eval_prompts is not None, sleep_engines=sleep_engines)
-        check_parts(cfg, rollout=rollout, critic=critic, ref=ref, reward_fn=reward_fn, reward_model=reward_model)
+        check_parts(
+            cfg,
+            rollout=rollout,
+            critic=critic,
+            ref=ref,
+            reward_fn=reward_fn,
+            reward_model=reward_model,
+            teacher=teacher,
+        )
         agent = None  # a factory of fresh environments, one per episode
         if cfg.agent:
             agent = load_agent(cfg.agent.func_path)
             if hasattr(rollout, "batch_agenerate"):  # the HF engine: one generate per turn of all episodes
                 rollout.batch_agenerate = True
-        roles = {"policy": policy, "critic": critic, "ref": ref, "reward": reward_model}
+        roles = {"policy": policy, "critic": critic, "ref": ref, "reward": reward_model, "teacher": teacher}
         ranks = {role: g.world_size for role, g in roles.items() if g is not None}
         check_rl_arithmetic(cfg, train_batch_size, ring=self.ring, num_prompts=len(prompts), world_sizes=ranks)
         self.num_iterations = cfg.iterations(len(prompts))
@@ -189,7 +200,7 @@ class PPOTrainer:
         if cfg.async_rl and cfg.async_rl.partial_rollout:
             rollout.partial_chunk_tokens = cfg.async_rl.partial_rollout_tokens
         self._ckpt_cursor = 0  # the prompt cursor after the batch trained last (async: the producer runs ahead)
-        local = [g for g in (policy, critic, ref, reward_model) if g is not None]
+        local = [g for g in (policy, critic, ref, reward_model, teacher) if g is not None]
         self.parallel = not all(isinstance(g, LocalGroup) for g in local)
         self.experience = ExperienceMaker(
             cfg,
@@ -202,6 +213,7 @@ class PPOTrainer:
             pad_id=self.pad_id,
             kl=self.kl,
             gap_alarm=self.gap_alarm,
+            teacher=teacher,
         )
         # last, once every check passed: the folders it writes are this run's until fit ends (a second run on them
         # is refused: rl_core.folder_lock)
@@ -251,7 +263,7 @@ class PPOTrainer:
     def _release_device_caches(self) -> dict[str, float]:
         """Every model role's ranks empty torch's CUDA cache before the sleeping engines wake into that memory
         (:func:`~rl_core.trainers.ppo_sync.release_device_caches`)."""
-        groups = [g for g in (self.policy, self.critic, self.ref, self.reward_model) if g is not None]
+        groups = [g for g in (self.policy, self.critic, self.ref, self.reward_model, self.teacher) if g is not None]
         return release_device_caches(groups, self.parallel)
 
     def _sync(self, version: int) -> dict[str, float]:

@@ -23,11 +23,22 @@ def check_combinations(cfg, *, eval_set: bool, sleep_engines: bool) -> None:
         )
 
 
-def check_parts(cfg, *, rollout, critic, ref, reward_fn, reward_model) -> None:
+def check_parts(cfg, *, rollout, critic, ref, reward_fn, reward_model, teacher=None) -> None:
     """The roles and the engine ``cfg`` needs are there and can serve: a reward, an engine that plays agent
     episodes turn by turn (``agenerate``) with an agent, a critic for a critic-based estimator, a reference with a
-    KL term, an engine that samples in chunks with partial rollouts."""
-    require_reward(reward_fn=reward_fn is not None, reward_model=reward_model is not None, agent=bool(cfg.agent))
+    KL term, a teacher with distillation (and none without), an engine that samples in chunks with partial
+    rollouts."""
+    require_reward(
+        reward_fn=reward_fn is not None,
+        reward_model=reward_model is not None,
+        agent=bool(cfg.agent),
+        distill_only=bool(cfg.distill and cfg.distill.only),
+    )
+    if (cfg.distill is None) != (teacher is None):
+        raise ValueError(
+            "PPOTrainer: a teacher group goes with PPOConfig.distill (--teacher_pretrain) and only with it: "
+            + ("build the teacher's group (TeacherWorker)" if teacher is None else "set distill, or drop the teacher")
+        )
     if cfg.agent and not callable(getattr(rollout, "agenerate", None)):
         raise ValueError(
             f"--agent_func_path plays episodes turn by turn through the engine's agenerate, which this rollout "

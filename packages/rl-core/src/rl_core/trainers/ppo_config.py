@@ -5,7 +5,7 @@ it: rl-algos' :class:`~rl_algos.AdvantageConfig` (``advantage``), :class:`~rl_al
 (``policy_loss``), :class:`~rl_algos.KLConfig` (``kl``) and :class:`~rl_algos.ShapingConfig` (``shaping``),
 rl-rollout's :class:`~rl_rollout.SamplingConfig` (``sampling``),
 rl-core's :mod:`rl_core.configs` (``ckpt``, ``eval``, ``critic_optimizer``, and the optional features, present
-when on: ``async_rl``, ``agent``, ``ptx``, ``ema``, ``dynamic_filtering``). Each node checks its own fields; the rules that cross nodes are here, in
+when on: ``async_rl``, ``agent``, ``ptx``, ``ema``, ``dynamic_filtering``, ``distill``). Each node checks its own fields; the rules that cross nodes are here, in
 ``__post_init__``, once. Migrating from the flat config of rl-core 0.15: ``PPOConfig(init_kl_coef=0)`` is
 ``PPOConfig(kl=KLConfig(init_coef=0))``, ``async_train=True, max_staleness=2`` is
 ``async_rl=AsyncConfig(max_staleness=2)``, ``save_steps=..., ckpt_path=...`` is ``ckpt=CheckpointConfig(...)``,
@@ -31,6 +31,7 @@ from rl_core.configs import (
     AsyncConfig,
     CheckpointConfig,
     CriticOptimizerConfig,
+    DistillConfig,
     DynamicFilteringConfig,
     EMAConfig,
     EvalConfig,
@@ -136,6 +137,9 @@ class PPOConfig:
             "switch": True,
         },
     )
+    distill: DistillConfig | None = field(
+        default=None, metadata=meta("on-policy distillation from a teacher (on with --teacher_pretrain)")
+    )
     freezing_actor_steps: int = field(
         default=0, metadata=meta("first iterations train the critic only", openrlhf=("critic.freezing_steps",))
     )
@@ -202,6 +206,11 @@ class PPOConfig:
                 f"--agent_turn_rewards gives token-level rewards, which --advantage_estimator "
                 f"{self.advantage.estimator} (one scalar per sample, compared within its group) does not "
                 f"take: use {fit}, or drop --agent_turn_rewards"
+            )
+        if self.distill and self.distill.only and self.dynamic_filtering:
+            raise ValueError(
+                "--dynamic_filtering keeps groups whose rewards differ, and --distill_only trains on none of the "
+                "rewards: drop one of them"
             )
         a = self.async_rl
         if a is not None and a.generate_batch_size is not None and a.generate_batch_size < self.rollout_batch_size:

@@ -9,9 +9,10 @@ from collections.abc import Callable
 
 import torch
 
-from rl_algos import approx_kl, masked_mean, masked_whiten
+from rl_algos import approx_kl, distill_advantages, masked_mean, masked_whiten
 from rl_core.rl.experience import Experience, TokenField, collate, rows
 from rl_core.rl.groups import concurrently
+from rl_core.rl.teacher import teacher_metrics
 
 logger = logging.getLogger(__name__)
 
@@ -19,13 +20,16 @@ logger = logging.getLogger(__name__)
 def trains_on_policy(cfg, train_batch_size: int, *, kl_penalty: bool) -> bool:
     """One epoch and one global batch per iteration, no KL reward penalty: the policy trains once on weights
     the engine sampled with, so its old log-probs are its train forward's (detached): skip that forward.
-    Asynchronous training samples with older weights than the ones that train: never on-policy."""
+    Asynchronous training samples with older weights than the ones that train: never on-policy. Distillation as an
+    advantage needs the student's log-probs before training (the teacher's gap is the advantage)."""
+    distill_advantage = cfg.distill is not None and cfg.distill.mode == "advantage"
     return (
         cfg.max_epochs == 1
         and cfg.rollout_batch_size * cfg.sampling.n_samples_per_prompt == train_batch_size
         and not kl_penalty
         and cfg.freezing_actor_steps == 0
         and not cfg.async_rl
+        and not distill_advantage
     )
 
 
@@ -60,8 +64,8 @@ class GapAlarm:
 
 
 class ExperienceMaker:
-    """The experience of a batch of items: ``policy``, ``ref``, ``critic`` are worker groups (the latter two
-    may be None) called through ``sharded(group, method, items)``, at the same time when ``parallel``;
+    """The experience of a batch of items: ``policy``, ``ref``, ``critic``, ``teacher`` are worker groups (all
+    but the policy may be None) called through ``sharded(group, method, items)``, at the same time when ``parallel``;
     ``on_policy``: the policy's train forward gives the old log-probs (skip that forward here); ``kl``: the
     reward penalty's controller (None: KL as a loss, or off); ``cfg``: the run's PPOConfig (its estimator,
     agent turn rewards, importance correction)."""
@@ -79,6 +83,7 @@ class ExperienceMaker:
         pad_id: int,
         kl,
         gap_alarm: GapAlarm,
+        teacher=None,
     ):
         self.cfg, self.policy, self.ref, self.critic, self.sharded = cfg, policy, ref, critic, sharded
         self.parallel, self.on_policy, self.pad_id, self.kl, self.gap_alarm = (
@@ -88,15 +93,18 @@ class ExperienceMaker:
             kl,
             gap_alarm,
         )
+        self.teacher = teacher
 
     def forwards(self, items: list[Experience]) -> None:
-        """Step 3: the old log-probs (unless on-policy), the reference's log-probs and the critic's values, into
-        each item; the groups on different devices compute at the same time."""
+        """Step 3: the old log-probs (unless on-policy), the reference's and the teacher's log-probs and the
+        critic's values, into each item; the groups on different devices compute at the same time."""
         calls: dict[TokenField, Callable[[], list]] = {}
         if not self.on_policy:
             calls["old_logprobs"] = lambda: self.sharded(self.policy, "logprobs", items)
         if self.ref is not None:
             calls["ref_logprobs"] = lambda: self.sharded(self.ref, "logprobs", items)
+        if self.teacher is not None:
+            calls["teacher_logprobs"] = lambda: self.sharded(self.teacher, "logprobs", items)
         if self.critic is not None:
             calls["values"] = lambda: self.sharded(self.critic, "values", items)
         if self.parallel:
@@ -119,6 +127,7 @@ class ExperienceMaker:
         fields: list[TokenField] = ["ref_logprobs", "values", "rollout_logprobs"]
         fields += [] if self.on_policy else ["old_logprobs"]
         fields += ["turn_rewards"] if turns else []
+        fields += ["teacher_logprobs"] if self.teacher is not None else []
         b = collate(items, self.pad_id, fields)
         mask = b.loss_mask_BT.float()
         out: dict[str, float] = {}
@@ -134,6 +143,8 @@ class ExperienceMaker:
             token_rewards = turn_BT if token_rewards is None else token_rewards + turn_BT
             for it in items:
                 it.turn_rewards_T = None  # not the workers' to train on
+        if c.distill is not None and c.distill.only:  # pure distillation: the task's rewards are logged only
+            scores = torch.zeros_like(scores)
         est = c.advantage  # the estimator gets the loop's inputs it declares, and its own parameters (--estimator_args)
         adv = est.spec(
             scores,
@@ -145,6 +156,11 @@ class ExperienceMaker:
             ),
         )
         a = masked_whiten(adv.advantages, mask, scale=not est.no_std_norm) if est.whitens else adv.advantages
+        if self.teacher is not None:
+            out.update(self._distill(b, mask, items))
+            if c.distill.mode == "advantage":  # each token's own teacher gap, whitened over the batch's tokens
+                gap = distill_advantages(b.token("old_logprobs"), b.token("teacher_logprobs"), mask)
+                a = a + c.distill.coef * masked_whiten(gap, mask) * mask
         for item, x in zip(items, rows(a * mask, items), strict=True):
             item.advantages_T = x
         if c.needs_critic:
@@ -172,3 +188,14 @@ class ExperienceMaker:
                 "rollout returned samples without them"
             )
         return out
+
+    def _distill(self, b, mask: torch.Tensor, items: list[Experience]) -> dict[str, float]:
+        """The teacher's metrics against the student's log-probs at sampling time: the old ones, else (on-policy,
+        loss mode) the engine's; none when neither is at hand."""
+        if not self.on_policy:
+            student = b.token("old_logprobs")
+        elif all(it.rollout_logprobs_T is not None for it in items):
+            student = b.token("rollout_logprobs")
+        else:
+            return {}
+        return teacher_metrics(student, b.token("teacher_logprobs"), mask)

@@ -214,6 +214,8 @@ class Sampler:
             scored = self.sharded(self.reward_model, "score", items + items[-1:] * pad)
             parts.append(torch.tensor(scored[: len(items)], dtype=torch.float32))
             info["reward_model_mean"] = parts[-1].mean().item()
+        if not parts:  # pure distillation (--distill_only) without a reward source: the teacher is the signal
+            parts.append(torch.zeros(len(samples), dtype=torch.float32))
         total = sum(parts[1:], parts[0])
         return Scored(total, info, total if own is None else own, counts)
 
