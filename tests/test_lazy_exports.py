@@ -15,7 +15,15 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-LAZY_PACKAGES = ("rl_rollout", "rl_core", "rl_core.rl", "rl_core.trainers", "rl_core.data")
+LAZY_PACKAGES = (
+    "rl_algos",
+    "rl_algos.losses",
+    "rl_rollout",
+    "rl_core",
+    "rl_core.rl",
+    "rl_core.trainers",
+    "rl_core.data",
+)
 
 
 def _type_checking_imports(pkg: str) -> dict[str, str]:
@@ -27,7 +35,8 @@ def _type_checking_imports(pkg: str) -> dict[str, str]:
         if isinstance(node, ast.If) and getattr(node.test, "id", None) == "TYPE_CHECKING":
             for imp in node.body:
                 assert isinstance(imp, ast.ImportFrom), ast.dump(imp)
-                out.update({a.asname or a.name: imp.module for a in imp.names})
+                if imp.module != pkg:  # `from pkg import submodule`: the package's _SUBMODULES
+                    out.update({a.asname or a.name: imp.module for a in imp.names})
     return out
 
 
@@ -35,7 +44,7 @@ def _type_checking_imports(pkg: str) -> dict[str, str]:
 def test_lazy_table_matches_type_checking_and_all(pkg):
     mod = importlib.import_module(pkg)
     assert _type_checking_imports(pkg) == mod._LAZY
-    assert sorted(mod.__all__) == sorted(mod._LAZY)
+    assert sorted(mod.__all__) == sorted([*mod._LAZY, *getattr(mod, "_SUBMODULES", ())])
 
 
 @pytest.mark.parametrize("pkg", LAZY_PACKAGES)
@@ -43,6 +52,8 @@ def test_every_lazy_name_resolves_to_its_module_object(pkg):
     mod = importlib.import_module(pkg)
     for name, where in mod._LAZY.items():
         assert getattr(mod, name) is getattr(importlib.import_module(where), name), name
+    for name in getattr(mod, "_SUBMODULES", ()):
+        assert getattr(mod, name) is importlib.import_module(f"{pkg}.{name}"), name
     assert set(mod._LAZY) <= set(dir(mod))
     with pytest.raises(AttributeError, match="no attribute 'not_a_name'"):
         mod.not_a_name  # noqa: B018
@@ -50,7 +61,7 @@ def test_every_lazy_name_resolves_to_its_module_object(pkg):
 
 def test_package_imports_load_no_torch():
     code = (
-        "import sys, rl_core, rl_core.rl, rl_core.trainers, rl_core.data, rl_rollout\n"
+        "import sys, rl_algos, rl_algos.losses, rl_core, rl_core.rl, rl_core.trainers, rl_core.data, rl_rollout\n"
         "print(sorted(m for m in ('torch', 'deepspeed', 'transformers') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout

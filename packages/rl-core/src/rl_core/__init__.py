@@ -29,8 +29,10 @@ if TYPE_CHECKING:
     from rl_core.hf_export import export_hf
     from rl_core.metrics import MetricsLogger
     from rl_core.models import Actor, ActorOutput, Critic, LoraSpec, RewardModel, frozen
-    from rl_core.rl.build import LocalFactory, RLModelConfig, Run, RunConfig, build_run
-    from rl_core.strategy import BatchPlan, DeepSpeedStrategy, StrategyConfig
+    from rl_core.rl.build import LocalFactory, Run, RunConfig, build_run
+    from rl_core.rl.model_config import RLModelConfig
+    from rl_core.strategy import DeepSpeedStrategy
+    from rl_core.strategy_config import BatchPlan, StrategyConfig
     from rl_core.trainers import (
         DPOConfig,
         DPOTrainer,
@@ -55,8 +57,10 @@ _LAZY = {
     "export_hf": "rl_core.hf_export",
     "MetricsLogger": "rl_core.metrics",
     **dict.fromkeys(("Actor", "ActorOutput", "Critic", "LoraSpec", "RewardModel", "frozen"), "rl_core.models"),
-    **dict.fromkeys(("LocalFactory", "RLModelConfig", "Run", "RunConfig", "build_run"), "rl_core.rl.build"),
-    **dict.fromkeys(("BatchPlan", "DeepSpeedStrategy", "StrategyConfig"), "rl_core.strategy"),
+    **dict.fromkeys(("LocalFactory", "Run", "RunConfig", "build_run"), "rl_core.rl.build"),
+    "RLModelConfig": "rl_core.rl.model_config",
+    "DeepSpeedStrategy": "rl_core.strategy",
+    **dict.fromkeys(("BatchPlan", "StrategyConfig"), "rl_core.strategy_config"),
     **dict.fromkeys(
         (
             "DPOConfig",

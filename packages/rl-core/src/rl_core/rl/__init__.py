@@ -24,7 +24,8 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rl_core.rl.batching import MicroBatchConfig, plan_micro_batches
+    from rl_core.rl.batching import plan_micro_batches
+    from rl_core.rl.batching_config import MicroBatchConfig
     from rl_core.rl.experience import Experience, ExperienceBatch, collate, dp_order, make_item, rows
     from rl_core.rl.frozen_workers import ReferenceWorker, RewardModelWorker
     from rl_core.rl.groups import EngineFailure, GroupRollout, LocalGroup, WorkerGroup, concurrently
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
 
 # name -> the submodule that defines it, imported on first use
 _LAZY = {
-    **dict.fromkeys(("MicroBatchConfig", "plan_micro_batches"), "rl_core.rl.batching"),
+    "plan_micro_batches": "rl_core.rl.batching",
+    "MicroBatchConfig": "rl_core.rl.batching_config",
     **dict.fromkeys(
         ("Experience", "ExperienceBatch", "collate", "dp_order", "make_item", "rows"), "rl_core.rl.experience"
     ),

@@ -12,21 +12,28 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from rl_core.trainers.base import LMTrainerConfig, Trainer, TrainerConfig
-    from rl_core.trainers.dpo import DPOConfig, DPOTrainer
-    from rl_core.trainers.kto import KTOConfig, KTOTrainer
-    from rl_core.trainers.ppo import PPOConfig, PPOTrainer
-    from rl_core.trainers.rm import RewardModelTrainer, RMConfig
-    from rl_core.trainers.sft import SFTConfig, SFTTrainer
+    from rl_core.trainers.base import Trainer
+    from rl_core.trainers.configs import DPOConfig, KTOConfig, LMTrainerConfig, RMConfig, SFTConfig, TrainerConfig
+    from rl_core.trainers.dpo import DPOTrainer
+    from rl_core.trainers.kto import KTOTrainer
+    from rl_core.trainers.ppo import PPOTrainer
+    from rl_core.trainers.ppo_config import PPOConfig
+    from rl_core.trainers.rm import RewardModelTrainer
+    from rl_core.trainers.sft import SFTTrainer
 
 # name -> the submodule that defines it, imported on first use
 _LAZY = {
-    **dict.fromkeys(("LMTrainerConfig", "Trainer", "TrainerConfig"), "rl_core.trainers.base"),
-    **dict.fromkeys(("DPOConfig", "DPOTrainer"), "rl_core.trainers.dpo"),
-    **dict.fromkeys(("KTOConfig", "KTOTrainer"), "rl_core.trainers.kto"),
-    **dict.fromkeys(("PPOConfig", "PPOTrainer"), "rl_core.trainers.ppo"),
-    **dict.fromkeys(("RewardModelTrainer", "RMConfig"), "rl_core.trainers.rm"),
-    **dict.fromkeys(("SFTConfig", "SFTTrainer"), "rl_core.trainers.sft"),
+    "Trainer": "rl_core.trainers.base",
+    **dict.fromkeys(
+        ("DPOConfig", "KTOConfig", "LMTrainerConfig", "RMConfig", "SFTConfig", "TrainerConfig"),
+        "rl_core.trainers.configs",
+    ),
+    "DPOTrainer": "rl_core.trainers.dpo",
+    "KTOTrainer": "rl_core.trainers.kto",
+    "PPOTrainer": "rl_core.trainers.ppo",
+    "PPOConfig": "rl_core.trainers.ppo_config",
+    "RewardModelTrainer": "rl_core.trainers.rm",
+    "SFTTrainer": "rl_core.trainers.sft",
 }
 
 
