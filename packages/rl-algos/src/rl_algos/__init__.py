@@ -112,7 +112,7 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_LAZY, *_SUBMODULES])
 
 
-__version__ = "0.7.0"
+__version__ = "0.8.0"
 
 __all__ = [
     "AdvantageConfig",
