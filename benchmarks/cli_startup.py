@@ -3,9 +3,9 @@
     uv run python benchmarks/cli_startup.py [--repeats 5]
 
 Times (median of ``--repeats`` runs after one warm-up that writes the bytecode, as an installed package has it):
-``python -c pass``, ``rl --help``, ``rl ppo --help``, ``rl sft --help``, ``rl doctor --help``; prints each and its
-ratio to ``python -c pass``, and which heavy libraries each imports (``-X importtime``). Targets (issue 39 item 3,
-on a 2-core machine): ``rl --help`` under 1 s, ``rl ppo --help`` under 3 s.
+``python -c pass``, ``rl --help`` and the ``--help`` of ``rl ppo``, ``rl ppo-ray``, ``rl sft``, ``rl dpo`` and
+``rl demo``; prints each and its ratio to ``python -c pass``, and which heavy libraries each imports (``-X
+importtime``). Targets (issue 39 item 3, on a 2-core machine): ``rl --help`` under 1 s, ``rl ppo --help`` under 3 s.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ CASES = {
     "python -c pass": [sys.executable, "-c", "pass"],
     "rl --help": [sys.executable, "-m", "rl_cli.main", "--help"],
     "rl ppo --help": [sys.executable, "-m", "rl_cli.main", "ppo", "--help"],
-    "rl sft --help": [sys.executable, "-m", "rl_cli.main", "sft", "--help"],
+    **{f"rl {c} --help": [sys.executable, "-m", "rl_cli.main", c, "--help"] for c in ("ppo-ray", "sft", "dpo", "demo")},
 }
 TARGETS = {"rl --help": 1.0, "rl ppo --help": 3.0}
 
@@ -52,8 +52,10 @@ def main() -> int:
         target = TARGETS.get(name)
         verdict = "" if target is None else (f"  target < {target:g} s: " + ("met" if med < target else "MISSED"))
         failed |= target is not None and med >= target
-        print(f"{name:<16} {med:6.3f} s  {med / base:6.1f}x python -c pass  imports: {', '.join(heavy) or 'none'}"
-              f"{verdict}")
+        print(
+            f"{name:<20} {med:6.3f} s  {med / base:6.1f}x python -c pass  imports: {', '.join(heavy) or 'none'}"
+            f"{verdict}"
+        )
     return 1 if failed else 0
 
 

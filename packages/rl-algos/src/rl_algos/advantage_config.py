@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rl_algos._settings import field_meta as _meta
-from rl_algos.advantages import ESTIMATORS, EstimatorSpec, estimator_names, get_estimator
+from rl_algos.estimators import ESTIMATORS, EstimatorSpec, estimator_names, get_estimator
 
 
 @dataclass(frozen=True)

@@ -33,19 +33,26 @@ Token rewards are the shaped score on the last response token plus
 ``token_rewards_BT``. Batch whitening (OpenRLHF applies it to ``gae``,
 ``reinforce`` and ``reinforce_baseline``: their entries' ``whiten_by_default``) is
 :func:`masked_whiten`, left to the caller so it can use global statistics.
+
+The registry (:data:`ESTIMATORS`, :class:`EstimatorSpec`, :func:`get_estimator`, :func:`estimator_names`) is
+:mod:`rl_algos.estimators`'s, re-exported here: it names these estimators without importing torch.
 """
 
 from __future__ import annotations
 
-import enum
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 import torch
 
 from rl_algos._masked import check_same_shape, compute_dtype, masked_mean, masked_var, place_on_last_token
-from rl_algos._settings import parse_settings
+from rl_algos.estimators import (  # noqa: F401 - re-exported: the registry lives beside, torch-free
+    ESTIMATORS,
+    EstimatorSpec,
+    estimator_names,
+    get_estimator,
+)
 
 Tensor = torch.Tensor
 
@@ -244,82 +251,6 @@ group_norm = _returns_based("group_norm", group_normalize)
 group_norm.__doc__ = "GRPO: group-normalised score, then discounted return."
 dr_grpo = _returns_based("dr_grpo", mean_baseline)
 dr_grpo.__doc__ = "Dr. GRPO: score minus group mean (no std division), then discounted return."
-
-
-@dataclass(frozen=True)
-class EstimatorSpec:
-    """A registry entry: the estimator and what a loop must give it.
-
-    ``needs_critic``: it reads critic values (``values_BT``); ``min_group_size``: the
-    ``n_samples`` it needs (2 for estimators that compare a prompt's samples);
-    ``whiten_by_default``: OpenRLHF whitens its advantages over the batch;
-    ``turn_rewards``: its advantages are returns of token rewards, so rewards given per
-    turn of a multi-turn episode (on each turn's last token, as ``token_rewards_BT``) keep
-    their place (``reinforce_baseline`` baselines the scalar score only); the others
-    compare one scalar per sample within its group;
-    ``inputs``: the loop's keyword arguments beyond ``scores_B``/``mask_BT`` it reads (a loop passes
-    only these); ``params``: its own settings a run may give (name -> type, e.g. ``{"temperature": float}``,
-    set with ``--estimator_args temperature=0.5``; :meth:`settings` parses them).
-    Calling the entry calls the estimator.
-    """
-
-    name: str
-    fn: EstimatorFn
-    needs_critic: bool = False
-    min_group_size: int = 1
-    whiten_by_default: bool = False
-    turn_rewards: bool = False
-    inputs: tuple[str, ...] = ("n_samples", "token_rewards_BT", "gamma")
-    params: Mapping[str, type] = field(default_factory=dict)
-
-    def __call__(self, scores_B: Tensor, mask_BT: Tensor, **kwargs) -> Advantages:
-        return self.fn(scores_B, mask_BT, **kwargs)
-
-    def settings(self, items: Sequence[str]) -> dict:
-        """``KEY=VALUE`` texts -> this estimator's own parameters, typed; unknown keys fail naming the valid."""
-        return parse_settings(items, self.params, f"advantage estimator {self.name!r}")
-
-
-class _Registry(dict[str, EstimatorSpec]):
-    """name -> :class:`EstimatorSpec`; refuses duplicates and lists valid names on a miss."""
-
-    def register(self, name: str, fn: EstimatorFn | EstimatorSpec, **facts) -> EstimatorSpec:
-        if name in self:
-            raise ValueError(f"advantage estimator {name!r} is already registered")
-        spec = fn if isinstance(fn, EstimatorSpec) else EstimatorSpec(name, fn, **facts)
-        self[name] = spec
-        return spec
-
-    def __missing__(self, name: str) -> EstimatorSpec:
-        raise ValueError(f"unknown advantage estimator {name!r}; valid: {', '.join(sorted(self))}")
-
-
-ESTIMATORS = _Registry()
-ESTIMATORS.register(
-    "gae",
-    gae,
-    needs_critic=True,
-    whiten_by_default=True,
-    turn_rewards=True,
-    inputs=("token_rewards_BT", "values_BT", "gamma", "lambd"),
-)
-ESTIMATORS.register("reinforce", reinforce, whiten_by_default=True, turn_rewards=True)
-ESTIMATORS.register(
-    "reinforce_baseline", reinforce_baseline, min_group_size=2, whiten_by_default=True, turn_rewards=True
-)
-ESTIMATORS.register("rloo", rloo, min_group_size=2)
-ESTIMATORS.register("group_norm", group_norm, min_group_size=2)
-ESTIMATORS.register("dr_grpo", dr_grpo, min_group_size=2)
-
-
-def get_estimator(name: str) -> EstimatorSpec:
-    """The registry entry called ``name`` (callable as the estimator); a ValueError lists the valid names."""
-    return ESTIMATORS[str(name.value if isinstance(name, enum.Enum) else name)]
-
-
-def estimator_names(*, critic_free: bool | None = None) -> list[str]:
-    """Registered names, optionally only those with (``False``) or without (``True``) a critic."""
-    return sorted(n for n, s in ESTIMATORS.items() if critic_free is None or s.needs_critic != critic_free)
 
 
 def compute_advantages(name: str, scores_B: Tensor, mask_BT: Tensor, **kwargs) -> Advantages:

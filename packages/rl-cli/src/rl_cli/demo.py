@@ -30,7 +30,6 @@ from rl_algos import AdvantageConfig, KLConfig, PolicyLossConfig
 from rl_cli.errors import CliArgs, user_errors
 from rl_rollout import EngineConfig, RewardRunner, SamplingConfig, WeightSyncConfig, engine_names
 from rl_rollout.engine import resolve_engine
-from rl_rollout.testing import make_tiny_model
 
 LETTERS = string.ascii_lowercase[:8]
 
@@ -99,12 +98,13 @@ def main(argv: list[str] | None = None) -> int:
 
     from transformers import AutoTokenizer
 
-    # lazy: rl-core's loop (numpy, the hub); `rl demo --help` stays light
+    # lazy: rl-core's loop and the tiny model (torch, the hub); `rl demo --help` stays light
     from rl_core.configs import CheckpointConfig
     from rl_core.data import DataConfig, PromptDataset, load_rows
     from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
     from rl_core.strategy import StrategyConfig
     from rl_core.trainers.ppo import PPOConfig
+    from rl_rollout.testing import make_tiny_model
 
     work = Path(args.workdir)
     work.mkdir(parents=True, exist_ok=True)

@@ -5,8 +5,8 @@ and on CPU), the version checks (each installed part against the ranges our inst
 in a workspace clone against ``uv.lock``'s exact versions), and what one command with its flags needs
 (:func:`needs`): ``rl doctor ppo --rollout_engine vllm`` exits 1 when that command cannot run here, naming
 each missing part and its fix. Plain ``rl doctor`` reports every part and exits 1 only when the parts every
-command needs are missing. Only the standard library and ``packaging`` at import; each part is imported when
-checked.
+command needs are missing. Only the standard library, ``packaging`` and the CLI's boolean words
+(:mod:`rl_cli.config`) at import; each part is imported when checked.
 """
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ from pathlib import Path
 import tomllib
 from packaging.requirements import Requirement
 from packaging.version import InvalidVersion, Version
+
+from rl_cli.config import FALSE
 
 __all__ = ["PARTS", "Check", "Part", "check_parts", "main", "needs"]
 
@@ -132,11 +134,21 @@ def _cuda() -> bool:
         return False
 
 
-def check_parts(parts: Sequence[Part] = PARTS) -> list[Check]:
+def _version(text: str) -> Version | None:
+    """``text`` as a comparable version, None for a part whose metadata gives none (a local build, "installed")."""
+    try:
+        return Version(text)
+    except InvalidVersion:
+        return None
+
+
+def check_parts(parts: Sequence[Part] = PARTS, cuda: bool | None = None) -> list[Check]:
+    """One check per part; ``cuda`` (default: asked of torch here) picks the CPU or CUDA fix."""
     # DeepSpeed's "Setting accelerator to CPU" notice on import: the torch line and the nvidia-smi check say it
     # better here (rl_core drops it the same way; doctor imports no rl_core, so it works when that cannot load).
     logging.getLogger("DeepSpeed").addFilter(lambda r: not str(r.msg).startswith("Setting accelerator to CPU"))
-    cuda, declared, locked = _cuda(), _declared(), _locked()
+    cuda = _cuda() if cuda is None else cuda
+    declared, locked = _declared(), _locked()
     out = []
     for part in parts:
         try:
@@ -149,17 +161,17 @@ def check_parts(parts: Sequence[Part] = PARTS) -> list[Check]:
             version = md.version(part.dist)
         except md.PackageNotFoundError:
             version = str(getattr(module, "__version__", "installed"))
+        parsed = _version(version)
+        if parsed is None:  # a local build with no comparable version: no range or lock to hold it against
+            out.append(Check(part, f"unknown version ({version})", None, None))
+            continue
         problem = fix = None
         for pkg, req in declared.get(part.dist.lower(), []):
-            try:
-                ok = req.specifier.contains(Version(version), prereleases=True)
-            except InvalidVersion:
-                ok = True  # a local build with no comparable version: nothing to say
-            if not ok:
+            if not req.specifier.contains(parsed, prereleases=True):
                 problem, fix = f"{pkg} needs {req}", f"pip install '{req}'"
                 break
-        want = locked.get(part.dist.lower())
-        if problem is None and want and Version(version).base_version != Version(want).base_version:
+        want = _version(locked.get(part.dist.lower(), ""))
+        if problem is None and want is not None and parsed.base_version != want.base_version:
             problem, fix = f"uv.lock pins {want}", "uv sync --locked (the workspace's versions)"
         out.append(Check(part, version, problem, fix))
     return out
@@ -176,6 +188,20 @@ def _flag(argv: Sequence[str], name: str) -> str | None:
     return value
 
 
+def _on(argv: Sequence[str], name: str) -> bool:
+    """Whether the boolean flag ``--NAME`` is on in argv, read as the parser reads it: ``--NAME`` alone or with a
+    true word (``--NAME true``, ``--NAME=1``) turns it on, a false word (``--NAME false``, ``--NAME=0``) off; any
+    other value is on too (OpenRLHF's ``--use_wandb KEY``, which the parser takes as the key); the last wins."""
+    on = False
+    for i, arg in enumerate(argv):
+        if arg == f"--{name}":
+            nxt = argv[i + 1].strip().lower() if i + 1 < len(argv) else ""
+            on = nxt not in FALSE  # a true word, the next flag or nothing: the flag's constant, on
+        elif arg.startswith(f"--{name}="):
+            on = arg.split("=", 1)[1].strip().lower() not in FALSE
+    return on
+
+
 def needs(command: str, argv: Sequence[str]) -> list[Part]:
     """The parts ``rl COMMAND ARGV`` imports, from the command and the flags that bring a library in."""
     names = ["torch", "transformers"]
@@ -185,13 +211,13 @@ def needs(command: str, argv: Sequence[str]) -> list[Part]:
         names.append("ray")
     if _flag(argv, "rollout_engine") == "vllm":
         names.append("vllm")
-    if "--flash_attn" in argv or _flag(argv, "attn_implementation") == "flash_attention_2":
+    if _on(argv, "flash_attn") or _flag(argv, "attn_implementation") == "flash_attention_2":
         names.append("flash_attn")
-    if "--use_liger_kernel" in argv:
+    if _on(argv, "use_liger_kernel"):
         names.append("liger_kernel")
-    if "--use_wandb" in argv or _flag(argv, "use_wandb"):
+    if _on(argv, "use_wandb"):
         names.append("wandb")
-    if "--use_mlflow" in argv:
+    if _on(argv, "use_mlflow"):
         names.append("mlflow")
     if _flag(argv, "image_key"):
         names.append("PIL")
@@ -203,8 +229,8 @@ def needs(command: str, argv: Sequence[str]) -> list[Part]:
 
 def main(argv: Sequence[str]) -> int:
     """``rl doctor [COMMAND FLAGS...]``; prints one line per part (and its fix), returns the exit code."""
-    checks = check_parts()
-    cuda = _cuda()
+    cuda = _cuda()  # once: torch's CUDA query is slow where there is a driver to ask
+    checks = check_parts(cuda=cuda)
     gpu_unseen = not cuda and shutil.which("nvidia-smi") is not None
     for c in checks:
         for line in c.lines():
@@ -217,14 +243,15 @@ def main(argv: Sequence[str]) -> int:
     broken = {c.part.module: c for c in checks if c.problem}
     if argv:
         command, flags = argv[0], list(argv[1:])
-        missing = [broken[p.module] for p in needs(command, flags) if p.module in broken]
+        wanted = needs(command, flags)
+        missing = [broken[p.module] for p in wanted if p.module in broken]
         asked = " ".join(["rl", command, *flags])
         if missing:
             print(f"\n{asked}: cannot run here")
             for c in missing:
                 print(f"  {c.part.module} ({c.part.purpose}): {c.problem}; fix: {c.fix}")
             return 1
-        print(f"\n{asked}: every part it needs is here ({', '.join(p.module for p in needs(command, flags))})")
+        print(f"\n{asked}: every part it needs is here ({', '.join(p.module for p in wanted)})")
         return 0
     core = [c for c in checks if c.problem and c.part.module in ("torch", "transformers")]
     return 1 if core else 0

@@ -16,6 +16,9 @@ workers; they differ in where the workers live:
   cluster it starts a local Ray; ``--num_gpus N`` declares N logical GPUs on a
   machine without any (how the tests run it on CPU).
 
+The flags come from config classes that import no torch (``rl ppo --help`` answers without it); what loads
+models, data and the loop is imported where a run reaches it.
+
 Rewards: ``--reward_fn`` (``file.py:func``, ``module:func``, ``builtin:math`` ...)
 run by a :class:`rl_rollout.RewardRunner` (every call bounded by ``--reward_timeout``; a
 call that raises, hangs or returns a non-finite value gets the fallback and is counted
@@ -36,26 +39,21 @@ from dataclasses import replace
 
 from rl_cli import extensions
 from rl_cli.config import build_parser
-from rl_cli.dry_run import print_config
 from rl_cli.errors import CliArgs, UserError, set_debug, user_errors
 from rl_cli.loading import build, given, settings
 from rl_cli.placement_args import RayArgs, _world_sizes
 from rl_cli.train import _local_models, _wandb_installed, _wandb_key, check_moe
 from rl_core.configs import check_eval_rows, check_eval_set
-from rl_core.data import DataConfig, DataError, PretrainDataset, PromptDataset, load_rows, training_rows
+from rl_core.data.config import DataConfig
+from rl_core.data.loading import DataError, load_rows
 from rl_core.folder_lock import hold
 from rl_core.metrics import LoggerConfig, MetricsLogger
-from rl_core.preflight import check_model, check_models, check_rl_batches, load_processor, load_tokenizer
-from rl_core.rl.auto import Hardware
-from rl_core.rl.auto import resolve as resolve_auto
-from rl_core.rl.batching import MicroBatchConfig
-from rl_core.rl.build import LocalFactory, RLModelConfig, RunConfig, build_run
+from rl_core.rl.batching_config import MicroBatchConfig
+from rl_core.rl.model_config import RLModelConfig
 from rl_core.rl.roles import require_reward
-from rl_core.rl.teacher import check_teacher_tokenizer
-from rl_core.strategy import StrategyConfig
-from rl_core.trainers.ppo import PPOConfig
-from rl_core.trainers.ppo_checkpoint import check_folder
+from rl_core.strategy_config import StrategyConfig
 from rl_core.trainers.ppo_checks import check_combinations
+from rl_core.trainers.ppo_config import PPOConfig
 from rl_rollout.config import EngineConfig, RewardConfig, WeightSyncConfig
 from rl_rollout.rewards import RewardError
 
@@ -101,6 +99,9 @@ def _refuse_unused(cfgs: dict, parser) -> None:
 
 def _auto(cfgs: dict, given: frozenset[str], ray: bool) -> tuple:
     """Decide the settings left to the hardware (rl_core.rl.auto) into ``cfgs``; the choices, with why."""
+    # lazy: rl_core.rl.auto imports torch (the device); only a run or --print_config decides
+    from rl_core.rl.auto import Hardware
+    from rl_core.rl.auto import resolve as resolve_auto
 
     sizes = _world_sizes(cfgs) if ray else {"policy": 1}
     hw = Hardware.here(trained_ranks=max(sizes.get("policy", 1), sizes.get("critic", 0)))
@@ -141,6 +142,9 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
             flush=True,
         )
     if getattr(args, "print_config", False):  # a dry run: before any path is read, model loaded or Ray started
+        # lazy: rl_core.preflight reads the hub's cache (huggingface_hub); only --print_config prints
+        from rl_cli.dry_run import print_config
+
         print_config(name, cfgs, chosen=_auto(cfgs, given(groups, args, flags), ray))
         return None
     m, d, p = cfgs["model"], cfgs["data"], cfgs["ppo"]
@@ -169,6 +173,11 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     cfgs["model"] = m = _local_models(f"rl {name}", m)  # hub ids -> local HF cache folders, before any model loads
     _wandb_installed(f"rl {name}", cfgs["logger"])
     set_debug(cfgs["cli"].debug)
+
+    # lazy: the hub (huggingface_hub), transformers' tokenizers and rl-core's datasets (torch): after the parse
+    from rl_core.data import PromptDataset, training_rows
+    from rl_core.preflight import check_model, check_models, check_rl_batches, load_processor, load_tokenizer
+    from rl_core.rl.teacher import check_teacher_tokenizer
 
     cfgs["model"] = m = check_models(m)  # config.json and weights in every model folder
     if p.distill is not None:  # the teacher's folder and tokenizer, before any model loads
@@ -247,6 +256,8 @@ def pretrain_items(cfgs: dict, tok, n_prompts: int):
     p, d = cfgs["ppo"], cfgs["data"]
     if p.ptx is None:
         return None
+    # lazy: rl-core's datasets import torch; only a run with --pretrain_data reads them
+    from rl_core.data import PretrainDataset, training_rows
 
     cfg = replace(
         d,
@@ -269,6 +280,9 @@ def pretrain_items(cfgs: dict, tok, n_prompts: int):
 
 
 def run_config(cfgs: dict):
+    # lazy: rl_core.rl.build imports torch, the models and the loop; the flags are parsed without them
+    from rl_core.rl.build import RunConfig
+
     return RunConfig(
         model=cfgs["model"],
         strategy=cfgs["strategy"],
@@ -329,6 +343,9 @@ def run_folders(cfgs: dict):
     decide what resume takes (rl_core.trainers.ppo_checkpoint.check_folder: damaged checkpoints skipped, a folder
     that cannot serve refused), all before any model loads."""
 
+    # lazy: rl-core's checkpoints import torch; a run reaches them, --help does not
+    from rl_core.trainers.ppo_checkpoint import check_folder
+
     ck = cfgs["ppo"].ckpt
     with hold({"--run_dir": cfgs["ppo"].run_dir, "--ckpt_path": ck.ckpt_path}, {"--save_path": ck.save_path}):
         check_folder(ck)
@@ -341,6 +358,8 @@ def run_local(argv: list[str] | None = None) -> int:
     if prepared is None:
         return 0
     cfgs, tok, prompts, eval_prompts = prepared
+    # lazy: the builder imports torch, DeepSpeed, the models and the loop; rl ppo --help does not
+    from rl_core.rl.build import LocalFactory, build_run
 
     with run_folders(cfgs):  # before any model loads: a folder another run writes is refused at once
         run = build_run(

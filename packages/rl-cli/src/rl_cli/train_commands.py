@@ -169,28 +169,28 @@ COMMANDS = {
     "sft": Command(
         "sft",
         "supervised fine-tuning",
-        _cls("rl_core.trainers", "SFTConfig"),
+        _cls("rl_core.trainers.configs", "SFTConfig"),
         _cls("rl_core.data", "SFTDataset"),
         _build_sft,
     ),
     "rm": Command(
         "rm",
         "reward model (pairwise)",
-        _cls("rl_core.trainers", "RMConfig"),
+        _cls("rl_core.trainers.configs", "RMConfig"),
         _cls("rl_core.data", "PreferenceDataset"),
         _build_rm,
     ),
     "dpo": Command(
         "dpo",
         "direct preference optimization (DPO, IPO, cDPO)",
-        _cls("rl_core.trainers", "DPOConfig"),
+        _cls("rl_core.trainers.configs", "DPOConfig"),
         _cls("rl_core.data", "PreferenceDataset"),
         _with_reference("DPOTrainer"),
     ),
     "kto": Command(
         "kto",
         "Kahneman-Tversky optimization",
-        _cls("rl_core.trainers", "KTOConfig"),
+        _cls("rl_core.trainers.configs", "KTOConfig"),
         _cls("rl_core.data", "KTODataset"),
         _with_reference("KTOTrainer"),
     ),
@@ -201,7 +201,7 @@ def _groups(cmd: Command) -> dict[str, type]:
     # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
     from rl_core.data import DataConfig
     from rl_core.metrics import LoggerConfig
-    from rl_core.strategy import StrategyConfig
+    from rl_core.strategy_config import StrategyConfig
 
     return {
         "model": ModelArgs,

@@ -56,6 +56,7 @@ import torch.distributed as dist
 
 import rl_core.hf_export
 from rl_core.checkpoint_manifest import manifest, newest_usable, verify
+from rl_core.configs.checkpoint import check_max_gb, unset_infinite_budget  # noqa: F401 - also importable from here
 from rl_core.disk_space import named_if_full
 from rl_core.ds_universal import DS_TAG, UNIVERSAL_CONVERT_TIMEOUT_S, UNIVERSAL_TAG, to_universal  # noqa: F401 - also importable from here
 from rl_core.durable_io import atomic_write_text, fsync_dir, fsync_tree
@@ -209,21 +210,6 @@ def prune(
             ", ".join(d.name for d in gone),
         )
     return gone
-
-
-def unset_infinite_budget(cfg) -> None:
-    """``max_ckpt_mem`` of ``inf`` (OpenRLHF's --ckpt.max_mem default in train_ppo_ray) is no budget: None, before
-    the config's numbers are checked (where every float must be finite). ``cfg`` may be frozen."""
-    if cfg.max_ckpt_mem is not None and cfg.max_ckpt_mem == float("inf"):
-        object.__setattr__(cfg, "max_ckpt_mem", None)
-
-
-def check_max_gb(max_gb: float | None) -> None:
-    if max_gb is not None and not max_gb > 0:
-        raise ValueError(
-            f"max_ckpt_mem (--max_ckpt_mem) is a budget in GB and must be > 0, got {max_gb}; leave it "
-            f"unset for no budget"
-        )
 
 
 def _step_dir(root: Path, step: int) -> Path:

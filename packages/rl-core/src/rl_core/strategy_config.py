@@ -9,7 +9,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from rl_core.activation_checkpointing import parse_layers
 from rl_rollout.config_fields import check_numbers, meta
 
 OPTIMIZERS = ("adam", "muon")
@@ -193,6 +192,9 @@ class StrategyConfig:
         check_numbers(
             self, positive=("zero_bucket_bytes",), non_negative=("learning_rate", "max_norm", "weight_decay", "seed")
         )
+
+        # lazy: it imports torch; rl ppo --help builds its flags from this class without it
+        from rl_core.activation_checkpointing import parse_layers
 
         layers = parse_layers(self.gradient_checkpointing_layers)
         object.__setattr__(self, "gradient_checkpointing_layers", layers)  # canonical text: all, auto, "4"

@@ -29,11 +29,12 @@ import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from enum import Enum
-from typing import Any, Protocol, runtime_checkable
-
-import torch
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from rl_rollout.types import RolloutRequest, RolloutSample
+
+if TYPE_CHECKING:  # an annotation only: the registry and the config import no torch (rl ppo --help)
+    import torch
 
 logger = logging.getLogger(__name__)
 

@@ -24,28 +24,12 @@ gives exactly the full-batch loss. (OpenRLHF ``aggregate_loss``; its test
 
 from __future__ import annotations
 
-import enum
-
 import torch
 
 from rl_algos._masked import check_same_shape, compute_dtype
+from rl_algos.losses.kinds import LossAggregation, parse_aggregation  # noqa: F401 - re-exported: torch-free beside
 
 Tensor = torch.Tensor
-
-
-class LossAggregation(str, enum.Enum):
-    TOKEN_MEAN = "token-mean"
-    SEQ_MEAN_TOKEN_MEAN = "seq-mean-token-mean"
-    SEQ_MEAN_TOKEN_SUM = "seq-mean-token-sum"
-    SEQ_MEAN_TOKEN_SUM_NORM = "seq-mean-token-sum-norm"
-
-
-def parse_aggregation(mode: str) -> LossAggregation:
-    try:
-        return LossAggregation(mode)
-    except ValueError:
-        valid = ", ".join(m.value for m in LossAggregation)
-        raise ValueError(f"unknown loss aggregation {mode!r}; valid: {valid}") from None
 
 
 def aggregate_loss(

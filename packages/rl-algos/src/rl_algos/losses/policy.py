@@ -38,6 +38,7 @@ import torch
 
 from rl_algos._masked import check_same_shape, compute_dtype, masked_mean
 from rl_algos.losses.aggregate import aggregate_loss, parse_aggregation
+from rl_algos.losses.kinds import ISCorrection  # re-exported: torch-free beside
 
 Tensor = torch.Tensor
 
@@ -45,12 +46,6 @@ Tensor = torch.Tensor
 class RatioType(str, enum.Enum):
     TOKEN = "token"  # PPO
     SEQUENCE = "sequence"  # GSPO
-
-
-class ISCorrection(str, enum.Enum):
-    TIS = "tis"
-    ICEPOP = "icepop"
-    SEQ_MASK_TIS = "seq-mask-tis"
 
 
 def _enum(cls: type[enum.Enum], value: str, what: str):

@@ -31,16 +31,16 @@ import math
 import types
 import typing
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
-
-import torch
+from typing import TYPE_CHECKING, Any, ClassVar
 
 from rl_algos._settings import field_meta as _meta
 from rl_algos._settings import parse_settings
-from rl_algos.losses.aggregate import parse_aggregation
-from rl_algos.losses.policy import ISCorrection, PolicyLossOutput, policy_loss
+from rl_algos.losses.kinds import ISCorrection, parse_aggregation
 
-Tensor = torch.Tensor
+if TYPE_CHECKING:  # annotations only: the configs import no torch (a command's flags are built without it)
+    from torch import Tensor
+
+    from rl_algos.losses.policy import PolicyLossOutput
 
 
 @dataclass(frozen=True)
@@ -100,6 +100,9 @@ class PPOLossConfig:
         norm_len: float | None = None,
     ) -> PolicyLossOutput:
         """:func:`rl_algos.losses.policy.policy_loss` with this variant's fields. Shapes ``[B, T]``."""
+        # lazy: rl_algos.losses.policy imports torch; the config is built (rl ppo --help, its checks) without it
+        from rl_algos.losses.policy import policy_loss
+
         c = self.is_correction
         return policy_loss(
             logprobs_BT,

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rl_core.checkpoint import check_max_gb, unset_infinite_budget
 from rl_rollout.config_fields import check_numbers, meta
 
 
@@ -85,3 +84,18 @@ class CheckpointConfig:
             raise ValueError("load_checkpoint needs ckpt_path (--ckpt_path DIR) to find checkpoints in")
         if self.save_steps > 0 and not self.ckpt_path:
             raise ValueError(f"save_steps={self.save_steps} needs ckpt_path (--ckpt_path DIR) to write them to")
+
+
+def unset_infinite_budget(cfg) -> None:
+    """``max_ckpt_mem`` of ``inf`` (OpenRLHF's --ckpt.max_mem default in train_ppo_ray) is no budget: None, before
+    the config's numbers are checked (where every float must be finite). ``cfg`` may be frozen."""
+    if cfg.max_ckpt_mem is not None and cfg.max_ckpt_mem == float("inf"):
+        object.__setattr__(cfg, "max_ckpt_mem", None)
+
+
+def check_max_gb(max_gb: float | None) -> None:
+    if max_gb is not None and not max_gb > 0:
+        raise ValueError(
+            f"max_ckpt_mem (--max_ckpt_mem) is a budget in GB and must be > 0, got {max_gb}; leave it "
+            f"unset for no budget"
+        )

@@ -15,16 +15,54 @@
 - :mod:`rl_core.rl.roles`: which roles a run has (decided once) and the check that it has a reward.
 - :mod:`rl_core.rl.build` (import it by name: it needs the trainers): the one builder: a run config and a group factory in, the roles, engines,
   weight sync and loop of a run out (``rl ppo``, ``rl ppo-ray``, ``rl demo``, benchmarks, tests).
+
+The names below load on first use (PEP 562): importing a light module of the package (a config) imports no
+torch.
 """
 
-from rl_core.rl.batching import MicroBatchConfig, plan_micro_batches
-from rl_core.rl.experience import Experience, ExperienceBatch, collate, dp_order, make_item, rows
-from rl_core.rl.frozen_workers import ReferenceWorker, RewardModelWorker
-from rl_core.rl.groups import EngineFailure, GroupRollout, LocalGroup, WorkerGroup, concurrently
-from rl_core.rl.objectives import CriticObjective, PolicyObjective
-from rl_core.rl.policy_weights import PolicyWeights, hf_names
-from rl_core.rl.weight_syncs import BroadcastWeightSync, DirectWeightSync, IpcWeightSync
-from rl_core.rl.workers import CriticWorker, PolicyWorker
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rl_core.rl.batching import plan_micro_batches
+    from rl_core.rl.batching_config import MicroBatchConfig
+    from rl_core.rl.experience import Experience, ExperienceBatch, collate, dp_order, make_item, rows
+    from rl_core.rl.frozen_workers import ReferenceWorker, RewardModelWorker
+    from rl_core.rl.groups import EngineFailure, GroupRollout, LocalGroup, WorkerGroup, concurrently
+    from rl_core.rl.objectives import CriticObjective, PolicyObjective
+    from rl_core.rl.policy_weights import PolicyWeights, hf_names
+    from rl_core.rl.weight_syncs import BroadcastWeightSync, DirectWeightSync, IpcWeightSync
+    from rl_core.rl.workers import CriticWorker, PolicyWorker
+
+# name -> the submodule that defines it, imported on first use
+_LAZY = {
+    "plan_micro_batches": "rl_core.rl.batching",
+    "MicroBatchConfig": "rl_core.rl.batching_config",
+    **dict.fromkeys(
+        ("Experience", "ExperienceBatch", "collate", "dp_order", "make_item", "rows"), "rl_core.rl.experience"
+    ),
+    **dict.fromkeys(("ReferenceWorker", "RewardModelWorker"), "rl_core.rl.frozen_workers"),
+    **dict.fromkeys(
+        ("EngineFailure", "GroupRollout", "LocalGroup", "WorkerGroup", "concurrently"), "rl_core.rl.groups"
+    ),
+    **dict.fromkeys(("CriticObjective", "PolicyObjective"), "rl_core.rl.objectives"),
+    **dict.fromkeys(("PolicyWeights", "hf_names"), "rl_core.rl.policy_weights"),
+    **dict.fromkeys(("BroadcastWeightSync", "DirectWeightSync", "IpcWeightSync"), "rl_core.rl.weight_syncs"),
+    **dict.fromkeys(("CriticWorker", "PolicyWorker"), "rl_core.rl.workers"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value  # the next access skips this function
+        return value
+    raise AttributeError(f"module 'rl_core.rl' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY])
+
 
 __all__ = [
     "BroadcastWeightSync",

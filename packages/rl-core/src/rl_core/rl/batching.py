@@ -1,7 +1,8 @@
 """Micro-batches of the RL workers: which experience items share a forward, and the layout they go in.
 
-- :class:`MicroBatchConfig`: the token budget of a training micro-batch (``--max_tokens_per_gpu``,
-  OpenRLHF's dynamic batching), the budget and the sequence count of the no-grad experience forwards.
+- :class:`MicroBatchConfig` (defined in :mod:`rl_core.rl.batching_config`, which imports no torch): the token
+  budget of a training micro-batch (``--max_tokens_per_gpu``, OpenRLHF's dynamic batching), the budget and the
+  sequence count of the no-grad experience forwards.
 - :func:`plan_micro_batches`: a rank's items grouped into micro-batches: consecutive runs of ``micro_batch``
   items, or, with a token budget, first-fit decreasing bins whose cost stays within it (cost: the real
   tokens when packed, rows x longest row when padded); an item longer than the budget gets a micro-batch of its
@@ -30,72 +31,11 @@ import torch
 
 import rl_core.activation_checkpointing as ac
 from rl_core.data.collate import pack_greedy
+from rl_core.rl.batching_config import MicroBatchConfig  # re-exported: the settings live beside, torch-free
 from rl_core.rl.experience import Experience, collate
-from rl_rollout.config_fields import check_numbers, meta
 from rl_rollout.vision import cat_image_inputs
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class MicroBatchConfig:
-    """How the RL workers group a rank's items into forwards (``--packing`` is the data group's). OpenRLHF's
-    names (``--use_dynamic_batch``, ``--train_max_tokens_per_gpu``, ``--micro_rollout_batch_size`` ...) are
-    mapped by rl-cli."""
-
-    max_tokens_per_gpu: int | str | None = field(
-        default="auto",
-        metadata=meta(
-            "token budget of a training micro-batch per rank (OpenRLHF dynamic batching): items are grouped first-fit "
-            "decreasing under it instead of --micro_train_batch_size at a time; counts real tokens with --packing, "
-            "rows x longest row without; with --ring_attn_size N a packed row holds up to N x this, 1/N per rank. "
-            "memory: chosen from free device memory at each phase (rl_core.rl.batching.memory_budget); auto "
-            "(default): memory on CUDA with packed rows unless --micro_train_batch_size is given, else none; none: "
-            "--micro_train_batch_size rows"
-        ),
-    )
-    forward_max_tokens_per_gpu: int | None = field(
-        default=None,
-        metadata=meta(
-            "token budget of the no-grad experience forwards (old/reference log-probs, values, reward model); "
-            "default: --max_tokens_per_gpu"
-        ),
-    )
-    forward_micro_batch_size: int | None = field(
-        default=None,
-        metadata=meta(
-            "sequences per no-grad experience forward when no budget applies; default: --micro_train_batch_size"
-        ),
-    )
-
-    def __post_init__(self) -> None:
-        value = self.max_tokens_per_gpu
-        if isinstance(value, str):  # the command line's text: auto, none, or a number
-            text = value.strip().lower()
-            value = None if text in ("none", "null") else text
-            if value is not None and value not in ("auto", "memory"):
-                if not (value.isascii() and value.isdigit()):
-                    raise ValueError(
-                        f"max_tokens_per_gpu (--max_tokens_per_gpu) must be a number of tokens, auto, "
-                        f"memory or none, got {self.max_tokens_per_gpu!r}"
-                    )
-                value = int(value)
-            object.__setattr__(self, "max_tokens_per_gpu", value)
-        if self.max_tokens_per_gpu not in ("auto", "memory"):
-            check_numbers(self, at_least_1=("max_tokens_per_gpu",))
-        check_numbers(self, at_least_1=("forward_max_tokens_per_gpu", "forward_micro_batch_size"))
-
-    @property
-    def from_memory(self) -> bool:
-        """Each phase's budget is chosen from free device memory (:func:`memory_budget`)."""
-        return self.max_tokens_per_gpu == "memory"
-
-    def forward_budget(self) -> tuple[int | str | None, str]:
-        """The no-grad forwards' budget and the flag that set it (for errors); ``"memory"``
-        as :attr:`from_memory`."""
-        if self.forward_max_tokens_per_gpu is not None:
-            return self.forward_max_tokens_per_gpu, "--forward_max_tokens_per_gpu"
-        return self.max_tokens_per_gpu, "--max_tokens_per_gpu"
 
 
 AUTO_MAX_TOKENS = 65_536  # an auto budget's ceiling: past it a micro-batch is no faster (docs/performance.md)

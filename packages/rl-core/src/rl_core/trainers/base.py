@@ -30,82 +30,19 @@ import dataclasses
 import functools
 import logging
 import os
-from dataclasses import dataclass, field
 
 import torch
 from tqdm import tqdm
 
 from rl_core.checkpoint import CheckpointManager
-from rl_core.configs import CheckpointConfig, check_eval_rows, check_eval_set, from_flat
+from rl_core.configs import check_eval_rows, check_eval_set
 from rl_core.data import pack_collate, pad_collate
 from rl_core.folder_lock import hold
 from rl_core.hf_export import export_hf
 from rl_core.metrics import LoggerConfig, MetricsLogger
-from rl_rollout.config_fields import check_numbers, meta
+from rl_core.trainers.configs import LMTrainerConfig, TrainerConfig  # noqa: F401 - re-exported: the settings live beside, torch-free
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class TrainerConfig:
-    """Loop settings shared by the offline trainers (OpenRLHF flag names in comments); checkpoints are the
-    :class:`~rl_core.configs.CheckpointConfig` node every trainer shares (``ckpt``)."""
-
-    max_epochs: int = field(default=1, metadata=meta("passes over the dataset"))
-    ckpt: CheckpointConfig = field(
-        default_factory=CheckpointConfig,
-        metadata=meta("checkpoints (every --save_steps optimizer steps), resume and the final export"),
-    )
-    logging_steps: int = field(default=1, metadata=meta("log metrics every N optimizer steps"))
-    run_dir: str | None = field(default=None, metadata=meta("metrics.jsonl, tensorboard/, curves.png"))
-    max_steps: int | None = field(
-        default=None, metadata=meta("stop after this many optimizer steps (e.g. to test resume)")
-    )
-    eval_steps: int = field(
-        default=-1, metadata=meta("evaluate on the eval set every N optimizer steps (-1: only after the last)")
-    )
-
-    def __post_init__(self) -> None:
-        check_numbers(self)  # every float finite (beta, loss weights ...)
-        if self.max_epochs < 1:
-            raise ValueError(f"max_epochs must be >= 1, got {self.max_epochs}")
-        if self.logging_steps < 1:
-            raise ValueError(f"logging_steps must be >= 1, got {self.logging_steps}")
-        if self.ckpt.save_hf_ckpt and self.ckpt.save_steps <= 0:  # the RL loop only notes it (as OpenRLHF)
-            raise ValueError(
-                "save_hf_ckpt (--save_hf_ckpt) writes an HF export at every --save_steps; add "
-                "--save_steps N (and --ckpt_path DIR), or drop it: the final model goes to --save_path"
-            )
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1 or unset, got {self.max_steps}")
-        if self.eval_steps == 0 or self.eval_steps < -1:
-            raise ValueError(
-                f"eval_steps (--eval_steps) must be >= 1, or -1 to evaluate only after the last step, "
-                f"got {self.eval_steps}"
-            )
-
-    @classmethod
-    def from_flat(cls, **flat):
-        """The tree from flat names (``save_steps=5, ckpt_path="ck"`` land in ``ckpt``): rl-core 0.15's keywords."""
-        return from_flat(cls, **flat)
-
-
-@dataclass(frozen=True)
-class LMTrainerConfig(TrainerConfig):
-    """The loop's settings plus what a trainer of a causal LM (SFT, DPO, KTO) adds."""
-
-    aux_loss_coef: float = field(
-        default=0.0,
-        metadata=meta(
-            "mixture-of-experts models: + coef x the router's load-balancing loss (0: off); a model without experts "
-            "is refused",
-            openrlhf=("model.aux_loss_coef",),
-        ),
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        check_numbers(self, non_negative=("aux_loss_coef",))
 
 
 class Trainer:

@@ -26,45 +26,15 @@ from __future__ import annotations
 
 import gc
 import logging
-from dataclasses import dataclass, field
 
 import torch
 
 from rl_algos import dpo_loss
 from rl_core.data import model_inputs, preference_collate, sequence_sums
-from rl_core.trainers.base import LMTrainerConfig, Trainer
-from rl_rollout.config_fields import check_numbers, meta
+from rl_core.trainers.base import Trainer
+from rl_core.trainers.configs import DPOConfig  # noqa: F401 - re-exported: the settings live beside, torch-free
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class DPOConfig(LMTrainerConfig):
-    beta: float = field(default=0.1, metadata=meta("DPO temperature on the log-ratio margin"))
-    label_smoothing: float = field(default=0.0, metadata=meta("cDPO"))
-    ipo: bool = field(default=False, metadata=meta("IPO loss (squared margin) instead of DPO's log-sigmoid"))
-    nll_loss_coef: float = field(default=0.0, metadata=meta("+ coef x token-mean NLL of the chosen responses"))
-    precompute_ref: bool = field(
-        default=False, metadata=meta("compute reference logprobs once, then release the reference model")
-    )
-    ref_offload: bool = field(
-        default=False,
-        metadata=meta(
-            "the reference's parameters on the CPU, gathered layer by layer for each forward (DeepSpeed ZeRO-3 "
-            "offload_param; needs --zero_stage 3)",
-            openrlhf=("ref.offload",),
-        ),
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.beta <= 0:
-            raise ValueError(f"beta (--beta) must be > 0, got {self.beta}")
-        check_numbers(self, non_negative=("nll_loss_coef",))
-        if not 0 <= self.label_smoothing < 0.5:
-            raise ValueError(f"label_smoothing (--label_smoothing) must be in [0, 0.5), got {self.label_smoothing}")
-        if self.ipo and self.label_smoothing:
-            raise ValueError("--ipo and --label_smoothing (cDPO) are alternatives; set one of them")
 
 
 def sequence_logps(engine, batch: dict) -> torch.Tensor:

@@ -19,40 +19,13 @@ its reference point ``kl`` taken over the set's mismatched pairs (cyclic over al
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from rl_algos import kto_loss
 from rl_core.data import model_inputs, sequence_sums
-from rl_core.trainers.base import LMTrainerConfig, Trainer
+from rl_core.trainers.base import Trainer
+from rl_core.trainers.configs import KTOConfig  # noqa: F401 - re-exported: the settings live beside, torch-free
 from rl_core.trainers.dpo import sequence_logps
-from rl_rollout.config_fields import meta
-
-
-@dataclass(frozen=True)
-class KTOConfig(LMTrainerConfig):
-    beta: float = field(default=0.1, metadata=meta("KTO temperature on the implied reward"))
-    desirable_loss_weight: float = field(default=1.0, metadata=meta("weight of the desirable samples' loss"))
-    undesirable_loss_weight: float = field(default=1.0, metadata=meta("weight of the undesirable samples' loss"))
-    ref_offload: bool = field(
-        default=False,
-        metadata=meta(
-            "the reference's parameters on the CPU, gathered layer by layer for each forward (DeepSpeed ZeRO-3 "
-            "offload_param; needs --zero_stage 3)",
-            openrlhf=("ref.offload",),
-        ),
-    )
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.beta <= 0:
-            raise ValueError(f"beta (--beta) must be > 0, got {self.beta}")
-        if self.desirable_loss_weight < 0 or self.undesirable_loss_weight < 0:
-            raise ValueError(
-                "desirable/undesirable loss weights must be >= 0, got "
-                f"{self.desirable_loss_weight}, {self.undesirable_loss_weight}"
-            )
 
 
 def mismatched_pairs(items: list[dict]) -> list[dict]:

@@ -17,26 +17,12 @@ and the mean chosen / rejected scores.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from rl_algos import pairwise_loss
 from rl_core.data import model_inputs, preference_collate
-from rl_core.trainers.base import Trainer, TrainerConfig
-from rl_rollout.config_fields import meta
-
-
-@dataclass(frozen=True)
-class RMConfig(TrainerConfig):
-    loss: str = field(default="sigmoid", metadata=meta("sigmoid | logexp"))
-    margin_loss: bool = field(default=False, metadata=meta("use the dataset's margin column (--margin_key)"))
-    normalize_reward: bool = field(default=True, metadata=meta("store the training-set reward mean/std"))
-
-    def __post_init__(self) -> None:
-        super().__post_init__()
-        if self.loss not in ("sigmoid", "logexp"):
-            raise ValueError(f"loss (--loss) must be sigmoid or logexp, got {self.loss!r}")
+from rl_core.trainers.base import Trainer
+from rl_core.trainers.configs import RMConfig  # noqa: F401 - re-exported: the settings live beside, torch-free
 
 
 class RewardModelTrainer(Trainer):

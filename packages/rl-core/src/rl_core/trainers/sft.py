@@ -14,29 +14,12 @@ The loop, resume and export are :class:`rl_core.trainers.base.Trainer`'s.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import torch
 
 from rl_algos import masked_sum, sft_loss
 from rl_core.data import model_inputs, pad_collate
-from rl_core.trainers.base import LMTrainerConfig, Trainer
-from rl_rollout.config_fields import meta
-
-
-@dataclass(frozen=True)
-class SFTConfig(LMTrainerConfig):
-    """SFT's settings beyond the loop's and the MoE coefficient (the loss is the token-mean NLL): which tokens it is
-    over (``pretrain_mode``: every token of the text, :class:`rl_core.data.PretrainDataset`, as OpenRLHF's)."""
-
-    pretrain_mode: bool = field(
-        default=False,
-        metadata=meta(
-            "continued pretraining: the loss covers every token of the --input_key text (tokenized as is: no template, "
-            "no special tokens, cut at --max_len), as OpenRLHF's --pretrain_mode; --output_key is not read",
-            openrlhf=("model.pretrain_mode_enable",),
-        ),
-    )
+from rl_core.trainers.base import Trainer
+from rl_core.trainers.configs import SFTConfig  # noqa: F401 - re-exported: the settings live beside, torch-free
 
 
 class SFTTrainer(Trainer):
