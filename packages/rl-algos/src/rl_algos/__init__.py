@@ -99,7 +99,14 @@ _LAZY = {
 }
 
 
-_SUBMODULES = ("advantages", "distill", "filters", "kl", "losses", "shaping")  # `rl_algos.kl.approx_kl` without an import
+_SUBMODULES = (
+    "advantages",
+    "distill",
+    "filters",
+    "kl",
+    "losses",
+    "shaping",
+)  # `rl_algos.kl.approx_kl` without an import
 
 
 def __getattr__(name: str) -> Any:
