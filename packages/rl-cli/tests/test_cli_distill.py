@@ -6,8 +6,8 @@ after the student's own mistakes too (on-policy distillation scores the student'
 saw perfect answers learns "repeat the last letter" and rewards a wrong letter repeated). The student: another
 random tiny model with the same tokenizer. Same seed and settings for both runs: GRPO on the task's reward alone,
 and pure distillation (``--distill_only``: the reward is logged, not trained on). Measured on this 2-core machine
-(seed 0, 30 iterations): the reverse KL to the teacher falls every ten iterations and the task's reward over the
-last ten is well above GRPO's (numbers printed by the test; docs/performance.md has the run)."""
+(seed 0, 40 iterations, 59 s for the four tests): the reverse KL to the teacher went 6.01, 3.71, 2.43, 1.45 (means
+per ten iterations) and the task's reward 0.08, 0.19, 0.37, 0.53 against GRPO's 0.09, 0.15, 0.20, 0.22."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ from rl_cli.main import main
 
 pytestmark = [pytest.mark.timeout(1800), pytest.mark.slow]
 REWARD = "def letter(prompt, response, label, **info):\n    return min(response.count(label), 8) / 8\n"
-ITERATIONS = 30
+ITERATIONS = 40
 
 
 @pytest.fixture(scope="module")
