@@ -4,20 +4,34 @@ across nodes live in PPOConfig, and ``from_flat`` maps rl-core 0.15's flat names
 from __future__ import annotations
 
 import dataclasses
+import typing
 
 import pytest
 
 from rl_algos import AdvantageConfig, FixedKLController, KLConfig, KLEstimator, PolicyLossConfig
-from rl_core.configs import AgentConfig, AsyncConfig, CheckpointConfig, CriticOptimizerConfig, EvalConfig, flat_table
+from rl_core.configs import (
+    AgentConfig,
+    AsyncConfig,
+    CheckpointConfig,
+    CriticOptimizerConfig,
+    DistillConfig,
+    EvalConfig,
+    flat_table,
+)
+from rl_core.configs.flat import node_type
 from rl_core.trainers.ppo_config import PPOConfig
 from rl_rollout import SamplingConfig
 
 
 def test_no_config_node_is_a_flat_grab_bag():
     for cls in (KLConfig, AsyncConfig, AgentConfig, CheckpointConfig, CriticOptimizerConfig, EvalConfig,
-                AdvantageConfig, PolicyLossConfig):
+                AdvantageConfig, PolicyLossConfig, DistillConfig):
         assert len(dataclasses.fields(cls)) <= 12, cls
-    assert len(dataclasses.fields(PPOConfig)) <= 25  # 80 flat fields in rl-core 0.15
+    # a feature lands as a node of its own (distill, ema, ptx...); the root's own flat settings may not grow
+    hints = typing.get_type_hints(PPOConfig)
+    leaves = [f.name for f in dataclasses.fields(PPOConfig) if node_type(hints[f.name]) is None]
+    assert len(leaves) <= 12, leaves  # 80 flat fields in rl-core 0.15
+    assert len(dataclasses.fields(PPOConfig)) <= 28  # 14 nodes now
 
 
 def test_optional_features_are_present_or_none_and_carry_their_own_settings():
