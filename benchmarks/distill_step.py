@@ -2,7 +2,7 @@
 shape, both measured in this run (rl-core's PPOTrainer built by ``build_run`` as ``rl ppo`` builds it).
 
     uv run python benchmarks/distill_step.py --small                 # CPU, tiny student and teacher, a minute
-    python benchmarks/distill_step.py --device cuda                   # GPU: 0.5B-shaped student, 1.5B-shaped teacher
+    python benchmarks/distill_step.py --device cuda                   # GPU: Qwen2.5-0.5B / -1.5B shapes
 
 The same prompts, seed and settings twice: GRPO (group_norm, no reference), then GRPO with a teacher
 (``--distill_mode advantage``: the teacher's forward joins the experience phase, and the student's log-probs are
@@ -27,6 +27,12 @@ SHAPES = {
     "tiny2": dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512),
     "0.5b": dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864),
     "1.5b": dict(hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960),
+    # the real shapes with Qwen2.5's vocabulary (151,936; the character tokenizer padded to it, as
+    # benchmarks/grpo_vs_trl.py builds them): the GPU default, where the LM head is a large part of each forward
+    "qwen2.5-0.5b": dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
+                         vocab_size=151_936),
+    "qwen2.5-1.5b": dict(hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960,
+                         vocab_size=151_936),
 }
 PHASES = ["generate_s", "reward_s", "experience_s", "policy_train_s", "sync_s", "iteration_s"]
 
@@ -69,8 +75,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", action="store_true", help="tiny student and a twice-as-wide teacher, for a CPU run")
     ap.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
-    ap.add_argument("--student", default=None, choices=tuple(SHAPES), help="default: tiny with --small, else 0.5b")
-    ap.add_argument("--teacher", default=None, choices=tuple(SHAPES), help="default: tiny2 with --small, else 1.5b")
+    ap.add_argument("--student", default=None, choices=tuple(SHAPES), help="default: tiny with --small, else qwen2.5-0.5b")
+    ap.add_argument("--teacher", default=None, choices=tuple(SHAPES), help="default: tiny2 with --small, else qwen2.5-1.5b")
     ap.add_argument("--iterations", type=int, default=4)
     ap.add_argument("--rollout_batch_size", type=int, default=8)
     ap.add_argument("--n_samples_per_prompt", type=int, default=4)
@@ -79,8 +85,8 @@ def main() -> None:
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
     args = ap.parse_args()
     dev = torch.device(args.device)
-    student_shape = args.student or ("tiny" if args.small else "0.5b")
-    teacher_shape = args.teacher or ("tiny2" if args.small else "1.5b")
+    student_shape = args.student or ("tiny" if args.small else "qwen2.5-0.5b")
+    teacher_shape = args.teacher or ("tiny2" if args.small else "qwen2.5-1.5b")
     if args.small:
         args.generate_max_len = min(args.generate_max_len, 32)
 

@@ -195,3 +195,43 @@ def test_turn_rewards_land_on_each_policy_turns_last_token_in_a_run(setup, tmp_p
         assert torch.all(a[e1:s2] == 0)  # the environment's tokens
         differs += r[0] != 0
     assert differs > 0  # some first turns earned a reward of their own
+
+
+def test_distillation_teacher_signal_stays_off_the_environments_tokens(setup, tmp_path):
+    """On-policy distillation with an agent (``teacher_pretrain``, advantage mode): every policy token's advantage
+    is the episode's group-normalised reward plus the token's teacher gap (teacher - student log-prob) whitened
+    over the batch's policy tokens only; the environment's tokens carry no advantage, and their teacher gap
+    enters neither the whitening nor the logged reverse KL."""
+    from rl_algos import masked_mean, masked_whiten
+    from rl_rollout.testing import make_tiny_model
+
+    root, model, tok, prompts = setup
+    teacher = make_tiny_model(tmp_path / "teacher", seed=1)
+    run = build(setup, tmp_path, "agent_ours.py", max_iterations=2, teacher_pretrain=str(teacher), distill_coef=0.5)
+    seen = record(run.trainer)
+    try:
+        history = run.trainer.fit()
+    finally:
+        run.close()
+    n = 8
+    for it, m in zip((x for x in seen if "items" in x), history, strict=True):
+        samples, items, scores = it["samples"], it["items"], it["scores"]
+        episode = ((scores.view(-1, n) - scores.view(-1, n).mean(1, keepdim=True)) / (
+            scores.view(-1, n).std(1, keepdim=True) + 1e-9)).flatten()
+        resp = [(len(s.prompt_ids), torch.tensor(item.loss_mask_T[len(s.prompt_ids):]).float())
+                for s, item in zip(samples, items, strict=True)]
+        T = max(len(mk) for _, mk in resp)
+
+        def pad(rows):
+            return torch.stack([torch.nn.functional.pad(r, (0, T - len(r))) for r in rows])
+
+        mask = pad([mk for _, mk in resp])
+        gap = pad([(item.teacher_logprobs_T[P:] - item.old_logprobs_T[P:]).float()
+                   for (P, _), item in zip(resp, items, strict=True)])
+        assert (gap.abs() * (1 - mask)).sum() > 0  # the teacher did score the environment's tokens...
+        whitened = masked_whiten(gap, mask) * mask  # ...but they are outside the whitening's statistics
+        expected = (episode.unsqueeze(1) + 0.5 * whitened) * mask
+        got = pad([item.advantages_T[P:].float() for (P, _), item in zip(resp, items, strict=True)])
+        assert torch.allclose(got, expected, atol=1e-4), (got - expected).abs().max()
+        assert torch.all(got[mask == 0] == 0)  # no advantage on the environment's tokens
+        assert m["distill/reverse_kl"] == pytest.approx(masked_mean(-gap, mask).item(), abs=1e-5)
