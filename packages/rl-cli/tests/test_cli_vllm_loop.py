@@ -192,3 +192,22 @@ def test_rl_ppo_ray_agent_episodes_with_a_vllm_engine_actor(task):
     assert [r["step"] for r in rows] == [1, 2]
     assert all(r["rl/agent/turns"] == 2 and r["rl/agent/env_tokens"] == 8 for r in rows), rows
     assert all(r["rl/rollout_logprob_gap"] < GAP for r in rows), rows
+
+
+def test_rl_ppo_distillation_with_vllm_scores_the_engines_tokens(task):
+    """On-policy distillation with vLLM sampling (``--teacher_pretrain``, loss mode): the teacher here is the
+    student's own starting weights, so at the first iteration the teacher's log-prob of every sampled token equals
+    the policy's old one and the reverse KL is 0 (a teacher that scored tokens shifted by one, or other tokens than
+    vLLM sampled, would not give 0); after training it has moved away from 0; the engine stays on the policy
+    through every sync."""
+    root, model = task
+    argv = grpo(root, model, "distill", 4) + ["--teacher_pretrain", str(model), "--distill_mode", "loss",
+                                              "--distill_coef", "0.1"]
+    out = run_cli("rl_cli.train_ppo", argv)
+    assert "rollout VLLMEngine" in out.stdout, out.stdout[-2000:]
+    rows = metrics(root / "distill")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["rl/rollout_logprob_gap"] < GAP for r in rows), [r["rl/rollout_logprob_gap"] for r in rows]
+    kl = [r["rl/distill/reverse_kl"] for r in rows]
+    assert abs(kl[0]) < 1e-5 and abs(kl[-1]) > 1e-3, kl
+    assert all(r["rl/distill_loss"] >= 0 for r in rows)
