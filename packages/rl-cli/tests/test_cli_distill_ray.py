@@ -6,8 +6,10 @@ under ``--colocate_actor_ref`` and in the hybrid group under ``--colocate_all_mo
 in this process (its driver is the test), with the loop's experience forwards recorded on the way (the real
 forwards run; a copy of each batch's items is kept): the teacher log-probs the Ray actor put into the experience
 are then recomputed for the same tokens by the same teacher in this process (rl-core's ``TeacherWorker``, what
-``rl ppo`` builds), and must agree. Measured on this 2-core machine: max |Ray - one process| = 0.0 (the same
-fp32 forward on the same CPU; TOL 1e-5 leaves room for another BLAS path), the three tests in about 90 s.
+``rl ppo`` builds), and must agree. Measured on this 2-core machine: max |Ray - one process| = 0.0 in both
+placements (the same fp32 forward on the same CPU; TOL 1e-5 leaves room for another BLAS path). The file took
+146 s with other jobs loading the machine (load average 5 on 2 cores): the fixture 54 s (first imports, two tiny
+models), the separate run 48 s, the hybrid run 35 s, the refusals 9 s.
 """
 
 from __future__ import annotations
@@ -115,12 +117,16 @@ def test_the_teacher_in_its_own_placement_group_scores_as_in_one_process(task, m
     check_against_one_process(rows, batches, teacher, student)
 
 
-def test_colocated_with_the_policy_and_the_engine_on_one_gpu(task, monkeypatch, capsys):
+def test_colocated_with_the_policy_and_the_sleeping_engine_on_one_gpu(task, monkeypatch, capsys):
     root, student, teacher = task
     rows, batches = run_recorded(
-        monkeypatch, argv(root, student, teacher, "hybrid", "--num_gpus", "1", "--colocate_all_models"))
+        monkeypatch,
+        argv(root, student, teacher, "hybrid", "--num_gpus", "1", "--colocate_all_models", "--vllm_enable_sleep"))
     out = capsys.readouterr().out
     assert "  node0: gpu0 [policy r0, teacher r0, vllm e0/tp0]" in out, out
+    # the engine slept while the models worked and woke for each sync, every model role's ranks (the teacher's
+    # too) releasing their cached device memory first
+    assert all(r["rl/wake_s"] > 0 for r in rows), rows
     check_against_one_process(rows, batches, teacher, student)
 
 
@@ -148,3 +154,23 @@ def test_a_teacher_that_cannot_be_placed_is_refused_before_models_load(task, cap
         main(args)
     assert e.value.code == 2
     assert "--teacher_num_gpus_per_node place the on-policy distillation teacher" in capsys.readouterr().err
+
+
+def test_the_teachers_counts_default_to_the_references():
+    from rl_cli.config import build_parser
+    from rl_cli.loading import resolve
+    from rl_cli.placement_args import plan_from
+    from rl_cli.ppo import _groups
+
+    def plan(*extra):
+        groups = _groups(True)
+        parser, flags = build_parser("rl ppo-ray", "", groups)
+        c = resolve(groups, parser.parse_args(["--pretrain", "/m", "--teacher_pretrain", "/t", *extra]), flags)
+        return plan_from(c["ray"], c["ppo"], c["model"])
+
+    p = plan("--actor_num_gpus_per_node", "2", "--init_kl_coef", "0")  # no reference: its counts, the actor's
+    assert p.ref is None and (p.teacher.num_nodes, p.teacher.num_gpus_per_node) == (1, 2)
+    p = plan("--actor_num_gpus_per_node", "2", "--ref_num_gpus_per_node", "1")  # the reference's, as given
+    assert p.ref.num_gpus == 1 and p.teacher.num_gpus == 1
+    p = plan("--ref_num_gpus_per_node", "1", "--teacher_num_nodes", "2", "--teacher_num_gpus_per_node", "3")
+    assert (p.teacher.num_nodes, p.teacher.num_gpus_per_node) == (2, 3)
