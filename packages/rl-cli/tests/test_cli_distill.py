@@ -146,7 +146,7 @@ def test_distillation_settings_are_used_or_refused(task, capsys):
     with pytest.raises(SystemExit) as e:  # the loss estimator belongs to loss mode
         ppo(root, student, "est", "--teacher_pretrain", str(teacher), "--distill_kl_estimator", "k2")
     assert e.value.code == 2 and "sets the loss term of --distill_mode loss" in capsys.readouterr().err
-    with pytest.raises(SystemExit) as e:  # no placement over Ray yet: refused before Ray starts
-        main(["ppo-ray", "--pretrain", str(student), "--prompt_data", str(root / "prompts.jsonl"), "--reward_fn",
-              f"{root / 'reward.py'}:letter", "--teacher_pretrain", str(teacher)])
-    assert e.value.code == 2 and "rl ppo-ray has no placement for it yet" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:  # the teacher's parameters go to the CPU through ZeRO-3 only
+        ppo(root, student, "offload", "--teacher_pretrain", str(teacher), "--teacher_offload")
+    assert e.value.code == 2 and "--teacher_offload: a frozen model's parameters go to the CPU through DeepSpeed " \
+        "ZeRO-3 (offload_param), not at --zero_stage 0" in capsys.readouterr().err

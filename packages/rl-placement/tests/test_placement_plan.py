@@ -272,7 +272,7 @@ def test_bad_cluster_numbers_and_lookups():
         plan.placement("critic")
     with pytest.raises(PlacementError, match=r"vllm is not a model role: use plan.engines"):
         plan.role_spec("vllm")
-    with pytest.raises(PlacementError, match=r"unknown role 'critc': valid roles are policy, critic, ref, reward, vllm \(OpenRLHF's actor is the policy\)"):
+    with pytest.raises(PlacementError, match=r"unknown role 'critc': valid roles are policy, critic, ref, reward, teacher, vllm \(OpenRLHF's actor is the policy\)"):
         plan.placement("critc")
 
 

@@ -255,6 +255,12 @@ def markdown() -> str:
         "no-op it is. The last column shows where a run that leaves a flag out differs from OpenRLHF's "
         "(pass the flag to get OpenRLHF's value; `None` on our side means derived, see `rl X --help`).",
         "",
+        "`rl ppo-ray` also places a role OpenRLHF has no flag for: on-policy distillation's teacher "
+        "(`--teacher_pretrain`), on `--teacher_num_nodes` x `--teacher_num_gpus_per_node` GPUs (default: the "
+        "reference's counts), in its own placement group, or with the policy (and the reference) under "
+        "`--colocate_actor_ref`, and in the hybrid group under `--colocate_all_models`; `--teacher_offload` "
+        "keeps its parameters on the CPU as `--ref_offload` does the reference's.",
+        "",
     ]
     for command in COMMANDS:
         rs = rows(command)

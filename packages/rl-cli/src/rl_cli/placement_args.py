@@ -36,9 +36,24 @@ class RayArgs:
     reward_num_gpus_per_node: int | None = field(
         default=None, metadata=meta("GPUs per node of the reward-model group (default: the actor's)")
     )
+    teacher_num_nodes: int | None = field(
+        default=None,
+        metadata=meta(
+            "nodes of the on-policy distillation teacher's group (default: the reference's, with --teacher_pretrain)"
+        ),
+    )
+    teacher_num_gpus_per_node: int | None = field(
+        default=None,
+        metadata=meta(
+            "GPUs per node of the teacher's group (default: the reference's); with --colocate_actor_ref or "
+            "--colocate_all_models the teacher shares the policy's GPUs"
+        ),
+    )
     vllm_num_engines: int = field(default=1, metadata=meta("rollout engines (replicas)"))
     vllm_tensor_parallel_size: int = field(default=1, metadata=meta("GPUs per engine (vLLM tensor parallel)"))
-    colocate_actor_ref: bool = field(default=False, metadata=meta("policy (actor) and reference share GPUs"))
+    colocate_actor_ref: bool = field(
+        default=False, metadata=meta("policy (actor) and reference (and a distillation teacher) share GPUs")
+    )
     colocate_critic_reward: bool = field(default=False, metadata=meta("critic and reward model share GPUs"))
     colocate_all_models: bool = field(default=False, metadata=meta("the hybrid engine (every model with the engines)"))
     ray_address: str | None = field(
@@ -66,7 +81,11 @@ class RayArgs:
             positive=("call_timeout_s",),
             non_negative=(
                 "num_gpus",
-                *(f"{r}_{c}" for r in ("critic", "ref", "reward") for c in ("num_nodes", "num_gpus_per_node")),
+                *(
+                    f"{r}_{c}"
+                    for r in ("critic", "ref", "reward", "teacher")
+                    for c in ("num_nodes", "num_gpus_per_node")
+                ),
             ),
             at_least_1=("actor_num_nodes", "actor_num_gpus_per_node", "vllm_num_engines", "vllm_tensor_parallel_size"),
         )
@@ -74,22 +93,40 @@ class RayArgs:
 
 def _role_counts(ray_args: RayArgs, ppo, model) -> dict[str, tuple[int, int]]:
     """``{role: (nodes, GPUs per node)}`` of an ``rl ppo-ray`` run: the roles rl-core's :func:`run_roles` decides
-    the run has (0, 0 for the others), each defaulting to the actor's counts."""
+    the run has (0, 0 for the others), each defaulting to the actor's counts; the teacher's to the reference's
+    (given or defaulted, also when the run has no reference: the teacher is placed as the reference would be)."""
 
     a, roles = ray_args, run_roles(ppo, reward_model=bool(model.reward_pretrain))
 
-    def counts(prefix: str, needed: bool) -> tuple[int, int]:
-        nodes, gpus = getattr(a, f"{prefix}_num_nodes"), getattr(a, f"{prefix}_num_gpus_per_node")
+    def given(prefix: str) -> tuple[int | None, int | None]:
+        return getattr(a, f"{prefix}_num_nodes"), getattr(a, f"{prefix}_num_gpus_per_node")
+
+    def counts(prefix: str, needed: bool, default: tuple[int, int]) -> tuple[int, int]:
+        nodes, gpus = given(prefix)
         if not needed:
             return 0, 0
-        return (a.actor_num_nodes if nodes is None else nodes), (a.actor_num_gpus_per_node if gpus is None else gpus)
+        return (default[0] if nodes is None else nodes), (default[1] if gpus is None else gpus)
 
+    actor = (a.actor_num_nodes, a.actor_num_gpus_per_node)
+    ref = counts("ref", True, actor)  # the reference's counts, whether or not the run has one
     return {
-        "policy": (a.actor_num_nodes, a.actor_num_gpus_per_node),
-        "critic": counts("critic", roles.critic),
-        "ref": counts("ref", roles.ref),
-        "reward": counts("reward", roles.reward_model),
+        "policy": actor,
+        "critic": counts("critic", roles.critic, actor),
+        "ref": ref if roles.ref else (0, 0),
+        "reward": counts("reward", roles.reward_model, actor),
+        "teacher": counts("teacher", roles.teacher, ref),
     }
+
+
+def check_teacher_placement(ray_args: RayArgs, ppo) -> None:
+    """``--teacher_num_nodes`` / ``--teacher_num_gpus_per_node`` place on-policy distillation's teacher: refused
+    without ``--teacher_pretrain`` (ValueError naming them), not ignored."""
+    given = [f"--{n}" for n in ("teacher_num_nodes", "teacher_num_gpus_per_node") if getattr(ray_args, n) is not None]
+    if given and ppo.distill is None:
+        raise ValueError(
+            f"{' and '.join(given)} place the on-policy distillation teacher, and this run has none: add "
+            f"--teacher_pretrain FOLDER, or drop {' and '.join(given)}"
+        )
 
 
 def _world_sizes(cfgs: dict) -> dict[str, int]:
@@ -99,7 +136,8 @@ def _world_sizes(cfgs: dict) -> dict[str, int]:
 
 
 def plan_from(ray_args: RayArgs, ppo, model):
-    """The placement plan: roles the run needs (critic for gae, ref for KL, reward for a reward model)."""
+    """The placement plan: roles the run needs (critic for gae, ref for KL, reward for a reward model, teacher for
+    on-policy distillation)."""
     # lazy: rl-placement imports ray; `rl ppo --help` stays light
     from rl_placement import PlacementPlan
 
@@ -113,6 +151,8 @@ def plan_from(ray_args: RayArgs, ppo, model):
         ref_num_gpus_per_node=c["ref"][1],
         reward_num_nodes=c["reward"][0],
         reward_num_gpus_per_node=c["reward"][1],
+        teacher_num_nodes=c["teacher"][0],
+        teacher_num_gpus_per_node=c["teacher"][1],
         vllm_num_engines=a.vllm_num_engines,
         vllm_tensor_parallel_size=a.vllm_tensor_parallel_size,
         colocate_actor_ref=a.colocate_actor_ref,

@@ -41,7 +41,7 @@ from rl_cli import extensions
 from rl_cli.config import build_parser
 from rl_cli.errors import CliArgs, UserError, set_debug, user_errors
 from rl_cli.loading import build, given, settings
-from rl_cli.placement_args import RayArgs, _world_sizes
+from rl_cli.placement_args import RayArgs, _world_sizes, check_teacher_placement
 from rl_cli.train import _local_models, _wandb_installed, _wandb_key, check_moe
 from rl_core.configs import check_eval_rows, check_eval_set
 from rl_core.data.config import DataConfig
@@ -160,11 +160,8 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
             agent=bool(p.agent),
             distill_only=bool(p.distill and p.distill.only),
         )
-        if p.distill is not None and ray:
-            raise ValueError(
-                "--teacher_pretrain: on-policy distillation runs its teacher in one process (rl ppo) in this "
-                "release; rl ppo-ray has no placement for it yet: run rl ppo, or drop --teacher_pretrain"
-            )
+        if ray:
+            check_teacher_placement(cfgs["ray"], p)
         check_eval_set(p.eval.steps, bool(d.eval_dataset))
         check_combinations(p, eval_set=bool(d.eval_dataset), sleep_engines=cfgs["rollout"].enable_sleep)
     except ValueError as e:

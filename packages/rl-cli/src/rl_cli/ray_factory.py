@@ -23,6 +23,7 @@ from rl_core.rl import (
     ReferenceWorker,
     RewardModelWorker,
 )
+from rl_core.rl.teacher import TeacherWorker
 from rl_placement import RayActorGroup
 from rl_rollout.config import EngineConfig, WeightSyncConfig
 
@@ -32,6 +33,7 @@ RAY_ROLES = {
     CriticWorker: (rw.RayCriticWorker, "critic"),
     ReferenceWorker: (rw.RayReferenceWorker, "ref"),
     RewardModelWorker: (rw.RayRewardModelWorker, "reward"),
+    TeacherWorker: (rw.RayTeacherWorker, "teacher"),  # on-policy distillation's frozen teacher, placed as the ref
 }
 
 

@@ -12,9 +12,17 @@ from __future__ import annotations
 from rl_cli import extensions
 from rl_cli.ray_engines import RolloutEngineActor, _one_visible_gpu
 from rl_core.rl.frozen_workers import ReferenceWorker, RewardModelWorker
+from rl_core.rl.teacher import TeacherWorker
 from rl_core.rl.workers import CriticWorker, PolicyWorker
 
-__all__ = ["RayCriticWorker", "RayPolicyWorker", "RayReferenceWorker", "RayRewardModelWorker", "RolloutEngineActor"]
+__all__ = [
+    "RayCriticWorker",
+    "RayPolicyWorker",
+    "RayReferenceWorker",
+    "RayRewardModelWorker",
+    "RayTeacherWorker",
+    "RolloutEngineActor",
+]
 
 
 def _as_actor(cls: type) -> type:
@@ -36,3 +44,4 @@ RayPolicyWorker = _as_actor(PolicyWorker)
 RayCriticWorker = _as_actor(CriticWorker)
 RayReferenceWorker = _as_actor(ReferenceWorker)
 RayRewardModelWorker = _as_actor(RewardModelWorker)
+RayTeacherWorker = _as_actor(TeacherWorker)

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
     from rl_placement.calls import ActorCallError, RankFailure
     from rl_placement.groups import RankInfo, RayActorGroup
 
-__version__ = "0.5.0"
+__version__ = "0.6.0"
 
 # Ray names -> the submodule that defines them, imported on first use.
 _RAY_NAMES = {

@@ -15,10 +15,11 @@ groups are created.
 
 Colocation modes (OpenRLHF's flags):
 
-- ``colocate_actor_ref``: policy rank i and reference rank i share bundle i.
+- ``colocate_actor_ref``: policy rank i, reference rank i and (on-policy distillation) teacher rank i share
+  bundle i: the frozen models that score the policy's samples sit with it.
 - ``colocate_critic_reward``: critic rank i and reward rank i share bundle i.
 - ``colocate_all_models`` (hybrid engine): every model and every vLLM engine
-  share one group; policy, critic, reference and reward rank i sit on bundle i,
+  share one group; policy, critic, reference, reward and teacher rank i sit on bundle i,
   and engine e's tensor-parallel rank t on bundle ``e * tp + t``.
 
 A bundle holding k processes gives each :func:`~rl_placement.specs.gpu_share`
@@ -65,9 +66,10 @@ __all__ = [
 class PlacementPlan:
     """Roles, engines and colocation; checked on construction (see :meth:`validate`).
 
-    ``policy`` (OpenRLHF's actor) is required; ``critic``, ``ref``, ``reward`` and ``engines`` are
+    ``policy`` (OpenRLHF's actor) is required; ``critic``, ``ref``, ``reward``, ``engines`` and ``teacher`` are
     None when the run has no such model (GRPO has no critic, a reward function
-    no reward model, generation without vLLM no engines).
+    no reward model, generation without vLLM no engines, a run without on-policy distillation no teacher).
+    ``teacher`` comes last so positional construction of the older fields keeps working.
     """
 
     policy: RoleSpec
@@ -76,6 +78,7 @@ class PlacementPlan:
     reward: RoleSpec | None = None
     engines: EngineLayout | None = None
     colocation: Colocation = Colocation.NONE
+    teacher: RoleSpec | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.policy, RoleSpec):
@@ -103,6 +106,8 @@ class PlacementPlan:
         colocate_actor_ref: bool = False,
         colocate_critic_reward: bool = False,
         colocate_all_models: bool = False,
+        teacher_num_nodes: int | None = 0,
+        teacher_num_gpus_per_node: int | None = 0,
     ) -> PlacementPlan:
         """A plan from OpenRLHF's flag names. A role whose two counts are 0 (or None) is absent.
 
@@ -133,6 +138,7 @@ class PlacementPlan:
         critic = role("critic", critic_num_nodes, critic_num_gpus_per_node)
         ref = role("ref", ref_num_nodes, ref_num_gpus_per_node)
         reward = role("reward", reward_num_nodes, reward_num_gpus_per_node)
+        teacher = role("teacher", teacher_num_nodes, teacher_num_gpus_per_node)
         engines = None
         n_engines = vllm_num_engines or 0
         if isinstance(n_engines, bool) or not isinstance(n_engines, int) or n_engines < 0:
@@ -154,7 +160,15 @@ class PlacementPlan:
             colocation |= Colocation.CRITIC_REWARD
         if colocate_all_models:
             colocation |= Colocation.ALL
-        return cls(policy=policy, critic=critic, ref=ref, reward=reward, engines=engines, colocation=colocation)
+        return cls(
+            policy=policy,
+            critic=critic,
+            ref=ref,
+            reward=reward,
+            engines=engines,
+            colocation=colocation,
+            teacher=teacher,
+        )
 
     # ----- queries ------------------------------------------------------------------------------
 
@@ -166,7 +180,7 @@ class PlacementPlan:
 
     @property
     def roles(self) -> tuple[Role, ...]:
-        """The model roles present, in the order policy, critic, ref, reward."""
+        """The model roles present, in the order policy, critic, ref, reward, teacher."""
         return tuple(r for r in MODEL_ROLES if getattr(self, r.value) is not None)
 
     @property
@@ -193,14 +207,17 @@ class PlacementPlan:
                 BundleGroup("hybrid", self.policy.num_nodes, self.policy.num_gpus_per_node, tuple(map(tuple, bundles)))
             )
             return tuple(groups)
-        if Colocation.POLICY_REF in self.colocation:
-            groups.append(model_group("policy_ref", (Role.POLICY, Role.REF)))
+        if Colocation.POLICY_REF in self.colocation:  # the frozen models that score the policy's samples with it
+            with_policy = tuple(r for r in (Role.POLICY, Role.REF, Role.TEACHER) if r in self.roles)
+            groups.append(model_group("_".join(r.value for r in with_policy), with_policy))
         else:
             groups += [model_group(r.value, (r,)) for r in (Role.POLICY, Role.REF) if r in self.roles]
         if Colocation.CRITIC_REWARD in self.colocation:
             groups.append(model_group("critic_reward", (Role.CRITIC, Role.REWARD)))
         else:
             groups += [model_group(r.value, (r,)) for r in (Role.CRITIC, Role.REWARD) if r in self.roles]
+        if Colocation.POLICY_REF not in self.colocation and Role.TEACHER in self.roles:
+            groups.append(model_group("teacher", (Role.TEACHER,)))
         if self.engines is not None:
             tp = self.engines.tensor_parallel_size
             for e in range(self.engines.num_engines):
@@ -241,7 +258,7 @@ class PlacementPlan:
     def _consistency_problems(self) -> list[str]:
         problems: list[str] = []
         present = self.roles
-        if Colocation.POLICY_REF in self.colocation and Role.REF not in present:
+        if Colocation.POLICY_REF in self.colocation and Role.REF not in present and Role.TEACHER not in present:
             problems.append(
                 "colocate_actor_ref is set but the plan has no reference model: add ref_num_nodes/"
                 "ref_num_gpus_per_node, or drop colocate_actor_ref"
@@ -279,8 +296,11 @@ class PlacementPlan:
                         f"nodes; use a TP that divides {self.policy.num_gpus_per_node}"
                     )
         else:
-            if Colocation.POLICY_REF in self.colocation and self.ref is not None and self.ref != self.policy:
-                problems.append(self._shape_mismatch("colocate_actor_ref", Role.POLICY, Role.REF))
+            if Colocation.POLICY_REF in self.colocation:
+                for role in (Role.REF, Role.TEACHER):
+                    spec = getattr(self, role.value)
+                    if spec is not None and spec != self.policy:
+                        problems.append(self._shape_mismatch("colocate_actor_ref", Role.POLICY, role))
             if (
                 Colocation.CRITIC_REWARD in self.colocation
                 and self.critic is not None

@@ -54,7 +54,8 @@ class PlacementError(ValueError):
 
 
 class Role(str, enum.Enum):
-    """The processes a plan places, named as rl-core names them (the trained model is the policy).
+    """The processes a plan places, named as rl-core names them (the trained model is the policy; the teacher is
+    on-policy distillation's frozen teacher, placed as the reference is).
 
     ``Role("actor")`` is the policy: OpenRLHF calls it the actor, and its flags keep that prefix
     (``actor_num_nodes``); :data:`FLAG_PREFIX` maps each role to its flags' prefix.
@@ -64,6 +65,7 @@ class Role(str, enum.Enum):
     CRITIC = "critic"
     REF = "ref"
     REWARD = "reward"
+    TEACHER = "teacher"
     VLLM = "vllm"
 
     def __str__(self) -> str:
@@ -78,10 +80,16 @@ class Role(str, enum.Enum):
         )
 
 
-MODEL_ROLES = (Role.POLICY, Role.CRITIC, Role.REF, Role.REWARD)
+MODEL_ROLES = (Role.POLICY, Role.CRITIC, Role.REF, Role.REWARD, Role.TEACHER)
 
 # The prefix of each model role's OpenRLHF flags (actor_num_nodes, ref_num_gpus_per_node, ...).
-FLAG_PREFIX = {Role.POLICY: "actor", Role.CRITIC: "critic", Role.REF: "ref", Role.REWARD: "reward"}
+FLAG_PREFIX = {
+    Role.POLICY: "actor",
+    Role.CRITIC: "critic",
+    Role.REF: "ref",
+    Role.REWARD: "reward",
+    Role.TEACHER: "teacher",
+}
 
 
 class Colocation(enum.Flag):

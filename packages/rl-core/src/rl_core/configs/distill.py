@@ -56,11 +56,19 @@ class DistillConfig:
             flags=("distill_only",),
         ),
     )
+    offload: bool = field(
+        default=False,
+        metadata=meta(
+            "the teacher's parameters on the CPU, gathered layer by layer for each forward, as --ref_offload does "
+            "for the reference (DeepSpeed ZeRO-3 offload_param; needs --zero_stage 3)",
+            flags=("teacher_offload",),
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not self.teacher_pretrain:
             raise ValueError(
-                "--distill_mode, --distill_coef, --distill_kl_estimator and --distill_only set on-policy "
+                "--distill_mode, --distill_coef, --distill_kl_estimator, --distill_only and --teacher_offload set on-policy "
                 "distillation: add --teacher_pretrain FOLDER (the teacher), or drop them"
             )
         if self.mode not in MODES:

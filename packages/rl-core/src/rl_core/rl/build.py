@@ -15,7 +15,7 @@ factory's business:
 
 A factory has three methods: ``role(name, worker_cls, *args, **kwargs)`` returns a
 worker group of ``worker_cls`` built with those arguments (``name`` is one of
-``policy``, ``critic``, ``ref``, ``reward``, ``teacher``: the last in-process only); ``rollout(engine_cfg, model, *, dtype,
+``policy``, ``critic``, ``ref``, ``reward``, ``teacher``); ``rollout(engine_cfg, model, *, dtype,
 seed, device)`` returns the rollout (``generate`` / ``sleep`` / ``wake_up`` /
 ``shutdown``); ``weight_sync(policy, rollout, sync_cfg)`` returns the callable the loop
 syncs with, after resolving the backend with :meth:`rl_rollout.WeightSyncConfig.resolve`.
@@ -70,6 +70,7 @@ class RunConfig:
 
         check_fused_lm_head(self.model.fused_lm_head, self.strategy)
         offloaded = [f"--{n}" for n in ("ref_offload", "reward_offload") if getattr(self.model, n)]
+        offloaded += ["--teacher_offload"] if self.ppo.distill is not None and self.ppo.distill.offload else []
         if offloaded:
             self.strategy.check_param_offload(" and ".join(offloaded))
 
@@ -188,11 +189,6 @@ def build_run(
         agent=bool(p.agent),
         distill_only=bool(p.distill and p.distill.only),
     )
-    if p.distill is not None and not isinstance(factory, LocalFactory):
-        raise ValueError(
-            "--teacher_pretrain: on-policy distillation runs its teacher in one process (rl ppo) in this release; "
-            "over Ray (rl ppo-ray) the teacher has no placement yet: run rl ppo, or drop --teacher_pretrain"
-        )
     roles = run_roles(p, reward_model=bool(m.reward_pretrain))
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     samples = p.rollout_batch_size * p.sampling.n_samples_per_prompt
@@ -260,6 +256,7 @@ def build_run(
             load_kw=actor_kw,
             pad_id=pad,
             temperature=p.sampling.temperature,
+            offload=p.distill.offload,
             **mb,
         )
         if p.distill is not None
