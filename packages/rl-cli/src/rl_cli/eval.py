@@ -6,7 +6,7 @@ turn, each on every ``--dataset`` (comma-separated or repeated; each reported ap
 (``--rollout_engine``: transformers, or vLLM where it is installed), every prompt with the same seed for every
 model, scored by ``--reward_fn`` / ``--remote_rm_url`` (the reward flags of ``rl ppo``). Per model and dataset:
 pass@k (Chen et al. 2021's unbiased estimator) and maj@k for each k of ``--pass_k``, the mean reward, the mean
-response length in tokens, the share of truncated responses (:mod:`rl_cli.eval_metrics`). Writes
+response length in tokens, the share of truncated responses (:mod:`rl_rollout.evaluation`, the code the loop's ``--eval_dataset`` pass reports with). Writes
 ``--output_dir``/samples.jsonl (one line per sample), summary.json and, with matplotlib, pass_at_k.png; prints
 one table with a column per model. Ray engines are not built here: their flags are refused.
 """

@@ -1,6 +1,7 @@
 """``rl eval``'s runner: models in turn, each over every dataset, sampled by one rl-rollout engine in this process
 and scored by the run's reward scorer; every sample a JSON line, every (model, dataset) a metrics dict
-(:func:`rl_cli.eval_metrics.dataset_metrics`).
+(:class:`rl_rollout.evaluation.EvalTally`, :func:`~rl_rollout.evaluation.sample_record`: the code the RL loop's eval
+pass tallies and writes its samples with).
 
 Where a model comes from (:func:`resolve_model`): an HF folder (config.json and weights, checked by
 :func:`rl_core.preflight.check_model`); a run's checkpoint ``iter_N/`` (or ``best_iter_N/``) holding the HF export
@@ -23,11 +24,11 @@ from pathlib import Path
 
 from rl_cli.errors import UserError
 from rl_cli.eval_config import EvalRunConfig
-from rl_cli.eval_metrics import answer_key, dataset_metrics
 from rl_core.data import DataConfig, DataError, PromptDataset, load_rows
 from rl_core.preflight import check_model, load_tokenizer
 from rl_core.rl.checkpoint import RLCheckpoints
 from rl_rollout.config import EngineConfig
+from rl_rollout.evaluation import EvalTally, answer_key, sample_record
 from rl_rollout.types import RolloutRequest
 
 DATASET_SEED_STRIDE = 1_000_003
@@ -179,20 +180,18 @@ def _chunks(n: int, size: int) -> Iterator[range]:
 
 def _one_set(ref, name, d_index, prompts, engine, tok, eos, key, cfg: EvalRunConfig, scorer, write):
     n = cfg.sampling.n_samples_per_prompt
-    rewards, answers, lengths, truncated = [], [], [], []
+    tally = EvalTally(key)
     progress = Progress(len(prompts) * n, f"[rl eval] {ref.label} / {name}")
     t0 = time.perf_counter()
     try:
         for chunk in _chunks(len(prompts), cfg.prompts_per_call):
             items = [prompts[i] for i in chunk]
+            seeds = [cfg.seed + DATASET_SEED_STRIDE * d_index + i for i in chunk]
             requests = [
                 RolloutRequest(
-                    list(p["prompt_ids"]),
-                    cfg.sampling.params(
-                        stop_token_ids=eos, seed=cfg.seed + DATASET_SEED_STRIDE * d_index + i, logprobs=False
-                    ),
+                    list(p["prompt_ids"]), cfg.sampling.params(stop_token_ids=eos, seed=seed, logprobs=False)
                 )
-                for i, p in zip(chunk, items, strict=True)
+                for p, seed in zip(items, seeds, strict=True)
             ]
             groups = engine.generate(requests)
             texts = [[tok.decode(s.response_ids, skip_special_tokens=True) for s in g] for g in groups]
@@ -202,34 +201,28 @@ def _one_set(ref, name, d_index, prompts, engine, tok, eos, key, cfg: EvalRunCon
                 flat_texts,
                 [p.get("label") for p in items for _ in range(n)],
             )
-            for j, (i, p, g, tx) in enumerate(zip(chunk, items, groups, texts, strict=True)):
+            for j, (i, p, g, tx, seed) in enumerate(zip(chunk, items, groups, texts, seeds, strict=True)):
                 row_r = [float(r) for r in scores[j * n : (j + 1) * n]]
-                row_a = [key(t) for t in tx]
-                rewards.append(row_r)
-                answers.append(row_a)
+                row_a = tally.add(row_r, tx, g)
                 for s_index, (s, t, r, a) in enumerate(zip(g, tx, row_r, row_a, strict=True)):
-                    lengths.append(len(s.response_ids))
-                    truncated.append(s.finish_reason == "length")
                     write(
-                        {
-                            "model": ref.label,
-                            "dataset": name,
-                            "prompt_index": i,
-                            "sample_index": s_index,
-                            "prompt": p["prompt"],
-                            "label": p.get("label"),
-                            "response": t,
-                            "reward": r,
-                            "correct": r >= cfg.correct_threshold,
-                            "answer": a,
-                            "response_tokens": len(s.response_ids),
-                            "finish_reason": s.finish_reason,
-                            "seed": cfg.seed + DATASET_SEED_STRIDE * d_index + i,
-                        }
+                        sample_record(
+                            s,
+                            prompt=p,
+                            prompt_index=i,
+                            sample_index=s_index,
+                            response=t,
+                            reward=r,
+                            answer=a,
+                            threshold=cfg.correct_threshold,
+                            seed=seed,
+                            model=ref.label,
+                            dataset=name,
+                        )
                     )
             progress.update(len(items) * n)
     finally:
         progress.close()
-    metrics = dataset_metrics(rewards, answers, lengths, truncated, cfg.ks, cfg.correct_threshold)
+    metrics = tally.metrics(cfg.ks, cfg.correct_threshold)
     metrics["seconds"] = time.perf_counter() - t0
     return metrics
