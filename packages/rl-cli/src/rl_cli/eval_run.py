@@ -1,5 +1,5 @@
 """``rl eval``'s runner: models in turn, each over every dataset, sampled by one rl-rollout engine in this process
-and scored by the run's reward scorer; every sample a JSON line, every (model, dataset) a metrics dict
+(or, with ``--ray``, by engine actors on Ray: :mod:`rl_cli.eval_ray`) and scored by the run's reward scorer; every sample a JSON line, every (model, dataset) a metrics dict
 (:class:`rl_rollout.evaluation.EvalTally`, :func:`~rl_rollout.evaluation.sample_record`: the code the RL loop's eval
 pass tallies and writes its samples with).
 
@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rl_cli.errors import UserError
 from rl_cli.eval_config import EvalRunConfig
@@ -161,15 +162,30 @@ def evaluate_model(
     eos = [t for t in {tok.eos_token_id} if t is not None]
     key = answer_key(cfgs["reward"].reward_fn)
     t0 = time.perf_counter()
-    engine = engine_cfg.make(ref.folder, dtype=dtype, seed=cfg.seed, device=device)
-    print(f"[rl eval] {ref.label}: {type(engine).__name__} on {device} ({dtype}), {time.perf_counter() - t0:.1f} s")
+    ray_cfg = cfgs.get("ray")
+    if ray_cfg is not None and ray_cfg.ray:
+        # lazy: Ray is only for --ray
+        from rl_cli.eval_ray import RayEngines
+
+        engine: Any = RayEngines(engine_cfg, ref.folder, n=ray_cfg.vllm_num_engines, dtype=dtype, seed=cfg.seed)
+        kinds = [d["kind"] for d in engine.describe()]
+        print(
+            f"[rl eval] {ref.label}: {len(kinds)} engine actors on Ray ({', '.join(kinds)}, {dtype}), "
+            f"{time.perf_counter() - t0:.1f} s"
+        )
+    else:
+        engine = engine_cfg.make(ref.folder, dtype=dtype, seed=cfg.seed, device=device)
+        print(f"[rl eval] {ref.label}: {type(engine).__name__} on {device} ({dtype}), {time.perf_counter() - t0:.1f} s")
     out: dict[str, dict[str, float]] = {}
     try:
         for d_index, ds in enumerate(sets):
             prompts = PromptDataset(ds.rows, tok, d)
             out[ds.name] = _one_set(ref, ds.name, d_index, prompts, engine, tok, eos, key, cfg, scorer, write)
     finally:
+        per_engine = getattr(engine, "requests_per_engine", None)
         engine.shutdown()
+    if per_engine is not None:
+        print(f"[rl eval] {ref.label}: prompts per engine actor {per_engine}", flush=True)
     return out
 
 
