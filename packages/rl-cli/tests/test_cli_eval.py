@@ -1,6 +1,6 @@
 """``rl eval`` end to end on CPU: two tiny random models side by side on two tiny prompt sets, the HF engine, the
 math verifier; the samples file, the summary, the table, the chart; a run's checkpoint as a model; bad input
-refused in one line naming the value and the fix."""
+refused in one line naming the value and the fix; ``--ray``: the same samples from two HF engine actors on Ray."""
 
 from __future__ import annotations
 
@@ -97,7 +97,10 @@ def test_checkpoint_folders_resolve_to_their_hf_export(task, tmp_path):
         ({"--dataset": "missing.jsonl"}, "--dataset {root}/missing.jsonl: no such file"),
         ({"--pass_k": "1,8"}, "--pass_k 8: k must be in 1..4"),
         ({"--model": "{root}/no_model"}, "--model {root}/no_model: no such folder"),
-        ({"--num_gpus": "4"}, "--num_gpus: rl eval runs its engine in this process and builds no Ray engines"),
+        ({"--num_gpus": "4"}, "--num_gpus places engines on Ray: add --ray, or drop --num_gpus"),
+        ({"--vllm_tensor_parallel_size": "2"}, "--vllm_tensor_parallel_size: rl eval places one engine per GPU"),
+        ({"--ray": "true", "--vllm_num_engines": "3", "--num_gpus": "2"},
+         "--num_gpus 2 is fewer than --vllm_num_engines 3"),
         ({"--eval_dataset": "x.jsonl"}, "--eval_dataset: every --dataset is evaluated"),
     ],
 )
@@ -119,3 +122,35 @@ def test_bad_input_is_one_line_naming_the_value_and_the_fix(task, tmp_path, caps
     assert needle.format(root=root) in err, err
     assert len(err.splitlines()) <= 2, err  # argparse adds its usage line above its own errors
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.multiprocess
+def test_ray_engines_draw_the_samples_one_engine_in_process_draws(task, tmp_path, capsys):
+    """``--ray --vllm_num_engines 2`` on a CPU machine (two logical GPUs, the HF engine in two actors): every
+    prompt's samples, rewards and the metrics are those of the in-process engine, and both actors drew prompts."""
+    root, a, _ = task
+    argv = ["eval", "--model", str(a), "--dataset", str(root / "letters.jsonl"), "--dataset", str(root / "sums.jsonl"),
+            "--input_key", "prompt", "--label_key", "label", "--reward_fn", "builtin:math",
+            "--n_samples_per_prompt", "4", "--pass_k", "1,4", "--generate_max_len", "6", "--rollout_engine", "hf",
+            "--temperature", "1.0"]  # fmt: skip
+    assert main([*argv, "--output_dir", str(tmp_path / "local")]) == 0
+    assert main([*argv, "--output_dir", str(tmp_path / "ray"), "--ray", "--vllm_num_engines", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "2 engine actors on Ray (HFEngine, HFEngine" in out
+    per_engine = [line for line in out.splitlines() if "prompts per engine actor" in line]
+    assert len(per_engine) == 1 and per_engine[0].endswith("[3, 2]")  # 3 + 2 prompts, split per generate call
+
+    def rows(d):
+        return sorted((r["dataset"], r["prompt_index"], r["sample_index"], r["response"], r["reward"], r["seed"])
+                      for r in map(json.loads, (tmp_path / d / "samples.jsonl").read_text().splitlines()))
+
+    local, ray = rows("local"), rows("ray")
+    assert len(local) == (3 + 2) * 4 and ray == local
+    assert len({r[3] for r in local}) > 1  # sampled: not one response everywhere
+    m_local = json.loads((tmp_path / "local" / "summary.json").read_text())
+    m_ray = json.loads((tmp_path / "ray" / "summary.json").read_text())
+    assert m_ray["engine_actors"] == 2 and m_local["engine_actors"] is None
+    for name, m in m_local["metrics"]["model_a"].items():
+        for key, v in m.items():
+            if key != "seconds":
+                assert m_ray["metrics"]["model_a"][name][key] == v, (name, key)

@@ -69,12 +69,14 @@ def test_bad_combinations_fail_before_any_model_loads_naming_the_fix(task, capsy
     cases = [
         (["--eval_steps", "2"], r"--eval_steps 2 needs --eval_dataset PATH"),
         (["--eval_steps", "0", "--eval_dataset", "x.jsonl"], r"eval_steps \(--eval_steps\) must be >= 1, or -1"),
-        (["--eval_dataset", "x.jsonl", "--async_train"], r"--eval_dataset with --async_train is not built"),
+        (["--eval_pass_k", "1,8", "--eval_dataset", "x.jsonl"],
+         r"--eval_pass_k 8: k must be in 1..4 \(--eval_n_samples_per_prompt 4\)"),
         (["--eval_temperature", "-1"], r"eval_temperature \(--eval_temperature\) must be >= 0 \(0: greedy\)"),
         (["--stop_properly_penalty_coef", "2"], r"must be in \[0, 1\] \(a scale\) or negative \(a fixed reward\)"),
         (["--algo.advantage.no_std_norm"], r"--advantage_estimator group_norm does not do .*dr_grpo"),
         (["--ckpt.best_metric_key", "eval_default_pass8", "--eval_dataset", "x.jsonl"],
-         r"--best_metric_key 'eval_default_pass8': the eval pass logs eval/reward_mean, eval/pass@4, .*or none"),
+         r"--best_metric_key 'eval_default_pass8': the eval pass logs eval/reward_mean, eval/pass@1, eval/pass@4, "
+         r"eval/maj@1, .*or none"),
         (["--ckpt.max_mem", "0"], r"max_ckpt_mem \(--max_ckpt_mem\) is a budget in GB and must be > 0, got 0"),
     ]
     for extra, message in cases:
@@ -104,7 +106,9 @@ def test_eval_pass_logs_reward_and_pass_at_n_and_leaves_the_training_trajectory_
     for r in evaluated[1:]:
         assert r["eval/samples"] == 3 * 2 and r["eval/reward_failures"] == 0
         assert 0 < r["eval/reward_mean"] <= 1
-        assert r["eval/pass@2"] == r["eval/reward_mean"]  # greedy: both samples of a prompt are the same
+        # greedy: both samples of a prompt are the same, so k does not matter (rl eval's metrics, rl_rollout.evaluation)
+        assert r["eval/pass@2"] == r["eval/pass@1"] == r["eval/correct"] and r["eval/maj@2"] == r["eval/maj@1"]
+        assert r["eval/weight_version"] == r["step"] and r["eval/prompts"] == 3
         assert 0 < r["eval/response_length"] <= 8 and 0 <= r["eval/truncated"] <= 1
 
 
@@ -115,8 +119,12 @@ def test_rl_ppo_ray_evaluates_as_the_one_process_run(task):
     root, model = task
     assert main(["ppo", *argv(root, model, "eval-sampled", *with_eval(root))]) == 0
     local = metrics(root / "eval-sampled")
-    assert all(r["eval/pass@2"] >= r["eval/reward_mean"] for r in local[1:])
-    assert any(r["eval/pass@2"] > r["eval/reward_mean"] for r in local[1:])  # sampled: the two samples differ
+    assert all(r["eval/pass@2"] >= r["eval/pass@1"] for r in local[1:])
+    samples = [json.loads(x) for x in (root / "eval-sampled" / "eval_samples" / "iter_3.jsonl").read_text().splitlines()]
+    responses = {}
+    for x in samples:
+        responses.setdefault(x["prompt_index"], []).append(x["response"])
+    assert any(len(set(r)) > 1 for r in responses.values())  # sampled: the two samples of a prompt differ
     out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *argv(root, model, "eval-ray"),
                           *with_eval(root), "--num_gpus", "2", "--vllm_num_engines", "1"],
                          capture_output=True, text=True, timeout=800)
@@ -124,7 +132,8 @@ def test_rl_ppo_ray_evaluates_as_the_one_process_run(task):
     rows = metrics(root / "eval-ray")
     assert [r["step"] for r in rows] == [1, 2, 3] and not any(k.startswith("eval/") for k in rows[0])
     for a, b in zip(local[1:], rows[1:], strict=True):
-        for k in ("eval/reward_mean", "eval/pass@2", "eval/response_length", "eval/samples"):
+        for k in ("eval/reward_mean", "eval/pass@2", "eval/maj@2", "eval/response_length", "eval/samples",
+                  "eval/weight_version"):
             assert b[k] == pytest.approx(a[k], abs=1e-6), (k, a["step"], a[k], b[k])
 
 
@@ -139,8 +148,41 @@ def test_eval_pass_scores_with_a_reward_model_group_whose_ranks_do_not_divide_th
                           "--vllm_num_engines", "1"], capture_output=True, text=True, timeout=800)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     (row,) = metrics(root / "eval-rm")
-    assert row["eval/samples"] == 3 and "eval/pass@1" not in row
+    assert row["eval/samples"] == 3 and "eval/pass@2" not in row and "eval/pass@1" in row
     assert row["eval/reward_mean"] != 0 and abs(row["eval/reward_mean"]) < 1e3  # the reward model's scores
+
+
+def test_async_train_evaluates_the_weight_version_just_synced(task):
+    """``--async_train --max_staleness 1 --eval_steps 1``: every iteration evaluates the version its sync pushed
+    (``eval/weight_version`` == the iteration, every eval sample tagged with it) with the producer drained, rl
+    eval's metrics in the row, and each pass's samples as JSON lines in the run dir that add up to those metrics."""
+    root, model = task
+    assert main(["ppo", *argv(root, model, "eval-async", "--async_train", "--max_staleness", "1",
+                              "--eval_dataset", str(root / "eval.jsonl"), "--eval_steps", "1",
+                              "--eval_n_samples_per_prompt", "2", "--eval_pass_k", "1,2",
+                              "--eval_correct_threshold", "0.25")]) == 0
+    rows = metrics(root / "eval-async")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    for r in rows:
+        it = r["step"]
+        assert r["eval/weight_version"] == it  # the version just synced, not one the producer generated with
+        assert r["rl/staleness_violations"] == 0 and r["rl/eval_drain_s"] >= 0
+        assert r["eval/samples"] == 6 and r["eval/prompts"] == 3 and r["eval/reward_failures"] == 0
+        lines = [json.loads(x) for x in (root / "eval-async" / "eval_samples" / f"iter_{it}.jsonl").read_text()
+                 .splitlines()]
+        assert len(lines) == 6 and {(x["iteration"], x["weight_version"]) for x in lines} == {(it, it)}
+        assert sorted((x["prompt_index"], x["sample_index"]) for x in lines) == [(p, s) for p in range(3)
+                                                                                  for s in range(2)]
+        assert r["eval/reward_mean"] == pytest.approx(sum(x["reward"] for x in lines) / 6)
+        assert r["eval/correct"] == pytest.approx(sum(x["reward"] >= 0.25 for x in lines) / 6)
+        assert all(x["correct"] == (x["reward"] >= 0.25) for x in lines)
+        assert r["eval/pass@1"] == pytest.approx(r["eval/correct"])  # n equal per prompt: pass@1 is the share correct
+        by_prompt = {}
+        for x in lines:
+            by_prompt.setdefault(x["prompt_index"], []).append(x["correct"])
+        assert r["eval/pass@2"] == pytest.approx(sum(any(v) for v in by_prompt.values()) / 3)
+        assert 0 <= r["eval/maj@1"] <= 1 and 0 <= r["eval/maj@2"] <= 1
+        assert r["eval/response_length"] == pytest.approx(sum(x["response_tokens"] for x in lines) / 6)
 
 
 def test_save_hf_ckpt_puts_a_loadable_export_of_the_policy_and_critic_in_every_checkpoint(task):

@@ -245,6 +245,33 @@ def test_a_producer_error_reaches_the_trainer_and_close_stops_a_waiting_producer
     assert not any(t.name == "rl-async-rollout" and t.is_alive() for t in threading.enumerate())
 
 
+def test_paused_drains_the_batch_in_flight_and_starts_none_until_the_block_ends():
+    """The eval pass's hold on the producer: entering waits for the collect in flight, inside none runs."""
+    running, log = threading.Event(), []
+
+    def collect(k):
+        log.append(("start", k))
+        if k == 2:
+            running.set()
+            time.sleep(0.3)  # batch 2 is in flight when the trainer pauses
+        log.append(("end", k))
+        return k
+
+    p = AsyncRollout(collect, 1, 4, max_staleness=5, version=0)
+    try:
+        assert p.get(1)[0] == 1
+        assert running.wait(5)
+        with p.paused() as drained_s:
+            assert drained_s >= 0.1 and log[-1] == ("end", 2)  # it waited for batch 2 to finish
+            seen = len(log)
+            time.sleep(0.2)
+            assert len(log) == seen  # batch 3 (allowed by the gate) does not start while paused
+        assert p.get(3)[0] == 3 and p.get(4)[0] == 4  # and starts after
+        assert [e for e in log if e[0] == "start"] == [("start", k) for k in range(1, 5)]
+    finally:
+        p.close()
+
+
 def test_partial_rollouts_let_the_sync_land_mid_batch_with_every_token_tagged(setup, tmp_path):
     """Generation (32 tokens in chunks of 2) is slower than training here, so each sync lands while the next
     batch is being sampled: its responses continue with the new weights, and every token's version lies within

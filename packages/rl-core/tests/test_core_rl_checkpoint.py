@@ -223,8 +223,20 @@ def test_best_metric_key_names_a_logged_eval_metric():
     assert best_metric_name("eval_default_pass1", 4) == "eval/reward_mean"
     assert best_metric_name("eval_math_pass4", 4) == "eval/pass@4"
     with pytest.raises(ValueError, match=r"--best_metric_key 'pass@8': the eval pass logs eval/reward_mean, "
-                                         r"eval/pass@4, .*pick one of them, or none"):
+                                         r"eval/pass@1, eval/pass@4, eval/maj@1, .*pick one of them, or none"):
         best_metric_name("pass@8", 4)
+    # rl eval's metrics (rl_rollout.evaluation) for the k of --eval_pass_k: maj@k, the share correct, the version
+    assert best_metric_name("maj@2", 4, (1, 2)) == "eval/maj@2" and best_metric_name("correct", 4) == "eval/correct"
+    assert best_metric_name("eval_math_pass2", 4, (2,)) == "eval/pass@2"
+    with pytest.raises(ValueError, match=r"--eval_pass_k 1,2\); pick"):
+        best_metric_name("pass@4", 4, (1, 2))
+    from rl_core.configs import EvalConfig
+
+    assert EvalConfig(pass_k="2,1").ks == (1, 2) and EvalConfig(n_samples_per_prompt=1).ks == (1,)
+    with pytest.raises(ValueError, match=r"--eval_pass_k 5: k must be in 1..4"):
+        EvalConfig(pass_k="5")
+    with pytest.raises(ValueError, match=r"eval_correct_threshold .* finite"):
+        EvalConfig(correct_threshold=float("nan"))
 
 
 @pytest.mark.parametrize("damage, why", [

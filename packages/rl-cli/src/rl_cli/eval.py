@@ -6,9 +6,11 @@ turn, each on every ``--dataset`` (comma-separated or repeated; each reported ap
 (``--rollout_engine``: transformers, or vLLM where it is installed), every prompt with the same seed for every
 model, scored by ``--reward_fn`` / ``--remote_rm_url`` (the reward flags of ``rl ppo``). Per model and dataset:
 pass@k (Chen et al. 2021's unbiased estimator) and maj@k for each k of ``--pass_k``, the mean reward, the mean
-response length in tokens, the share of truncated responses (:mod:`rl_cli.eval_metrics`). Writes
+response length in tokens, the share of truncated responses (:mod:`rl_rollout.evaluation`, the code the loop's ``--eval_dataset`` pass reports with). Writes
 ``--output_dir``/samples.jsonl (one line per sample), summary.json and, with matplotlib, pass_at_k.png; prints
-one table with a column per model. Ray engines are not built here: their flags are refused.
+one table with a column per model. With ``--ray``, each generate call's prompts are spread over
+``--vllm_num_engines`` engine actors on Ray, one GPU each (:mod:`rl_cli.eval_ray`); placement and tensor-parallel
+flags of ``rl ppo-ray`` are refused.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from rl_cli.config import build_parser
 from rl_cli.dry_run import as_yaml
 from rl_cli.errors import CliArgs, UserError, set_debug, user_errors
 from rl_cli.eval_config import EvalRunConfig
+from rl_cli.eval_ray import EvalRayConfig, start_ray, stop_ray
 from rl_cli.eval_report import bar_chart, table, write_summary
 from rl_cli.eval_run import evaluate_model, load_sets, model_refs
 from rl_cli.loading import build, settings
@@ -31,7 +34,14 @@ from rl_rollout.config import EngineConfig, RewardConfig
 
 
 def _groups() -> dict[str, type]:
-    return {"eval": EvalRunConfig, "data": DataConfig, "reward": RewardConfig, "rollout": EngineConfig, "cli": CliArgs}
+    return {
+        "eval": EvalRunConfig,
+        "data": DataConfig,
+        "reward": RewardConfig,
+        "rollout": EngineConfig,
+        "ray": EvalRayConfig,
+        "cli": CliArgs,
+    }
 
 
 # Settings of the shared groups that an evaluation does not read: refused with the reason, never ignored.
@@ -50,18 +60,28 @@ UNUSED = {
     "image_key": "prompts with images are not built for rl eval; use rl ppo --eval_dataset",
     "enable_sleep": "rl eval's engine never sleeps (no training beside it)",
 }
-# Flags of rl ppo-ray (Ray engines, placement) that rl eval does not build: refused, naming the fix.
-RAY_FLAGS = ("ray", "vllm_num_engines", "num_gpus", "actor_num_gpus_per_node", "colocate_all_models", "vllm_sync")
+# Flags of rl ppo-ray (placement, tensor parallelism, the training roles) that rl eval does not build: refused,
+# naming the fix. Its own Ray flags (--ray, --vllm_num_engines, --num_gpus: rl_cli.eval_ray) are taken.
+RAY_OWN = ("ray", "ray.ray", "ray.vllm_num_engines", "ray.num_gpus")
+RAY_FLAGS = (
+    "actor_num_gpus_per_node",
+    "colocate_all_models",
+    "vllm_sync",
+    "vllm_tensor_parallel_size",
+    "placement_strategy",
+)
 
 
 def _refuse_ray(argv: list[str]) -> None:
     for a in argv:
         name = a[2:].split("=", 1)[0] if a.startswith("--") else ""
+        if name in RAY_OWN:
+            continue
         if name.startswith("ray") or name in RAY_FLAGS:
             raise UserError(
-                f"--{name}: rl eval runs its engine in this process and builds no Ray engines; drop the flag "
-                f"(--rollout_engine vllm uses vLLM here; for several GPUs per engine, serve the model and score it "
-                f"with your own client)"
+                f"--{name}: rl eval places one engine per GPU itself (--ray --vllm_num_engines N) and builds no "
+                f"placement, tensor-parallel engines or training roles; drop the flag (for several GPUs per engine, "
+                f"serve the model and score it with your own client)"
             )
 
 
@@ -145,6 +165,9 @@ def run(cfgs: dict, refs, sets) -> int:
     scorer = cfgs["reward"].build()
     metrics: dict[str, dict[str, dict[str, float]]] = {}
     t0 = time.perf_counter()
+    on_ray = cfgs["ray"].ray
+    if on_ray:
+        start_ray(cfgs["ray"])
     try:
         with (out / "samples.jsonl").open("w") as f:
 
@@ -159,6 +182,8 @@ def run(cfgs: dict, refs, sets) -> int:
         close = getattr(scorer, "close", None)
         if callable(close):
             close()
+        if on_ray:
+            stop_ray()
     summary = {
         "models": {r.label: {"given": r.given, "folder": r.folder} for r in refs},
         "datasets": {s.name: s.path for s in sets},
@@ -166,6 +191,7 @@ def run(cfgs: dict, refs, sets) -> int:
         "pass_k": list(cfg.ks),
         "correct_threshold": cfg.correct_threshold,
         "seed": cfg.seed,
+        "engine_actors": cfgs["ray"].vllm_num_engines if on_ray else None,
         "reward": {k: v for k, v in vars(cfgs["reward"]).items() if "token" not in k},
         "metrics": metrics,
         "reward_failures": getattr(failures, "failures", None),

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rl_cli.eval_metrics import check_ks, parse_ks
 from rl_rollout.config_fields import check_numbers, meta
+from rl_rollout.evaluation import check_ks, parse_ks
 from rl_rollout.sampling import SamplingConfig
 
 DTYPES = ("auto", "float32", "bfloat16", "float16")

@@ -1,6 +1,7 @@
 """``rl eval``'s runner: models in turn, each over every dataset, sampled by one rl-rollout engine in this process
-and scored by the run's reward scorer; every sample a JSON line, every (model, dataset) a metrics dict
-(:func:`rl_cli.eval_metrics.dataset_metrics`).
+(or, with ``--ray``, by engine actors on Ray: :mod:`rl_cli.eval_ray`) and scored by the run's reward scorer; every sample a JSON line, every (model, dataset) a metrics dict
+(:class:`rl_rollout.evaluation.EvalTally`, :func:`~rl_rollout.evaluation.sample_record`: the code the RL loop's eval
+pass tallies and writes its samples with).
 
 Where a model comes from (:func:`resolve_model`): an HF folder (config.json and weights, checked by
 :func:`rl_core.preflight.check_model`); a run's checkpoint ``iter_N/`` (or ``best_iter_N/``) holding the HF export
@@ -20,14 +21,15 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from rl_cli.errors import UserError
 from rl_cli.eval_config import EvalRunConfig
-from rl_cli.eval_metrics import answer_key, dataset_metrics
 from rl_core.data import DataConfig, DataError, PromptDataset, load_rows
 from rl_core.preflight import check_model, load_tokenizer
 from rl_core.rl.checkpoint import RLCheckpoints
 from rl_rollout.config import EngineConfig
+from rl_rollout.evaluation import EvalTally, answer_key, sample_record
 from rl_rollout.types import RolloutRequest
 
 DATASET_SEED_STRIDE = 1_000_003
@@ -160,15 +162,30 @@ def evaluate_model(
     eos = [t for t in {tok.eos_token_id} if t is not None]
     key = answer_key(cfgs["reward"].reward_fn)
     t0 = time.perf_counter()
-    engine = engine_cfg.make(ref.folder, dtype=dtype, seed=cfg.seed, device=device)
-    print(f"[rl eval] {ref.label}: {type(engine).__name__} on {device} ({dtype}), {time.perf_counter() - t0:.1f} s")
+    ray_cfg = cfgs.get("ray")
+    if ray_cfg is not None and ray_cfg.ray:
+        # lazy: Ray is only for --ray
+        from rl_cli.eval_ray import RayEngines
+
+        engine: Any = RayEngines(engine_cfg, ref.folder, n=ray_cfg.vllm_num_engines, dtype=dtype, seed=cfg.seed)
+        kinds = [d["kind"] for d in engine.describe()]
+        print(
+            f"[rl eval] {ref.label}: {len(kinds)} engine actors on Ray ({', '.join(kinds)}, {dtype}), "
+            f"{time.perf_counter() - t0:.1f} s"
+        )
+    else:
+        engine = engine_cfg.make(ref.folder, dtype=dtype, seed=cfg.seed, device=device)
+        print(f"[rl eval] {ref.label}: {type(engine).__name__} on {device} ({dtype}), {time.perf_counter() - t0:.1f} s")
     out: dict[str, dict[str, float]] = {}
     try:
         for d_index, ds in enumerate(sets):
             prompts = PromptDataset(ds.rows, tok, d)
             out[ds.name] = _one_set(ref, ds.name, d_index, prompts, engine, tok, eos, key, cfg, scorer, write)
     finally:
+        per_engine = getattr(engine, "requests_per_engine", None)
         engine.shutdown()
+    if per_engine is not None:
+        print(f"[rl eval] {ref.label}: prompts per engine actor {per_engine}", flush=True)
     return out
 
 
@@ -179,20 +196,18 @@ def _chunks(n: int, size: int) -> Iterator[range]:
 
 def _one_set(ref, name, d_index, prompts, engine, tok, eos, key, cfg: EvalRunConfig, scorer, write):
     n = cfg.sampling.n_samples_per_prompt
-    rewards, answers, lengths, truncated = [], [], [], []
+    tally = EvalTally(key)
     progress = Progress(len(prompts) * n, f"[rl eval] {ref.label} / {name}")
     t0 = time.perf_counter()
     try:
         for chunk in _chunks(len(prompts), cfg.prompts_per_call):
             items = [prompts[i] for i in chunk]
+            seeds = [cfg.seed + DATASET_SEED_STRIDE * d_index + i for i in chunk]
             requests = [
                 RolloutRequest(
-                    list(p["prompt_ids"]),
-                    cfg.sampling.params(
-                        stop_token_ids=eos, seed=cfg.seed + DATASET_SEED_STRIDE * d_index + i, logprobs=False
-                    ),
+                    list(p["prompt_ids"]), cfg.sampling.params(stop_token_ids=eos, seed=seed, logprobs=False)
                 )
-                for i, p in zip(chunk, items, strict=True)
+                for p, seed in zip(items, seeds, strict=True)
             ]
             groups = engine.generate(requests)
             texts = [[tok.decode(s.response_ids, skip_special_tokens=True) for s in g] for g in groups]
@@ -202,34 +217,28 @@ def _one_set(ref, name, d_index, prompts, engine, tok, eos, key, cfg: EvalRunCon
                 flat_texts,
                 [p.get("label") for p in items for _ in range(n)],
             )
-            for j, (i, p, g, tx) in enumerate(zip(chunk, items, groups, texts, strict=True)):
+            for j, (i, p, g, tx, seed) in enumerate(zip(chunk, items, groups, texts, seeds, strict=True)):
                 row_r = [float(r) for r in scores[j * n : (j + 1) * n]]
-                row_a = [key(t) for t in tx]
-                rewards.append(row_r)
-                answers.append(row_a)
+                row_a = tally.add(row_r, tx, g)
                 for s_index, (s, t, r, a) in enumerate(zip(g, tx, row_r, row_a, strict=True)):
-                    lengths.append(len(s.response_ids))
-                    truncated.append(s.finish_reason == "length")
                     write(
-                        {
-                            "model": ref.label,
-                            "dataset": name,
-                            "prompt_index": i,
-                            "sample_index": s_index,
-                            "prompt": p["prompt"],
-                            "label": p.get("label"),
-                            "response": t,
-                            "reward": r,
-                            "correct": r >= cfg.correct_threshold,
-                            "answer": a,
-                            "response_tokens": len(s.response_ids),
-                            "finish_reason": s.finish_reason,
-                            "seed": cfg.seed + DATASET_SEED_STRIDE * d_index + i,
-                        }
+                        sample_record(
+                            s,
+                            prompt=p,
+                            prompt_index=i,
+                            sample_index=s_index,
+                            response=t,
+                            reward=r,
+                            answer=a,
+                            threshold=cfg.correct_threshold,
+                            seed=seed,
+                            model=ref.label,
+                            dataset=name,
+                        )
                     )
             progress.update(len(items) * n)
     finally:
         progress.close()
-    metrics = dataset_metrics(rewards, answers, lengths, truncated, cfg.ks, cfg.correct_threshold)
+    metrics = tally.metrics(cfg.ks, cfg.correct_threshold)
     metrics["seconds"] = time.perf_counter() - t0
     return metrics

@@ -21,14 +21,19 @@ waits for the generate in flight and the next generate waits for the update), so
 batch holds one version per generate call. Not here: several engines whose versions
 differ within a batch (the bound then holds per sample, which is what is checked),
 reproducibility across runs (the two threads interleave differently).
+
+Pausing (:meth:`AsyncRollout.paused`): the trainer may drain the producer (wait for the batch in flight) and keep
+it from starting another, e.g. for the eval pass (:mod:`rl_core.trainers.ppo_eval`), which then has the engines
+alone at one weight version.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = ["AsyncRollout"]
@@ -39,7 +44,8 @@ class AsyncRollout:
 
     ``collect(k)`` returns batch ``k`` (any value); ``version`` is the engines' version now.
     The trainer calls :meth:`get` (blocks until batch ``k`` is ready; re-raises the producer's
-    error), :meth:`synced` after each weight sync, and :meth:`close` at the end (also on error).
+    error), :meth:`synced` after each weight sync, and :meth:`close` at the end (also on error); :meth:`paused`
+    holds the producer between batches.
     """
 
     def __init__(self, collect: Callable[[int], Any], first: int, last: int, *, max_staleness: int, version: int):
@@ -50,13 +56,15 @@ class AsyncRollout:
         self._ready: dict[int, Any] = {}
         self._error: BaseException | None = None
         self._stop = False
+        self._paused = False  # the trainer holds the producer between batches (paused())
+        self._busy = False  # a collect() is in flight
         self._cond = threading.Condition()
         self.gate_wait_s = 0.0  # producer time spent waiting for a sync (the bound at work)
         self._thread = threading.Thread(target=self._produce, name="rl-async-rollout", daemon=True)
         self._thread.start()
 
     def _may_start(self, k: int) -> bool:
-        return self._stop or self._version >= k - 1 - self.max_staleness
+        return self._stop or (not self._paused and self._version >= k - 1 - self.max_staleness)
 
     def _produce(self) -> None:
         for k in range(self.first, self.last + 1):
@@ -65,16 +73,17 @@ class AsyncRollout:
                 self._cond.wait_for(functools.partial(self._may_start, k))
                 if self._stop:
                     return
+                self._busy = True
             self.gate_wait_s += time.perf_counter() - t0
             try:
                 batch = self.collect(k)
             except BaseException as e:  # handed to the trainer thread, which re-raises it
                 with self._cond:
-                    self._error = e
+                    self._error, self._busy = e, False
                     self._cond.notify_all()
                 return
             with self._cond:
-                self._ready[k] = batch
+                self._ready[k], self._busy = batch, False
                 self._cond.notify_all()
 
     def get(self, k: int) -> tuple[Any, float]:
@@ -87,6 +96,21 @@ class AsyncRollout:
             if self._error is not None:
                 raise self._error
             raise RuntimeError("AsyncRollout was closed")
+
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[float]:
+        """Drain the producer (wait for the batch in flight, if any, to be collected) and start no batch until the
+        block ends; yields the seconds the drain waited. A producer error surfaces at the next :meth:`get`."""
+        t0 = time.perf_counter()
+        with self._cond:
+            self._paused = True
+            self._cond.wait_for(lambda: not self._busy)
+        try:
+            yield time.perf_counter() - t0
+        finally:
+            with self._cond:
+                self._paused = False
+                self._cond.notify_all()
 
     def synced(self, version: int) -> None:
         """The engines now hold ``version``: batches up to ``version + 1 + max_staleness`` may start."""

@@ -43,7 +43,8 @@ in-process (:class:`~rl_core.rl.groups.LocalGroup`, ``rl ppo``) or Ray actors
    loop's state committed together by one marker (:mod:`rl_core.rl.checkpoint`),
    resumable with ``load_checkpoint`` from the newest committed iteration (with ``save_hf_ckpt`` the
    checkpoint also holds the HF exports). With an eval set, the eval pass (:mod:`rl_core.trainers.ppo_eval`)
-   runs after the sync every ``eval_steps`` iterations and after the last one.
+   runs after the sync every ``eval_steps`` iterations and after the last one (with ``async_train`` too: on
+   the version just synced, the producer drained and paused meanwhile; ``eval/weight_version`` names it).
 
 Asynchronous training (``async_train``, :mod:`rl_core.rl.pipeline`): a producer thread runs
 step 1 and 2 for the next iterations while this thread runs 3 to 6; a batch waits to be
@@ -69,6 +70,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from pathlib import Path
 
 from tqdm import tqdm
 
@@ -183,9 +185,15 @@ class PPOTrainer:
             agent=agent,
             metrics=self.metrics,
         )
+        run_dir = getattr(self.metrics, "run_dir", None) if getattr(self.metrics, "enabled", False) else None
         self.evaluator = (
             EvalPass(
-                cfg.eval, eval_prompts, self.sampler, chunk=cfg.rollout_batch_size, num_iterations=self.num_iterations
+                cfg.eval,
+                eval_prompts,
+                self.sampler,
+                chunk=cfg.rollout_batch_size,
+                num_iterations=self.num_iterations,
+                samples_dir=Path(run_dir) / "eval_samples" if run_dir is not None else None,
             )
             if eval_prompts is not None
             else None
@@ -277,6 +285,17 @@ class PPOTrainer:
             release=self._release_device_caches,
         )
 
+    def _evaluate(self, it: int, pipeline: AsyncRollout | None, m: dict[str, float]) -> dict[str, float]:
+        """The eval pass on version ``it`` when due (``{}`` otherwise); async: with the producer drained and paused
+        (:mod:`rl_core.trainers.ppo_eval` says why), the wait for its batch in flight in ``m`` (``eval_drain_s``)."""
+        if self.evaluator is None or not self.evaluator.due(it):
+            return {}
+        if pipeline is None:
+            return self.evaluator.run(it)
+        with pipeline.paused() as drain_s:
+            m["eval_drain_s"] = drain_s
+            return self.evaluator.run(it)
+
     # ----- the loop --------------------------------------------------------------------------
 
     def _iteration(self, it: int, bar, pipeline: AsyncRollout | None) -> None:
@@ -311,6 +330,7 @@ class PPOTrainer:
             m.update(asleep, **ds_sleep.call_roles(trained, "ds_reload", self.parallel))
         m.update(self._train(items, it))
         m.update(self._sync(it))
+        evaluated = self._evaluate(it, pipeline, m)  # async: before the producer may generate with version it
         if pipeline is not None:
             pipeline.synced(it)
         if self.kl is not None and "kl" in m:
@@ -319,7 +339,6 @@ class PPOTrainer:
         if not all(math.isfinite(v) for v in m.values()):
             logger.warning("iteration %d: non-finite metrics %s", it, m)
         self.history.append(m)
-        evaluated = self.evaluator.run(it) if self.evaluator is not None and self.evaluator.due(it) else {}
         if evaluated:
             self.eval_history.append({"iteration": it, **evaluated})
             if self.ckpt is not None:

@@ -10,12 +10,8 @@ from rl_core.rl.roles import require_reward
 
 
 def check_combinations(cfg, *, eval_set: bool, sleep_engines: bool) -> None:
-    """Features of ``cfg`` (a PPOConfig) that do not go together with an eval set or sleeping engines."""
-    if eval_set and cfg.async_rl:
-        raise ValueError(
-            "--eval_dataset with --async_train is not built (the eval pass would share the engines with the "
-            "producer thread's sampling): drop one of them"
-        )
+    """Features of ``cfg`` (a PPOConfig) that do not go together with sleeping engines (an eval set goes with
+    every mode, ``--async_train`` included: :mod:`rl_core.trainers.ppo_eval`)."""
     if sleep_engines and cfg.async_rl:
         raise ValueError(
             "--async_train generates while the policy trains, so the engines cannot sleep meanwhile: drop "

@@ -1,5 +1,5 @@
-"""``rl eval``'s numbers (rl_cli.eval_metrics): Chen et al.'s unbiased pass@k against a brute-force count of
-k-subsets, its edge cases, maj@k's votes and ties, the answer extraction maj@k votes on, a dataset's summary."""
+"""Evaluation numbers (rl_rollout.evaluation: what rl eval and the RL loop's eval pass both report): Chen et al.'s
+unbiased pass@k against a brute-force count of k-subsets, its edge cases, maj@k's votes and ties, the answer extraction maj@k votes on, a dataset's summary."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from rl_cli.eval_metrics import answer_key, check_ks, dataset_metrics, maj_at_k, math_answer, parse_ks, pass_at_k
+from rl_rollout.evaluation import answer_key, check_ks, dataset_metrics, maj_at_k, math_answer, parse_ks, pass_at_k
 
 
 def brute_pass_at_k(n: int, c: int, k: int) -> float:
@@ -86,3 +86,50 @@ def test_k_parsing_and_range():
         parse_ks("1,x")
     with pytest.raises(ValueError, match="--pass_k 8: k must be in 1..4"):
         check_ks((1, 8), 4)
+
+
+class _Sample:
+    def __init__(self, n_tokens, finish_reason="stop"):
+        self.response_ids, self.finish_reason = list(range(n_tokens)), finish_reason
+
+
+def test_tally_and_records_are_the_dataset_metrics_of_the_samples_added():
+    from rl_rollout.evaluation import EvalTally, answer_key_of, metric_names, sample_record, text_answer
+
+    tally = EvalTally(answer_key("builtin:math"))
+    assert tally.add([1.0, 0.0], ["\\boxed{2}", "3"], [_Sample(4), _Sample(8, "length")]) == [repr(2.0), repr(3.0)]
+    assert tally.add([0.0, 0.0], ["x", "7"], [_Sample(2), _Sample(2)]) == [None, repr(7.0)]
+    m = tally.metrics((1, 2))
+    assert list(m) == metric_names((1, 2))
+    assert m == dataset_metrics([[1.0, 0.0], [0.0, 0.0]], [[repr(2.0), repr(3.0)], [None, repr(7.0)]],
+                                [4, 8, 2, 2], [False, True, False, False], (1, 2))
+    assert m["pass@2"] == 0.5 and m["maj@1"] == 0.5 and m["truncated"] == 0.25 and m["response_length"] == 4.0
+    with pytest.raises(ValueError, match="2 rewards, 1 texts"):
+        tally.add([1.0, 0.0], ["a"], [_Sample(1)])
+    row = sample_record(_Sample(3, "length"), prompt={"prompt": "p", "label": "2"}, prompt_index=5, sample_index=1,
+                        response="r", reward=0.5, answer="a", threshold=0.5, seed=9, iteration=2)
+    assert list(row)[0] == "iteration" and row["correct"] is True and row["response_tokens"] == 3
+    assert row["finish_reason"] == "length" and row["label"] == "2" and row["seed"] == 9
+
+    class Runner:
+        spec = "builtin:math_verify"
+
+    class Summed:
+        fns = [object(), Runner()]
+
+    assert answer_key_of(Summed()) is math_answer and answer_key_of(Runner()) is math_answer
+    assert answer_key_of(None) is text_answer and answer_key_of(object()) is text_answer
+
+
+def test_ks_errors_name_the_callers_flags():
+    with pytest.raises(ValueError, match=r"--eval_pass_k 8: k must be in 1..4 \(--eval_n_samples_per_prompt 4\)"):
+        check_ks((8,), 4, flag="--eval_pass_k", n_flag="--eval_n_samples_per_prompt")
+    with pytest.raises(ValueError, match=r"--eval_pass_k 'x'.*e.g. --eval_pass_k 1,4"):
+        parse_ks("x", flag="--eval_pass_k")
+
+
+def test_rl_cli_keeps_the_old_import_path():
+    from rl_rollout import evaluation
+
+    rl_cli_metrics = pytest.importorskip("rl_cli.eval_metrics")
+    assert rl_cli_metrics.pass_at_k is evaluation.pass_at_k and rl_cli_metrics.dataset_metrics is evaluation.dataset_metrics
