@@ -3,8 +3,8 @@ OpenRLHF's ``train_kd`` names, packed rows, and (slow) KD working, not only runn
 
 The task: ``Say the letter X: `` answered by 8 letters, each X with probability 0.7 and else X's neighbour in the
 alphabet (a noisy task, so the teacher's next-token distributions are soft: what KD passes on beyond the data's
-one-hot tokens). The teacher: a tiny model trained by ``rl sft`` on 512 rows. Two students from the same random
-init, the same seed, steps and settings, trained on another 32 rows: plain SFT, and SFT with the teacher
+one-hot tokens). The teacher: a tiny model trained by ``rl sft`` on 256 rows. Two students from the same random
+init, the same seed, steps and settings, trained on another 16 rows: plain SFT, and SFT with the teacher
 (``--teacher_pretrain``, forward KL, ``--kd_coef 0.9``). Measured: KL(teacher || student) over the response tokens of
 64 held-out rows (numbers in :func:`test_kd_student_ends_closer_to_the_teacher_than_plain_sft`).
 """
@@ -21,7 +21,7 @@ import torch
 
 from rl_cli.main import main
 
-LETTERS = "abcdefghijklmnop"
+LETTERS = "abcdefgh"
 
 
 def rows(n: int, seed: int) -> list[dict]:
@@ -52,7 +52,7 @@ def task(tmp_path_factory):
     student = make_tiny_model(root / "student", seed=0)
     base = make_tiny_model(root / "teacher0", seed=1)
     data = {name: write(root / f"{name}.jsonl", rows(n, seed))
-            for name, n, seed in (("teacher", 512, 1), ("student", 32, 2), ("heldout", 64, 3))}
+            for name, n, seed in (("teacher", 256, 1), ("student", 16, 2), ("heldout", 64, 3))}
     teacher = root / "teacher"
     assert main(sft_argv(base, data["teacher"], "--save_path", str(teacher), "--max_epochs", "3",
                          "--learning_rate", "3e-3", "--train_batch_size", "32", "--micro_train_batch_size", "32")) == 0
@@ -177,23 +177,26 @@ def metrics(run) -> list[dict]:
     return [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines() if '"train/' in x]
 
 
-def test_packed_rows_give_the_padded_rows_loss(tmp_path):
-    """The teacher scores the same packed row as the student; the divergence lands on the same tokens: step 1's
-    losses (before any update) agree with the padded run's."""
+def test_packed_rows_zero3_and_lora_give_the_plain_runs_first_step(tmp_path):
+    """The teacher scores the same packed row as the student (the divergence lands on the same tokens), is
+    partitioned under ZeRO-3 (and offloaded with --teacher_offload), and stays whole beside a LoRA student: step 1's
+    metrics (before any update) agree with the padded ZeRO-0 run's."""
     from rl_rollout.testing import make_tiny_model
 
     student, teacher = make_tiny_model(tmp_path / "s", seed=0), make_tiny_model(tmp_path / "t", seed=1)
     data = write(tmp_path / "d.jsonl", rows(16, 0))
     got = {}
-    for packing in ("false", "true"):
-        run = tmp_path / f"run-{packing}"
+    for name, extra in (("plain", []), ("packed", ["--packing_samples", "true"]), ("lora", ["--lora_rank", "4"]),
+                        ("zero3", ["--zero_stage", "3", "--teacher_offload"])):
+        run = tmp_path / f"run-{name}"
         assert main(sft_argv(student, data, "--teacher_pretrain", str(teacher), "--kd_divergence", "jsd",
                              "--train_batch_size", "8", "--micro_train_batch_size", "4", "--max_steps", "1",
-                             "--packing_samples", packing, "--run_dir", str(run))) == 0
-        got[packing] = metrics(run)[0]
-    for key in ("train/loss", "train/nll", "train/kd/loss", "train/kd/forward_kl"):
-        assert got["true"][key] == pytest.approx(got["false"][key], rel=1e-4), key
-    assert got["false"]["train/kd/loss"] > 0 and got["false"]["train/kd/forward_kl"] > 0
+                             "--run_dir", str(run), *extra)) == 0
+        got[name] = metrics(run)[0]
+    for name in ("packed", "lora", "zero3"):
+        for key in ("train/loss", "train/nll", "train/kd/loss", "train/kd/forward_kl"):
+            assert got[name][key] == pytest.approx(got["plain"][key], rel=1e-4), (name, key)
+    assert got["plain"]["train/kd/loss"] > 0 and got["plain"]["train/kd/forward_kl"] > got["plain"]["train/kd/loss"]
 
 
 # ----- KD working ---------------------------------------------------------------------------------------------------
@@ -222,12 +225,13 @@ def kl_to_teacher(student, teacher, data) -> float:
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 def test_kd_student_ends_closer_to_the_teacher_than_plain_sft(task):
-    """Measured on the 2-core machine (seed 0, 4 epochs of 32 rows, 16 steps): KL(teacher || student) on the 64
-    held-out rows, untrained student 4.85, plain SFT 0.57, KD (forward KL, kd_coef 0.9) 0.20; the teacher's own
-    NLL there 0.71."""
+    """Measured on the 2-core machine (seed 0, 16 epochs of 16 rows, 16 steps): KL(teacher || student) over the
+    response tokens of the 64 held-out rows: untrained student 2.673, plain SFT 0.911 (it fits the 16 rows' noisy
+    letters: train NLL 4.41 -> 1.27), KD (forward KL, kd_coef 0.9) 0.549. About 60 s of CPU time for the teacher and
+    both students (112 s wall on a loaded machine)."""
     root, student, teacher, data = task
-    common = ["--max_epochs", "4", "--learning_rate", "3e-3", "--train_batch_size", "8", "--micro_train_batch_size",
-              "8", "--lr_warmup_ratio", "0"]
+    common = ["--max_epochs", "16", "--learning_rate", "3e-3", "--train_batch_size", "16", "--micro_train_batch_size",
+              "16", "--lr_warmup_ratio", "0"]
     out = {}
     for name, extra in (("plain", []), ("kd", ["--teacher_pretrain", str(teacher), "--kd_coef", "0.9"])):
         run, saved = root / f"run-{name}", root / f"student-{name}"
@@ -244,4 +248,4 @@ def test_kd_student_ends_closer_to_the_teacher_than_plain_sft(task):
     assert not any("train/kd/loss" in r for r in plain_rows)
     assert kd_rows[-1]["train/kd/loss"] < 0.5 * kd_rows[0]["train/kd/loss"]  # the training divergence falls
     assert kl_kd < kl_init and kl_plain < kl_init
-    assert kl_kd < 0.7 * kl_plain, (kl_kd, kl_plain)
+    assert kl_kd < 0.75 * kl_plain, (kl_kd, kl_plain)

@@ -29,6 +29,7 @@ import torch
 from rl_algos import aggregate_loss, forward_kl, generalized_jsd, reverse_kl, sft_loss
 from rl_core.data import model_inputs
 from rl_core.model_rows import align_to_tokens
+from rl_core.trainers.configs import SFTConfig
 from rl_core.trainers.sft import SFTTrainer
 
 logger = logging.getLogger(__name__)
@@ -79,6 +80,7 @@ class KDSFTTrainer(SFTTrainer):
 
     name = "sft"
     progress_keys = ("loss", "nll", "kd/loss")
+    cfg: SFTConfig  # the Trainer's cfg, as __init__ takes it
 
     def __init__(self, strategy, actor, teacher, tokenizer, dataset, cfg, *, eval_dataset=None, logger=None):
         if cfg.kd is None:
@@ -93,6 +95,7 @@ class KDSFTTrainer(SFTTrainer):
 
     def train_step(self, indices: list[int]) -> dict[str, float]:
         kd_cfg = self.cfg.kd
+        assert kd_cfg is not None  # __init__ refuses a config without it
         micro = [self.to_device(self.collate(items)) for items in self.micro_batches(indices)]
         total = self.s.dp_sum(sum(b["loss_mask"].sum() for b in micro).float())
         sums = torch.zeros(4, dtype=torch.float64, device=total.device)  # loss, nll, kd, forward kl
