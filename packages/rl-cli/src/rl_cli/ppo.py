@@ -173,8 +173,14 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
 
     # lazy: the hub (huggingface_hub), transformers' tokenizers and rl-core's datasets (torch): after the parse
     from rl_core.data import PromptDataset, training_rows
-    from rl_core.preflight import check_model, check_models, check_rl_batches, load_processor, load_tokenizer
-    from rl_core.rl.teacher import check_teacher_tokenizer
+    from rl_core.preflight import (
+        check_model,
+        check_models,
+        check_rl_batches,
+        check_teacher_tokenizer,
+        load_processor,
+        load_tokenizer,
+    )
 
     cfgs["model"] = m = check_models(m)  # config.json and weights in every model folder
     if p.distill is not None:  # the teacher's folder and tokenizer, before any model loads

@@ -91,6 +91,39 @@ def check_moe(aux_loss_coef: float, pretrain: str) -> None:
         raise UserError(str(e)) from e
 
 
+def _check_teacher(parser, cfgs):
+    """``rl sft --teacher_pretrain``: what knowledge distillation cannot run with, the teacher's folder and its
+    tokenizer (the student's), all before any model loads; the train config with the teacher's local folder."""
+    import dataclasses
+
+    # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
+    from rl_core.preflight import check_model, check_teacher_tokenizer
+
+    kd, st = cfgs["train"].kd, cfgs["strategy"]
+    if cfgs["model"].fused_lm_head:
+        parser.error(
+            "--teacher_pretrain compares the student's and the teacher's logits, which --fused_lm_head never "
+            "holds whole: drop --fused_lm_head (or --teacher_pretrain)"
+        )
+    if st.ring_attn_size > 1:
+        parser.error(
+            f"--teacher_pretrain with --ring_attn_size {st.ring_attn_size}: knowledge distillation needs each "
+            "row's whole logits on one rank and ring attention splits them; use --ring_attn_size 1"
+        )
+    if kd.teacher_offload:
+        try:
+            st.check_param_offload("--teacher_offload")
+        except ValueError as e:
+            parser.error(str(e))
+    teacher = check_model(kd.teacher_pretrain, flag="--teacher_pretrain")
+    check_teacher_tokenizer(
+        cfgs["model"].pretrain,
+        teacher,
+        use="knowledge distillation compares the two models' next-token distributions token id by token id",
+    )
+    return dataclasses.replace(cfgs["train"], kd=dataclasses.replace(kd, teacher_pretrain=teacher))
+
+
 @user_errors(lambda name, *_, **__: f"rl {name}")
 def run(name: str, argv: list[str] | None = None) -> int:
     cmd = COMMANDS[name]
@@ -133,6 +166,8 @@ def run(name: str, argv: list[str] | None = None) -> int:
     from rl_core.preflight import check_models, load_tokenizer
 
     cfgs["model"] = check_models(cfgs["model"])  # config.json and weights, before anything loads
+    if getattr(cfgs["train"], "kd", None) is not None:  # rl sft --teacher_pretrain: before any model loads
+        cfgs["train"] = _check_teacher(parser, cfgs)
     _wandb_installed(f"rl {name}", cfgs["logger"])
     check_moe(getattr(cfgs["train"], "aux_loss_coef", 0), cfgs["model"].pretrain)
     if getattr(cfgs["train"], "ref_offload", False):  # rl dpo / kto: before any model loads

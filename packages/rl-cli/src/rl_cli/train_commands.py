@@ -111,6 +111,15 @@ def _build_sft(strategy, cfgs, tok, ds, train, eval_ds):
 
     m = cfgs["model"]
     kw = {**_load_kw(cfgs, strategy.cfg), "fused_lm_head": m.fused_lm_head}
+    if train.kd is not None:  # knowledge distillation: a frozen teacher beside the student (rl_core.trainers.sft_kd)
+        # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
+        from rl_core.models import frozen
+        from rl_core.trainers.sft_kd import KDSFTTrainer
+
+        teacher_kw = {**kw, "lora": None, "gradient_checkpointing": False, "fused_lm_head": False}
+        teacher = frozen(Actor.from_pretrained(train.kd.teacher_pretrain, **teacher_kw))
+        student = Actor.from_pretrained(m.pretrain, **kw)
+        return KDSFTTrainer(strategy, student, teacher, tok, ds, train, eval_dataset=eval_ds, logger=cfgs["logger"])
     return SFTTrainer(
         strategy, Actor.from_pretrained(m.pretrain, **kw), tok, ds, train, eval_dataset=eval_ds, logger=cfgs["logger"]
     )

@@ -60,3 +60,10 @@ def _shift_right(x_BT: Tensor, position_ids: Tensor | None) -> Tensor:
     if position_ids is not None:
         out = out.masked_fill(position_ids == 0, 0)
     return out
+
+
+def align_to_tokens(x_BT: Tensor, inputs: dict) -> Tensor:
+    """A per-position value of the raw logits (``x_BT[:, t]`` about the distribution of ``x_{t+1}``) moved onto
+    the token it predicts, as :class:`rl_core.models.Actor` places its log-probs: 0 at each sequence's first token.
+    ``inputs``: the forward's keyword arguments (``position_ids`` of a packed row mark where sequences start)."""
+    return _shift_right(x_BT, inputs.get("position_ids"))

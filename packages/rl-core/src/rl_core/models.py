@@ -95,6 +95,9 @@ class ActorOutput:
     entropy: Tensor | None = None  # [B, T] entropy of the distribution that produced x_t
     aux_loss: Tensor | None = None  # [] the MoE router's load-balancing loss (Actor.enable_moe_aux_loss)
     weighted: Tensor | None = None  # [] sum(lp_weights * logprobs) when the forward was given lp_weights
+    # [B, T, V] with return_logits: the model's logits as computed, not shifted (logits[:, t] is the distribution
+    # of x_{t+1}; rl_core.model_rows.align_to_tokens moves a per-position value of them onto x_{t+1}'s place)
+    logits: Tensor | None = None
 
 
 class Actor(nn.Module):
@@ -282,6 +285,7 @@ class Actor(nn.Module):
         temperature: float = 1.0,
         return_entropy: bool = False,
         lp_weights: Tensor | None = None,
+        return_logits: bool = False,
         **images: Tensor,
     ) -> ActorOutput:
         """``images``: a vision-language model's image tensors of the batch (``pixel_values`` ...), padded rows
@@ -290,7 +294,16 @@ class Actor(nn.Module):
         ``lp_weights`` (``[B, T]`` like the log-probs, constants): the output's ``weighted`` is
         ``sum(lp_weights * logprobs)``, a loss linear in the log-probs (SFT's NLL). With the fused head its
         gradients are computed during forward (:func:`rl_algos.weighted_logprob_sum_from_hidden`: no recompute
-        in backward) and ``logprobs`` are values only; use ``weighted`` for the loss."""
+        in backward) and ``logprobs`` are values only; use ``weighted`` for the loss.
+
+        ``return_logits``: the output's ``logits`` are the model's ``[B, T, V]`` logits, unshifted and at temperature
+        1 (knowledge distillation, :mod:`rl_core.trainers.sft_kd`); not with the fused head (it never holds them) nor
+        ring attention (each rank holds a slice)."""
+        if return_logits and (self.fused_lm_head or (attention_mask is not None and _ring_padded(attention_mask))):
+            raise ValueError(
+                "return_logits: the fused LM head never holds the logits whole and ring attention holds a slice of "
+                "them per rank; drop --fused_lm_head / use --ring_attn_size 1"
+            )
         if images and (attention_mask is None or _ring_padded(attention_mask)):
             raise ValueError(
                 "packed rows with images are not built (nor ring attention): run vision-language "
@@ -315,7 +328,12 @@ class Actor(nn.Module):
         # kernels' logits gradient then comes back whole, where one of logits[:, :-1] would be copied into a
         # zero-filled [B, T, V] by the slice's backward (a write and a copy of all the logits per micro-batch).
         labels = torch.roll(input_ids, -1, dims=1)
+        raw_logits = None
         with _ring_slice(input_ids, attention_mask, position_ids) as shard:
+            if shard is not None and return_logits:
+                raise ValueError(
+                    "return_logits: ring attention holds a slice of the logits per rank; use --ring_attn_size 1"
+                )
             if shard is not None:  # ring attention: this rank's slice of the row (labels cut after the roll)
                 if self.moe_aux_loss:
                     raise ValueError(
@@ -347,6 +365,7 @@ class Actor(nn.Module):
                 if self._placeholders:  # the distribution the engine sampled from: no image placeholder (-1e4: no
                     ids = torch.tensor(self._placeholders, device=logits.device)  # inf: the entropy stays finite)
                     logits = logits.index_fill(-1, ids, -1e4)
+                raw_logits = logits if return_logits else None
                 if return_entropy:  # one pass over the logits for both on CUDA
                     lp, ent = logprobs_and_entropy_from_logits(logits, labels, temperature=temperature)
                 else:
@@ -357,7 +376,7 @@ class Actor(nn.Module):
         lp_BT = _shift_right(lp, pos_for_shift)
         if lp_weights is not None and weighted is None:
             weighted = (lp_BT * lp_weights).sum()
-        return ActorOutput(lp_BT, ent_BT, aux, weighted)
+        return ActorOutput(lp_BT, ent_BT, aux, weighted, raw_logits)
 
     def save_pretrained(self, path: str | Path, state_dict: dict[str, Tensor] | None = None, **kw) -> None:
         self.model.save_pretrained(path, state_dict=state_dict, **kw)

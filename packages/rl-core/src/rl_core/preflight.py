@@ -200,3 +200,47 @@ def check_rl_arithmetic(
                 f"{max(d for d in range(1, g // world + 1) if (g // world) % d == 0 and d <= micro)} "
                 f"or a --train_batch_size that is a multiple of {micro * world}"
             )
+
+
+_SPECIAL = ("bos_token_id", "eos_token_id", "pad_token_id", "unk_token_id")
+
+
+def _describe(tok, folder: str) -> str:
+    return f"{folder} ({type(tok).__name__}, {len(tok)} tokens)"
+
+
+def check_teacher_tokenizer(
+    student_folder: str,
+    teacher_folder: str,
+    *,
+    use: str = "on-policy distillation scores the policy's sampled token ids with the teacher",
+) -> None:
+    """Refuse a teacher (``--teacher_pretrain``: ``rl ppo``'s on-policy distillation, ``rl sft``'s knowledge
+    distillation) whose tokenizer maps tokens to other ids than the student's, naming both tokenizers and the
+    first difference; ``use`` says why they must agree. Reads the two tokenizers only, before any model loads."""
+    student = load_tokenizer(student_folder)
+    teacher = load_tokenizer(teacher_folder, flag="--teacher_pretrain")
+    sv, tv = student.get_vocab(), teacher.get_vocab()
+    problem = None
+    if sv != tv:
+        only_s = sorted(set(sv) - set(tv))[:3]
+        only_t = sorted(set(tv) - set(sv))[:3]
+        moved = sorted(k for k in set(sv) & set(tv) if sv[k] != tv[k])[:3]
+        parts = []
+        if only_s:
+            parts.append(f"tokens only the student has: {only_s}")
+        if only_t:
+            parts.append(f"tokens only the teacher has: {only_t}")
+        if moved:
+            parts.append(f"tokens with other ids: {[(k, sv[k], tv[k]) for k in moved]}")
+        problem = "; ".join(parts)
+    else:
+        diff = [n for n in _SPECIAL if n != "pad_token_id" and getattr(student, n) != getattr(teacher, n)]
+        if diff:
+            problem = ", ".join(f"{n} {getattr(student, n)} vs {getattr(teacher, n)}" for n in diff)
+    if problem:
+        raise InputError(
+            f"--teacher_pretrain: the teacher's tokenizer {_describe(teacher, teacher_folder)} differs from the "
+            f"student's (--pretrain) {_describe(student, student_folder)} ({problem}); {use}, so both must share "
+            f"one tokenizer: pick a teacher of the same model family"
+        )

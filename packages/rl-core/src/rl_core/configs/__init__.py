@@ -17,6 +17,7 @@ from rl_core.configs.ema import EMAConfig
 from rl_core.configs.eval import EvalConfig, best_metric_name, check_eval_rows, check_eval_set, eval_metric_names
 from rl_core.configs.filtering import DynamicFilteringConfig
 from rl_core.configs.flat import flat_table, from_flat
+from rl_core.configs.kd import KDConfig
 from rl_core.configs.mlflow import MLflowConfig
 from rl_core.configs.optimizer import CriticOptimizerConfig
 from rl_core.configs.ptx import PtxConfig
@@ -30,6 +31,7 @@ __all__ = [
     "DynamicFilteringConfig",
     "EMAConfig",
     "EvalConfig",
+    "KDConfig",
     "MLflowConfig",
     "PtxConfig",
     "best_metric_name",

@@ -1,4 +1,5 @@
-"""Trainers over rl_core's models, strategy and data: SFT, reward model, DPO, KTO, and GRPO.
+"""Trainers over rl_core's models, strategy and data: SFT (with knowledge distillation: :mod:`rl_core.trainers.sft_kd`),
+reward model, DPO, KTO, and GRPO.
 
 The offline ones share :class:`rl_core.trainers.base.Trainer` (seeded global batches,
 eval sets, resume, metrics, export); each file holds one trainer's config, step and eval metrics.
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from rl_core.trainers.ppo_config import PPOConfig
     from rl_core.trainers.rm import RewardModelTrainer
     from rl_core.trainers.sft import SFTTrainer
+    from rl_core.trainers.sft_kd import KDSFTTrainer
 
 # name -> the submodule that defines it, imported on first use
 _LAZY = {
@@ -34,6 +36,7 @@ _LAZY = {
     "PPOConfig": "rl_core.trainers.ppo_config",
     "RewardModelTrainer": "rl_core.trainers.rm",
     "SFTTrainer": "rl_core.trainers.sft",
+    "KDSFTTrainer": "rl_core.trainers.sft_kd",
 }
 
 
@@ -52,6 +55,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "DPOConfig",
     "DPOTrainer",
+    "KDSFTTrainer",
     "KTOConfig",
     "KTOTrainer",
     "LMTrainerConfig",

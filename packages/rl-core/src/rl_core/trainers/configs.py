@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from rl_core.configs import CheckpointConfig, from_flat
+from rl_core.configs import CheckpointConfig, KDConfig, from_flat
 from rl_rollout.config_fields import check_numbers, meta
 
 
@@ -76,7 +76,8 @@ class LMTrainerConfig(TrainerConfig):
 @dataclass(frozen=True)
 class SFTConfig(LMTrainerConfig):
     """SFT's settings beyond the loop's and the MoE coefficient (the loss is the token-mean NLL): which tokens it is
-    over (``pretrain_mode``: every token of the text, :class:`rl_core.data.PretrainDataset`, as OpenRLHF's)."""
+    over (``pretrain_mode``: every token of the text, :class:`rl_core.data.PretrainDataset`, as OpenRLHF's) and the
+    optional teacher (``kd``: :class:`~rl_core.configs.KDConfig`, knowledge distillation)."""
 
     pretrain_mode: bool = field(
         default=False,
@@ -84,6 +85,12 @@ class SFTConfig(LMTrainerConfig):
             "continued pretraining: the loss covers every token of the --input_key text (tokenized as is: no template, "
             "no special tokens, cut at --max_len), as OpenRLHF's --pretrain_mode; --output_key is not read",
             openrlhf=("model.pretrain_mode_enable",),
+        ),
+    )
+    kd: KDConfig | None = field(
+        default=None,
+        metadata=meta(
+            "knowledge distillation from a frozen teacher (on with --teacher_pretrain; rl_core.trainers.sft_kd)"
         ),
     )
 
