@@ -178,6 +178,8 @@ def test_keys_and_refusals(server):
         assert r.status_code == 400 and field in r.json()["error"]["message"], (field, r.text)
     r = post(base, key, "/completions", {"model": "x", "prompt": "a", "logprobs": 3})
     assert r.status_code == 400 and "logprobs" in r.json()["error"]["message"]
+    r = post(base, key, "/completions", {"model": "x", "prompt": "abc", "max_tokens": 1024})  # the model's length
+    assert r.status_code == 400 and "max_tokens=1024" in r.json()["error"]["message"]
     r = post(base, key, "/chat/completions", {**body, "messages": [{"role": "user", "content": "x" * 5000}]})
     assert r.status_code == 413
     before = server.stats().get("gone", 0)
@@ -213,29 +215,38 @@ def test_two_episodes_concurrently_batched(server, tok):
     assert stats["batches"] - batches0 <= 4 and stats["max_batch"] >= 2  # the two episodes shared engine calls
 
 
-def test_busy_is_503(model_path, tok):
+def test_busy_503_and_timeout_504(model_path, tok):
     engine = HFEngine(model_path)
-    started = threading.Event()
-    gate = threading.Event()
+    started, gate = threading.Event(), threading.Event()
     generate = engine.generate
 
-    def slow(reqs):
+    def gated(reqs):  # the real engine, held until the test lets it go
         started.set()
         gate.wait(10)
         return generate(reqs)
 
-    engine.generate = slow
-    with OpenAIServer(engine, tok, OpenAIServerConfig(max_concurrent_requests=1, default_max_tokens=2)) as srv:
+    engine.generate = gated
+    cfg = OpenAIServerConfig(max_concurrent_requests=1, default_max_tokens=2, request_timeout_s=1.0)
+    with OpenAIServer(engine, tok, cfg) as srv:
         key, base = srv.open_episode()
         body = {"model": "x", "prompt": "a"}
-        t = threading.Thread(target=post, args=(base, key, "/completions", body))
+        first: list[httpx.Response] = []
+        t = threading.Thread(target=lambda: first.append(post(base, key, "/completions", body)))
         t.start()
         assert started.wait(10)
         busy = post(base, key, "/completions", body)
+        t.join()  # the held request runs past request_timeout_s
         gate.set()
-        t.join()
         assert busy.status_code == 503 and busy.headers["retry-after"] == "1"
-        assert len(srv.close_episode(key)) == 1
+        assert first[0].status_code == 504 and "request_timeout_s" in first[0].json()["error"]["message"]
+        ok = post(base, key, "/completions", body)
+        assert ok.status_code == 200, ok.text
+        calls = srv.close_episode(key)
+        assert (
+            len(calls) == 1 and calls[0].choices[0].text == ok.json()["choices"][0]["text"]
+        )  # the 504 was not recorded
+        stats = srv.stats()
+        assert stats["timeouts"] == 1 and stats["status_503"] == 1 and stats["status_504"] == 1
 
 
 def test_openai_client(server, tok):

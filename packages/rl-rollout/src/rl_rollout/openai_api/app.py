@@ -10,7 +10,6 @@ closed), a slot of ``max_concurrent_requests`` (503 + ``Retry-After``), the body
 from __future__ import annotations
 
 import asyncio
-import hmac
 import json
 import time
 import uuid
@@ -132,7 +131,6 @@ class OpenAIApp:
         if state == "closed":
             self.server.count("gone")
             return None, self._error(410, "this episode is closed; its key no longer serves (open a new episode)")
-        hmac.compare_digest(key.encode(), b"x" * len(key))  # constant work whatever the key
         return None, self._error(401, "missing or unknown API key; send 'Authorization: Bearer <episode key>'")
 
     async def _endpoint(self, request: Request) -> Response:
@@ -190,11 +188,15 @@ class OpenAIApp:
                 default_max_tokens=cfg.default_max_tokens,
                 max_tokens_limit=cfg.max_tokens_limit,
                 max_n=cfg.max_n,
+                max_model_len=srv.max_model_len,
             )
         except RequestError as e:
             return self._error(e.status, str(e), e.param)
-        samples = await self.batcher.submit(parsed)
-        choices = srv.choices(parsed, samples)
+        try:
+            samples = await self.batcher.submit(parsed)
+        except Exception as e:  # the engine failed on the batch: every request of it hears why
+            return self._error(500, f"the engine failed: {type(e).__name__}: {e}")
+        choices = await asyncio.to_thread(srv.choices, parsed, samples)  # decoding: off the server's loop
         if not srv.episodes.record(key, kind, parsed.prompt_ids, choices, obj):
             srv.count("gone")
             return self._error(410, "the episode was closed while this call ran; not recorded")
@@ -209,7 +211,7 @@ class OpenAIApp:
         head = {"id": rid, "created": int(time.time()), "model": srv.config.model_name}
         if parsed.stream:
             srv.count("status_200")
-            chunks = self._chunks(parsed, choices, usage, head)
+            chunks = await asyncio.to_thread(self._chunks, parsed, choices, usage, head)
             return StreamingResponse(
                 _sse(chunks), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
             )
@@ -224,7 +226,7 @@ class OpenAIApp:
                 for i, c in enumerate(choices)
             ]
             return self._ok({**head, "object": "chat.completion", "choices": out, "usage": usage})
-        out = [
+        texts: list[dict[str, Any]] = [
             {
                 "index": i,
                 "text": c.text,
@@ -233,7 +235,7 @@ class OpenAIApp:
             }
             for i, c in enumerate(choices)
         ]
-        return self._ok({**head, "object": "text_completion", "choices": out, "usage": usage})
+        return self._ok({**head, "object": "text_completion", "choices": texts, "usage": usage})
 
     def _pieces(self, c: RecordedChoice) -> list[str]:
         """Each recorded token's text as streamed: the growth of the decoded prefix, clamped to the text sent."""
@@ -246,45 +248,29 @@ class OpenAIApp:
             pieces.append(c.text[prev:])
         return pieces
 
-    def _token_texts(self, c: RecordedChoice) -> list[str]:
-        return [self.server.tokenizer.decode([t]) for t in c.response_ids]
-
-    def _chat_logprobs(self, c: RecordedChoice, lo: int = 0, hi: int | None = None) -> dict:
-        texts = self._token_texts(c)
-        hi = len(c.response_ids) if hi is None else hi
+    def _chat_logprobs(self, c: RecordedChoice) -> dict:
+        texts = [self.server.tokenizer.decode([t]) for t in c.response_ids]
         return {
             "content": [
-                {"token": texts[i], "logprob": c.logprobs[i], "bytes": list(texts[i].encode()), "top_logprobs": []}
-                for i in range(lo, hi)
+                {"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                for t, lp in zip(texts, c.logprobs, strict=True)
             ]
         }
 
-    def _completion_logprobs(self, c: RecordedChoice, lo: int = 0, hi: int | None = None) -> dict:
-        texts = self._token_texts(c)
-        hi = len(c.response_ids) if hi is None else hi
+    def _completion_logprobs(self, c: RecordedChoice) -> dict:
+        texts = [self.server.tokenizer.decode([t]) for t in c.response_ids]
         offsets, pos = [], 0
         for t in texts:
             offsets.append(pos)
             pos += len(t)
-        return {
-            "tokens": texts[lo:hi],
-            "token_logprobs": c.logprobs[lo:hi],
-            "top_logprobs": None,
-            "text_offset": offsets[lo:hi],
-        }
+        return {"tokens": texts, "token_logprobs": list(c.logprobs), "top_logprobs": None, "text_offset": offsets}
 
     def _chunks(self, parsed: ParsedRequest, choices: list[RecordedChoice], usage: dict, head: dict) -> list[dict]:
         chat = parsed.kind == "chat"
         obj = "chat.completion.chunk" if chat else "text_completion"
         out: list[dict] = []
 
-        def chunk(i: int, piece: str, t: int | None, finish: str | None, first: bool = False) -> dict:
-            c = choices[i]
-            lp = None
-            if parsed.logprobs and t is not None:
-                lp = self._chat_logprobs(c, t, t + 1) if chat else self._completion_logprobs(c, t, t + 1)
-            elif parsed.logprobs and chat:
-                lp = {"content": []}
+        def chunk(i: int, piece: str, lp: dict | None, finish: str | None, first: bool = False) -> dict:
             if chat:
                 delta: dict[str, Any] = (
                     {"role": "assistant", "content": piece} if first else ({"content": piece} if finish is None else {})
@@ -295,10 +281,16 @@ class OpenAIApp:
             return {**head, "object": obj, "choices": [body], **({"usage": None} if parsed.include_usage else {})}
 
         for i, c in enumerate(choices):
+            full = (self._chat_logprobs(c) if chat else self._completion_logprobs(c)) if parsed.logprobs else None
             if chat:
-                out.append(chunk(i, "", None, None, first=True))
+                out.append(chunk(i, "", {"content": []} if full else None, None, first=True))
             for t, piece in enumerate(self._pieces(c)):
-                out.append(chunk(i, piece, t if t < len(c.response_ids) else None, None))
+                lp = None
+                if full is not None and t < len(c.response_ids):  # this token's entry of the whole choice's
+                    lp = {k: (v[t : t + 1] if isinstance(v, list) else v) for k, v in full.items()}
+                elif full is not None:
+                    lp = {k: ([] if isinstance(v, list) else v) for k, v in full.items()}
+                out.append(chunk(i, piece, lp, None))
             out.append(chunk(i, "", None, c.finish_reason))
         if parsed.include_usage:
             out.append({**head, "object": obj, "choices": [], "usage": usage})

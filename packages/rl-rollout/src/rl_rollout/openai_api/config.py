@@ -41,6 +41,13 @@ class OpenAIServerConfig:
         default=4096, metadata=meta("largest max_tokens / max_completion_tokens a request may ask; more get 400")
     )
     max_n: int = field(default=16, metadata=meta("largest n (choices per request); more get 400"))
+    max_model_len: int | None = field(
+        default=None,
+        metadata=meta(
+            "most prompt + new tokens of a request; more get 400 (None: the engine's model's max_position_embeddings "
+            "where it has one)"
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.port <= 65535:
@@ -56,6 +63,10 @@ class OpenAIServerConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+        if self.max_model_len is not None and (
+            not isinstance(self.max_model_len, int) or isinstance(self.max_model_len, bool) or self.max_model_len < 2
+        ):
+            raise ValueError(f"max_model_len must be an int >= 2 or None, got {self.max_model_len!r}")
         if self.default_max_tokens > self.max_tokens_limit:
             raise ValueError(
                 f"default_max_tokens={self.default_max_tokens} exceeds max_tokens_limit={self.max_tokens_limit}; "

@@ -175,6 +175,7 @@ def parse_request(
     default_max_tokens: int,
     max_tokens_limit: int,
     max_n: int,
+    max_model_len: int | None = None,
 ) -> ParsedRequest:
     """Check every field of ``obj`` (a chat or completion request) and turn it into a :class:`ParsedRequest`."""
     allowed = CHAT_FIELDS if kind == "chat" else COMPLETION_FIELDS
@@ -265,6 +266,12 @@ def parse_request(
         prompt_ids = _completion_prompt(tokenizer, obj["prompt"], vocab_size)
     if not prompt_ids:
         raise RequestError("the prompt renders to no tokens", param="prompt")
+    if max_model_len is not None and len(prompt_ids) + max_new > max_model_len:
+        raise RequestError(
+            f"the prompt's {len(prompt_ids)} tokens + max_tokens={max_new} exceed the model's length "
+            f"{max_model_len}; shorten the prompt or lower max_tokens",
+            param="max_tokens",
+        )
     params = SamplingParams(
         temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new, n=n, seed=seed, logprobs=True
     )

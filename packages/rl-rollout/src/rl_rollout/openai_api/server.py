@@ -65,6 +65,7 @@ class OpenAIServer:
         self.tokenizer = tokenizer
         self.config = config or OpenAIServerConfig()
         self.vocab_size = len(tokenizer)
+        self.max_model_len = self.config.max_model_len or _model_len(engine)
         self.episodes = Episodes()
         self._counts: collections.Counter[str] = collections.Counter()
         self._counts_lock = threading.Lock()
@@ -92,7 +93,7 @@ class OpenAIServer:
 
     def stats(self) -> dict[str, int | float]:
         """Counters: ``requests``, ``status_<code>`` per reply, ``gone`` (calls after close), ``timeouts``,
-        ``batches`` / ``batched_requests`` / ``max_batch`` (engine calls and their sizes), ``engine_s``,
+        ``batches`` / ``batched_requests`` / ``max_batch`` (engine calls and their sizes), ``engine_ms``,
         ``prompt_tokens``, ``completion_tokens``, and the episodes' counts."""
         with self._counts_lock:
             out: dict[str, int | float] = dict(self._counts)
@@ -202,6 +203,22 @@ class OpenAIServer:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+def _model_len(engine: Any) -> int | None:
+    """The engine's model's context length where it says (an HFEngine's ``model.config``; vLLM's
+    ``max_model_len``), else None."""
+    for get in (
+        lambda: engine.max_model_len,
+        lambda: engine.model.config.get_text_config().max_position_embeddings,
+    ):
+        try:
+            value = get()
+        except Exception:  # noqa: BLE001 - not this kind of engine
+            continue
+        if isinstance(value, int) and value > 1:
+            return value
+    return None
 
 
 def _first_stop(text: str, stops: tuple[str, ...]) -> int | None:
