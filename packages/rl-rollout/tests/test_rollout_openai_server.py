@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 
 import httpx
 import pytest
@@ -190,29 +191,50 @@ def test_keys_and_refusals(server):
 
 
 def test_two_episodes_concurrently_batched(server, tok):
-    (ka, base), (kb, _) = server.open_episode("a"), server.open_episode("b")
-    msgs = {ka: [{"role": "user", "content": "first"}], kb: [{"role": "user", "content": "second one"}]}
-    batches0 = server.stats().get("batches", 0)
-    replies: dict[str, list] = {ka: [], kb: []}
+    """Two episodes' requests that wait while the engine is busy go to it as one call, each recorded in its own
+    episode (the engine is held by a third request until both are queued: no timing luck)."""
+    (ka, base), (kb, _), (kc, _) = server.open_episode("a"), server.open_episode("b"), server.open_episode("c")
+    msgs = {k: [{"role": "user", "content": f"episode {k[-4:]}"}] for k in (ka, kb, kc)}
+    engine, started, gate = server.engine, threading.Event(), threading.Event()
+    generate = engine.generate
 
-    def run(key):
-        for _ in range(2):
-            replies[key].append(
-                post(base, key, "/chat/completions", {"model": "x", "messages": msgs[key], "max_tokens": 4}).json()
-            )
+    def gated(reqs):
+        started.set()
+        gate.wait(20)
+        return generate(reqs)
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in (ka, kb)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    for key in (ka, kb):
-        calls = server.close_episode(key)
+    replies: dict[str, dict] = {}
+
+    def call(key):
+        body = {"model": "x", "messages": msgs[key], "max_tokens": 4}
+        replies[key] = post(base, key, "/chat/completions", body).json()
+
+    engine.generate = gated
+    try:
+        batches0 = server.stats()["batches"]
+        blocker = threading.Thread(target=call, args=(kc,))
+        blocker.start()
+        assert started.wait(20)
+        threads = [threading.Thread(target=call, args=(k,)) for k in (ka, kb)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 20
+        while server.stats()["queued"] < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.stats()["queued"] == 2
+        gate.set()
+        for t in (blocker, *threads):
+            t.join()
+    finally:
+        gate.set()
+        del engine.generate  # the class's method again
+    for key in (ka, kb, kc):
+        (call_,) = server.close_episode(key)
         rendered = tok.apply_chat_template(msgs[key], add_generation_prompt=True, tokenize=True, return_dict=False)
-        assert [c.prompt_ids for c in calls] == [rendered, rendered]
-        assert [c.choices[0].text for c in calls] == [r["choices"][0]["message"]["content"] for r in replies[key]]
+        assert call_.prompt_ids == rendered
+        assert call_.choices[0].text == replies[key]["choices"][0]["message"]["content"]
     stats = server.stats()
-    assert stats["batches"] - batches0 <= 4 and stats["max_batch"] >= 2  # the two episodes shared engine calls
+    assert stats["batches"] - batches0 == 2 and stats["max_batch"] == 2  # the blocker's call, then a and b together
 
 
 def test_busy_503_and_timeout_504(model_path, tok):

@@ -4,7 +4,8 @@ Imported by :meth:`~rl_rollout.openai_api.server.OpenAIServer.start` only (uvico
 for by ``import rl_rollout``). Order of the checks per request: route (404), key (401 missing or unknown, 410
 closed), a slot of ``max_concurrent_requests`` (503 + ``Retry-After``), the body under ``max_request_bytes``
 (413) and the deadline, the fields (400), then the batch queue and the engine, all under
-``request_timeout_s`` (504).
+``request_timeout_s`` (504). Tokenizer work (chat template, decoding, stream chunks) runs on one thread of its
+own: off the event loop, and one call at a time (a fast tokenizer is not safe to share across threads).
 """
 
 from __future__ import annotations
@@ -54,6 +55,11 @@ class Batcher:
         self.server = server
         self._queue: asyncio.Queue[tuple[ParsedRequest, asyncio.Future]] | None = None
         self._runner: asyncio.Task | None = None
+
+    @property
+    def queued(self) -> int:
+        """Requests waiting for an engine call (not yet handed to one)."""
+        return 0 if self._queue is None else self._queue.qsize()
 
     async def submit(self, parsed: ParsedRequest) -> list[RolloutSample]:
         loop = asyncio.get_running_loop()
@@ -178,17 +184,21 @@ class OpenAIApp:
         except ClientDisconnect:
             return JSONResponse({}, 400)
         kind = "chat" if path.endswith("chat/completions") else "completion"
+        loop = asyncio.get_running_loop()
         try:
             obj = parse_body(body)
-            parsed = parse_request(
-                obj,
-                kind,
-                srv.tokenizer,
-                vocab_size=srv.vocab_size,
-                default_max_tokens=cfg.default_max_tokens,
-                max_tokens_limit=cfg.max_tokens_limit,
-                max_n=cfg.max_n,
-                max_model_len=srv.max_model_len,
+            parsed = await loop.run_in_executor(
+                srv._tokenizer_pool,
+                lambda: parse_request(
+                    obj,
+                    kind,
+                    srv.tokenizer,
+                    vocab_size=srv.vocab_size,
+                    default_max_tokens=cfg.default_max_tokens,
+                    max_tokens_limit=cfg.max_tokens_limit,
+                    max_n=cfg.max_n,
+                    max_model_len=srv.max_model_len,
+                ),
             )
         except RequestError as e:
             return self._error(e.status, str(e), e.param)
@@ -196,7 +206,7 @@ class OpenAIApp:
             samples = await self.batcher.submit(parsed)
         except Exception as e:  # the engine failed on the batch: every request of it hears why
             return self._error(500, f"the engine failed: {type(e).__name__}: {e}")
-        choices = await asyncio.to_thread(srv.choices, parsed, samples)  # decoding: off the server's loop
+        choices = await loop.run_in_executor(srv._tokenizer_pool, srv.choices, parsed, samples)
         if not srv.episodes.record(key, kind, parsed.prompt_ids, choices, obj):
             srv.count("gone")
             return self._error(410, "the episode was closed while this call ran; not recorded")
@@ -211,7 +221,7 @@ class OpenAIApp:
         head = {"id": rid, "created": int(time.time()), "model": srv.config.model_name}
         if parsed.stream:
             srv.count("status_200")
-            chunks = await asyncio.to_thread(self._chunks, parsed, choices, usage, head)
+            chunks = await loop.run_in_executor(srv._tokenizer_pool, self._chunks, parsed, choices, usage, head)
             return StreamingResponse(
                 _sse(chunks), media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
             )
@@ -316,8 +326,10 @@ async def _read_capped(request: Request, cap: int) -> bytes:
 def make_uvicorn(server: OpenAIServer) -> uvicorn.Server:
     """A uvicorn server (not started; ``serve`` takes the listening socket) for ``server``."""
     cfg = server.config
+    app = OpenAIApp(server)
+    server._queued = lambda: app.batcher.queued
     config = uvicorn.Config(
-        OpenAIApp(server).asgi,
+        app.asgi,
         http="h11",
         ws="none",
         lifespan="off",

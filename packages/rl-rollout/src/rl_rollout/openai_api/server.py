@@ -36,6 +36,7 @@ import os
 import socket
 import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -73,7 +74,9 @@ class OpenAIServer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._engine_pool: ThreadPoolExecutor | None = None
+        self._tokenizer_pool: ThreadPoolExecutor | None = None
         self._uvicorn: Any = None
+        self._queued: Callable[[], int] = lambda: 0  # requests waiting for an engine call (set by start)
 
     # ----- episodes ------------------------------------------------------------------------------
 
@@ -94,9 +97,11 @@ class OpenAIServer:
     def stats(self) -> dict[str, int | float]:
         """Counters: ``requests``, ``status_<code>`` per reply, ``gone`` (calls after close), ``timeouts``,
         ``batches`` / ``batched_requests`` / ``max_batch`` (engine calls and their sizes), ``engine_ms``,
-        ``prompt_tokens``, ``completion_tokens``, and the episodes' counts."""
+        ``prompt_tokens``, ``completion_tokens``, ``queued`` (requests waiting for an engine call now), and the
+        episodes' counts."""
         with self._counts_lock:
             out: dict[str, int | float] = dict(self._counts)
+        out["queued"] = self._queued()
         out.update(self.episodes.counts())
         return out
 
@@ -163,6 +168,7 @@ class OpenAIServer:
             raise OSError(f"OpenAIServer cannot listen on {cfg.host}:{cfg.port} ({e}); pick another port or 0") from e
         self._sock = sock
         self._engine_pool = ThreadPoolExecutor(1, thread_name_prefix="rl-openai-engine")
+        self._tokenizer_pool = ThreadPoolExecutor(1, thread_name_prefix="rl-openai-tokenizer")
         self._uvicorn = app.make_uvicorn(self)
         failed: list[BaseException] = []
         self._thread = threading.Thread(target=self._run, args=(failed,), name="rl-openai-server", daemon=True)
@@ -192,11 +198,12 @@ class OpenAIServer:
 
             self._loop.call_soon_threadsafe(stop_now, self._uvicorn)
             self._thread.join(10)
-        if self._engine_pool is not None:
-            self._engine_pool.shutdown(wait=False, cancel_futures=True)
+        for pool in (self._engine_pool, self._tokenizer_pool):
+            if pool is not None:
+                pool.shutdown(wait=False, cancel_futures=True)
         if self._sock is not None:
             self._sock.close()
-        self._sock = self._loop = self._thread = self._engine_pool = self._uvicorn = None
+        self._sock = self._loop = self._thread = self._engine_pool = self._tokenizer_pool = self._uvicorn = None
 
     def __enter__(self) -> OpenAIServer:
         return self.start()
