@@ -237,6 +237,34 @@ def test_two_episodes_concurrently_batched(server, tok):
     assert stats["batches"] - batches0 == 2 and stats["max_batch"] == 2  # the blocker's call, then a and b together
 
 
+def test_closed_while_generating_is_410_not_recorded(server):
+    key, base = server.open_episode("late")
+    engine, started, gate = server.engine, threading.Event(), threading.Event()
+    generate = engine.generate
+
+    def gated(reqs):
+        started.set()
+        gate.wait(20)
+        return generate(reqs)
+
+    reply: list[httpx.Response] = []
+    engine.generate = gated
+    try:
+        gone0 = server.stats().get("gone", 0)
+        t = threading.Thread(
+            target=lambda: reply.append(post(base, key, "/completions", {"model": "x", "prompt": "a"}))
+        )
+        t.start()
+        assert started.wait(20)
+        assert server.close_episode(key) == []
+        gate.set()
+        t.join()
+    finally:
+        gate.set()
+        del engine.generate
+    assert reply[0].status_code == 410 and server.stats()["gone"] == gone0 + 1
+
+
 def test_busy_503_and_timeout_504(model_path, tok):
     engine = HFEngine(model_path)
     started, gate = threading.Event(), threading.Event()
