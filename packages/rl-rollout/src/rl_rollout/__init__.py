@@ -26,6 +26,7 @@ if TYPE_CHECKING:
         vllm_usable,
     )
     from rl_rollout.ipc import IpcBucket, IpcReceiver, IpcSender, IpcSync, open_bucket, share_buckets
+    from rl_rollout.openai_api import OpenAIServer, OpenAIServerConfig, RecordedCall, RecordedChoice
     from rl_rollout.pool import EnginePool
     from rl_rollout.rewards import (
         RemoteRewardClient,
@@ -69,6 +70,7 @@ _LAZY = {
     **dict.fromkeys(
         ("IpcBucket", "IpcReceiver", "IpcSender", "IpcSync", "open_bucket", "share_buckets"), "rl_rollout.ipc"
     ),
+    **dict.fromkeys(("OpenAIServer", "OpenAIServerConfig", "RecordedCall", "RecordedChoice"), "rl_rollout.openai_api"),
     **dict.fromkeys(("EnginePool",), "rl_rollout.pool"),
     **dict.fromkeys(
         ("RemoteRewardClient", "RemoteRewardError", "RewardRunner", "RewardServer", "load_reward_fn"),
@@ -110,6 +112,10 @@ __all__ = [
     "IpcReceiver",
     "IpcSender",
     "IpcSync",
+    "OpenAIServer",
+    "OpenAIServerConfig",
+    "RecordedCall",
+    "RecordedChoice",
     "RemoteRewardClient",
     "RewardConfig",
     "RemoteRewardError",
