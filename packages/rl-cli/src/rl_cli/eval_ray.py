@@ -14,6 +14,7 @@ Imports neither Ray nor torch at module level: ``rl eval --help`` reads the conf
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -60,13 +61,11 @@ class EvalRayConfig:
 
 def start_ray(cfg: EvalRayConfig) -> None:
     """Join the cluster RAY_ADDRESS names, else start a fresh local one with ``cfg.gpus`` GPUs."""
-    import os
-
     # lazy: Ray is only for --ray
     import ray
 
-    from rl_cli.ppo_ray import _local_ray_env
-    from rl_cli.ray_cluster import connect
+    from rl_cli.ppo_ray import _local_ray_env  # lazy: rl ppo-ray's module loads rl-core, only for --ray
+    from rl_cli.ray_cluster import connect  # lazy: Ray's cluster helpers, only for --ray
 
     address = os.environ.get("RAY_ADDRESS")
     if address:
@@ -100,8 +99,8 @@ class RayEngines:
         # lazy: Ray and rl-placement are only for --ray
         from ray.util.placement_group import remove_placement_group
 
-        from rl_cli.ray_engines import start_engines
-        from rl_placement import PlacedEngine, create_placement_group
+        from rl_cli.ray_engines import start_engines  # lazy: imports Ray, only for --ray
+        from rl_placement import PlacedEngine, create_placement_group  # lazy: imports Ray, only for --ray
 
         self._remove = remove_placement_group
         self.pg = create_placement_group(n, name="rl-eval-engines")

@@ -12,6 +12,7 @@ Works alone (one process) and under ``torchrun`` / ``deepspeed`` (several ranks)
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import sys
@@ -94,8 +95,6 @@ def check_moe(aux_loss_coef: float, pretrain: str) -> None:
 def _check_teacher(parser, cfgs):
     """``rl sft --teacher_pretrain``: what knowledge distillation cannot run with, the teacher's folder and its
     tokenizer (the student's), all before any model loads; the train config with the teacher's local folder."""
-    import dataclasses
-
     # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
     from rl_core.preflight import check_model, check_teacher_tokenizer
 

@@ -194,7 +194,7 @@ class OpenAIServer:
     def stop(self) -> None:
         """Stop serving and free the port (idempotent); requests in flight are dropped."""
         if self._loop is not None and self._thread is not None and self._thread.is_alive():
-            from rl_rollout.rewards.server_app import stop_now
+            from rl_rollout.rewards.server_app import stop_now  # lazy: uvicorn + Starlette, loaded by start()
 
             self._loop.call_soon_threadsafe(stop_now, self._uvicorn)
             self._thread.join(10)
