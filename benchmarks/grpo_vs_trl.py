@@ -83,6 +83,7 @@ per step; ``--out`` writes all of it as JSON.
 from __future__ import annotations
 
 import argparse
+import collections
 import dataclasses
 import enum
 import importlib.util
@@ -309,10 +310,17 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--ours_use_liger_kernel", type=_auto_bool, nargs="?", const=True, default=None,
                     help="ours only: rl ppo --use_liger_kernel true|false (liger-kernel's RMSNorm, SwiGLU, RoPE); "
                          "default auto, as rl ppo (on with CUDA and liger-kernel installed)")
-    ap.add_argument("--ours_fused_lm_head", action="store_true",
-                    help="ours only: rl ppo --fused_lm_head (the LM head and the log-probs chunk by chunk: the "
-                         "[tokens, vocabulary] logits never held whole, so the token budget from memory grows; "
-                         "TRL's --trl_use_liger_kernel does the same on its side)")
+    ap.add_argument("--ours_fused_lm_head", type=_auto_bool, nargs="?", const=True, default=None,
+                    help="ours only: rl ppo --fused_lm_head true|false (the LM head and the log-probs chunk by chunk: "
+                         "the [tokens, vocabulary] logits never held whole, so the token budget from memory grows; "
+                         "TRL's --trl_use_liger_kernel does the same on its side); default auto, as rl ppo (on on "
+                         "CUDA at a vocabulary of 32,768 or more)")
+    ap.add_argument("--ours_async", action="store_true",
+                    help="ours only: rl ppo --async_train --max_staleness 1 (generation of the next batch overlaps "
+                         "training; the importance correction it then applies by default: tis). The sides then run "
+                         "one after the other, ours' steps back to back, not alternating: an async side keeps "
+                         "generating while it waits, which would overlap the other side's step. Seconds per step: "
+                         "the wall time between two of our finished iterations")
     ap.add_argument("--ours_rows", action="store_true",
                     help="ours only: --micro_batch rows even where rl ppo would size micro-batches from free memory "
                          "(as a user passing --micro_train_batch_size)")
@@ -491,7 +499,8 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
                               adam_betas=(0.9, 0.95), weight_decay=0.0, max_norm=1.0, seed=cfg["seed"])
     ppo = PPOConfig.from_flat(advantage_estimator="group_norm", init_kl_coef=0.0, n_samples_per_prompt=cfg["samples"],
                     rollout_batch_size=cfg["prompts"], generate_max_len=cfg["max_new_tokens"], temperature=1.0,
-                    max_epochs=1, max_iterations=cfg["warmup"] + cfg["steps"])
+                    max_epochs=1, max_iterations=cfg["warmup"] + cfg["steps"],
+                    **({"async_train": True, "max_staleness": 1} if cfg["ours_async"] else {}))
     engine = (EngineConfig(kind="vllm", gpu_memory_utilization=cfg["vllm_gpu_memory_utilization"],
                            enable_sleep=cfg["vllm_sleep"], sleep_level=2)
               if cfg["rollout_engine"] == "vllm" else EngineConfig(kind="hf"))
@@ -502,12 +511,14 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
         def log(self, step: int, metrics: dict[str, float]) -> None:
             super().log(step, metrics)
             record = {k.removeprefix("rl/"): float(v) for k, v in metrics.items()}
-            record.update(step_s=record["iteration_s"], generated_tokens=counts["tokens"],
-                          sequences=counts["sequences"], lengths=sorted(counts.get("lengths", [])))
-            counts.update(tokens=0, sequences=0)
+            # the batch this iteration trained on: generations finish in order (async: the next one may be running)
+            tokens, sequences, lengths = generated.popleft() if generated else (0, 0, [])
+            step_s = time.perf_counter() - c.go_t if cfg["ours_async"] else record["iteration_s"]
+            record.update(step_s=step_s, generated_tokens=tokens, sequences=sequences, lengths=sorted(lengths))
             c.step(record)
 
-    counts = {"tokens": 0, "sequences": 0, "calls": 0, "trains": 0}
+    counts = {"calls": 0, "trains": 0, "generations": 0}
+    generated: collections.deque = collections.deque()  # (tokens, sequences, lengths) per generate call, in order
     run_cfg = RunConfig(RLModelConfig(pretrain=cfg["model"], use_liger_kernel=cfg["ours_use_liger_kernel"],
                                       fused_lm_head=cfg["ours_fused_lm_head"]),
                         strategy, ppo, engine, WeightSyncConfig(),
@@ -531,7 +542,8 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
                   for r in requests]
         if cfg["lengths"] == "varied":
             keys = [index_of[tuple(r.prompt_token_ids)] for r in forced for _ in range(r.params.n)]
-            lengths = iter(request_lengths(keys, cfg["seed"], c.steps, cfg["max_new_tokens"]))
+            # the draws of the step this batch is for: the generate call's count (async: one step ahead of c.steps)
+            lengths = iter(request_lengths(keys, cfg["seed"], counts["generations"], cfg["max_new_tokens"]))
             split = [dataclasses.replace(r, request_id=f"{r.request_id}-{j}", params=dataclasses.replace(
                          r.params, n=1, max_new_tokens=next(lengths),
                          seed=None if r.params.seed is None else (r.params.seed * 1_000_003 + j) % 2**31))
@@ -545,9 +557,9 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
                 at += r.params.n
         else:
             groups = generate(forced)
-        counts["tokens"] += sum(len(s.response_ids) for g in groups for s in g)
-        counts["sequences"] += sum(len(g) for g in groups)
-        counts["lengths"] = [len(s.response_ids) for g in groups for s in g]
+        counts["generations"] += 1
+        out = [len(s.response_ids) for g in groups for s in g]
+        generated.append((sum(out), len(out), out))
         return groups
 
     rollout.generate = full_length_generate
@@ -956,6 +968,11 @@ def report(summary: dict, info: dict) -> None:
     print("Python GC (s):  ours " + " ".join(f"{x:.3f}" for x in o["gc_s"]) +
           " | TRL " + " ".join(f"{x:.3f}" for x in t["gc_s"]) +
           f"  (full collections: ours {o['gc_full']}, TRL {t['gc_full']})")
+    if info.get("ours_async"):  # overlap: the step near max(generate, train), not their sum
+        g, tr = o["breakdown_mean"]["generate_s"], o["breakdown_mean"]["policy_train_s"]
+        print(f"ours async (--max_staleness 1, tis correction): step {o['step_s_mean']:.3f} s against generate "
+              f"{g:.3f} + train {tr:.3f} = {g + tr:.3f} s run one after the other, max {max(g, tr):.3f} s; sides "
+              "run one after the other (ours' steps back to back, then TRL's), not alternating")
     if "tokens_check" in info:
         print(info["tokens_check"]["line"])
     print(f"machine load (1-min average, {info['cpu_count']} cores) after the measured steps: ours "
@@ -1011,7 +1028,9 @@ def main(argv: list[str] | None = None) -> int:
             "ours_only": ", ".join(f"{flag} {getattr(a, key)}" for flag, key in (
                 ("--zero_stage", "zero_stage"), ("--packing", "ours_packing"),
                 ("--max_tokens_per_gpu", "ours_max_tokens_per_gpu"), ("--use_liger_kernel", "ours_use_liger_kernel"),
-                ("--micro_train_batch_size rows", "ours_rows"), ("--fused_lm_head", "ours_fused_lm_head")) if getattr(a, key) not in (None, "auto", False)),
+                ("--micro_train_batch_size rows", "ours_rows"), ("--fused_lm_head", "ours_fused_lm_head"),
+                ("--async_train --max_staleness 1 (tis correction)", "ours_async"))
+                if getattr(a, key) not in (None, "auto", False)),
             "trl_only": ", ".join(f"{name} {value}" for name, value in (
                 ("per_device_train_batch_size", a.trl_micro_batch if a.trl_micro_batch != a.micro_batch else None),
                 ("use_liger_kernel", a.trl_use_liger_kernel or None)) if value is not None)}
@@ -1030,19 +1049,22 @@ def main(argv: list[str] | None = None) -> int:
             t0 = time.perf_counter()
             _, ready[side] = _recv(side, procs[side], parent, a.step_timeout)
             print(f"[grpo_vs_trl] {side} ready in {time.perf_counter() - t0:.1f} s: {ready[side]}", flush=True)
-        for i in range(a.warmup + a.steps):
-            for side in SIDES:  # A B A B ...: the same machine load for both
-                conns[side].send("go")
-                kind, rec = _recv(side, procs[side], conns[side], a.step_timeout)
-                if kind != "step":
-                    raise RuntimeError(f"{side}: ended after {len(records[side])} steps, expected "
-                                       f"{a.warmup + a.steps}")
-                rec["loadavg_1m"] = os.getloadavg()[0]  # the machine's load (others' jobs too) as the step ended
-                records[side].append(rec)
-                print(f"[grpo_vs_trl] step {i + 1}{' (warm-up)' if i < a.warmup else ''} {side}: "
-                      f"{rec['step_s']:.3f} s ({rec['cpu_s']:.1f} CPU s), {rec['generated_tokens']} tokens, "
-                      f"load {rec['loadavg_1m']:.1f}",
-                      flush=True)
+        # A B A B ...: the same machine load for both; --ours_async: A A A B B B (an async side keeps generating
+        # while it waits for its go, which would overlap the other side's step)
+        order = ([(i, side) for side in SIDES for i in range(a.warmup + a.steps)] if a.ours_async else
+                 [(i, side) for i in range(a.warmup + a.steps) for side in SIDES])
+        for i, side in order:
+            conns[side].send("go")
+            kind, rec = _recv(side, procs[side], conns[side], a.step_timeout)
+            if kind != "step":
+                raise RuntimeError(f"{side}: ended after {len(records[side])} steps, expected "
+                                   f"{a.warmup + a.steps}")
+            rec["loadavg_1m"] = os.getloadavg()[0]  # the machine's load (others' jobs too) as the step ended
+            records[side].append(rec)
+            print(f"[grpo_vs_trl] step {i + 1}{' (warm-up)' if i < a.warmup else ''} {side}: "
+                  f"{rec['step_s']:.3f} s ({rec['cpu_s']:.1f} CPU s), {rec['generated_tokens']} tokens, "
+                  f"load {rec['loadavg_1m']:.1f}",
+                  flush=True)
         for side in SIDES:
             conns[side].send("stop")
             kind, _ = _recv(side, procs[side], conns[side], a.step_timeout)
@@ -1061,7 +1083,7 @@ def main(argv: list[str] | None = None) -> int:
                 ours_skips_old_logprob_forward=ready["ours"]["on_policy"], ours_auto=ready["ours"].get("auto", []))
     if info["prompt_tokens"]["ours"] != info["prompt_tokens"]["trl"]:
         print(f"[grpo_vs_trl] WARNING: the prompts tokenize differently: {info['prompt_tokens']}", flush=True)
-    info["lengths"], info["prompt_lengths"] = a.lengths, a.prompt_lengths
+    info["lengths"], info["prompt_lengths"], info["ours_async"] = a.lengths, a.prompt_lengths, a.ours_async
     info["tokens_check"] = check_tokens(records, a)
     print(f"[grpo_vs_trl] {info['tokens_check']['line']}", flush=True)
     info["quiet_util"] = a.quiet_util if a.device == "cpu" else None

@@ -75,7 +75,8 @@ def test_print_config_yaml_reads_back_to_the_same_run(tmp_path, capsys):
     # what the builder chose itself is marked as chosen; read back, the file sets it (the same value)
     chosen = [line for line in out.splitlines() if line.startswith("# [rl ppo] chosen (auto): ")]
     assert {c.split(": ")[1].split(" = ")[0] for c in chosen} == {
-        "strategy.zero_stage", "data.packing", "model.use_liger_kernel", "batching.max_tokens_per_gpu"}
+        "strategy.zero_stage", "data.packing", "model.use_liger_kernel", "model.fused_lm_head",
+        "batching.max_tokens_per_gpu"}
     assert again == first and out_again.splitlines() == [line for line in out.splitlines() if line not in chosen]
     from rl_cli.ppo import _auto
 

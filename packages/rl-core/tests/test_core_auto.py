@@ -48,11 +48,11 @@ def chosen(choices) -> dict:
 
 def test_defaults_are_auto_and_cpu_keeps_what_it_had(tiny):
     cfg = run_cfg(tiny)
-    assert (cfg.strategy.zero_stage, cfg.packing, cfg.model.use_liger_kernel, cfg.batching.max_tokens_per_gpu) == (
-        None, None, None, "auto")
+    assert (cfg.strategy.zero_stage, cfg.packing, cfg.model.use_liger_kernel, cfg.model.fused_lm_head,
+            cfg.batching.max_tokens_per_gpu) == (None, None, None, None, "auto")
     out, choices = resolve(cfg, CPU)
     assert chosen(choices) == {"strategy.zero_stage": 2, "data.packing": False, "model.use_liger_kernel": False,
-                               "batching.max_tokens_per_gpu": None}
+                               "model.fused_lm_head": False, "batching.max_tokens_per_gpu": None}
     assert (out.strategy.zero_stage, out.packing, out.model.use_liger_kernel, out.batching.max_tokens_per_gpu) == (
         2, False, False, None)
     assert all(c.why for c in choices)
@@ -105,7 +105,7 @@ def test_packing_auto_off_where_torch_has_no_varlen_kernel(tiny):
 
 def test_what_the_user_set_wins(tiny):
     cfg = run_cfg(tiny, strategy__zero_stage=2, run__packing=False, model__use_liger_kernel=False,
-                  batching__max_tokens_per_gpu=4096)
+                  model__fused_lm_head=False, batching__max_tokens_per_gpu=4096)
     out, choices = resolve(cfg, GPU)
     assert choices == () and out == cfg
     # rows asked for: --micro_train_batch_size given (the CLI's given set), or another value than 1 in Python
@@ -120,7 +120,7 @@ def test_resolving_twice_changes_nothing(tiny):
     for given in (None, frozenset(), frozenset({"strategy.micro_train_batch_size"})):
         once, first = resolve(run_cfg(tiny, strategy__micro_train_batch_size=4), GPU, given=given)
         twice, choices = resolve(once, GPU)
-        assert twice == once and choices == () and len(first) == 4
+        assert twice == once and choices == () and len(first) == 5
 
 
 def test_liger_auto_checks_the_model_type(tiny):
@@ -128,6 +128,42 @@ def test_liger_auto_checks_the_model_type(tiny):
     _, choices = resolve(run_cfg(tiny), GPU)
     c = next(x for x in choices if x.setting == "model.use_liger_kernel")
     assert c.value is False and "llama" in c.why
+
+
+@pytest.fixture(scope="module")
+def big_vocab(tmp_path_factory):
+    from rl_rollout.testing import make_tiny_model
+
+    return make_tiny_model(tmp_path_factory.mktemp("auto") / "v", num_layers=1, hidden_size=32, num_heads=2,
+                           num_kv_heads=1, intermediate_size=48, vocab_size=32_768)
+
+
+def test_fused_head_auto_is_on_at_a_real_vocabulary_on_a_gpu(big_vocab):
+    out, choices = resolve(run_cfg(big_vocab), GPU)
+    c = next(x for x in choices if x.setting == "model.fused_lm_head")
+    assert c.value is True and out.model.fused_lm_head is True and "32,768" in c.why
+    _, choices = resolve(run_cfg(big_vocab), CPU)  # the same model on CPU: off, with the reason
+    c = next(x for x in choices if x.setting == "model.fused_lm_head")
+    assert c.value is False and "no CUDA device" in c.why
+
+
+@pytest.mark.parametrize("change, why", [
+    ({"strategy__zero_stage": 3}, "ZeRO-3"),
+    ({"ppo__policy_loss": "aux"}, "--aux_loss_coef"),
+    ({"model__lora_rank": 8, "model__target_modules": "q_proj,lm_head"}, "LoRA"),
+])
+def test_fused_head_auto_stays_off_where_the_head_must_run_whole(big_vocab, change, why):
+    if "ppo__policy_loss" in change:  # a MoE load-balancing term reads the router logits of the full forward
+        change = {"ppo__policy_loss": dataclasses.replace(PPOConfig().policy_loss, aux_loss_coef=0.01)}
+    out, choices = resolve(run_cfg(big_vocab, **change), GPU)
+    c = next(x for x in choices if x.setting == "model.fused_lm_head")
+    assert c.value is False and out.model.fused_lm_head is False and why in c.why
+
+
+def test_fused_head_auto_stays_off_at_a_small_vocabulary(tiny):
+    _, choices = resolve(run_cfg(tiny), GPU)  # vocabulary 128: the logits are little memory
+    c = next(x for x in choices if x.setting == "model.fused_lm_head")
+    assert c.value is False and "vocabulary of 128" in c.why
 
 
 @pytest.mark.parametrize("text, value", [("auto", "auto"), ("none", None), ("20480", 20480), (" AUTO ", "auto"),

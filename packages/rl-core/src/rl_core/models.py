@@ -78,7 +78,7 @@ Tensor = torch.Tensor
 FUSED_LM_HEAD_MODELS = frozenset({"llama", "mistral", "qwen2", "qwen3", "qwen2_moe", "qwen3_moe", "mixtral"})
 
 
-def check_fused_lm_head(fused_lm_head: bool, strategy_cfg) -> None:
+def check_fused_lm_head(fused_lm_head: bool | None, strategy_cfg) -> None:
     """Before any model loads: the fused head reads the LM head's weight outside the head's own forward, where
     ZeRO-3 keeps it partitioned."""
     if fused_lm_head and strategy_cfg.zero_stage == 3:
