@@ -52,6 +52,9 @@ ROWS = {
     "budget_32k": {"batching.max_tokens_per_gpu": 32_768},
     "budget_65k": {"batching.max_tokens_per_gpu": 65_536},
     "ckpt_budget_65k": {"strategy.gradient_checkpointing": True, "batching.max_tokens_per_gpu": 65_536},
+    "no_fused_16k": {"model.fused_lm_head": False, "batching.max_tokens_per_gpu": 16_384},
+    "no_fused_32k": {"model.fused_lm_head": False, "batching.max_tokens_per_gpu": 32_768},
+    "no_fused_65k": {"model.fused_lm_head": False, "batching.max_tokens_per_gpu": 65_536},
 }
 
 
@@ -89,6 +92,8 @@ def run_row(args) -> dict:
     from rl_rollout.testing import make_tiny_model
 
     dev = torch.device(args.device)
+    if dev.type == "cuda" and dev.index is None:
+        dev = torch.device("cuda", torch.cuda.current_device())
     reserve = None
     if dev.type == "cuda":
         torch.cuda.set_per_process_memory_fraction(args.memory_share, dev)

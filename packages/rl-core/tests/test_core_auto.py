@@ -130,40 +130,15 @@ def test_liger_auto_checks_the_model_type(tiny):
     assert c.value is False and "llama" in c.why
 
 
-@pytest.fixture(scope="module")
-def big_vocab(tmp_path_factory):
-    from rl_rollout.testing import make_tiny_model
-
-    return make_tiny_model(tmp_path_factory.mktemp("auto") / "v", num_layers=1, hidden_size=32, num_heads=2,
-                           num_kv_heads=1, intermediate_size=48, vocab_size=32_768)
-
-
-def test_fused_head_auto_is_on_at_a_real_vocabulary_on_a_gpu(big_vocab):
-    out, choices = resolve(run_cfg(big_vocab), GPU)
-    c = next(x for x in choices if x.setting == "model.fused_lm_head")
-    assert c.value is True and out.model.fused_lm_head is True and "32,768" in c.why
-    _, choices = resolve(run_cfg(big_vocab), CPU)  # the same model on CPU: off, with the reason
-    c = next(x for x in choices if x.setting == "model.fused_lm_head")
-    assert c.value is False and "no CUDA device" in c.why
-
-
-@pytest.mark.parametrize("change, why", [
-    ({"strategy__zero_stage": 3}, "ZeRO-3"),
-    ({"ppo__policy_loss": "aux"}, "--aux_loss_coef"),
-    ({"model__lora_rank": 8, "model__target_modules": "q_proj,lm_head"}, "LoRA"),
-])
-def test_fused_head_auto_stays_off_where_the_head_must_run_whole(big_vocab, change, why):
-    if "ppo__policy_loss" in change:  # a MoE load-balancing term reads the router logits of the full forward
-        change = {"ppo__policy_loss": dataclasses.replace(PPOConfig().policy_loss, aux_loss_coef=0.01)}
-    out, choices = resolve(run_cfg(big_vocab, **change), GPU)
-    c = next(x for x in choices if x.setting == "model.fused_lm_head")
-    assert c.value is False and out.model.fused_lm_head is False and why in c.why
-
-
-def test_fused_head_auto_stays_off_at_a_small_vocabulary(tiny):
-    _, choices = resolve(run_cfg(tiny), GPU)  # vocabulary 128: the logits are little memory
-    c = next(x for x in choices if x.setting == "model.fused_lm_head")
-    assert c.value is False and "vocabulary of 128" in c.why
+def test_fused_head_auto_stays_off_and_says_why(tiny):
+    """Measured on one H100 (docs/performance.md): the chunked head buys memory, not time, so auto leaves it off;
+    the reason names the measurement on a GPU and the device on CPU; a value given by hand wins."""
+    for hw, why in ((GPU, "slower"), (CPU, "no CUDA device")):
+        out, choices = resolve(run_cfg(tiny), hw)
+        c = next(x for x in choices if x.setting == "model.fused_lm_head")
+        assert c.value is False and out.model.fused_lm_head is False and why in c.why
+    out, choices = resolve(run_cfg(tiny, model__fused_lm_head=True), GPU)
+    assert out.model.fused_lm_head is True and "model.fused_lm_head" not in chosen(choices)
 
 
 @pytest.mark.parametrize("text, value", [("auto", "auto"), ("none", None), ("20480", 20480), (" AUTO ", "auto"),

@@ -14,11 +14,9 @@ value the user set is never changed):
   its micro-batches from free device memory: :func:`rl_core.rl.batching.memory_budget`), else None
   (``--micro_train_batch_size`` rows); rows as well when ``--micro_train_batch_size`` was given.
 
-- ``model.fused_lm_head`` (None): on on CUDA for the text models whose logits are ``lm_head(hidden)``
-  (:data:`rl_core.models.FUSED_LM_HEAD_MODELS`) at a vocabulary of ``FUSED_HEAD_MIN_VOCAB`` or more, below
-  ZeRO-3: there the ``[tokens, vocabulary]`` logits and their gradient are most of a micro-batch's memory
-  (0.9 of 2.3 MB a token at Qwen2.5-0.5B's shape), so the token budget from free memory grows and a step runs
-  fewer, larger micro-batches (docs/performance.md: at the same budget the fused head costs no time on a GPU).
+- ``model.fused_lm_head`` (None): off, with the reason: on one H100 at Qwen2.5-0.5B's real shape the chunked
+  head made the policy phase 1.15-1.31x slower than the full logits at the token budget free memory gives
+  (benchmarks/policy_train_mfu.py, docs/performance.md); it buys memory, for runs that memory bounds.
 
 Not decided here: which layers recompute (``--gradient_checkpointing_layers auto``), the log-prob kernel
 (Triton wherever CUDA is).
@@ -138,37 +136,13 @@ def _liger(cfg, hw: Hardware, model_config) -> tuple[bool, str]:
     return True, f"CUDA: liger-kernel's fused RMSNorm / SwiGLU / RoPE for {model_type} (0.79x the step time)"
 
 
-FUSED_HEAD_MIN_VOCAB = 32_768  # below it the logits are a small share of a micro-batch's memory
-
-
-def _fused_head(cfg, hw: Hardware, model_config, zero_stage: int, images: bool) -> tuple[bool, str]:
-    # lazy: rl_core.models imports torch and transformers; the architectures' list is read only when deciding
-    from rl_core.models import FUSED_LM_HEAD_MODELS
-
+def _fused_head(hw: Hardware) -> tuple[bool, str]:
     if not hw.cuda:
         return False, "no CUDA device: the full logits cost no more time than the chunked head there"
-    if zero_stage == 3:
-        return False, "ZeRO-3 gathers the LM head's weight only inside the head's own forward"
-    if images:
-        return False, "a vision-language model's forward merges the images in"
-    if model_config is None:
-        return False, "the model's config.json is not readable yet: set --fused_lm_head by hand"
-    model_type = getattr(model_config, "model_type", None)
-    vocab = getattr(model_config, "vocab_size", None) or 0
-    if model_type not in FUSED_LM_HEAD_MODELS or getattr(model_config, "vision_config", None) is not None:
-        return False, f"model type {model_type!r} is not one whose logits are exactly lm_head(hidden) here"
-    for key in ("final_logit_softcapping", "logit_scale", "logits_scaling"):
-        if getattr(model_config, key, None) not in (None, 1, 1.0):
-            return False, f"the model scales its logits ({key})"
-    if cfg.ppo.policy_loss.aux_loss_coef:
-        return False, "--aux_loss_coef needs the router logits of the full forward"
-    if cfg.model.lora_rank and "lm_head" in cfg.model.target_modules:
-        return False, "a LoRA adapter on lm_head is not a plain Linear head"
-    if vocab < FUSED_HEAD_MIN_VOCAB:
-        return False, f"a vocabulary of {vocab} (< {FUSED_HEAD_MIN_VOCAB:,}): its logits are little memory"
-    return True, (
-        f"CUDA, a vocabulary of {vocab:,}: the LM head and log-probs chunk by chunk, the [tokens, vocabulary] "
-        "logits never held whole, so the token budget grows"
+    return False, (
+        "the chunked head made the policy phase 1.15-1.31x slower at Qwen2.5-0.5B's shape on one H100 "
+        "(benchmarks/policy_train_mfu.py, docs/performance.md): it buys memory, not time; set it where memory "
+        "bounds the run"
     )
 
 
@@ -198,7 +172,7 @@ def resolve(cfg, hw: Hardware, *, given: frozenset[str] | None = None, images: b
         model = dataclasses.replace(model, use_liger_kernel=on)
         choices.append(Choice("model.use_liger_kernel", on, why))
     if model.fused_lm_head is None:
-        on, why = _fused_head(cfg, hw, model_config, strategy.zero_stage, images)
+        on, why = _fused_head(hw)
         model = dataclasses.replace(model, fused_lm_head=on)
         choices.append(Choice("model.fused_lm_head", on, why))
     if batching.max_tokens_per_gpu == "auto":

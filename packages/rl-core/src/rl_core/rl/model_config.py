@@ -66,8 +66,7 @@ class RLModelConfig:
             "the policy's and the reference's LM head and token log-probs computed together, chunk by chunk: the "
             "[tokens, vocabulary] logits are never held whole (rl_algos.logprobs_from_hidden; one more LM-head matmul "
             "in backward); Llama / Mistral / Qwen2 / Qwen3 / Mixtral text models, not with --zero_stage 3; unset "
-            "(auto): on on CUDA for those models at a vocabulary of 32,768 or more, where the logits are the memory "
-            "that bounds the token budget"
+            "(auto): off (on one H100 it made the policy phase slower at a real shape: it buys memory, not time)"
         ),
     )
     normalize_reward: bool = field(
