@@ -138,7 +138,7 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_LAZY, *_SUBMODULES])
 
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 
 __all__ = [
     "AdvantageConfig",

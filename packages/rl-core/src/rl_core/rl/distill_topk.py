@@ -2,8 +2,8 @@
 :class:`~rl_core.configs.DistillConfig`): the teacher's top-k tokens travel with the experience, the policy
 compares its full log-softmax with them in its loss.
 
-- :func:`teacher_topk`: what the teacher's rank computes per item from its logits (:class:`TeacherTopK`: the sampled
-  tokens' log-probs, as the reverse-KL path's, and each response token's top ``k`` ids and log-probs, ``[R, K]``
+- :func:`teacher_topk`: what the teacher's rank computes per item from one forward (:class:`TeacherTopK`: the
+  sampled tokens' log-probs, as the reverse-KL path's, and each response token's top ``k`` ids and log-probs, ``[R, K]``
   over the ``R`` response tokens; prompt positions are not sent). ``k`` at or above the vocabulary's size: every
   token, so the divergence is exact.
 - :func:`predicting_layout`: those ``[R, K]`` rows laid out as the policy's forward takes its items (padded rows
@@ -34,7 +34,7 @@ Tensor = torch.Tensor
 
 @dataclass
 class TeacherTopK:
-    """One item's teacher scores: ``logprobs_T`` (the sampled tokens', 0 on the prompt), ``ids_RK`` (int32) and
+    """One item's teacher scores: ``logprobs_T`` (the sampled tokens', as the teacher's ``logprobs``), ``ids_RK`` (int32) and
     ``logprobs_RK`` (float32) of the teacher's top ``K`` tokens at each of the ``R`` response tokens."""
 
     logprobs_T: Tensor
@@ -50,18 +50,16 @@ def spans(lengths: Sequence[int], packed: bool) -> list[tuple[int, int]]:
     return [(0, s) for s in starts]
 
 
-def teacher_topk(logits_TV: Tensor, item: Experience, k: int, temperature: float) -> TeacherTopK:
+def teacher_topk(logits_TV: Tensor, item: Experience, k: int, temperature: float, logprobs_T: Tensor) -> TeacherTopK:
     """An item's :class:`TeacherTopK` from its raw logits ``[T, V]`` (row t: the distribution of token t + 1) at
-    ``temperature``; ``k`` above the vocabulary's size is the vocabulary."""
+    ``temperature`` and the sampled tokens' log-probs of the same forward; ``k`` above the vocabulary's size is the
+    vocabulary."""
     P, T = item.prompt_len, item.T
     if P < 1:
         raise ValueError("a distillation item needs a prompt of at least one token (its first response token's logits)")
     lp_RV = torch.log_softmax(logits_TV[P - 1 : T - 1].float() / temperature, dim=-1)
     top_lp, top_ids = lp_RV.topk(min(k, lp_RV.shape[-1]), dim=-1)
-    sampled = torch.tensor(item.input_ids_T[P:], device=lp_RV.device)
-    lp_T = torch.zeros(T)
-    lp_T[P:] = lp_RV.gather(-1, sampled[:, None])[:, 0].cpu()
-    return TeacherTopK(lp_T, top_ids.to(torch.int32).cpu(), top_lp.cpu())
+    return TeacherTopK(logprobs_T, top_ids.to(torch.int32).cpu(), top_lp.cpu())
 
 
 def predicting_layout(items: Sequence[Experience], packed: bool, device) -> tuple[Tensor, Tensor]:

@@ -24,7 +24,7 @@ from rl_algos import masked_mean
 from rl_core.preflight import check_teacher_tokenizer  # noqa: F401 - re-exported: its home before rl-core 0.23
 from rl_core.rl.batching import ModelInputs
 from rl_core.rl.distill_topk import TeacherTopK, spans, teacher_topk
-from rl_core.rl.experience import Experience
+from rl_core.rl.experience import Experience, rows
 from rl_core.rl.frozen_workers import ReferenceWorker
 
 
@@ -40,10 +40,11 @@ class TeacherWorker(ReferenceWorker):
         for idx in self._micro_batches(items, train=False):
             chunk = [items[i] for i in idx]
             x = ModelInputs.of(chunk, self.pad_id, self.packing, self.s.device, images=self.images)
-            logits = self.engine(**x.kwargs, return_logits=True).logits
-            for i, it, (row, start) in zip(idx, chunk, spans(x.lengths, x.packed), strict=True):
-                out[i] = teacher_topk(logits[row, start : start + it.T], it, k, self.temperature)
-            del logits
+            res = self.engine(**x.kwargs, temperature=self.temperature, return_logits=True)
+            lps = rows(x.rows(res.logprobs), chunk)  # the sampled tokens', exactly as logprobs() gives them
+            for i, it, lp_T, (row, start) in zip(idx, chunk, lps, spans(x.lengths, x.packed), strict=True):
+                out[i] = teacher_topk(res.logits[row, start : start + it.T], it, k, self.temperature, lp_T)
+            del res
         return self._leader(out)
 
 
