@@ -72,9 +72,10 @@ def run_recorded(monkeypatch, args: list[str]) -> tuple[list[dict], list]:
         return [json.loads(x) for x in f], batches
 
 
-def check_against_one_process(rows: list[dict], batches: list, teacher, student) -> float:
+def check_against_one_process(rows: list[dict], batches: list, teacher, student, topk: int | None = None) -> float:
     """The teacher log-probs in the experience are the one-process teacher's for the same tokens; the logged
-    reverse KL is finite. Returns the largest per-token difference."""
+    reverse KL is finite. With ``topk`` (``--distill_divergence forward_kl``) the teacher's top-k ids and log-probs
+    of each response token too. Returns the largest per-token difference."""
     import torch
     from transformers import AutoTokenizer
 
@@ -92,6 +93,15 @@ def check_against_one_process(rows: list[dict], batches: list, teacher, student)
     worst = 0.0
     for items in batches:
         here = local.logprobs([copy.deepcopy(it) for it in items])
+        if topk is not None:
+            top = local.topk_logprobs([copy.deepcopy(it) for it in items], topk)
+            for it, want_top, want in zip(items, top, here, strict=True):
+                R = it.T - it.prompt_len
+                assert it.teacher_topk_ids_RK.shape == (R, topk) and it.teacher_topk_ids_RK.dtype == torch.int32
+                assert torch.equal(it.teacher_topk_ids_RK, want_top.ids_RK)
+                worst = max(worst, (it.teacher_topk_logprobs_RK - want_top.logprobs_RK).abs().max().item())
+                # the sampled tokens' log-probs come from the same forward, as the reverse-KL path's
+                assert torch.allclose(want_top.logprobs_T[it.prompt_len :], want[it.prompt_len :], atol=TOL)
         for it, want in zip(items, here, strict=True):
             got = it.teacher_logprobs_T
             assert got is not None and got.shape == want.shape
@@ -118,16 +128,20 @@ def test_the_teacher_in_its_own_placement_group_scores_as_in_one_process(task, m
 
 
 def test_colocated_with_the_policy_and_the_sleeping_engine_on_one_gpu(task, monkeypatch, capsys):
+    """This run trains on the top-k forward KL (``--distill_divergence forward_kl --distill_topk 8``): the Ray
+    teacher's top-k reaches the policy's actor through the experience and is the one-process teacher's."""
     root, student, teacher = task
     rows, batches = run_recorded(
         monkeypatch,
-        argv(root, student, teacher, "hybrid", "--num_gpus", "1", "--colocate_all_models", "--vllm_enable_sleep"))
+        argv(root, student, teacher, "hybrid", "--num_gpus", "1", "--colocate_all_models", "--vllm_enable_sleep",
+             "--distill_mode", "loss", "--distill_divergence", "forward_kl", "--distill_topk", "8"))
     out = capsys.readouterr().out
     assert "  node0: gpu0 [policy r0, teacher r0, vllm e0/tp0]" in out, out
     # the engine slept while the models worked and woke for each sync, every model role's ranks (the teacher's
     # too) releasing their cached device memory first
     assert all(r["rl/wake_s"] > 0 for r in rows), rows
-    check_against_one_process(rows, batches, teacher, student)
+    assert all(r["rl/distill_loss"] > 0 for r in rows), rows  # the forward KL to the teacher's top 8, trained on
+    check_against_one_process(rows, batches, teacher, student, topk=8)
 
 
 def test_a_teacher_that_cannot_be_placed_is_refused_before_models_load(task, capsys):

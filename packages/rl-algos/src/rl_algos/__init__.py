@@ -20,7 +20,14 @@ if TYPE_CHECKING:
     from rl_algos._settings import parse_settings
     from rl_algos.advantage_config import AdvantageConfig
     from rl_algos.advantages import Advantages, compute_advantages, masked_whiten
-    from rl_algos.distill import distill_advantages, forward_kl, generalized_jsd, reverse_kl, topk_forward_kl
+    from rl_algos.distill import (
+        distill_advantages,
+        forward_kl,
+        generalized_jsd,
+        reverse_kl,
+        topk_forward_kl,
+        topk_generalized_jsd,
+    )
     from rl_algos.estimators import ESTIMATORS, EstimatorSpec, estimator_names, get_estimator
     from rl_algos.filters import GroupFilterResult, filter_groups
     from rl_algos.kl import approx_kl
@@ -60,7 +67,15 @@ _LAZY = {
     **dict.fromkeys(("Advantages", "compute_advantages", "masked_whiten"), "rl_algos.advantages"),
     **dict.fromkeys(("ESTIMATORS", "EstimatorSpec", "estimator_names", "get_estimator"), "rl_algos.estimators"),
     **dict.fromkeys(
-        ("distill_advantages", "forward_kl", "generalized_jsd", "reverse_kl", "topk_forward_kl"), "rl_algos.distill"
+        (
+            "distill_advantages",
+            "forward_kl",
+            "generalized_jsd",
+            "reverse_kl",
+            "topk_forward_kl",
+            "topk_generalized_jsd",
+        ),
+        "rl_algos.distill",
     ),
     **dict.fromkeys(("GroupFilterResult", "filter_groups"), "rl_algos.filters"),
     "approx_kl": "rl_algos.kl",
@@ -123,7 +138,7 @@ def __dir__() -> list[str]:
     return sorted([*globals(), *_LAZY, *_SUBMODULES])
 
 
-__version__ = "0.8.0"
+__version__ = "0.9.0"
 
 __all__ = [
     "AdvantageConfig",
@@ -153,6 +168,7 @@ __all__ = [
     "generalized_jsd",
     "reverse_kl",
     "topk_forward_kl",
+    "topk_generalized_jsd",
     "aggregate_loss",
     "approx_kl",
     "clip_rewards",

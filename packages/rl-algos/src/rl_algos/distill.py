@@ -13,8 +13,10 @@ samples, the teacher scores every sampled token, and the student lowers the reve
 - From full distributions where the teacher's logits are at hand (offline KD, one process):
   :func:`forward_kl`, :func:`reverse_kl`, :func:`generalized_jsd` (GKD's beta; TRL's
   ``generalized_jsd_loss`` definition: beta 0 is the forward KL, 1 the reverse KL, between them the
-  JSD with the mixture ``beta x teacher + (1 - beta) x student``) and :func:`topk_forward_kl` (the teacher's
-  top-k tokens only, its probabilities renormalised over them).
+  JSD with the mixture ``beta x teacher + (1 - beta) x student``), and from the teacher's top-k tokens only (what a
+  teacher in another process can send, the RL loop's ``--distill_topk``): :func:`topk_forward_kl` and
+  :func:`topk_generalized_jsd`, the teacher's probabilities renormalised over its k tokens (0 elsewhere) against the
+  student's whole distribution.
 
 Shapes: log-probs ``[B, T]``; logits ``[B, T, V]`` (any leading shape works: the divergences reduce the last
 axis); results ``[B, T]`` per token, 0 where ``mask`` is 0. Temperatures divide both sides' logits.
@@ -112,16 +114,7 @@ def generalized_jsd(
     return _masked(beta * _kl(t, m) + (1 - beta) * _kl(s, m), mask)
 
 
-def topk_forward_kl(
-    student_logits: Tensor,
-    teacher_topk_logprobs: Tensor,
-    teacher_topk_ids: Tensor,
-    mask: Tensor | None = None,
-    temperature: float = 1.0,
-) -> Tensor:
-    """Forward KL on the teacher's top-k tokens only (``[..., K]`` log-probs and ids, what a teacher in another
-    process can send): the teacher's probabilities renormalised over its k tokens, the student's full-vocabulary
-    log-probs at those ids; ``sum_k p_t(k) (log p_t(k) - log p_s(k))``. With k = V it is :func:`forward_kl`."""
+def _check_topk(student_logits: Tensor, teacher_topk_logprobs: Tensor, teacher_topk_ids: Tensor, mask) -> None:
     if teacher_topk_logprobs.shape != teacher_topk_ids.shape:
         raise ValueError(
             f"teacher top-k log-probs {tuple(teacher_topk_logprobs.shape)} and ids {tuple(teacher_topk_ids.shape)} "
@@ -134,7 +127,55 @@ def topk_forward_kl(
         )
     if mask is not None and mask.shape != student_logits.shape[:-1]:
         raise ValueError(f"mask {tuple(mask.shape)} must be the logits' shape without the vocabulary axis")
+
+
+def topk_forward_kl(
+    student_logits: Tensor,
+    teacher_topk_logprobs: Tensor,
+    teacher_topk_ids: Tensor,
+    mask: Tensor | None = None,
+    temperature: float = 1.0,
+) -> Tensor:
+    """Forward KL on the teacher's top-k tokens only (``[..., K]`` log-probs and ids, what a teacher in another
+    process can send): the teacher's probabilities renormalised over its k tokens, the student's full-vocabulary
+    log-probs at those ids; ``sum_k p_t(k) (log p_t(k) - log p_s(k))``. With k = V it is :func:`forward_kl`."""
+    _check_topk(student_logits, teacher_topk_logprobs, teacher_topk_ids, mask)
     dt = _dtype(student_logits, teacher_topk_logprobs)
     s = _logp(student_logits, temperature, dt).gather(-1, teacher_topk_ids.long())
     t = torch.log_softmax(teacher_topk_logprobs.to(dt), dim=-1)  # renormalised over the k tokens
     return _masked(_kl(t, s), mask)
+
+
+def topk_generalized_jsd(
+    student_logits: Tensor,
+    teacher_topk_logprobs: Tensor,
+    teacher_topk_ids: Tensor,
+    mask: Tensor | None = None,
+    *,
+    beta: float = 0.5,
+    temperature: float = 1.0,
+) -> Tensor:
+    """GKD's generalised JSD (:func:`generalized_jsd`) between the teacher's top-k distribution (renormalised over
+    its k tokens, 0 elsewhere: the one :func:`topk_forward_kl` uses) and the student's whole distribution.
+
+    With ``t`` the teacher's k probabilities, ``s`` the student's at the same ids, ``S = sum_k s(k)`` and
+    ``m = beta t + (1 - beta) s``: ``beta sum_k t (log t - log m) + (1 - beta) [sum_k s (log s - log m)
+    - (1 - S) log(1 - beta)]``, the last term the student's mass outside the k tokens, where ``m = (1 - beta) s``.
+    Exact (no approximation beyond the teacher's truncation); with k = V it is :func:`generalized_jsd`; beta 0 is
+    :func:`topk_forward_kl` (TRL's convention, as :func:`generalized_jsd`). Beta 1 (the reverse KL) is infinite wherever the student puts mass outside the
+    k tokens, so beta must lie in ``[0, 1)``."""
+    if not 0.0 <= beta < 1.0:
+        raise ValueError(
+            f"beta must be in [0, 1) for a top-k teacher (0: its forward KL; 1, the reverse KL, is infinite where "
+            f"the student puts mass outside the teacher's k tokens), got {beta}"
+        )
+    if beta == 0.0:
+        return topk_forward_kl(student_logits, teacher_topk_logprobs, teacher_topk_ids, mask, temperature)
+    _check_topk(student_logits, teacher_topk_logprobs, teacher_topk_ids, mask)
+    dt = _dtype(student_logits, teacher_topk_logprobs)
+    s = _logp(student_logits, temperature, dt).gather(-1, teacher_topk_ids.long())
+    t = torch.log_softmax(teacher_topk_logprobs.to(dt), dim=-1)
+    m = torch.logsumexp(torch.stack([t + math.log(beta), s + math.log(1 - beta)]), dim=0)
+    tail = (1 - s.exp().sum(-1)).clamp(min=0)  # the student's mass off the teacher's k tokens
+    jsd = beta * _kl(t, m) + (1 - beta) * (_kl(s, m) - tail * math.log(1 - beta))
+    return _masked(jsd, mask)

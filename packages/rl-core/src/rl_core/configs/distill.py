@@ -4,7 +4,13 @@
 teacher: as each token's own advantage (``teacher_lp - student_lp``, the one-sample reverse KL of that token,
 negated, with no discount as in Tinker's on-policy distillation; whitened over the batch's response tokens, a
 baseline that keeps the gradient unbiased, and added to the task's advantage) or as a loss term beside the policy loss (a KL estimator of the sampled tokens, as the
-KL-to-reference loss). ``only``: the task's reward (if any) is measured and logged but not trained on (pure
+KL-to-reference loss). With ``--distill_mode loss`` the term may instead compare whole next-token distributions
+(``divergence``: ``forward_kl`` ``KL(teacher || student)`` or ``jsd``, GKD's generalised JSD with ``jsd_beta``, the
+names of ``rl sft``'s ``--kd_divergence``): the teacher sends its top ``topk`` tokens' log-probs per response token
+(:mod:`rl_core.rl.distill_topk`), renormalised over them, and the student's full log-softmax is compared with them;
+``topk`` at or above the vocabulary's size is the full distribution, exact (a real vocabulary of 32k-150k tokens
+is refused above :data:`MAX_TOPK`: ``K`` ids and log-probs per response token travel with the experience). Both sides at the sampling
+temperature (``--temperature``), as every log-prob of the loop: no separate distillation temperature. ``only``: the task's reward (if any) is measured and logged but not trained on (pure
 distillation; no reward source is needed). Math: :mod:`rl_algos.distill`; papers: GKD (arXiv:2306.13649),
 MiniLLM (arXiv:2306.08543)."""
 
@@ -17,6 +23,11 @@ from rl_rollout.config_fields import meta
 
 MODES = ("advantage", "loss")
 ESTIMATORS = ("k1", "k2", "k3")
+DIVERGENCES = ("reverse_kl", "forward_kl", "jsd")
+DEFAULT_TOPK = 64
+#: the most teacher tokens per response token: 8 bytes each (an int32 id, a float32 log-prob), so 8 MiB for a
+#: 1024-token response at K = 1024
+MAX_TOPK = 1024
 
 
 @dataclass(frozen=True)
@@ -48,6 +59,31 @@ class DistillConfig:
             flags=("distill_kl_estimator",),
         ),
     )
+    divergence: str = field(
+        default="reverse_kl",
+        metadata=meta(
+            "what the student lowers: reverse_kl, KL(policy || teacher) on the sampled tokens (--distill_mode "
+            "advantage or loss); with --distill_mode loss also forward_kl, KL(teacher || policy), or jsd, GKD's "
+            "generalised JSD (--distill_jsd_beta), on the teacher's top --distill_topk tokens per response token",
+            flags=("distill_divergence",),
+        ),
+    )
+    topk: int | None = field(
+        default=None,
+        metadata=meta(
+            f"with --distill_divergence forward_kl or jsd: the teacher's top K tokens per response token (default "
+            f"{DEFAULT_TOPK}; at or above the vocabulary's size: the full distributions, exact; at most {MAX_TOPK})",
+            flags=("distill_topk",),
+        ),
+    )
+    jsd_beta: float | None = field(
+        default=None,
+        metadata=meta(
+            "with --distill_divergence jsd: the mixture weight beta in (0, 1), m = beta x teacher + (1 - beta) x "
+            "policy (default 0.5)",
+            flags=("distill_jsd_beta",),
+        ),
+    )
     only: bool = field(
         default=False,
         metadata=meta(
@@ -68,8 +104,8 @@ class DistillConfig:
     def __post_init__(self) -> None:
         if not self.teacher_pretrain:
             raise ValueError(
-                "--distill_mode, --distill_coef, --distill_kl_estimator, --distill_only and --teacher_offload set on-policy "
-                "distillation: add --teacher_pretrain FOLDER (the teacher), or drop them"
+                "--distill_mode, --distill_coef, --distill_kl_estimator, --distill_divergence, --distill_topk, "
+                "--distill_jsd_beta, --distill_only and --teacher_offload set on-policy distillation: add --teacher_pretrain FOLDER (the teacher), or drop them"
             )
         if self.mode not in MODES:
             raise ValueError(f"--distill_mode {self.mode!r}: pick one of {', '.join(MODES)}")
@@ -83,8 +119,63 @@ class DistillConfig:
                 )
             if self.kl_estimator not in ESTIMATORS:
                 raise ValueError(f"--distill_kl_estimator {self.kl_estimator!r}: pick one of {', '.join(ESTIMATORS)}")
+        self._check_divergence()
+
+    def _check_divergence(self) -> None:
+        d = self.divergence
+        if d not in DIVERGENCES:
+            raise ValueError(f"--distill_divergence {d!r}: pick one of {', '.join(DIVERGENCES)}")
+        if d != "reverse_kl":
+            if self.mode != "loss":
+                raise ValueError(
+                    f"--distill_divergence {d} compares the policy's whole next-token distribution with the "
+                    f"teacher's, a loss term beside the policy loss: add --distill_mode loss (--distill_mode "
+                    f"{self.mode} trains on the sampled tokens' reverse KL only)"
+                )
+            if self.kl_estimator is not None:
+                raise ValueError(
+                    f"--distill_kl_estimator {self.kl_estimator} estimates the reverse KL from the sampled tokens; "
+                    f"--distill_divergence {d} is computed from the distributions: drop it"
+                )
+        elif self.topk is not None:
+            raise ValueError(
+                f"--distill_topk {self.topk} sets how many of the teacher's tokens --distill_divergence forward_kl "
+                "or jsd compares; the reverse KL reads the sampled tokens only: add --distill_divergence forward_kl "
+                "(or jsd) and --distill_mode loss, or drop it"
+            )
+        if self.topk is not None and not 1 <= self.topk <= MAX_TOPK:
+            raise ValueError(
+                f"--distill_topk must be in 1..{MAX_TOPK}, got {self.topk}: the teacher sends K ids and log-probs "
+                f"per response token with the experience, so a full real vocabulary (32k-150k tokens) is not "
+                f"shipped; a K at or above a small vocabulary's size compares the full distributions"
+            )
+        if self.jsd_beta is not None:
+            if d != "jsd":
+                raise ValueError(
+                    f"--distill_jsd_beta {self.jsd_beta} is the mixture weight of --distill_divergence jsd; with "
+                    f"--distill_divergence {d} drop it"
+                )
+            if not (math.isfinite(self.jsd_beta) and 0.0 < self.jsd_beta < 1.0):
+                raise ValueError(
+                    f"--distill_jsd_beta must be in (0, 1) (its limit at 0 is --distill_divergence forward_kl; at 1, "
+                    f"the reverse KL, a top-k teacher's divergence is infinite), got {self.jsd_beta}"
+                )
 
     @property
     def loss_estimator(self) -> str | None:
-        """The loss term's estimator (None: the signal is the advantage)."""
-        return (self.kl_estimator or "k3") if self.mode == "loss" else None
+        """The sampled-token loss term's estimator (None: the signal is the advantage, or a divergence of the
+        distributions)."""
+        return (self.kl_estimator or "k3") if self.mode == "loss" and self.divergence == "reverse_kl" else None
+
+    @property
+    def teacher_topk(self) -> int | None:
+        """How many of its top tokens the teacher sends per response token (None: only the sampled token's
+        log-prob)."""
+        if self.divergence == "reverse_kl":
+            return None
+        return DEFAULT_TOPK if self.topk is None else self.topk
+
+    @property
+    def beta(self) -> float:
+        """The JSD's mixture weight (0.5 unless given)."""
+        return 0.5 if self.jsd_beta is None else self.jsd_beta

@@ -34,6 +34,7 @@ from rl_core.models import check_fused_lm_head
 from rl_core.rl.auto import Hardware
 from rl_core.rl.auto import resolve as resolve_auto
 from rl_core.rl.batching import MicroBatchConfig
+from rl_core.rl.distill_topk import check_logit_distill
 from rl_core.rl.ds_sleep import check_ds_sleep
 from rl_core.rl.frozen_workers import ReferenceWorker, RewardModelWorker
 from rl_core.rl.groups import LocalGroup, WorkerGroup
@@ -69,6 +70,9 @@ class RunConfig:
         check_ds_sleep(self.ppo.deepspeed_enable_sleep, self.strategy)
 
         check_fused_lm_head(self.model.fused_lm_head, self.strategy)
+        check_logit_distill(
+            self.ppo.distill, fused_lm_head=self.model.fused_lm_head, ring_attn_size=self.strategy.ring_attn_size
+        )
         offloaded = [f"--{n}" for n in ("ref_offload", "reward_offload") if getattr(self.model, n)]
         offloaded += ["--teacher_offload"] if self.ppo.distill is not None and self.ppo.distill.offload else []
         if offloaded:

@@ -51,6 +51,9 @@ class Experience:
     - ``turn_rewards_T``: an agent's per-turn rewards on each turn's last token (``--agent_turn_rewards``),
       consumed by the advantage step (then None: not the workers' to train on).
     - ``advantages_T``, ``returns_T``: the advantage step (returns with a critic only).
+    - ``teacher_topk_ids_RK``, ``teacher_topk_logprobs_RK``: with ``--distill_divergence forward_kl | jsd``, the
+      teacher's top ``K`` tokens at each of the ``R = T - prompt_len`` response tokens (:mod:`rl_core.rl.distill_topk`;
+      response positions only, laid out for a forward by :func:`rl_core.rl.distill_topk.predicting_layout`).
     - ``image_inputs``: a vision-language prompt's image tensors (``{"pixel_values": ..., ...}``), what the
       engine generated with.
     """
@@ -66,6 +69,8 @@ class Experience:
     advantages_T: torch.Tensor | None = None
     returns_T: torch.Tensor | None = None
     turn_rewards_T: torch.Tensor | None = None
+    teacher_topk_ids_RK: torch.Tensor | None = None
+    teacher_topk_logprobs_RK: torch.Tensor | None = None
     image_inputs: dict[str, torch.Tensor] | None = None
 
     def __post_init__(self) -> None:

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from rl_algos import KLEstimator, PolicyLossConfig
 from rl_core.configs import CriticOptimizerConfig
+from rl_core.rl.distill_topk import LogitDivergence
 
 
 @dataclass(frozen=True)
@@ -21,8 +22,9 @@ class PolicyObjective:
     KL loss term (``kl_loss``: its estimator, None when KL is a reward penalty or off), PPO-ptx's coefficient
     (None: no pretraining term), the EMA's beta (None: no EMA), the sampling temperature the log-probs use,
     the passes over each iteration's samples, Dr. GRPO's constant normaliser (``norm_len``), and the distillation
-    loss term (``distill_loss``: its KL(policy || teacher) estimator, None unless ``--distill_mode loss``; its
-    weight ``distill_coef``)."""
+    loss term (``distill_loss``: its KL(policy || teacher) estimator of the sampled tokens, None unless
+    ``--distill_mode loss``; or ``distill_logits``, a divergence of the distributions on the teacher's top-k tokens,
+    ``--distill_divergence forward_kl | jsd``; their weight ``distill_coef``)."""
 
     loss: PolicyLossConfig = PolicyLossConfig()
     correction: str | None = None
@@ -33,6 +35,7 @@ class PolicyObjective:
     ptx_coef: float | None = None
     ema_beta: float | None = None
     distill_loss: KLEstimator | None = None
+    distill_logits: LogitDivergence | None = None
     distill_coef: float = 0.0
 
     def __post_init__(self) -> None:
@@ -55,6 +58,7 @@ class PolicyObjective:
             ptx_coef=ppo.ptx.coef if ppo.ptx is not None else None,
             ema_beta=ppo.ema.beta if ppo.ema is not None else None,
             distill_loss=KLEstimator(d.loss_estimator) if (d := ppo.distill) and d.loss_estimator else None,
+            distill_logits=LogitDivergence.of(ppo.distill),
             distill_coef=ppo.distill.coef if ppo.distill is not None else 0.0,
         )
 

@@ -37,8 +37,10 @@ import torch
 
 from rl_algos import aggregate_loss, approx_kl, value_loss
 from rl_core.hf_export import export_hf
+from rl_core.model_rows import align_to_tokens
 from rl_core.models import Actor, Critic
 from rl_core.rl.batching import MicroBatchConfig, to_device
+from rl_core.rl.distill_topk import predicting_layout
 from rl_core.rl.ds_sleep import DeepSpeedSleep
 from rl_core.rl.ema import EmaWeights
 from rl_core.rl.experience import Experience, TokenField, collate, sequence
@@ -128,6 +130,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         has_rollout = all(it.rollout_logprobs_T is not None for it in items)
         use_rollout = variant.needs_rollout_logprobs or (on_policy and has_rollout)
         kl_loss = o.kl_loss is not None  # no reference (--init_kl_coef 0): no KL to measure, 0 logged
+        div = o.distill_logits  # a divergence of the distributions: the logits of each forward, the teacher's top-k
         fields: list[TokenField] = ["advantages"]
         if not on_policy:
             fields.append("old_logprobs")
@@ -151,16 +154,22 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         aux: list[torch.Tensor] = []  # the MoE router's load-balancing loss of the last forward
         if aux_coef:
             sums["aux_loss"] = 0.0
-        if o.distill_loss is not None:
+        if o.distill_loss is not None or div is not None:
             sums["distill_loss"] = 0.0
         if self._ptx:
             sums["ptx_loss"] = 0.0
 
+        teacher: list[tuple[torch.Tensor, torch.Tensor]] = []  # this micro-batch's top-k, in the forward's layout
+
         def forward(**x):  # with the entropy: log-probs and entropy from one pass over the logits
-            out = self.engine(**x, temperature=o.temperature, return_entropy=entropy)
+            out = self.engine(**x, temperature=o.temperature, return_entropy=entropy, return_logits=div is not None)
             if aux_coef:
                 aux[:] = [out.aux_loss]
-            return (out.logprobs, out.entropy) if entropy else out.logprobs
+            res = [out.logprobs] + ([out.entropy] if entropy else [])
+            if div is not None:  # per raw position (about the next token), moved onto the token it scores
+                ids, lps = teacher[0]
+                res.append(align_to_tokens(div(out.logits, lps, ids, o.temperature), x))
+            return tuple(res) if len(res) > 1 else res[0]
 
         for chunk in self._global_batches(items, o.epochs):
             total = self._global_tokens(chunk)
@@ -170,7 +179,11 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                 b = collate(sub, self.pad_id, fields).to(lambda t: to_device(t, dev))
                 m = b.loss_mask_BT
                 self.s.accumulation_boundary(self.engine, k == len(groups) - 1)
-                lp, ent = self._model(forward, sub) if entropy else (self._model(forward, sub), None)
+                if div is not None:
+                    teacher[:] = [predicting_layout(sub, self.packing, dev)]
+                res = self._model(forward, sub)
+                res = res if isinstance(res, tuple) else (res,)
+                lp, ent = res[0], (res[1] if entropy else None)
                 rollout = b.token("rollout_logprobs") if use_rollout else None
                 old = lp.detach() if on_policy else b.token("old_logprobs")
                 if on_policy and rollout is not None:  # device tensors: no host sync between the micro-batches
@@ -196,6 +209,10 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                 if o.distill_loss is not None:  # on-policy distillation: KL(policy || teacher) on the sampled tokens
                     dkl = approx_kl(lp, b.token("teacher_logprobs"), o.distill_loss, mask=m)
                     d_term = aggregate_loss(dkl, m, "token-mean", global_tokens=total, dp_size=world)
+                    loss = loss + o.distill_coef * d_term
+                    sums["distill_loss"] += d_term.detach() / world
+                if div is not None:  # on-policy distillation: the divergence of the distributions, per response token
+                    d_term = aggregate_loss(res[-1], m, "token-mean", global_tokens=total, dp_size=world)
                     loss = loss + o.distill_coef * d_term
                     sums["distill_loss"] += d_term.detach() / world
                 if entropy:

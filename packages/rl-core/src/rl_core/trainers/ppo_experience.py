@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import cast
 
 import torch
 
@@ -98,13 +99,16 @@ class ExperienceMaker:
     def forwards(self, items: list[Experience]) -> None:
         """Step 3: the old log-probs (unless on-policy), the reference's and the teacher's log-probs and the
         critic's values, into each item; the groups on different devices compute at the same time."""
-        calls: dict[TokenField, Callable[[], list]] = {}
+        calls: dict[str, Callable[[], list]] = {}
         if not self.on_policy:
             calls["old_logprobs"] = lambda: self.sharded(self.policy, "logprobs", items)
         if self.ref is not None:
             calls["ref_logprobs"] = lambda: self.sharded(self.ref, "logprobs", items)
-        if self.teacher is not None:
+        topk = self.cfg.distill.teacher_topk if self.teacher is not None else None
+        if self.teacher is not None and topk is None:
             calls["teacher_logprobs"] = lambda: self.sharded(self.teacher, "logprobs", items)
+        if topk is not None:  # the sampled tokens' log-probs and the top-k, from one teacher forward
+            calls["teacher_topk"] = lambda: self.sharded(self.teacher, "topk_logprobs", items, topk)
         if self.critic is not None:
             calls["values"] = lambda: self.sharded(self.critic, "values", items)
         if self.parallel:
@@ -113,7 +117,14 @@ class ExperienceMaker:
             results = {k: f() for k, f in calls.items()}
         for name, per_item in results.items():
             for it, t in zip(items, per_item, strict=True):
-                it.set_token(name, t)
+                if name == "teacher_topk":
+                    it.teacher_logprobs_T, it.teacher_topk_ids_RK, it.teacher_topk_logprobs_RK = (
+                        t.logprobs_T,
+                        t.ids_RK,
+                        t.logprobs_RK,
+                    )
+                else:
+                    it.set_token(cast(TokenField, name), t)
 
     def advantages(
         self, items: list[Experience], scores: torch.Tensor, fresh: list[bool] | None = None
