@@ -84,8 +84,8 @@ from rl_core.rl.experience import Experience, dp_order, ring_shards
 from rl_core.rl.groups import LocalGroup
 from rl_core.rl.pipeline import AsyncRollout
 from rl_core.rng_state import rng_state_from_json, set_rng_state
-from rl_core.trainers.ppo_checkpoint import loop_checkpoints, loop_settings, loop_state, resume_state
 from rl_core.trainers.ppo_agent_cmd import AgentCmdEpisodes
+from rl_core.trainers.ppo_checkpoint import loop_checkpoints, loop_settings, loop_state, resume_state
 from rl_core.trainers.ppo_checks import check_combinations, check_parts
 from rl_core.trainers.ppo_config import PPOConfig
 from rl_core.trainers.ppo_eval import EvalPass

@@ -19,15 +19,13 @@ class AgentCmdConfig:
         metadata=meta(
             "an agent program run once per episode against the policy's OpenAI-compatible endpoint: a shell command "
             "(started with OPENAI_BASE_URL, OPENAI_API_KEY (the episode's key), OPENAI_MODEL; the dataset row as one "
-            "JSON object on stdin; prints {\"reward\": x} on its last stdout line) or a Python entry point "
+            'JSON object on stdin; prints {"reward": x} on its last stdout line) or a Python entry point '
             "module:function / path.py:function (called in a thread as function(row, endpoint) and returning "
-            "{\"reward\": x}); without a reward, --reward_fn scores the recorded transcript",
+            '{"reward": x}); without a reward, --reward_fn scores the recorded transcript',
             flags=("agent_cmd",),
         ),
     )
-    concurrency: int = field(
-        default=8, metadata=meta("episodes run at once at most", flags=("agent_cmd_concurrency",))
-    )
+    concurrency: int = field(default=8, metadata=meta("episodes run at once at most", flags=("agent_cmd_concurrency",)))
     timeout_s: float = field(
         default=120.0,
         metadata=meta(
