@@ -290,7 +290,9 @@ def test_prompt_dataset_chat_template_label_and_too_long_drop(tok):
 
 def test_prompt_dataset_template_and_missing_label(tok):
     ds = PromptDataset([{"input": "2+2"}], tok, DataConfig(input_template="Q: {} A:"))
-    assert ds[0] == {"prompt": "Q: 2+2 A:", "prompt_ids": tok("Q: 2+2 A:")["input_ids"], "label": None}
+    assert ds[0] == {"prompt": "Q: 2+2 A:", "prompt_ids": tok("Q: 2+2 A:")["input_ids"], "label": None,
+                     # the row as written, prompt before the template: what an --agent_cmd program reads
+                     "row": {"input": "2+2", "prompt": "2+2", "label": None}}
     with pytest.raises(DataError, match=r"row 1\): missing key 'answer' \(keys present: input\); set --label_key"):
         PromptDataset([{"input": "2+2"}], tok, DataConfig(label_key="answer"))
 

@@ -157,11 +157,16 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         require_reward(
             reward_fn=cfgs["reward"].given,
             reward_model=bool(m.reward_pretrain),
-            agent=bool(p.agent),
+            agent=bool(p.agent or p.agent_cmd),
             distill_only=bool(p.distill and p.distill.only),
         )
         if ray:
             check_teacher_placement(cfgs["ray"], p)
+        if ray and p.agent_cmd:
+            raise ValueError(
+                "--agent_cmd is built for rl ppo only (the endpoint serves the in-process engine; over Ray engine "
+                "actors it is not wired yet): run it with rl ppo"
+            )
         check_eval_set(p.eval.steps, bool(d.eval_dataset))
         check_combinations(p, eval_set=bool(d.eval_dataset), sleep_engines=cfgs["rollout"].enable_sleep)
     except ValueError as e:

@@ -197,6 +197,8 @@ class PromptDataset(_EagerDataset):
         if len(ids) > cfg.max_len:
             raise _Dropped
         item = {"prompt": prompt, "prompt_ids": ids, "label": label}
+        # the row as written (every key, the prompt before any chat template): what an --agent_cmd program reads
+        item["row"] = {**{k: v for k, v in row.items() if k != cfg.image_key}, "prompt": value, "label": label}
         if images:
             item["images"] = refs
         return item

@@ -190,7 +190,7 @@ def build_run(
     require_reward(
         reward_fn=reward_fn is not None,
         reward_model=bool(m.reward_pretrain),
-        agent=bool(p.agent),
+        agent=bool(p.agent or p.agent_cmd),
         distill_only=bool(p.distill and p.distill.only),
     )
     roles = run_roles(p, reward_model=bool(m.reward_pretrain))

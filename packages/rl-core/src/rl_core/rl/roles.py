@@ -49,6 +49,7 @@ def require_reward(*, reward_fn: bool, reward_model: bool, agent: bool, distill_
         raise ValueError(
             "no reward: give a reward function (--reward_fn file.py:func, builtin:math ..., or "
             "--remote_rm_url URL), a reward model (--reward_pretrain FOLDER) or an environment "
-            "(--agent_func_path FILE.py, whose step rewards score the episodes); or distil from a teacher "
+            "(--agent_func_path FILE.py, whose step rewards score the episodes; or --agent_cmd PROGRAM, which prints "
+            "its reward); or distil from a teacher "
             "alone (--teacher_pretrain FOLDER --distill_only)"
         )

@@ -84,6 +84,7 @@ from rl_core.rl.experience import Experience, dp_order, ring_shards
 from rl_core.rl.groups import LocalGroup
 from rl_core.rl.pipeline import AsyncRollout
 from rl_core.rng_state import rng_state_from_json, set_rng_state
+from rl_core.trainers.ppo_agent_cmd import AgentCmdEpisodes
 from rl_core.trainers.ppo_checkpoint import loop_checkpoints, loop_settings, loop_state, resume_state
 from rl_core.trainers.ppo_checks import check_combinations, check_parts
 from rl_core.trainers.ppo_config import PPOConfig
@@ -164,6 +165,17 @@ class PPOTrainer:
             agent = load_agent(cfg.agent.func_path)
             if hasattr(rollout, "batch_agenerate"):  # the HF engine: one generate per turn of all episodes
                 rollout.batch_agenerate = True
+        agent_cmd = (
+            AgentCmdEpisodes(
+                cfg.agent_cmd,
+                rollout,
+                tokenizer,
+                reward_fn=reward_fn is not None,
+                eos=[t for t in {tokenizer.eos_token_id} if t is not None],
+            )
+            if cfg.agent_cmd
+            else None
+        )
         roles = {"policy": policy, "critic": critic, "ref": ref, "reward": reward_model, "teacher": teacher}
         ranks = {role: g.world_size for role, g in roles.items() if g is not None}
         check_rl_arithmetic(cfg, train_batch_size, ring=self.ring, num_prompts=len(prompts), world_sizes=ranks)
@@ -184,6 +196,7 @@ class PPOTrainer:
             sharded=self._sharded,
             agent=agent,
             metrics=self.metrics,
+            agent_cmd=agent_cmd,
         )
         run_dir = getattr(self.metrics, "run_dir", None) if getattr(self.metrics, "enabled", False) else None
         self.evaluator = (
@@ -386,6 +399,8 @@ class PPOTrainer:
         try:
             return self._fit()
         finally:
+            if self.sampler.agent_cmd is not None:
+                self.sampler.agent_cmd.close()
             self._locks.release()
 
     def _fit(self) -> list[dict[str, float]]:

@@ -12,6 +12,11 @@ from rl_core.rl.roles import require_reward
 def check_combinations(cfg, *, eval_set: bool, sleep_engines: bool) -> None:
     """Features of ``cfg`` (a PPOConfig) that do not go together with sleeping engines (an eval set goes with
     every mode, ``--async_train`` included: :mod:`rl_core.trainers.ppo_eval`)."""
+    if cfg.agent_cmd and eval_set:
+        raise ValueError(
+            "the eval pass with --agent_cmd is not built (its n and temperature cannot reach the program's calls): "
+            "drop --eval_dataset"
+        )
     if sleep_engines and cfg.async_rl:
         raise ValueError(
             "--async_train generates while the policy trains, so the engines cannot sleep meanwhile: drop "
@@ -27,7 +32,7 @@ def check_parts(cfg, *, rollout, critic, ref, reward_fn, reward_model, teacher=N
     require_reward(
         reward_fn=reward_fn is not None,
         reward_model=reward_model is not None,
-        agent=bool(cfg.agent),
+        agent=bool(cfg.agent or cfg.agent_cmd),
         distill_only=bool(cfg.distill and cfg.distill.only),
     )
     if (cfg.distill is None) != (teacher is None):

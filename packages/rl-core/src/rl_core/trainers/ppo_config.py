@@ -5,7 +5,7 @@ it: rl-algos' :class:`~rl_algos.AdvantageConfig` (``advantage``), :class:`~rl_al
 (``policy_loss``), :class:`~rl_algos.KLConfig` (``kl``) and :class:`~rl_algos.ShapingConfig` (``shaping``),
 rl-rollout's :class:`~rl_rollout.SamplingConfig` (``sampling``),
 rl-core's :mod:`rl_core.configs` (``ckpt``, ``eval``, ``critic_optimizer``, and the optional features, present
-when on: ``async_rl``, ``agent``, ``ptx``, ``ema``, ``dynamic_filtering``, ``distill``). Each node checks its own fields; the rules that cross nodes are here, in
+when on: ``async_rl``, ``agent``, ``agent_cmd`` (rl-rollout's), ``ptx``, ``ema``, ``dynamic_filtering``, ``distill``). Each node checks its own fields; the rules that cross nodes are here, in
 ``__post_init__``, once. Migrating from the flat config of rl-core 0.15: ``PPOConfig(init_kl_coef=0)`` is
 ``PPOConfig(kl=KLConfig(init_coef=0))``, ``async_train=True, max_staleness=2`` is
 ``async_rl=AsyncConfig(max_staleness=2)``, ``save_steps=..., ckpt_path=...`` is ``ckpt=CheckpointConfig(...)``,
@@ -39,6 +39,7 @@ from rl_core.configs import (
     from_flat,
 )
 from rl_rollout import SamplingConfig
+from rl_rollout.agents.cmd_config import AgentCmdConfig
 from rl_rollout.config_fields import check_numbers, meta
 
 
@@ -94,6 +95,12 @@ class PPOConfig:
     )
     agent: AgentConfig | None = field(
         default=None, metadata=meta("multi-turn episodes against an environment (on with --agent_func_path)")
+    )
+    agent_cmd: AgentCmdConfig | None = field(
+        default=None,
+        metadata=meta(
+            "episodes played by an agent program against the policy's OpenAI-compatible endpoint (on with --agent_cmd)"
+        ),
     )
     reward_max_failure_rate: float = field(
         default=0.5,
@@ -206,6 +213,16 @@ class PPOConfig:
                 f"--agent_turn_rewards gives token-level rewards, which --advantage_estimator "
                 f"{self.advantage.estimator} (one scalar per sample, compared within its group) does not "
                 f"take: use {fit}, or drop --agent_turn_rewards"
+            )
+        if self.agent_cmd and self.agent:
+            raise ValueError(
+                "--agent_cmd runs an agent program and --agent_func_path an environment the loop steps: one "
+                "source of episodes per run, drop one of them"
+            )
+        if self.agent_cmd and self.async_rl:
+            raise ValueError(
+                "--agent_cmd with --async_train is not built (the endpoint would sample while the weights update): "
+                "drop --async_train"
             )
         if self.distill and self.distill.only and self.dynamic_filtering:
             raise ValueError(

@@ -103,6 +103,7 @@ class Sampler:
         sharded: Callable | None = None,
         agent=None,
         metrics=None,
+        agent_cmd=None,
     ):
         self.cfg, self.rollout, self.prompts, self.tokenizer, self.seed, self.eos = (
             cfg,
@@ -119,6 +120,7 @@ class Sampler:
             sharded,
         )
         self.agent, self.metrics = agent, metrics
+        self.agent_cmd = agent_cmd  # an AgentCmdEpisodes (rl_core.trainers.ppo_agent_cmd), or None
         self.cursor = 0  # prompts consumed so far (over epochs of seeded permutations)
         self.group_buffer: list[tuple] = []  # over-sampled groups waiting for a batch (generate_batch_size)
         self.generate_batch_size = cfg.async_rl.generate_batch_size if cfg.async_rl else None
@@ -147,6 +149,10 @@ class Sampler:
             if any(p.get("images") for p in prompts):
                 raise ValueError("agent episodes with images are not built: drop --image_key or --agent_func_path")
             groups = self.episodes(prompts, params)
+        elif self.agent_cmd is not None:  # the program decides its calls' sampling; n episodes per prompt
+            if any(p.get("images") for p in prompts):
+                raise ValueError("agent programs with images are not built: drop --image_key or --agent_cmd")
+            groups = self.agent_cmd.groups(prompts, params.n)
         else:
             groups = self.rollout.generate(
                 [RolloutRequest(list(p["prompt_ids"]), params, multi_modal_data=_images_of(p)) for p in prompts]
@@ -194,6 +200,12 @@ class Sampler:
             info.update(agent_info)
             if self.reward_fn is None and self.reward_model is None:
                 own = agent_scores
+        program = None  # --agent_cmd: which samples' programs printed a reward (the reward function scores the rest)
+        if self.agent_cmd is not None:
+            program = torch.tensor([s.reward is not None for s in samples])
+            parts.append(torch.tensor([float(s.reward or 0.0) for s in samples]))
+            info.update(self.agent_cmd.last_metrics)
+            info["agent_cmd/reward_mean"] = parts[-1].mean().item()
         if self.reward_fn is not None:
             ps = [prompts[i // n]["prompt"] for i in range(len(samples))]
             labels = [prompts[i // n].get("label") for i in range(len(samples))]
@@ -201,6 +213,9 @@ class Sampler:
             r = self.reward_fn.score(ps, texts, labels)
             counts = getattr(self.reward_fn, "last_counts", None)
             parts.append(torch.tensor(r, dtype=torch.float32))
+            if program is not None:  # the transcripts of programs that printed no reward (dropped ones: 0)
+                dropped = torch.tensor([bool(s.info.get("dropped")) for s in samples])
+                parts[-1] = torch.where(program | dropped, 0.0, parts[-1])
             info["reward_fn_mean"] = parts[-1].mean().item()
             record = self.reward_fn.last_record() if callable(getattr(self.reward_fn, "last_record", None)) else None
             if record is not None:

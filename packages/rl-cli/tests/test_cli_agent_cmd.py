@@ -1,0 +1,149 @@
+"""``rl ppo --agent_cmd``: agent programs (written only against the ``openai`` package) play the episodes against
+the policy's OpenAI-compatible endpoint, HF engine and real DeepSpeed on a tiny model. The example calculator
+agent (two chat calls per episode, its own loop and reward) trains for 2 iterations while, on the side, a
+crashing and a hanging program in the same run are counted and cut without stopping it; the loop's samples
+carry exactly the recorded tokens and log-probs, masks checked on the experience tensors; the refusals."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import AutoTokenizer
+
+from rl_cli.main import main
+from rl_core.rl.experience import collate, make_item
+from rl_core.trainers.ppo_agent_cmd import AgentCmdEpisodes
+from rl_rollout.agents.cmd_config import AgentCmdConfig
+from rl_rollout.hf_engine import HFEngine
+
+pytestmark = [pytest.mark.timeout(300)]
+EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "calculator_agent.py"
+
+# the example agent, unless its row says to crash
+FLAKY = f"""
+import json, subprocess, sys
+row = json.loads(sys.stdin.read())
+if row.get("mode") == "crash":
+    raise SystemExit("boom")
+sys.exit(subprocess.run([sys.executable, {str(EXAMPLE)!r}], input=json.dumps(row), text=True).returncode)
+"""
+
+
+@pytest.fixture(autouse=True)
+def own_dist_env():
+    keys = ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+    saved = {k: os.environ.get(k) for k in keys}
+    yield
+    for k, v in saved.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory):
+    from rl_rollout.testing import make_tiny_model
+
+    root = tmp_path_factory.mktemp("agent-cmd-cli")
+    model = make_tiny_model(root / "tiny")
+    rows = [{"prompt": f"What is {a}+{b}?", "label": str(a + b), "mode": m}
+            for (a, b), m in zip([(1, 2), (3, 4)], ["ok", "crash"], strict=True)]
+    (root / "prompts.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (root / "flaky.py").write_text(FLAKY)
+    return root, model
+
+
+def argv(root, model, run, cmd, *extra):
+    return ["ppo", "--pretrain", str(model), "--prompt_data", str(root / "prompts.jsonl"), "--input_key", "prompt",
+            "--label_key", "label", "--agent_cmd", cmd, "--agent_cmd_concurrency", "4", "--agent_cmd_timeout", "20",
+            "--advantage_estimator", "group_norm", "--n_samples_per_prompt", "2", "--rollout_batch_size", "2",
+            "--train_batch_size", "4", "--max_iterations", "2", "--bf16", "false", "--init_kl_coef", "0",
+            "--rollout_engine", "hf", "--seed", "1", "--run_dir", str(root / run), *extra]
+
+
+def test_rl_ppo_trains_the_example_agent_and_counts_a_crashing_one(task, monkeypatch):
+    root, model = task
+    monkeypatch.setenv("AGENT_MAX_TOKENS", "4")
+    assert main(argv(root, model, "run", f"{sys.executable} {root / 'flaky.py'}")) == 0
+    rows = [json.loads(x) for x in (root / "run" / "metrics.jsonl").read_text().splitlines()]
+    its = [r for r in rows if "rl/agent_cmd/episodes_ok" in r]
+    assert len(its) == 2
+    for r in its:
+        # 2 prompts x 2 samples: the "crash" row's 2 episodes fail, the other 2 play two calls each
+        assert r["rl/agent_cmd/episodes_ok"] == 2 and r["rl/agent_cmd/episodes_failed"] == 2
+        assert r["rl/agent_cmd/episodes_timed_out"] == 0 and r["rl/agent_cmd/dropped"] == 2
+        assert r["rl/agent_cmd/calls_per_episode"] == 1.0  # (2 + 2 + 0 + 0) / 4
+        assert r["rl/agent_cmd/merged"] + r["rl/agent_cmd/per_call"] == 2
+        assert r["rl/agent_cmd/per_call"] >= r["rl/agent_cmd/drift"]
+        assert r["rl/agent_cmd/tokens_per_episode"] > 0
+        # the trainer's log-probs of the sampled tokens are the engine's: one distribution, the same weights
+        assert r["rl/rollout_logprob_gap"] < 1e-3
+
+
+def test_episodes_tensors_hold_the_recorded_tokens_and_a_hang_is_cut(task, tmp_path):
+    root, model = task
+    tok = AutoTokenizer.from_pretrained(model)
+    engine = HFEngine(model)
+    agent = tmp_path / "agent.py"
+    agent.write_text(
+        "import json, sys, time\n"
+        "from openai import OpenAI\n"
+        "row = json.loads(sys.stdin.read())\n"
+        "if row['mode'] == 'hang':\n"
+        "    time.sleep(600)\n"
+        "c = OpenAI()\n"
+        "prompt = [5, 6, 7]\n"  # completions on token ids: the program extends the transcript token for token
+        "r = c.completions.create(model='m', prompt=prompt, max_tokens=3, logprobs=0)\n"
+        "print(json.dumps({'reward': 1.0}))\n"
+    )
+    cfg = AgentCmdConfig(cmd=f"{sys.executable} {agent}", concurrency=4, timeout_s=4.0, kill_grace_s=0.5)
+    eps = AgentCmdEpisodes(cfg, engine, tok, reward_fn=False, eos=[tok.eos_token_id])
+    recorded = {}
+    try:
+        server = eps.start().server
+        close = server.close_episode
+        server.close_episode = lambda key: recorded.setdefault(key, close(key))  # observe what was recorded
+        prompts = [{"prompt_ids": [1, 2], "row": {"prompt": "p", "label": "l", "mode": m}} for m in ("ok", "hang")]
+        groups = eps.groups(prompts, 2)
+    finally:
+        eps.close()
+    m = eps.last_metrics
+    assert m["agent_cmd/episodes_ok"] == 2 and m["agent_cmd/episodes_timed_out"] == 2 and m["agent_cmd/dropped"] == 2
+    assert m["agent_cmd/merged"] == 2 and m["agent_cmd/drift"] == 0
+    ok, hung = groups
+    calls = [c for cs in recorded.values() for c in cs if c.prompt_ids == [5, 6, 7]]
+    assert sorted(c.choices[0].response_ids for c in calls) == sorted(s.response_ids for s in ok)
+    by_ids = {tuple(c.choices[0].response_ids): c.choices[0].logprobs for c in calls}
+    for s in ok:
+        assert s.rollout_logprobs == by_ids[tuple(s.response_ids)] and s.reward == 1.0
+    # on the tensors the loop trains on: prompt 0, sampled tokens 1 with the engine's log-probs; dropped rows all 0
+    samples = ok + hung
+    b = collate([make_item(s.prompt_ids, s.response_ids, s.loss_mask, s.rollout_logprobs) for s in samples], 0,
+                ["rollout_logprobs"])
+    for i, s in enumerate(samples):
+        P, R = len(s.prompt_ids), len(s.response_ids)
+        assert b.input_ids_BT[i, : P + R].tolist() == s.prompt_ids + s.response_ids
+        want = [0] * P + ([1] * R if i < 2 else [0] * R)
+        assert b.loss_mask_BT[i, : P + R].tolist() == want and b.loss_mask_BT[i, P + R :].sum() == 0
+        lp = b.token("rollout_logprobs")[i, P : P + R]
+        assert torch.equal(lp, torch.tensor(s.rollout_logprobs, dtype=torch.float32))
+    assert all(s.prompt_ids == [5, 6, 7] for s in ok) and all(s.info["dropped"] and s.reward == 0.0 for s in hung)
+
+
+def test_refusals(task, capsys):
+    root, model = task
+    with pytest.raises(SystemExit):
+        main(argv(root, model, "x", "echo", "--agent_func_path", "builtin:calculator"))
+    assert "one source of episodes" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["ppo-ray", *argv(root, model, "x", "echo")[1:], "--num_gpus", "0"])
+    assert "rl ppo only" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(argv(root, model, "x", "echo", "--async_train"))
+    assert "--async_train" in capsys.readouterr().err

@@ -1,0 +1,135 @@
+"""Agent programs as the rollout (``--agent_cmd``, :class:`~rl_rollout.agents.cmd_config.AgentCmdConfig`):
+:class:`AgentCmdEpisodes` serves the rollout engine as an OpenAI-compatible endpoint
+(:class:`~rl_rollout.openai_api.OpenAIServer`, started on first use, stopped by :meth:`~AgentCmdEpisodes.close`),
+runs the program once per sample (rl-rollout's :class:`~rl_rollout.agents.cmd.AgentCmdRunner`) and turns each
+episode's recorded calls into the one training sample of its slot in the loop's prompts x n batch:
+
+- merged (every call extends the previous call's prompt + sampled ids, token for token): the whole episode,
+  the program's own tokens (tool results, user turns, template markup) with loss mask 0, the sampled ones 1;
+- per call (a call that does not extend, re-tokenisation drift included: :mod:`rl_rollout.agents.transcript`):
+  the episode's last call, its prompt as rendered; the earlier calls are not trained (counted: the loop's
+  batch keeps one sample per slot so group baselines and the train batch arithmetic hold);
+- dropped (the program failed, timed out, made no call, or gave no reward with no --reward_fn to score it):
+  a placeholder of one masked token with reward 0, so nothing of it trains (counted).
+
+Metrics per iteration (``agent_cmd/...``): episodes ok / failed / timed out, calls and tokens per episode,
+merged / per_call / drift episodes, untrained calls, dropped samples, late calls (410s since the last iteration).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from rl_rollout.agents.cmd import AgentCmdRunner, EpisodeResult
+from rl_rollout.agents.cmd_config import AgentCmdConfig
+from rl_rollout.agents.transcript import episode_samples
+from rl_rollout.openai_api import OpenAIServer
+from rl_rollout.types import RolloutSample
+
+logger = logging.getLogger(__name__)
+
+
+class AgentCmdEpisodes:
+    """``groups(prompts, n)``: n episodes per prompt as samples (module docstring); ``last_metrics`` of the
+    latest call; ``reward_fn``: whether a reward function scores episodes that print no reward."""
+
+    def __init__(self, config: AgentCmdConfig, rollout: Any, tokenizer: Any, *, reward_fn: bool, eos: list[int]):
+        if not callable(getattr(rollout, "generate", None)):
+            raise ValueError(f"--agent_cmd serves an engine with generate(requests); got {type(rollout).__name__}")
+        self.config, self.rollout, self.tokenizer, self.reward_fn = config, rollout, tokenizer, reward_fn
+        self.filler = eos[0] if eos else 0
+        self.server: OpenAIServer | None = None
+        self.runner: AgentCmdRunner | None = None
+        self.last_metrics: dict[str, float] = {}
+        self._gone = 0
+
+    def start(self) -> AgentCmdEpisodes:
+        if self.server is None:
+            self.server = OpenAIServer(self.rollout, self.tokenizer).start()
+            self.runner = AgentCmdRunner(self.config, self.server)
+        return self
+
+    def close(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+        self.server = self.runner = None
+
+    def groups(self, prompts: list[dict], n: int) -> list[list[RolloutSample]]:
+        self.start()
+        assert self.runner is not None and self.server is not None
+        rows = [agent_row(p) for p in prompts for _ in range(n)]
+        results = self.runner.run(rows)
+        counts = {k: 0.0 for k in ("ok", "failed", "timeout", "merged", "per_call", "drift", "untrained", "dropped")}
+        calls = 0
+        samples = []
+        for p, r in zip([p for p in prompts for _ in range(n)], results, strict=True):
+            counts[r.status] += 1
+            calls += len(r.calls)
+            s, why = self._sample(p, r, counts)
+            if why:
+                counts["dropped"] += 1
+                logger.warning("agent_cmd episode dropped (%s): %s", why, r.error or "")
+            samples.append(s)
+        gone = int(self.server.stats().get("gone", 0))
+        k = len(results)
+        self.last_metrics = {
+            "agent_cmd/episodes_ok": counts["ok"],
+            "agent_cmd/episodes_failed": counts["failed"],
+            "agent_cmd/episodes_timed_out": counts["timeout"],
+            "agent_cmd/calls_per_episode": calls / k,
+            "agent_cmd/tokens_per_episode": sum(len(s.prompt_ids) + len(s.response_ids) for s in samples) / k,
+            "agent_cmd/policy_tokens_per_episode": sum(sum(s.loss_mask) for s in samples) / k,
+            "agent_cmd/merged": counts["merged"],
+            "agent_cmd/per_call": counts["per_call"],
+            "agent_cmd/drift": counts["drift"],
+            "agent_cmd/calls_untrained": counts["untrained"],
+            "agent_cmd/dropped": counts["dropped"],
+            "agent_cmd/late_calls": float(gone - self._gone),
+        }
+        self._gone = gone
+        return [samples[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+    def _sample(self, prompt: dict, r: EpisodeResult, counts: dict[str, float]) -> tuple[RolloutSample, str]:
+        """The slot's sample and, when it is a dropped placeholder, why."""
+        why = ""
+        if r.status != "ok":
+            why = f"{r.status}"
+        elif not r.calls:
+            why = "no call"
+        elif r.reward is None and not self.reward_fn:
+            why = "no reward printed and no --reward_fn"
+        if why:
+            return self._placeholder(prompt, r, why), why
+        es = episode_samples(r.calls, self.tokenizer)
+        counts[es.mode] += 1
+        counts["drift"] += es.drift
+        if es.mode == "merged":
+            s = es.samples[0]
+        else:
+            s = es.samples[-1]
+            counts["untrained"] += len(es.samples) - 1
+        s.reward = r.reward
+        s.info.update(agent_cmd=r.status, mode=es.mode, drift=es.drift, calls=len(r.calls), dropped=False)
+        return s, ""
+
+    def _placeholder(self, prompt: dict, r: EpisodeResult, why: str) -> RolloutSample:
+        return RolloutSample(
+            prompt_ids=list(prompt["prompt_ids"]),
+            response_ids=[self.filler],
+            rollout_logprobs=[0.0],
+            loss_mask=[0],
+            finish_reason="abort",
+            policy_version=getattr(self.rollout, "policy_version", 0),
+            reward=0.0,
+            info={"agent_cmd": r.status, "dropped": True, "why": why, "calls": len(r.calls), "error": r.error},
+        )
+
+
+def agent_row(prompt: dict) -> dict:
+    """What the program reads: the dataset row as in the file (every key), ``prompt`` its prompt as written
+    there and ``label`` its label."""
+    row = dict(prompt.get("row") or {})
+    row.setdefault("prompt", prompt.get("prompt"))
+    row.setdefault("label", prompt.get("label"))
+    return row
