@@ -109,7 +109,7 @@ class LogitDivergence:
         return topk_generalized_jsd(student_logits, teacher_lp, teacher_ids, beta=self.beta, temperature=temperature)
 
 
-def check_logit_distill(distill, *, fused_lm_head: bool, ring_attn_size: int) -> None:
+def check_logit_distill(distill, *, fused_lm_head: bool | None, ring_attn_size: int) -> None:
     """Before any model loads: the divergence needs the policy's and the teacher's logits whole on one rank."""
     if distill is None or distill.teacher_topk is None:
         return
