@@ -118,15 +118,32 @@ def _role_counts(ray_args: RayArgs, ppo, model) -> dict[str, tuple[int, int]]:
     }
 
 
-def check_teacher_placement(ray_args: RayArgs, ppo) -> None:
-    """``--teacher_num_nodes`` / ``--teacher_num_gpus_per_node`` place on-policy distillation's teacher: refused
-    without ``--teacher_pretrain`` (ValueError naming them), not ignored."""
-    given = [f"--{n}" for n in ("teacher_num_nodes", "teacher_num_gpus_per_node") if getattr(ray_args, n) is not None]
-    if given and ppo.distill is None:
-        raise ValueError(
-            f"{' and '.join(given)} place the on-policy distillation teacher, and this run has none: add "
-            f"--teacher_pretrain FOLDER, or drop {' and '.join(given)}"
-        )
+def check_role_placement(ray_args: RayArgs, ppo, model) -> None:
+    """The placement flags of a role this run does not have (``--critic_*`` without a critic, ``--ref_*`` without a
+    reference, ``--reward_*`` without a reward model, ``--teacher_*`` without a teacher) are refused, naming them and
+    why the run has no such role (ValueError), not ignored."""
+    roles = run_roles(ppo, reward_model=bool(model.reward_pretrain))
+    why = {
+        "critic": (
+            roles.critic,
+            f"place the critic, and this run has none (--advantage_estimator "
+            f"{ppo.advantage.estimator} needs no value model; gae does)",
+        ),
+        "ref": (roles.ref, "place the reference model, and this run has none (--init_kl_coef 0 and no KL loss)"),
+        "reward": (roles.reward_model, "place the reward model, and this run has none (no --reward_pretrain)"),
+        "teacher": (
+            roles.teacher,
+            "place the on-policy distillation teacher, and this run has none: add "
+            "--teacher_pretrain FOLDER, or drop them",
+        ),
+    }
+    for role, (present, reason) in why.items():
+        given = [
+            f"--{role}_{n}" for n in ("num_nodes", "num_gpus_per_node") if getattr(ray_args, f"{role}_{n}") is not None
+        ]
+        if given and not present:
+            flags = " and ".join(given)
+            raise ValueError(f"{flags} {reason}" + ("" if role == "teacher" else f": drop {flags}"))
 
 
 def _world_sizes(cfgs: dict) -> dict[str, int]:

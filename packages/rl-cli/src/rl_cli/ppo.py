@@ -41,7 +41,7 @@ from rl_cli import extensions
 from rl_cli.config import build_parser
 from rl_cli.errors import CliArgs, UserError, set_debug, user_errors
 from rl_cli.loading import build, given, settings
-from rl_cli.placement_args import RayArgs, _world_sizes, check_teacher_placement
+from rl_cli.placement_args import RayArgs, _world_sizes, check_role_placement
 from rl_cli.train import _local_models, _wandb_installed, _wandb_key, check_moe
 from rl_core.configs import check_eval_rows, check_eval_set
 from rl_core.data.config import DataConfig
@@ -161,7 +161,7 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
             distill_only=bool(p.distill and p.distill.only),
         )
         if ray:
-            check_teacher_placement(cfgs["ray"], p)
+            check_role_placement(cfgs["ray"], p, m)
         if ray and p.agent_cmd:
             raise ValueError(
                 "--agent_cmd is built for rl ppo only (the endpoint serves the in-process engine; over Ray engine "
