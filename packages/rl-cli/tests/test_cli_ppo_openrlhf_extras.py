@@ -40,8 +40,10 @@ def task(tmp_path_factory):
     (root / "prompts.jsonl").write_text(
         "".join(json.dumps({"prompt": f"Repeat the letter {c}: ", "label": c}) + "\n" for c in "abcd"))
     letters = "abcdefghijklmnopqrstuvwxyz"
-    (root / "eval.jsonl").write_text("".join(json.dumps({"prompt": f"Spell {w}: ", "label": letters[i::2]}) + "\n"
-                                             for i, w in enumerate(("cat", "dog", "emu"))))
+    (root / "eval.jsonl").write_text("".join(json.dumps({"prompt": f"Spell {w}: ", "label": letters[i::2],
+                                                         "datasource": source}) + "\n"  # OpenRLHF's key
+                                             for i, (w, source) in enumerate((("cat", "pets"), ("dog", "pets"),
+                                                                              ("emu", "birds")))))
     (root / "rewards.py").write_text(REWARDS)
     return root, model
 
@@ -110,6 +112,12 @@ def test_eval_pass_logs_reward_and_pass_at_n_and_leaves_the_training_trajectory_
         assert r["eval/pass@2"] == r["eval/pass@1"] == r["eval/correct"] and r["eval/maj@2"] == r["eval/maj@1"]
         assert r["eval/weight_version"] == r["step"] and r["eval/prompts"] == 3
         assert 0 < r["eval/response_length"] <= 8 and 0 <= r["eval/truncated"] <= 1
+        # per data source (OpenRLHF's eval_{datasource}_*): each source's own metrics, which add up to the set's
+        assert (r["eval/pets/prompts"], r["eval/birds/prompts"], r["eval/pets/samples"]) == (2, 1, 4)
+        both = (2 * r["eval/pets/reward_mean"] + r["eval/birds/reward_mean"]) / 3
+        assert abs(both - r["eval/reward_mean"]) < 1e-9, (both, r["eval/reward_mean"])
+    lines = [json.loads(x) for x in (root / "eval" / "eval_samples" / "iter_2.jsonl").read_text().splitlines()]
+    assert sorted(x["datasource"] for x in lines) == ["birds"] * 2 + ["pets"] * 4
 
 
 @pytest.mark.multiprocess

@@ -24,8 +24,12 @@ versions is an error). With a ``--run_dir``, every sample is a JSON line of ``ev
 
 The pass leaves the training trajectory alone: its requests carry their own seeds (the
 engines fork the RNG for a seeded request), it trains nothing, and it runs between the
-sync and the next iteration's sampling. Not here: per-datasource metrics (OpenRLHF's
-``eval_{datasource}_*``).
+sync and the next iteration's sampling.
+
+Per data source (OpenRLHF's ``eval_{datasource}_*``): rows may name their source in a ``datasource`` key (OpenRLHF's
+prompt datasets do; a row without one is ``default``). When the eval set holds two or more sources, each
+source's metrics are logged too, as ``eval/{datasource}/NAME`` (the same names as the whole set's), and each
+sample line carries its ``datasource``; the unprefixed ``eval/NAME`` stay the whole set's.
 
 With ``--async_train`` (:mod:`rl_core.rl.pipeline`) the producer thread generates the next batches while the
 trainer trains, so the engines are shared. The pass runs on the trainer thread right after the sync of version
@@ -53,6 +57,12 @@ from pathlib import Path
 from rl_core.configs.eval import best_metric_name, check_eval_rows, eval_metric_names  # noqa: F401  (re-exported)
 from rl_core.rl.experience import make_item
 from rl_rollout.evaluation import EvalTally, answer_key_of, sample_record
+
+def datasource(prompt: dict) -> str:
+    """The data source a prompt's row names (OpenRLHF's ``datasource`` key), ``default`` when it names none."""
+    value = (prompt.get("row") or {}).get("datasource")
+    return "default" if value is None or str(value).strip() == "" else str(value).strip()
+
 
 EVAL_SEED_OFFSET = 1_000_003  # eval requests' seeds: apart from the training rounds' seed + 1000 x it + round
 
@@ -86,6 +96,7 @@ class EvalPass:
         c, t0, sampler = self.cfg, time.perf_counter(), self.sampler
         n, k = c.n_samples_per_prompt, self.chunk
         tally, records, failures = EvalTally(self.answer), [], 0
+        by_source: dict[str, EvalTally] = {}  # the same samples, per the rows' data source
         versions: set[int] = set()
         rows = [self.prompts[i] for i in range(len(self.prompts))]
         for chunk, start in enumerate(range(0, len(rows), k)):
@@ -101,6 +112,8 @@ class EvalPass:
                 group = samples[j * n : (j + 1) * n]
                 texts = [sampler.tokenizer.decode(s.response_ids, skip_special_tokens=True) for s in group]
                 answers = tally.add(scores[j * n : (j + 1) * n], texts, group)
+                source = datasource(p)
+                by_source.setdefault(source, EvalTally(self.answer)).add(scores[j * n : (j + 1) * n], texts, group)
                 records += [
                     dict(
                         sample=s,
@@ -111,6 +124,7 @@ class EvalPass:
                         reward=scores[j * n + i],
                         answer=a,
                         seed=seed,
+                        datasource=source,
                     )
                     for i, (s, t, a) in enumerate(zip(group, texts, answers, strict=True))
                 ]
@@ -123,6 +137,9 @@ class EvalPass:
         self._write(it, version, records)
         out = tally.metrics(c.ks, c.correct_threshold)
         out.update(reward_failures=float(failures), seconds=time.perf_counter() - t0, weight_version=float(version))
+        if len(by_source) > 1:  # OpenRLHF's eval_{datasource}_*: each source's metrics beside the whole set's
+            for source, t in sorted(by_source.items()):
+                out.update({f"{source}/{name}": v for name, v in t.metrics(c.ks, c.correct_threshold).items()})
         return {f"eval/{name}": v for name, v in out.items()}
 
     def _write(self, it: int, version: int, records: list[dict]) -> None:
@@ -133,6 +150,8 @@ class EvalPass:
         tmp = path.with_suffix(".jsonl.tmp")
         with tmp.open("w") as f:
             for r in records:
+                source = r.pop("datasource")
                 row = sample_record(threshold=self.cfg.correct_threshold, iteration=it, weight_version=version, **r)
+                row["datasource"] = source
                 f.write(json.dumps(row) + "\n")
         os.replace(tmp, path)
