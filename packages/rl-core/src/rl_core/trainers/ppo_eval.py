@@ -58,6 +58,7 @@ from rl_core.configs.eval import best_metric_name, check_eval_rows, eval_metric_
 from rl_core.rl.experience import make_item
 from rl_rollout.evaluation import EvalTally, answer_key_of, sample_record
 
+
 def datasource(prompt: dict) -> str:
     """The data source a prompt's row names (OpenRLHF's ``datasource`` key), ``default`` when it names none."""
     value = (prompt.get("row") or {}).get("datasource")
