@@ -970,6 +970,10 @@ def report(summary: dict, info: dict) -> None:
           f"  (full collections: ours {o['gc_full']}, TRL {t['gc_full']})")
     if info.get("ours_async"):  # overlap: the step near max(generate, train), not their sum
         g, tr = o["breakdown_mean"]["generate_s"], o["breakdown_mean"]["policy_train_s"]
+        steady = o["step_s"][:-1]  # the last step only trains (nothing left to generate): the pipeline's tail
+        if steady:
+            print(f"ours async, steady state (all but the last measured step, which only trains): "
+                  f"{statistics.mean(steady):.3f} s a step, {statistics.mean(steady) / t['step_s_mean']:.3f}x TRL's mean")
         print(f"ours async (--max_staleness 1, tis correction): step {o['step_s_mean']:.3f} s against generate "
               f"{g:.3f} + train {tr:.3f} = {g + tr:.3f} s run one after the other, max {max(g, tr):.3f} s; sides "
               "run one after the other (ours' steps back to back, then TRL's), not alternating")
@@ -1065,7 +1069,13 @@ def main(argv: list[str] | None = None) -> int:
                   f"{rec['step_s']:.3f} s ({rec['cpu_s']:.1f} CPU s), {rec['generated_tokens']} tokens, "
                   f"load {rec['loadavg_1m']:.1f}",
                   flush=True)
+            if a.ours_async and side == "ours" and i == a.warmup + a.steps - 1:  # ours is done: free its GPU
+                conns[side].send("stop")  # memory before TRL's steps (it would hold it while TRL runs)
+                _recv(side, procs[side], conns[side], a.step_timeout)
+                procs[side].join(60)
         for side in SIDES:
+            if not procs[side].is_alive():
+                continue
             conns[side].send("stop")
             kind, _ = _recv(side, procs[side], conns[side], a.step_timeout)
             procs[side].join(60)
