@@ -200,9 +200,7 @@ class OpenAIApp:
                     max_model_len=srv.max_model_len,
                 ),
             )
-            source, refused = await loop.run_in_executor(
-                srv._tokenizer_pool, srv.episode_prompt, key, obj, parsed
-            )
+            source, refused = await loop.run_in_executor(srv._tokenizer_pool, srv.episode_prompt, key, obj, parsed)
         except RequestError as e:
             return self._error(e.status, str(e), e.param)
         try:

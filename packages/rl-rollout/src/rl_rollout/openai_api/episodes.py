@@ -103,9 +103,7 @@ class Episodes:
             if ep is None:
                 return False
             ep.calls.append(
-                RecordedCall(
-                    endpoint, list(prompt_ids), choices, request, len(ep.calls), prompt_source, splice_refused
-                )
+                RecordedCall(endpoint, list(prompt_ids), choices, request, len(ep.calls), prompt_source, splice_refused)
             )
             return True
 
