@@ -79,8 +79,11 @@ def test_rl_ppo_trains_the_example_agent_and_counts_a_crashing_one(task, monkeyp
         assert r["rl/agent_cmd/episodes_ok"] == 2 and r["rl/agent_cmd/episodes_failed"] == 2
         assert r["rl/agent_cmd/episodes_timed_out"] == 0 and r["rl/agent_cmd/dropped"] == 2
         assert r["rl/agent_cmd/calls_per_episode"] == 1.0  # (2 + 2 + 0 + 0) / 4
-        assert r["rl/agent_cmd/merged"] + r["rl/agent_cmd/per_call"] == 2
-        assert r["rl/agent_cmd/per_call"] >= r["rl/agent_cmd/drift"]
+        # the endpoint splices each second call onto the first's prompt + sampled ids: both ok episodes merge
+        assert r["rl/agent_cmd/merged"] == r["rl/agent_cmd/episodes_ok"] == 2
+        assert r["rl/agent_cmd/per_call"] == 0 and r["rl/agent_cmd/drift"] == 0
+        assert r["rl/agent_cmd/calls_spliced"] == 2 and r["rl/agent_cmd/splice_refused"] == 0
+        assert r["rl/agent_cmd/calls_untrained"] == 0
         assert r["rl/agent_cmd/tokens_per_episode"] > 0
         # the trainer's log-probs of the sampled tokens are the engine's: one distribution, the same weights
         assert r["rl/rollout_logprob_gap"] < 1e-3
@@ -134,6 +137,51 @@ def test_episodes_tensors_hold_the_recorded_tokens_and_a_hang_is_cut(task, tmp_p
         lp = b.token("rollout_logprobs")[i, P : P + R]
         assert torch.equal(lp, torch.tensor(s.rollout_logprobs, dtype=torch.float32))
     assert all(s.prompt_ids == [5, 6, 7] for s in ok) and all(s.info["dropped"] and s.reward == 0.0 for s in hung)
+
+
+def test_example_agent_episodes_merge_with_masks_on_the_sampled_ids(task, monkeypatch):
+    """The example agent keeps its transcript as text (two chat calls); the tiny model samples tokens whose text
+    re-tokenises otherwise (``<extra_N>``, special tokens the client's text drops, no end-of-turn at max_tokens),
+    so the plain rendering of call 2 would drift. Spliced by the endpoint, the episode is one sequence: mask 1
+    exactly on the two calls' sampled ids with their recorded log-probs, 0 on the template / user tokens."""
+    root, model = task
+    monkeypatch.setenv("AGENT_MAX_TOKENS", "6")
+    tok = AutoTokenizer.from_pretrained(model)
+    cfg = AgentCmdConfig(cmd=f"{sys.executable} {EXAMPLE}", concurrency=4, timeout_s=60.0)
+    eps = AgentCmdEpisodes(cfg, HFEngine(model), tok, reward_fn=False, eos=[tok.eos_token_id])
+    recorded: dict = {}
+    try:
+        server = eps.start().server
+        close = server.close_episode
+        server.close_episode = lambda key: recorded.setdefault(key, close(key))
+        prompts = [{"prompt_ids": [1, 2], "row": {"prompt": "What is 2+3?", "label": "5"}}]
+        (group,) = eps.groups(prompts, 3)
+    finally:
+        eps.close()
+    m = eps.last_metrics
+    assert m["agent_cmd/episodes_ok"] == 3 and m["agent_cmd/merged"] == 3 and m["agent_cmd/drift"] == 0
+    assert m["agent_cmd/calls_spliced"] == 3 and m["agent_cmd/splice_refused"] == 0
+    b = collate([make_item(s.prompt_ids, s.response_ids, s.loss_mask, s.rollout_logprobs) for s in group], 0,
+                ["rollout_logprobs"])
+    for i, s in enumerate(group):
+        # the episode this sample came from: its last call's prompt + sampled ids are the whole sequence
+        c1, c2 = next(cs for cs in recorded.values()
+                      if cs[1].prompt_ids + cs[1].choices[0].response_ids == s.prompt_ids + s.response_ids)
+        assert [c.prompt_source for c in (c1, c2)] == ["rendered", "spliced"]
+        a1, a2 = c1.choices[0], c2.choices[0]
+        P, R = len(s.prompt_ids), len(s.response_ids)
+        between = c2.prompt_ids[len(c1.prompt_ids) + len(a1.response_ids):]  # the template's and the user's
+        assert s.prompt_ids == c1.prompt_ids and s.response_ids == a1.response_ids + between + a2.response_ids
+        # the end of turn the engine did not sample (max_tokens), the program's user turn, the generation prompt
+        end = "\n" if a1.response_ids[-1] == tok.eos_token_id else "<|im_end|>\n"
+        user = "<|im_start|>user\nCheck it. Reply with the final number only.<|im_end|>\n<|im_start|>assistant\n"
+        assert tok.decode(between, skip_special_tokens=False) == end + user
+        want = [0] * P + [1] * len(a1.response_ids) + [0] * len(between) + [1] * len(a2.response_ids)
+        assert b.loss_mask_BT[i, : P + R].tolist() == want and b.loss_mask_BT[i, P + R :].sum() == 0
+        assert b.input_ids_BT[i, : P + R].tolist() == c2.prompt_ids + a2.response_ids
+        lp = b.token("rollout_logprobs")[i, P : P + R]
+        want_lp = a1.logprobs + [0.0] * len(between) + a2.logprobs
+        assert torch.equal(lp, torch.tensor(want_lp, dtype=torch.float32))
 
 
 def test_refusals(task, capsys):

@@ -2,7 +2,8 @@
 tiny model, and their recorded calls as training samples (rl_rollout.agents.transcript): a shell program and a
 Python entry point each make two calls and print / return their reward; a crashing, a hanging (killed with its
 process group) and a late-calling program are counted, not fatal; merged episodes mask exactly the tokens the
-program added; re-tokenisation drift is detected and falls back to per-call samples."""
+program added; chat calls that continue their episode are spliced onto its recorded ids (so they merge);
+re-tokenisation drift is detected and falls back to per-call samples."""
 
 from __future__ import annotations
 
@@ -73,8 +74,11 @@ def test_shell_program_two_calls_reward_and_failures_counted(server, tmp_path):
     assert [r.status for r in ok] == ["ok", "ok"] and [r.reward for r in ok] == [4.25, 2.0]
     for r in ok:
         assert len(r.calls) == 2 and [c.index for c in r.calls] == [0, 1]
-        # the second call's prompt holds the first exchange: the program's transcript, rendered by the template
-        assert len(r.calls[1].prompt_ids) > len(r.calls[0].prompt_ids)
+        # the second call's prompt holds the first exchange: spliced onto the first call's prompt + sampled ids
+        first = r.calls[0].prompt_ids + r.calls[0].choices[0].response_ids
+        assert r.calls[1].prompt_ids[: len(first)] == first and len(r.calls[1].prompt_ids) > len(first)
+        assert [c.prompt_source for c in r.calls] == ["rendered", "spliced"] and not r.calls[1].splice_refused
+        assert episode_samples(r.calls, server.tokenizer).mode == "merged"
 
     crash = AgentCmdConfig(cmd=f"{sys.executable} -c 'import sys; sys.exit(3)'", timeout_s=30)
     (r,) = AgentCmdRunner(crash, server).run(rows[:1])
@@ -172,6 +176,11 @@ def test_retokenisation_drift_falls_back_to_per_call(tok):
 def test_config_refuses_bad_values():
     with pytest.raises(ValueError, match="--agent_cmd"):
         AgentCmdConfig(concurrency=2)
-    with pytest.raises(ValueError, match="concurrency"):
+    # named by the flags that set them, not by the config's field names
+    with pytest.raises(ValueError, match=r"concurrency \(--agent_cmd_concurrency\) must be >= 1, got 0"):
         AgentCmdConfig(cmd="x", concurrency=0)
+    with pytest.raises(ValueError, match=r"timeout_s \(--agent_cmd_timeout\) must be > 0, got -1"):
+        AgentCmdConfig(cmd="x", timeout_s=-1)
+    with pytest.raises(ValueError, match=r"kill_grace_s \(--agent_cmd_kill_grace\) must be a finite number"):
+        AgentCmdConfig(cmd="x", kill_grace_s=float("inf"))
     json.dumps(AgentCmdConfig(cmd="x").__dict__)

@@ -32,10 +32,15 @@ def check_numbers(
         v = getattr(cfg, name)
         return [] if v is None or isinstance(v, (bool, str)) else list(v) if isinstance(v, tuple) else [v]
 
-    for f in dataclasses.fields(cfg):
+    fields = {f.name: f for f in dataclasses.fields(cfg)}
+
+    def flag(name):  # the command line's name for the field (its first flag), else the field's own
+        return (fields[name].metadata.get("flags") or (name,))[0]
+
+    for f in fields.values():
         for v in values(f.name):
             if isinstance(v, float) and not math.isfinite(v):
-                raise ValueError(f"{f.name} (--{f.name}) must be a finite number, got {getattr(cfg, f.name)}")
+                raise ValueError(f"{f.name} (--{flag(f.name)}) must be a finite number, got {getattr(cfg, f.name)}")
     rules = (
         (positive, lambda v: v > 0, "> 0"),
         (non_negative, lambda v: v >= 0, ">= 0"),
@@ -45,4 +50,4 @@ def check_numbers(
     for names, ok, text in rules:
         for name in names:
             if not all(ok(v) for v in values(name)):
-                raise ValueError(f"{name} (--{name}) must be {text}, got {getattr(cfg, name)}")
+                raise ValueError(f"{name} (--{flag(name)}) must be {text}, got {getattr(cfg, name)}")

@@ -113,9 +113,8 @@ class CriticOptimizerConfig:
                 unit=("min_lr_ratio",),
                 non_negative=("weight_decay", "max_norm"),
             )
-        except ValueError as e:  # name our flat flags (critic_ + the field), not the node's field names
-            prefix = "critic_"
-            raise ValueError(prefix + str(e).replace("(--", "(--" + prefix)) from None
+        except ValueError as e:  # check_numbers names the flag (critic_ + the field); name the flat setting the same
+            raise ValueError("critic_" + str(e)) from None
         check_optimizer(self.optim, self.muon_lr, self.muon_momentum, prefix="critic_")
         if self.adam_betas is not None and not all(0 <= b < 1 for b in self.adam_betas):
             raise ValueError(

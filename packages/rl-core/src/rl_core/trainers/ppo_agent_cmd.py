@@ -12,8 +12,13 @@ episode's recorded calls into the one training sample of its slot in the loop's 
 - dropped (the program failed, timed out, made no call, or gave no reward with no --reward_fn to score it):
   a placeholder of one masked token with reward 0, so nothing of it trains (counted).
 
+Chat calls that continue their episode get their prompt spliced onto the previous call's prompt + sampled ids by
+the endpoint (:mod:`rl_rollout.openai_api.splice`), so a program that keeps its transcript as text still merges.
+
 Metrics per iteration (``agent_cmd/...``): episodes ok / failed / timed out, calls and tokens per episode,
-merged / per_call / drift episodes, untrained calls, dropped samples, late calls (410s since the last iteration).
+merged / per_call / drift episodes, untrained calls, dropped samples, late calls (410s since the last iteration),
+calls_spliced (chat calls whose prompt the endpoint spliced onto the previous call's ids) and splice_refused
+(continuations whose splice failed its checks and were rendered instead: their episodes count as drift).
 """
 
 from __future__ import annotations
@@ -61,11 +66,13 @@ class AgentCmdEpisodes:
         rows = [agent_row(p) for p in prompts for _ in range(n)]
         results = self.runner.run(rows)
         counts = {k: 0.0 for k in ("ok", "failed", "timeout", "merged", "per_call", "drift", "untrained", "dropped")}
-        calls = 0
+        calls = spliced = refused = 0
         samples = []
         for p, r in zip([p for p in prompts for _ in range(n)], results, strict=True):
             counts[r.status] += 1
             calls += len(r.calls)
+            spliced += sum(c.prompt_source == "spliced" for c in r.calls)
+            refused += sum(bool(c.splice_refused) for c in r.calls)
             s, why = self._sample(p, r, counts)
             if why:
                 counts["dropped"] += 1
@@ -83,6 +90,8 @@ class AgentCmdEpisodes:
             "agent_cmd/merged": counts["merged"],
             "agent_cmd/per_call": counts["per_call"],
             "agent_cmd/drift": counts["drift"],
+            "agent_cmd/calls_spliced": float(spliced),
+            "agent_cmd/splice_refused": float(refused),
             "agent_cmd/calls_untrained": counts["untrained"],
             "agent_cmd/dropped": counts["dropped"],
             "agent_cmd/late_calls": float(gone - self._gone),

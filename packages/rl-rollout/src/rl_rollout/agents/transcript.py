@@ -7,8 +7,12 @@
   next user turn, the chat template's markup: loss mask 0, rollout log-prob 0.0, a placeholder the mask hides).
 - ``per_call``: otherwise one sample per choice of every call, each its own prompt as rendered.
 - ``drift``: a per-call episode where a call's prompt is *text*-wise an extension of the previous transcript
-  but not token-wise (the chat template re-tokenised the sampled text differently). It is never merged:
-  merging would train tokens the engine did not sample, or mask the ones it did.
+  but not token-wise (the chat template re-tokenised the sampled text differently), or where the endpoint
+  refused to splice the call onto the previous one (``RecordedCall.splice_refused``). It is never merged:
+  merging would train tokens the engine did not sample, or mask the ones it did. The endpoint avoids drift for
+  chat calls that continue their episode by splicing their prompt onto the recorded ids
+  (:mod:`rl_rollout.openai_api.splice`), so drift here means a splice whose checks failed, or a program that
+  re-sends the transcript as a completion's text.
 
 Nothing here re-tokenises: the ids are the recorded ones; text is decoded only to tell drift from a program
 that rewrote its history.
@@ -63,6 +67,8 @@ def _first_break(calls: list[RecordedCall]) -> int | None:
 
 
 def _drifted(calls: list[RecordedCall], i: int, tokenizer: Any) -> bool:
+    if i > 0 and calls[i].splice_refused:  # the endpoint saw the continuation and could not splice it
+        return True
     if tokenizer is None or i == 0 or len(calls[i - 1].choices) != 1:
         return False
     prev = calls[i - 1].prompt_ids + calls[i - 1].choices[0].response_ids

@@ -200,6 +200,7 @@ class OpenAIApp:
                     max_model_len=srv.max_model_len,
                 ),
             )
+            source, refused = await loop.run_in_executor(srv._tokenizer_pool, srv.episode_prompt, key, obj, parsed)
         except RequestError as e:
             return self._error(e.status, str(e), e.param)
         try:
@@ -207,7 +208,7 @@ class OpenAIApp:
         except Exception as e:  # the engine failed on the batch: every request of it hears why
             return self._error(500, f"the engine failed: {type(e).__name__}: {e}")
         choices = await loop.run_in_executor(srv._tokenizer_pool, srv.choices, parsed, samples)
-        if not srv.episodes.record(key, kind, parsed.prompt_ids, choices, obj):
+        if not srv.episodes.record(key, kind, parsed.prompt_ids, choices, obj, source, refused):
             srv.count("gone")
             return self._error(410, "the episode was closed while this call ran; not recorded")
         usage = {

@@ -1,8 +1,8 @@
 """Episodes: one API key per agent run, and the token-exact record of every call made with it.
 
 :meth:`Episodes.open` hands out a fresh key for a row (the program under training calls the endpoint with
-it as its OpenAI key); each answered request appends a :class:`RecordedCall` (the prompt ids exactly as
-rendered, each choice's sampled ids, their engine log-probs, finish reason and weight version);
+it as its OpenAI key); each answered request appends a :class:`RecordedCall` (the prompt ids exactly as the
+engine got them, rendered or spliced (:mod:`rl_rollout.openai_api.splice`), each choice's sampled ids, their engine log-probs, finish reason and weight version);
 :meth:`Episodes.close` returns the calls and retires the key: a later request with it is 410 Gone. Thread-safe.
 """
 
@@ -13,6 +13,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
+from rl_rollout.openai_api.splice import PromptSource
 from rl_rollout.types import FinishReason, RolloutSample
 
 
@@ -30,13 +31,18 @@ class RecordedChoice:
 
 @dataclass(frozen=True)
 class RecordedCall:
-    """One answered request of an episode, in arrival order of completion."""
+    """One answered request of an episode, in arrival order of completion. ``prompt_source``: how the prompt ids
+    were built ("rendered" by the chat template, "spliced" from an earlier call's prompt + sampled ids and the
+    new turns, or a "completion"'s prompt); ``splice_refused``: why a chat call that continued an earlier one
+    was rendered instead of spliced (re-tokenisation drift at the endpoint), else ""."""
 
     endpoint: str  # "chat" | "completion"
     prompt_ids: list[int]
     choices: list[RecordedChoice]
     request: dict[str, Any]  # the request body as sent (messages, sampling fields)
     index: int  # the call's position in its episode
+    prompt_source: PromptSource = "rendered"
+    splice_refused: str = ""
 
     def samples(self) -> list[RolloutSample]:
         """The choices as :class:`~rl_rollout.types.RolloutSample` (what a trainer takes)."""
@@ -82,15 +88,30 @@ class Episodes:
             return "open" if key in self._open else "closed" if key in self._closed else "unknown"
 
     def record(
-        self, key: str, endpoint: str, prompt_ids: list[int], choices: list[RecordedChoice], request: dict
+        self,
+        key: str,
+        endpoint: str,
+        prompt_ids: list[int],
+        choices: list[RecordedChoice],
+        request: dict,
+        prompt_source: PromptSource = "rendered",
+        splice_refused: str = "",
     ) -> bool:
         """Append a call to the episode; False when it was closed meanwhile (nothing recorded)."""
         with self._lock:
             ep = self._open.get(key)
             if ep is None:
                 return False
-            ep.calls.append(RecordedCall(endpoint, list(prompt_ids), choices, request, len(ep.calls)))
+            ep.calls.append(
+                RecordedCall(endpoint, list(prompt_ids), choices, request, len(ep.calls), prompt_source, splice_refused)
+            )
             return True
+
+    def calls(self, key: str) -> list[RecordedCall]:
+        """The calls recorded so far for an open episode (a copy; [] for a key not open)."""
+        with self._lock:
+            ep = self._open.get(key)
+            return [] if ep is None else list(ep.calls)
 
     def close(self, key: str) -> list[RecordedCall]:
         with self._lock:

@@ -3,11 +3,13 @@
 A program under training (an agent written against the ``openai`` client) gets a ``base_url`` and an API key
 per episode (:meth:`OpenAIServer.open_episode`); it calls ``POST /v1/chat/completions`` or
 ``/v1/completions`` (plain or streamed as server-sent events) and ``GET /v1/models``. The server renders chat
-messages with the tokenizer's chat template (``add_generation_prompt=True``), hands token ids to the engine
+messages with the tokenizer's chat template (``add_generation_prompt=True``; a call that continues an earlier
+call of its episode gets that call's prompt + sampled ids and the new turns' tokens, token-in-token-out:
+:mod:`rl_rollout.openai_api.splice`), hands token ids to the engine
 (any :class:`~rl_rollout.engine.RolloutEngine`), and answers text, ``usage``, ``finish_reason`` and, when
 asked, the engine's log-probs of the sampled tokens. :meth:`OpenAIServer.close_episode` returns the calls of
 the episode as the engine saw them (:class:`~rl_rollout.openai_api.episodes.RecordedCall`): prompt ids exactly
-as rendered, sampled ids, their log-probs, finish reason and the weight version (the engine's
+as the engine got them (and whether rendered or spliced), sampled ids, their log-probs, finish reason and the weight version (the engine's
 ``policy_version``) of each choice. No text is re-tokenized on the way to the trainer.
 
 Batching: the engines are batch APIs, so requests arriving within ``batch_window_ms`` of the first waiting
@@ -42,7 +44,8 @@ from typing import Any
 
 from rl_rollout.openai_api.config import OpenAIServerConfig
 from rl_rollout.openai_api.episodes import Episodes, RecordedCall, RecordedChoice
-from rl_rollout.openai_api.protocol import ParsedRequest
+from rl_rollout.openai_api.protocol import ParsedRequest, RequestError
+from rl_rollout.openai_api.splice import PromptSource, splice_prompt
 from rl_rollout.types import RolloutRequest, RolloutSample
 
 logger = logging.getLogger(__name__)
@@ -97,13 +100,44 @@ class OpenAIServer:
     def stats(self) -> dict[str, int | float]:
         """Counters: ``requests``, ``status_<code>`` per reply, ``gone`` (calls after close), ``timeouts``,
         ``batches`` / ``batched_requests`` / ``max_batch`` (engine calls and their sizes), ``engine_ms``,
-        ``prompt_tokens``, ``completion_tokens``, ``queued`` (requests waiting for an engine call now), and the
+        ``prompt_tokens``, ``completion_tokens``, ``prompt_spliced`` / ``splice_refused`` (chat calls that continued
+        an earlier call of their episode, spliced or, failing its checks, rendered), ``queued`` (requests waiting for an engine call now), and the
         episodes' counts."""
         with self._counts_lock:
             out: dict[str, int | float] = dict(self._counts)
         out["queued"] = self._queued()
         out.update(self.episodes.counts())
         return out
+
+    # ----- prompts -------------------------------------------------------------------------------
+
+    def episode_prompt(self, key: str, obj: dict[str, Any], parsed: ParsedRequest) -> tuple[PromptSource, str]:
+        """Token-in-token-out across an episode's calls (on the tokenizer thread): a chat request that continues
+        an earlier call of the episode gets that call's prompt + sampled ids and the new turns' tokens as its
+        prompt (:mod:`rl_rollout.openai_api.splice`, set on ``parsed``); returns how the prompt was built and,
+        when a continuation could not be spliced (then the rendering stands), why."""
+        if parsed.kind != "chat":
+            return "completion", ""
+        calls = self.episodes.calls(key)
+        if not calls:
+            return "rendered", ""
+        tools = {"tools": obj["tools"]} if obj.get("tools") else {}
+        sp = splice_prompt(self.tokenizer, obj["messages"], calls, **tools)
+        if sp.prompt_ids is None:
+            if sp.refused:
+                self.count("splice_refused")
+                logger.warning("chat call not spliced onto call %s of its episode: %s", sp.continues, sp.refused)
+            return "rendered", sp.refused
+        limit = self.max_model_len
+        if limit is not None and len(sp.prompt_ids) + parsed.params.max_new_tokens > limit:
+            raise RequestError(
+                f"the prompt's {len(sp.prompt_ids)} tokens + max_tokens={parsed.params.max_new_tokens} exceed the "
+                f"model's length {limit}; shorten the prompt or lower max_tokens",
+                param="max_tokens",
+            )
+        parsed.prompt_ids = sp.prompt_ids
+        self.count("prompt_spliced")
+        return "spliced", ""
 
     # ----- engine --------------------------------------------------------------------------------
 
