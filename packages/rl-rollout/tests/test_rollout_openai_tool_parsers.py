@@ -95,7 +95,9 @@ def test_llama3_json_malformed_is_content_and_counted():
 
 def test_mistral_v3_list_and_v11_segments():
     p = MistralParser()
-    out = p.parse('Sure.[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}, {"name": "search", "arguments": {}}]', NAMES)
+    out = p.parse(
+        'Sure.[TOOL_CALLS][{"name": "add", "arguments": {"a": 1}}, {"name": "search", "arguments": {}}]', NAMES
+    )
     assert [(c.name, args(c)) for c in out.calls] == [("add", {"a": 1}), ("search", {})]
     assert out.content == "Sure." and all(len(c.id) == 9 and c.id.isalnum() for c in out.calls)
     out = p.parse('[TOOL_CALLS]add[ARGS]{"a": 5}[TOOL_CALLS]search[ARGS]{"q": "z"}', NAMES)

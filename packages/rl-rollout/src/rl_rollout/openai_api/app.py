@@ -299,8 +299,10 @@ class OpenAIApp:
 
         for i, c in enumerate(choices):
             full = (self._chat_logprobs(c) if chat else self._completion_logprobs(c)) if parsed.logprobs else None
-            if chat and c.tool_calls:  # the content whole (the calls were cut out of it), then the calls
-                out.append(chunk(i, "", {"content": []} if full else None, None, first=True))
+            if chat and c.tool_parse is not None and (c.tool_calls or c.content != c.text):
+                # the content whole (calls cut out of it, or failed ones as the parser read them), then the calls
+                lp0 = None if full is None else (full if not c.content else {"content": []})
+                out.append(chunk(i, "", lp0, None, first=True))
                 if c.content:
                     out.append(chunk(i, c.content, full, None))
                 for k, tc in enumerate(c.tool_calls):

@@ -37,8 +37,9 @@ class RecordedChoice:
 
     @property
     def content(self) -> str | None:
-        """The message content the client got: the text outside the calls (None: calls only)."""
-        return self.tool_parse.content if self.tool_parse is not None and self.tool_parse.calls else self.text
+        """The message content the client got: the text outside the calls (None: calls only), failed calls
+        included as the parser read them (a format's special-token markers kept)."""
+        return self.tool_parse.content if self.tool_parse is not None else self.text
 
     @property
     def reply_finish_reason(self) -> str:
