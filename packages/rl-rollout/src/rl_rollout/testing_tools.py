@@ -57,7 +57,7 @@ def make_tiny_tool_model(path: str | Path, *, seed: int = 5, max_steps: int = 40
     import torch  # lazy: the module's constants are read without torch
     from transformers import AutoModelForCausalLM
 
-    from rl_rollout.testing import make_tiny_model, make_tokenizer
+    from rl_rollout.testing import make_tiny_model, make_tokenizer  # lazy: it imports torch (the IPC helpers)
 
     path = Path(path)
     if (path / "taught").exists():
@@ -66,7 +66,7 @@ def make_tiny_tool_model(path: str | Path, *, seed: int = 5, max_steps: int = 40
     tok = make_tokenizer(128, extra_special=("<tool_call>", "</tool_call>"))
     tok.chat_template = TEMPLATE
     tok.save_pretrained(path)
-    model = AutoModelForCausalLM.from_pretrained(path)
+    model: Any = AutoModelForCausalLM.from_pretrained(path)
     torch.manual_seed(seed)
     seqs = []
     for messages, target in [(ASK, "Adding." + CALL), (followup({"a": 2, "b": 3}), ANSWER), (BAD_ASK, BAD_CALL)]:

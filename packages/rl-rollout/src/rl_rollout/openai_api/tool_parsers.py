@@ -93,7 +93,7 @@ def _call(obj: Any, names: frozenset[str], arg_keys: tuple[str, ...], id_style: 
     name = obj["name"]
     if name not in names:
         return f"unknown function {name!r} (offered: {', '.join(sorted(names)) or 'none'})"
-    args = next((obj[k] for k in arg_keys if k in obj), {})
+    args: Any = next((obj[k] for k in arg_keys if k in obj), {})
     if isinstance(args, str):  # some models send the arguments as a JSON string already
         try:
             args = json.loads(args)
@@ -112,8 +112,8 @@ def _finish(pieces: list[str], calls: list[ToolCall], errors: list[str]) -> Tool
 class HermesParser:
     """``<tool_call>JSON</tool_call>`` blocks anywhere in the text (module docstring)."""
 
-    name = "hermes"
-    markers = ("<tool_call>", "</tool_call>")
+    name: str = "hermes"
+    markers: tuple[str, ...] = ("<tool_call>", "</tool_call>")
     _block = re.compile(r"<tool_call>(.*?)(</tool_call>|\Z)", re.DOTALL)
 
     def parse(self, text: str, names: frozenset[str]) -> ToolParse:
@@ -141,8 +141,8 @@ class HermesParser:
 class Llama3JsonParser:
     """The whole reply is one or more JSON calls (optionally after ``<|python_tag|>``, separated by ``;``)."""
 
-    name = "llama3_json"
-    markers = ("<|python_tag|>",)
+    name: str = "llama3_json"
+    markers: tuple[str, ...] = ("<|python_tag|>",)
 
     def parse(self, text: str, names: frozenset[str]) -> ToolParse:
         body = text.lstrip()
@@ -180,8 +180,8 @@ class Llama3JsonParser:
 class MistralParser:
     """``[TOOL_CALLS]`` followed by a JSON list (v3) or by ``name[ARGS]{...}`` segments (v11+)."""
 
-    name = "mistral"
-    markers = ("[TOOL_CALLS]", "[ARGS]")
+    name: str = "mistral"
+    markers: tuple[str, ...] = ("[TOOL_CALLS]", "[ARGS]")
 
     def parse(self, text: str, names: frozenset[str]) -> ToolParse:
         at = text.find("[TOOL_CALLS]")
