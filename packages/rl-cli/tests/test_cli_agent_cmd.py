@@ -195,3 +195,49 @@ def test_refusals(task, capsys):
     with pytest.raises(SystemExit):
         main(argv(root, model, "x", "echo", "--async_train"))
     assert "--async_train" in capsys.readouterr().err
+
+
+TOOL_AGENT = """
+import json
+from openai import OpenAI
+from rl_rollout.testing_tools import ANSWER, ASK, BAD_ASK, TOOLS
+
+def agent(row, endpoint):
+    c = OpenAI(base_url=endpoint.base_url, api_key=endpoint.api_key, max_retries=0)
+    messages = list(ASK if row["mode"] == "ok" else BAD_ASK)
+    for _ in range(2):
+        msg = c.chat.completions.create(model=endpoint.model, messages=messages, tools=TOOLS, temperature=0)
+        msg = msg.choices[0].message
+        if not msg.tool_calls:
+            return {"reward": float(msg.content == ANSWER)}
+        messages.append(msg.model_dump(exclude_none=True))
+        for tc in msg.tool_calls:
+            a = json.loads(tc.function.arguments)
+            messages.append({"role": "tool", "tool_call_id": tc.id, "content": str(a["a"] + a["b"])})
+    return {"reward": 0.0}
+"""
+
+
+def test_tool_calls_and_parse_failures_per_episode(tmp_path):
+    """A Python entry-point agent with a tool, on a tiny model taught one call (rl_rollout.testing_tools): the
+    'ok' rows call add, get 5 back and answer (reward 1), the 'bad' rows get a malformed call back as content;
+    the metrics count 1 call and 1 failure per such episode, and the tool round merges token for token."""
+    from rl_rollout.testing_tools import make_tiny_tool_model
+
+    model = make_tiny_tool_model(tmp_path / "m")
+    tok = AutoTokenizer.from_pretrained(model)
+    (tmp_path / "tool_agent.py").write_text(TOOL_AGENT)
+    cfg = AgentCmdConfig(cmd=f"{tmp_path / 'tool_agent.py'}:agent", concurrency=4, tool_parser="hermes")
+    eps = AgentCmdEpisodes(cfg, HFEngine(model), tok, reward_fn=False, eos=[tok.eos_token_id])
+    prompts = [{"prompt_ids": [1, 2], "row": {"prompt": "p", "label": "5", "mode": m}} for m in ("ok", "bad")]
+    try:
+        ok, bad = eps.groups(prompts, 2)
+    finally:
+        eps.close()
+    m = eps.last_metrics
+    assert m["agent_cmd/episodes_ok"] == 4 and m["agent_cmd/calls_per_episode"] == 1.5  # (2 + 2 + 1 + 1) / 4
+    assert m["agent_cmd/tool_calls_per_episode"] == 0.5 and m["agent_cmd/tool_parse_failures_per_episode"] == 0.5
+    assert m["agent_cmd/tool_parse_failures"] == 2 and m["agent_cmd/drift"] == 0
+    assert [s.reward for s in ok] == [1.0, 1.0] and [s.reward for s in bad] == [0.0, 0.0]
+    assert all(s.info["mode"] == "merged" and s.info["tool_calls"] == 1 for s in ok)
+    assert all(s.info["tool_parse_failures"] == 1 and s.info["tool_calls"] == 0 for s in bad)

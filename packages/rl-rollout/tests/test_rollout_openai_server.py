@@ -173,6 +173,7 @@ def test_keys_and_refusals(server):
         ("frequency_penalty", 0.5),
         ("top_logprobs", 2),
         ("tools", [{"type": "function"}]),
+        ("tools", [{"type": "function", "function": {"name": "f"}}]),  # a template that never reads tools
         ("guided_json", {}),
     ):
         r = post(base, key, "/chat/completions", {**body, "logprobs": True, field: value})

@@ -15,10 +15,12 @@ episode's recorded calls into the one training sample of its slot in the loop's 
 Chat calls that continue their episode get their prompt spliced onto the previous call's prompt + sampled ids by
 the endpoint (:mod:`rl_rollout.openai_api.splice`), so a program that keeps its transcript as text still merges.
 
-Metrics per iteration (``agent_cmd/...``): episodes ok / failed / timed out, calls and tokens per episode,
-merged / per_call / drift episodes, untrained calls, dropped samples, late calls (410s since the last iteration),
-calls_spliced (chat calls whose prompt the endpoint spliced onto the previous call's ids) and splice_refused
-(continuations whose splice failed its checks and were rendered instead: their episodes count as drift).
+Metrics per iteration (``agent_cmd/...``): episodes ok / failed / timed out, calls and tokens per episode, tool
+calls and tool-call parse failures per episode (and the failures' total: a reply whose call did not parse went
+back to the program as content), merged / per_call / drift episodes, untrained calls, dropped samples, late calls
+(410s since the last iteration), calls_spliced (chat calls whose prompt the endpoint spliced onto the previous
+call's ids) and splice_refused (continuations whose splice failed its checks and were rendered instead: their
+episodes count as drift).
 """
 
 from __future__ import annotations
@@ -29,7 +31,8 @@ from typing import Any
 from rl_rollout.agents.cmd import AgentCmdRunner, EpisodeResult
 from rl_rollout.agents.cmd_config import AgentCmdConfig
 from rl_rollout.agents.transcript import episode_samples
-from rl_rollout.openai_api import OpenAIServer
+from rl_rollout.openai_api import OpenAIServer, OpenAIServerConfig
+from rl_rollout.openai_api.config import ToolCallConfig
 from rl_rollout.types import RolloutSample
 
 logger = logging.getLogger(__name__)
@@ -51,7 +54,8 @@ class AgentCmdEpisodes:
 
     def start(self) -> AgentCmdEpisodes:
         if self.server is None:
-            self.server = OpenAIServer(self.rollout, self.tokenizer).start()
+            server_cfg = OpenAIServerConfig(tool_calls=ToolCallConfig(parser=self.config.tool_parser))
+            self.server = OpenAIServer(self.rollout, self.tokenizer, server_cfg).start()
             self.runner = AgentCmdRunner(self.config, self.server)
         return self
 
@@ -66,13 +70,15 @@ class AgentCmdEpisodes:
         rows = [agent_row(p) for p in prompts for _ in range(n)]
         results = self.runner.run(rows)
         counts = {k: 0.0 for k in ("ok", "failed", "timeout", "merged", "per_call", "drift", "untrained", "dropped")}
-        calls = spliced = refused = 0
+        calls = spliced = refused = tool_calls = parse_failures = 0
         samples = []
         for p, r in zip([p for p in prompts for _ in range(n)], results, strict=True):
             counts[r.status] += 1
             calls += len(r.calls)
             spliced += sum(c.prompt_source == "spliced" for c in r.calls)
             refused += sum(bool(c.splice_refused) for c in r.calls)
+            tool_calls += sum(c.tool_calls for c in r.calls)
+            parse_failures += sum(c.tool_parse_failures for c in r.calls)
             s, why = self._sample(p, r, counts)
             if why:
                 counts["dropped"] += 1
@@ -85,6 +91,9 @@ class AgentCmdEpisodes:
             "agent_cmd/episodes_failed": counts["failed"],
             "agent_cmd/episodes_timed_out": counts["timeout"],
             "agent_cmd/calls_per_episode": calls / k,
+            "agent_cmd/tool_calls_per_episode": tool_calls / k,
+            "agent_cmd/tool_parse_failures_per_episode": parse_failures / k,
+            "agent_cmd/tool_parse_failures": float(parse_failures),
             "agent_cmd/tokens_per_episode": sum(len(s.prompt_ids) + len(s.response_ids) for s in samples) / k,
             "agent_cmd/policy_tokens_per_episode": sum(sum(s.loss_mask) for s in samples) / k,
             "agent_cmd/merged": counts["merged"],
@@ -119,7 +128,15 @@ class AgentCmdEpisodes:
             s = es.samples[-1]
             counts["untrained"] += len(es.samples) - 1
         s.reward = r.reward
-        s.info.update(agent_cmd=r.status, mode=es.mode, drift=es.drift, calls=len(r.calls), dropped=False)
+        s.info.update(
+            agent_cmd=r.status,
+            mode=es.mode,
+            drift=es.drift,
+            calls=len(r.calls),
+            tool_calls=sum(c.tool_calls for c in r.calls),
+            tool_parse_failures=sum(c.tool_parse_failures for c in r.calls),
+            dropped=False,
+        )
         return s, ""
 
     def _placeholder(self, prompt: dict, r: EpisodeResult, why: str) -> RolloutSample:

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from rl_rollout.config_fields import check_numbers, meta
+from rl_rollout.openai_api.config import TOOL_PARSER_CHOICES, check_tool_parser
 
 
 @dataclass(frozen=True)
@@ -40,11 +41,22 @@ class AgentCmdConfig:
             "seconds between SIGTERM and SIGKILL of an episode's process group", flags=("agent_cmd_kill_grace",)
         ),
     )
+    tool_parser: str = field(
+        default="auto",
+        metadata=meta(
+            "how the endpoint reads tool calls in the policy's replies to requests with tools: "
+            f"{' | '.join(TOOL_PARSER_CHOICES)} (auto: the chat template's format; vllm:NAME: vLLM's parser NAME); "
+            "a call that does not parse goes back as content and is counted (agent_cmd/tool_parse_failures)",
+            flags=("agent_cmd_tool_parser",),
+        ),
+    )
 
     def __post_init__(self) -> None:
         if not self.cmd.strip():
             raise ValueError(
-                "--agent_cmd_concurrency, --agent_cmd_timeout and --agent_cmd_kill_grace bound agent programs: add "
+                "--agent_cmd_concurrency, --agent_cmd_timeout, --agent_cmd_kill_grace and --agent_cmd_tool_parser serve "
+                "agent programs: add "
                 "--agent_cmd 'COMMAND' (or module:function / path.py:function), or drop them"
             )
         check_numbers(self, positive=("timeout_s",), non_negative=("kill_grace_s",), at_least_1=("concurrency",))
+        check_tool_parser(self.tool_parser, "--agent_cmd_tool_parser")

@@ -203,6 +203,13 @@ class OpenAIApp:
             source, refused = await loop.run_in_executor(srv._tokenizer_pool, srv.episode_prompt, key, obj, parsed)
         except RequestError as e:
             return self._error(e.status, str(e), e.param)
+        if parsed.tools is not None and parsed.tools.parse and srv.tool_parser is None:
+            return self._error(
+                400,
+                f"tool_parser={srv.config.tool_calls.parser!r} found no tool-call format in this model's chat template; "
+                "set the endpoint's tool_parser (--agent_cmd_tool_parser: hermes, llama3_json, mistral or vllm:NAME)",
+                "tools",
+            )
         try:
             samples = await self.batcher.submit(parsed)
         except Exception as e:  # the engine failed on the batch: every request of it hears why
@@ -230,8 +237,8 @@ class OpenAIApp:
             out = [
                 {
                     "index": i,
-                    "message": {"role": "assistant", "content": c.text},
-                    "finish_reason": c.finish_reason,
+                    "message": _message(c),
+                    "finish_reason": c.reply_finish_reason,
                     "logprobs": self._chat_logprobs(c) if parsed.logprobs else None,
                 }
                 for i, c in enumerate(choices)
@@ -293,6 +300,24 @@ class OpenAIApp:
 
         for i, c in enumerate(choices):
             full = (self._chat_logprobs(c) if chat else self._completion_logprobs(c)) if parsed.logprobs else None
+            if chat and c.tool_parse is not None and (c.tool_calls or c.content != c.text):
+                # the content whole (calls cut out of it, or failed ones as the parser read them), then the calls
+                lp0 = None if full is None else (full if not c.content else {"content": []})
+                out.append(chunk(i, "", lp0, None, first=True))
+                if c.content:
+                    out.append(chunk(i, c.content, full, None))
+                for k, tc in enumerate(c.tool_calls):
+                    body = {
+                        "index": i,
+                        "delta": {"tool_calls": [tc.openai(k)]},
+                        "logprobs": None,
+                        "finish_reason": None,
+                    }
+                    out.append(
+                        {**head, "object": obj, "choices": [body], **({"usage": None} if parsed.include_usage else {})}
+                    )
+                out.append(chunk(i, "", None, c.reply_finish_reason))
+                continue
             if chat:
                 out.append(chunk(i, "", {"content": []} if full else None, None, first=True))
             for t, piece in enumerate(self._pieces(c)):
@@ -306,6 +331,13 @@ class OpenAIApp:
         if parsed.include_usage:
             out.append({**head, "object": obj, "choices": [], "usage": usage})
         return out
+
+
+def _message(c: RecordedChoice) -> dict[str, Any]:
+    msg: dict[str, Any] = {"role": "assistant", "content": c.content}
+    if c.tool_calls:
+        msg["tool_calls"] = [tc.openai() for tc in c.tool_calls]
+    return msg
 
 
 async def _sse(chunks: list[dict]) -> AsyncIterator[bytes]:

@@ -8,6 +8,36 @@ from dataclasses import dataclass, field
 
 from rl_rollout.config_fields import meta
 
+#: the ``tool_parser`` values (rl_rollout.openai_api.tool_parsers.PARSER_CHOICES; repeated so this module stays light)
+TOOL_PARSER_CHOICES = ("auto", "hermes", "llama3_json", "mistral", "vllm:NAME")
+
+
+def check_tool_parser(name: str, flag: str = "tool_parser") -> None:
+    """ValueError naming ``name`` and the choices unless it is one of :data:`TOOL_PARSER_CHOICES`."""
+    if name in TOOL_PARSER_CHOICES[:-1] or (name.startswith("vllm:") and len(name) > 5):
+        return
+    raise ValueError(
+        f"{flag}={name!r} is not a tool-call parser; choose one of {', '.join(TOOL_PARSER_CHOICES)} (vllm:NAME: "
+        "vLLM's parser NAME, e.g. vllm:hermes, on the vLLM engine)"
+    )
+
+
+@dataclass(frozen=True)
+class ToolCallConfig:
+    """How the endpoint reads tool calls in the model's replies (:mod:`rl_rollout.openai_api.tool_parsers`)."""
+
+    parser: str = field(
+        default="auto",
+        metadata=meta(
+            "tool-call format of the model's replies: auto (from the chat template: <tool_call> -> hermes, "
+            "[TOOL_CALLS] -> mistral, <|python_tag|> / Llama 3 headers -> llama3_json; on the vLLM engine vLLM's "
+            "parser of that name where it builds), hermes (Qwen2.5 / Hermes), llama3_json, mistral, or vllm:NAME"
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        check_tool_parser(self.parser)
+
 
 @dataclass(frozen=True)
 class OpenAIServerConfig:
@@ -47,6 +77,9 @@ class OpenAIServerConfig:
             "most prompt + new tokens of a request; more get 400 (None: the engine's model's max_position_embeddings "
             "where it has one)"
         ),
+    )
+    tool_calls: ToolCallConfig = field(
+        default_factory=ToolCallConfig, metadata=meta("how tool calls in the replies are parsed")
     )
 
     def __post_init__(self) -> None:

@@ -14,19 +14,38 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rl_rollout.openai_api.splice import PromptSource
+from rl_rollout.openai_api.tool_parsers import ToolCall, ToolParse
 from rl_rollout.types import FinishReason, RolloutSample
 
 
 @dataclass(frozen=True)
 class RecordedChoice:
     """One sampled choice: ``response_ids`` as sampled (cut after the token that completed a stop string),
-    ``logprobs`` the engine's for them, ``text`` what the client got."""
+    ``logprobs`` the engine's for them, ``text`` their decoded text; ``tool_parse`` the reply read for tool
+    calls (None: the request had no tools, or ``tool_choice="none"``): the client then got its content and
+    calls in place of ``text``. The ids are the sampled ones either way."""
 
     response_ids: list[int]
     logprobs: list[float]
     finish_reason: FinishReason
     policy_version: int
     text: str
+    tool_parse: ToolParse | None = None
+
+    @property
+    def tool_calls(self) -> tuple[ToolCall, ...]:
+        return self.tool_parse.calls if self.tool_parse is not None else ()
+
+    @property
+    def content(self) -> str | None:
+        """The message content the client got: the text outside the calls (None: calls only), failed calls
+        included as the parser read them (a format's special-token markers kept)."""
+        return self.tool_parse.content if self.tool_parse is not None else self.text
+
+    @property
+    def reply_finish_reason(self) -> str:
+        """``tool_calls`` when the reply holds calls (OpenAI's rule), else the engine's reason."""
+        return "tool_calls" if self.tool_calls else self.finish_reason
 
 
 @dataclass(frozen=True)
@@ -44,6 +63,16 @@ class RecordedCall:
     prompt_source: PromptSource = "rendered"
     splice_refused: str = ""
 
+    @property
+    def tool_calls(self) -> int:
+        """Tool calls parsed from this call's choices."""
+        return sum(len(c.tool_calls) for c in self.choices)
+
+    @property
+    def tool_parse_failures(self) -> int:
+        """Text that looked like a tool call and was not one (returned to the client as content)."""
+        return sum(c.tool_parse.failures for c in self.choices if c.tool_parse is not None)
+
     def samples(self) -> list[RolloutSample]:
         """The choices as :class:`~rl_rollout.types.RolloutSample` (what a trainer takes)."""
         return [
@@ -54,7 +83,12 @@ class RecordedCall:
                 loss_mask=[1] * len(c.response_ids),
                 finish_reason=c.finish_reason,
                 policy_version=c.policy_version,
-                info={"call_index": self.index, "choice_index": i, "endpoint": self.endpoint},
+                info={
+                    "call_index": self.index,
+                    "choice_index": i,
+                    "endpoint": self.endpoint,
+                    "tool_calls": len(c.tool_calls),
+                },
             )
             for i, c in enumerate(self.choices)
         ]

@@ -16,8 +16,12 @@ naming it. Used fields (chat: :data:`CHAT_FIELDS`, completions: :data:`COMPLETIO
   token's log-prob only.
 - Accepted only at their neutral value (else 400): ``frequency_penalty`` / ``presence_penalty`` 0,
   ``logit_bias`` empty, ``response_format`` ``{"type": "text"}``, ``best_of`` equal to ``n``, ``echo`` false,
-  ``suffix`` null; ``tools`` / ``tool_choice`` / ``functions`` / ``function_call`` are refused (no tool-call
-  parsing yet).
+  ``suffix`` null.
+- ``tools`` / ``tool_choice`` (chat): the tools are rendered by the chat template (``tools=``), each reply is
+  parsed for calls in the template's format and answered as OpenAI ``tool_calls``; earlier rounds come back
+  as assistant messages with ``tool_calls`` and ``tool`` messages (:mod:`rl_rollout.openai_api.tools`, which
+  also says what each ``tool_choice`` does; ``"required"`` and the deprecated ``functions`` /
+  ``function_call`` are refused).
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from rl_rollout.openai_api.errors import RequestError
+from rl_rollout.openai_api.tools import ToolRequest, check_template_renders_tools, parse_tools, template_message
 from rl_rollout.types import SamplingParams
 
 #: fields that change nothing the engine does, read and dropped on purpose
@@ -62,14 +68,6 @@ COMPLETION_FIELDS = (*_COMMON, "prompt", "best_of", "echo", "suffix")
 MAX_STOP = 4
 
 
-class RequestError(Exception):
-    """A request the endpoint refuses: ``status`` (400 unless said) and a message naming the field."""
-
-    def __init__(self, message: str, status: int = 400, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.param = status, param
-
-
 @dataclass
 class ParsedRequest:
     """One request, ready for the engine: the prompt's token ids, the engine's sampling, what the reply needs."""
@@ -82,6 +80,7 @@ class ParsedRequest:
     stream: bool
     include_usage: bool
     model: str
+    tools: ToolRequest | None = None  # chat with tools (rl_rollout.openai_api.tools)
 
 
 def parse_body(body: bytes) -> dict[str, Any]:
@@ -118,7 +117,7 @@ def _neutral(obj: dict, name: str, ok: Any, why: str) -> None:
         raise RequestError(f"{name}={v!r} is not supported: {why}", param=name)
 
 
-def _chat_prompt(tokenizer: Any, messages: Any) -> list[int]:
+def _chat_prompt(tokenizer: Any, messages: Any, tools: ToolRequest | None = None) -> list[int]:
     if not isinstance(messages, list) or not messages:
         raise RequestError("messages must be a non-empty list of {role, content} objects", param="messages")
     rendered = []
@@ -139,11 +138,15 @@ def _chat_prompt(tokenizer: Any, messages: Any) -> list[int]:
             m = {**m, "content": "".join(texts)}
         elif content is not None and not isinstance(content, str):
             raise RequestError(f"messages[{i}].content must be a string or text parts", param="messages")
-        if "tool_calls" in m or m["role"] == "tool":
-            raise RequestError(f"messages[{i}]: tool calls are not supported yet", param="messages")
-        rendered.append(m)
+        rendered.append(template_message(i, m))
+    extra: dict[str, Any] = {}
+    if tools is not None:
+        check_template_renders_tools(tokenizer)
+        extra["tools"] = list(tools.specs)
     try:
-        ids = tokenizer.apply_chat_template(rendered, add_generation_prompt=True, tokenize=True, return_dict=False)
+        ids = tokenizer.apply_chat_template(
+            rendered, add_generation_prompt=True, tokenize=True, return_dict=False, **extra
+        )
     except Exception as e:  # the template's own refusal (a role it does not know, say)
         raise RequestError(f"the chat template refused the messages: {type(e).__name__}: {e}") from None
     return [int(t) for t in ids]
@@ -227,6 +230,7 @@ def parse_request(
             raise RequestError("stream_options needs stream=true", param="stream_options")
         include_usage = bool(opts.get("include_usage"))
     logprobs_field = obj.get("logprobs")
+    tools = None
     if kind == "chat":
         if logprobs_field is not None and not isinstance(logprobs_field, bool):
             raise RequestError(f"logprobs must be a boolean, got {logprobs_field!r}", param="logprobs")
@@ -243,10 +247,8 @@ def parse_request(
             raise RequestError(
                 f"response_format={rf!r} is not supported; only {{'type': 'text'}}", param="response_format"
             )
-        for name in ("tools", "tool_choice", "functions", "function_call"):
-            if obj.get(name) not in (None, [], "none"):
-                raise RequestError(f"{name} is not supported yet (no tool-call parsing); leave it out", param=name)
-        prompt_ids = _chat_prompt(tokenizer, obj.get("messages"))
+        tools = parse_tools(obj)
+        prompt_ids = _chat_prompt(tokenizer, obj.get("messages"), tools)
     else:
         top = _int(obj, "logprobs", None, 0, 5)
         if top:
@@ -275,4 +277,4 @@ def parse_request(
     params = SamplingParams(
         temperature=temperature, top_p=top_p, top_k=top_k, max_new_tokens=max_new, n=n, seed=seed, logprobs=True
     )
-    return ParsedRequest(kind, prompt_ids, params, stops, logprobs, stream, include_usage, model)
+    return ParsedRequest(kind, prompt_ids, params, stops, logprobs, stream, include_usage, model, tools)

@@ -27,6 +27,12 @@ recorded). :meth:`OpenAIServer.stats` counts them. HTTP is uvicorn's in a thread
 Stop strings are applied to the generated text: a choice is cut at the first stop string (the text excludes
 it, OpenAI's rule) and its recorded ids end with the token that completed it, so the recorded ids decode to
 the text plus the stop string (and whatever else that token held).
+
+Tool calls (a chat request with ``tools``): the reply is parsed by the format of
+``config.tool_calls.parser`` (:mod:`rl_rollout.openai_api.tool_parsers`) into OpenAI ``tool_calls`` with
+``finish_reason: "tool_calls"`` and the text outside them as content; a parse failure goes back as content and
+is counted (``stats()["tool_parse_failures"]``, and per call in the record). Parsing reads the text; the
+recorded ids stay the sampled ones.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ from rl_rollout.openai_api.config import OpenAIServerConfig
 from rl_rollout.openai_api.episodes import Episodes, RecordedCall, RecordedChoice
 from rl_rollout.openai_api.protocol import ParsedRequest, RequestError
 from rl_rollout.openai_api.splice import PromptSource, splice_prompt
+from rl_rollout.openai_api.tool_parsers import ToolParse, make_tool_parser
+from rl_rollout.openai_api.tools import marker_ids, parse_choice
 from rl_rollout.types import RolloutRequest, RolloutSample
 
 logger = logging.getLogger(__name__)
@@ -71,6 +79,13 @@ class OpenAIServer:
         self.vocab_size = len(tokenizer)
         self.max_model_len = self.config.max_model_len or _model_len(engine)
         self.episodes = Episodes()
+        #: the tool-call parser (None: ``auto`` found no format in the chat template; requests with tools 400)
+        self.tool_parser = make_tool_parser(
+            self.config.tool_calls.parser,
+            tokenizer,
+            vllm_engine=type(engine).__module__.startswith("rl_rollout.vllm"),
+        )
+        self._tool_marker_ids = marker_ids(tokenizer, self.tool_parser.markers) if self.tool_parser else frozenset()
         self._counts: collections.Counter[str] = collections.Counter()
         self._counts_lock = threading.Lock()
         self._sock: socket.socket | None = None
@@ -101,7 +116,9 @@ class OpenAIServer:
         """Counters: ``requests``, ``status_<code>`` per reply, ``gone`` (calls after close), ``timeouts``,
         ``batches`` / ``batched_requests`` / ``max_batch`` (engine calls and their sizes), ``engine_ms``,
         ``prompt_tokens``, ``completion_tokens``, ``prompt_spliced`` / ``splice_refused`` (chat calls that continued
-        an earlier call of their episode, spliced or, failing its checks, rendered), ``queued`` (requests waiting for an engine call now), and the
+        an earlier call of their episode, spliced or, failing its checks, rendered), ``tool_calls`` /
+        ``tool_parse_failures`` (parsed calls, and text that looked like a call and was not one), ``queued`` (requests
+        waiting for an engine call now), and the
         episodes' counts."""
         with self._counts_lock:
             out: dict[str, int | float] = dict(self._counts)
@@ -171,8 +188,20 @@ class OpenAIServer:
                 ids, lps = ids[:lo], lps[:lo]
                 head = self.tokenizer.decode(ids, skip_special_tokens=True)
                 text, finish = head[: _first_stop(head, parsed.stop) or 0], "stop"
-            out.append(RecordedChoice(ids, lps, finish, s.policy_version, text))
+            out.append(RecordedChoice(ids, lps, finish, s.policy_version, text, self._tool_parse(parsed, ids, text)))
         return out
+
+    def _tool_parse(self, parsed: ParsedRequest, ids: list[int], text: str) -> ToolParse | None:
+        if parsed.tools is None or not parsed.tools.parse or self.tool_parser is None:
+            return None
+        got = parse_choice(
+            self.tool_parser, self.tokenizer, self._tool_marker_ids, ids, text, parsed.stop, parsed.tools.names
+        )
+        self.count("tool_calls", len(got.calls))
+        self.count("tool_parse_failures", got.failures)
+        if got.failures:
+            logger.info("tool-call parse failure (returned as content): %s", "; ".join(got.errors))
+        return got
 
     # ----- lifetime ------------------------------------------------------------------------------
 
