@@ -190,9 +190,6 @@ def test_refusals(task, capsys):
         main(argv(root, model, "x", "echo", "--agent_func_path", "builtin:calculator"))
     assert "one source of episodes" in capsys.readouterr().err
     with pytest.raises(SystemExit):
-        main(["ppo-ray", *argv(root, model, "x", "echo")[1:], "--num_gpus", "0"])
-    assert "rl ppo only" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
         main(argv(root, model, "x", "echo", "--async_train"))
     assert "--async_train" in capsys.readouterr().err
 
@@ -241,3 +238,30 @@ def test_tool_calls_and_parse_failures_per_episode(tmp_path):
     assert [s.reward for s in ok] == [1.0, 1.0] and [s.reward for s in bad] == [0.0, 0.0]
     assert all(s.info["mode"] == "merged" and s.info["tool_calls"] == 1 for s in ok)
     assert all(s.info["tool_parse_failures"] == 1 and s.info["tool_calls"] == 0 for s in bad)
+
+
+@pytest.mark.multiprocess
+@pytest.mark.timeout(900)
+def test_rl_ppo_ray_trains_the_example_agent_over_engine_actors(task):
+    """The same run over Ray: the endpoint in the driver, its engine calls spread over two HF engine actors (logical
+    GPUs); every ok episode merges, and the trainer's log-probs of the recorded tokens are the engine actors'."""
+    import subprocess
+
+    root, model = task
+    args = argv(root, model, "ray", f"{sys.executable} {root / 'flaky.py'}")[1:] + [
+        "--num_gpus", "3", "--actor_num_gpus_per_node", "1", "--vllm_num_engines", "2", "--micro_train_batch_size", "4"]
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "MASTER_ADDR",
+                                                             "MASTER_PORT")}
+    out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *args], capture_output=True, text=True,
+                         timeout=800, env={**env, "RAY_DEDUP_LOGS": "0", "AGENT_MAX_TOKENS": "4"})
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
+    assert "2 engine(s) HFEngine" in out.stdout, out.stdout[-2000:]
+    rows = [json.loads(x) for x in (root / "ray" / "metrics.jsonl").read_text().splitlines()]
+    its = [r for r in rows if "rl/agent_cmd/episodes_ok" in r]
+    assert len(its) == 2
+    for r in its:
+        assert r["rl/agent_cmd/episodes_ok"] == 2 and r["rl/agent_cmd/episodes_failed"] == 2, r
+        assert r["rl/agent_cmd/merged"] == 2 and r["rl/agent_cmd/drift"] == 0, r
+        assert r["rl/agent_cmd/calls_spliced"] == 2, r
+        assert r["rl/rollout_logprob_gap"] < 1e-3, r  # the engine actors sampled with the synced weights
+

@@ -162,11 +162,6 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
         )
         if ray:
             check_role_placement(cfgs["ray"], p, m)
-        if ray and p.agent_cmd:
-            raise ValueError(
-                "--agent_cmd is built for rl ppo only (the endpoint serves the in-process engine; over Ray engine "
-                "actors it is not wired yet): run it with rl ppo"
-            )
         check_eval_set(p.eval.steps, bool(d.eval_dataset))
         check_combinations(p, eval_set=bool(d.eval_dataset), sleep_engines=cfgs["rollout"].enable_sleep)
     except ValueError as e:
