@@ -130,7 +130,8 @@ def main() -> int:
     print(f"{'engine':10s}{e:9.3f}{calls / e:9.1f}")
     print(f"{'endpoint':10s}{p:9.3f}{calls / p:9.1f}")
     print(f"ratio endpoint / engine: {p / e:.3f} (target <= 1.10); same tokens on both sides in every round: "
-          f"{all(results['same_tokens'])}; engine calls the server made: {stats.get('engine_calls', 'n/a')}")
+          f"{all(results['same_tokens'])}; the server's engine calls: {stats['batches']} for {stats['requests']} "
+          f"requests (largest {stats['max_batch']})")
     if a.out:
         Path(a.out).write_text(json.dumps({"args": vars(a), **results, "engine_median_s": e, "endpoint_median_s": p,
                                            "ratio": p / e, "server_stats": stats}, indent=1))
