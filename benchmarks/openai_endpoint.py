@@ -54,7 +54,9 @@ def main() -> int:
     if a.engine == "vllm":
         from rl_rollout.vllm_engine import VLLMEngine
 
-        engine = VLLMEngine(str(path))
+        # the tests' CPU settings (tests/test_rollout_vllm_openai_server.py): eager, a short context, in this process
+        engine = VLLMEngine(str(path), dtype="float32", enforce_eager=True, max_model_len=512, seed=0, in_process=True,
+                            engine_kwargs={"gpu_memory_utilization": 0.3})  # on CPU: the host memory vLLM takes
     else:
         from rl_rollout.hf_engine import HFEngine
 
