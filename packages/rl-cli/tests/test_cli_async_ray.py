@@ -28,23 +28,60 @@ def task(tmp_path_factory):
     root = tmp_path_factory.mktemp("async-ray")
     model = make_tiny_model(root / "tiny")
     (root / "prompts.jsonl").write_text(
-        "".join(json.dumps({"prompt": f"Repeat the letter {c}: ", "label": c}) + "\n" for c in "abcdefgh"))
+        "".join(json.dumps({"prompt": f"Repeat the letter {c}: ", "label": c}) + "\n" for c in "abcdefgh")
+    )
     (root / "reward.py").write_text(REWARD)
     return root, model
 
 
 def argv(root, model, run, *extra):
-    return ["--pretrain", str(model), "--prompt_data", str(root / "prompts.jsonl"), "--input_key", "prompt",
-            "--label_key", "label", "--reward_fn", f"{root / 'reward.py'}:letter", "--advantage_estimator",
-            "group_norm", "--init_kl_coef", "0", "--n_samples_per_prompt", "4", "--rollout_batch_size", "4",
-            "--train_batch_size", "16", "--micro_train_batch_size", "8", "--max_iterations", "3", "--bf16", "false",
-            "--seed", "1", "--async_train", "--max_staleness", "1", "--run_dir", str(root / run), *extra]
+    return [
+        "--pretrain",
+        str(model),
+        "--prompt_data",
+        str(root / "prompts.jsonl"),
+        "--input_key",
+        "prompt",
+        "--label_key",
+        "label",
+        "--reward_fn",
+        f"{root / 'reward.py'}:letter",
+        "--advantage_estimator",
+        "group_norm",
+        "--init_kl_coef",
+        "0",
+        "--n_samples_per_prompt",
+        "4",
+        "--rollout_batch_size",
+        "4",
+        "--train_batch_size",
+        "16",
+        "--micro_train_batch_size",
+        "8",
+        "--max_iterations",
+        "3",
+        "--bf16",
+        "false",
+        "--seed",
+        "1",
+        "--async_train",
+        "--max_staleness",
+        "1",
+        "--run_dir",
+        str(root / run),
+        *extra,
+    ]
 
 
 def run_ray(args):
     env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *args], capture_output=True, text=True,
-                         timeout=800, env={**env, "RAY_DEDUP_LOGS": "0"})
+    out = subprocess.run(
+        [sys.executable, "-m", "rl_cli.train_ppo_ray", *args],
+        capture_output=True,
+        text=True,
+        timeout=800,
+        env={**env, "RAY_DEDUP_LOGS": "0"},
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     return out
 
@@ -56,8 +93,21 @@ def rows_of(path):
 @pytest.mark.multiprocess
 def test_rl_ppo_ray_async_generates_ahead_within_the_staleness_bound(task):
     root, model = task
-    out = run_ray(argv(root, model, "separate", "--generate_max_len", "8", "--num_gpus", "3",
-                       "--actor_num_gpus_per_node", "1", "--vllm_num_engines", "2"))
+    out = run_ray(
+        argv(
+            root,
+            model,
+            "separate",
+            "--generate_max_len",
+            "8",
+            "--num_gpus",
+            "3",
+            "--actor_num_gpus_per_node",
+            "1",
+            "--vllm_num_engines",
+            "2",
+        )
+    )
     assert "2 engine(s) HFEngine" in out.stdout, out.stdout[-2000:]
     rows = rows_of(root / "separate")
     assert [r["step"] for r in rows] == [1, 2, 3]
@@ -74,3 +124,65 @@ def test_rl_ppo_ray_async_generates_ahead_within_the_staleness_bound(task):
     # the stale ones lag one optimizer step: a gap that is there (the weights moved) and small (tis corrects it)
     for r in rows[1:]:
         assert 0 < r["rl/stale_logprob_gap"] < 0.05, r
+
+
+@pytest.mark.multiprocess
+def test_rl_ppo_ray_partial_rollout_in_the_hybrid_placement_lands_a_sync_mid_response(task):
+    """``--colocate_all_models`` (the engine awake beside the policy on one logical GPU) with ``--partial_rollout``:
+    the engine actor takes the weight broadcast on another thread while its generate samples 1 token per chunk,
+    so the sync after iteration 2 lands inside batch 3's responses (64 chunks; the iteration it waits on is a few
+    chunks long). Every token carries its version, and the bound holds on each."""
+    root, model = task
+    out = run_ray(
+        argv(
+            root,
+            model,
+            "hybrid",
+            "--generate_max_len",
+            "64",
+            "--partial_rollout",
+            "--partial_rollout_tokens",
+            "1",
+            "--num_gpus",
+            "1",
+            "--colocate_all_models",
+            "--vllm_num_engines",
+            "1",
+        )
+    )
+    assert "1 engine(s) HFEngine" in out.stdout, out.stdout[-2000:]
+    rows = rows_of(root / "hybrid")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["rl/staleness_max"] <= 1 and r["rl/staleness_violations"] == 0 for r in rows), rows
+    assert all(0 <= r["rl/token_staleness_mean"] <= r["rl/staleness_max"] for r in rows), rows
+    # batch 3 started after sync 1 and was sampling when sync 2 came: its responses span two versions
+    assert rows[2]["rl/policy_version_generated"] == 1 and rows[2]["rl/partial_fraction"] > 0, rows[2]
+    assert rows[2]["rl/token_staleness_mean"] < 1, rows[2]  # some of its tokens came from version 2, the trained one
+    assert rows[0]["rl/rollout_logprob_gap"] < 1e-4, rows[0]
+    assert all(0 < r["rl/stale_logprob_gap"] < 0.05 for r in rows[1:]), rows
+
+
+def test_rl_ppo_ray_async_with_sleeping_engines_is_refused_before_anything_loads(task, capsys):
+    from rl_cli.main import main
+
+    root, model = task
+    with pytest.raises(SystemExit):
+        main(
+            [
+                "ppo-ray",
+                *argv(
+                    root,
+                    model,
+                    "sleep",
+                    "--num_gpus",
+                    "1",
+                    "--colocate_all_models",
+                    "--vllm_num_engines",
+                    "1",
+                    "--vllm_enable_sleep",
+                ),
+            ]
+        )
+    err = capsys.readouterr().err
+    assert "--async_train generates while the policy trains" in err and "drop --vllm_enable_sleep" in err, err
+    assert not (root / "sleep").exists()  # refused before the run's folder, Ray or a model
