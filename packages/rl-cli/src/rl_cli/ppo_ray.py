@@ -100,6 +100,7 @@ def _run_on_ray(cfgs: dict, tok, prompts, eval_prompts, plan) -> int:
             call_timeout_s=a.call_timeout_s,
             engine_env=DETERMINISTIC_VLLM_ENV if cfgs["strategy"].full_determinism else None,
             role_env={extensions.ENV: os.pathsep.join(exts)} if exts else None,
+            partial_rollout=bool(cfgs["ppo"].async_rl and cfgs["ppo"].async_rl.partial_rollout),
         )
         factory.spawn_engines(r.kind)  # the engines' processes and imports start beside the models' loading
         try:

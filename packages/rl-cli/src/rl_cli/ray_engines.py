@@ -88,6 +88,17 @@ class RolloutEngineActor:
         batch = getattr(self.engine, "generate_batch", None)
         return batch(requests) if callable(batch) else self.engine.generate(requests)
 
+    def set_partial_chunk_tokens(self, tokens: int | None) -> None:
+        """Partial rollouts (``--partial_rollout``): the engine samples ``tokens`` at a time, so a weight load
+        arriving on another thread of this actor (``max_concurrency`` > 1: :func:`spawn_engines`) lands between
+        two chunks of a generate in flight; None: whole responses."""
+        if not hasattr(self.engine, "partial_chunk_tokens"):
+            raise ValueError(
+                f"--partial_rollout needs an engine that samples in chunks; the {self.kind} engine does not: use "
+                f"--rollout_engine hf or vllm, or drop --partial_rollout"
+            )
+        self.engine.partial_chunk_tokens = tokens
+
     def update_weights(self, named_tensors: list, version: int) -> None:
         self.engine.update_weights(named_tensors, version)
 
@@ -154,10 +165,14 @@ def spawn_engines(
     env: dict[str, str] | None = None,
     call_timeout_s: float = 3600.0,
     start_timeout_s: float = 600.0,
+    max_concurrency: int = 1,
 ) -> list[Any]:
     """One empty :class:`RolloutEngineActor` group per engine of the plan, not waited for: the actors start and
     import ``engine_kind``'s libraries while the models load; :func:`start_engines` with ``actors=`` builds the
-    engines in them later (an engine sizes its KV cache from the GPU memory the models left)."""
+    engines in them later (an engine sizes its KV cache from the GPU memory the models left).
+
+    ``max_concurrency`` > 1: threaded actors, so that a weight load runs while a generate is in flight (partial
+    rollouts; the engine's own lock orders the two, and releases it between a partial rollout's chunks)."""
 
     groups = []
     try:
@@ -175,6 +190,7 @@ def spawn_engines(
                     init_kwargs={"visible_devices": visible, "engine_kind": engine_kind},
                     call_timeout_s=call_timeout_s,
                     start_timeout_s=start_timeout_s,
+                    actor_options={"max_concurrency": max_concurrency} if max_concurrency > 1 else None,
                     wait=False,
                 )
             )

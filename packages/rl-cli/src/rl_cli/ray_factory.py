@@ -48,8 +48,11 @@ class RayFactory:
         call_timeout_s: float = 3600.0,
         engine_env: dict[str, str] | None = None,
         role_env: dict[str, str] | None = None,
+        partial_rollout: bool = False,
     ):
         self.placed, self.colocated, self.call_timeout_s = placed, colocated, call_timeout_s
+        # partial rollouts: a weight load must reach an engine actor while its generate samples (between chunks)
+        self.engine_concurrency = 4 if partial_rollout else 1
         self.engine_env = engine_env  # set in each engine actor before its engine starts
         self.role_env = role_env  # set in each role actor before it builds (e.g. rl_cli.extensions.ENV)
         self.gpus = engine_gpus(placed)  # TP > 1 engines' GPU ids, read before any actor fills the bundles
@@ -76,6 +79,7 @@ class RayFactory:
             gpus=self.gpus,
             env=self.engine_env,
             call_timeout_s=self.call_timeout_s,
+            max_concurrency=self.engine_concurrency,
         )
 
     def role(self, name: str, worker_cls: type, *args: Any, **kwargs: Any):
@@ -101,6 +105,8 @@ class RayFactory:
         for g in self.groups:
             g.wait_ready()
         # each engine actor builds its own options (its device is the GPU Ray gives it; seed + its index)
+        if self._spawned is None and self.engine_concurrency > 1:  # threaded actors: start_engines' own are not
+            self.spawn_engines(engine_cfg.kind)
         spawned, self._spawned = self._spawned, None  # start_engines owns them now (shuts them down on a failure)
         self.engines = start_engines(
             self.placed,

@@ -14,10 +14,11 @@ sets ``policy_version``:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING
 
 import torch
@@ -50,11 +51,18 @@ class HFWeightsMixin:
     @torch.no_grad()
     def update_weights(self, named_tensors: Iterable[tuple[str, torch.Tensor]], version: int) -> None:
         """Copy ``(hf_name, tensor)`` pairs into the model in place; a subset is fine."""
-        self._updates_waiting += 1  # partial rollouts: the next chunk waits for this update (no lock starvation)
+        with self._waiting_update(), self._lock:
+            self._copy_weights(named_tensors)
+            self.policy_version = version
+
+    @contextlib.contextmanager
+    def _waiting_update(self) -> Iterator[None]:
+        """Count an update waiting for the lock: a partial rollout's next chunk waits for it (a lock is not fair, so
+        a loop of chunks could otherwise starve it). Every weight path counts, the Ray engine actors' broadcast
+        and IPC loads included (they arrive on another thread of the actor while a partial rollout samples)."""
+        self._updates_waiting += 1
         try:
-            with self._lock:
-                self._copy_weights(named_tensors)
-                self.policy_version = version
+            yield
         finally:
             self._updates_waiting -= 1
 
@@ -70,7 +78,7 @@ class HFWeightsMixin:
         """
         n = 0
         groups: Iterable[list[tuple[str, torch.Tensor]]]
-        with self._lock:
+        with self._waiting_update(), self._lock:
             if isinstance(sync, IpcSync):
                 if getattr(self, "_ipc", None) is None:
                     self._ipc = IpcReceiver()
@@ -122,7 +130,7 @@ class HFWeightsMixin:
         receiver = self._receiver
         if receiver is None:
             raise RuntimeError("receive_weights needs a weight group: call init_weight_group(...) first")
-        with self._lock:
+        with self._waiting_update(), self._lock:
             self._check_awake()
             stats = receiver.receive(
                 self._copy_weights,

@@ -41,7 +41,7 @@ class AsyncConfig:
         metadata=meta(
             "a weight update lands between chunks of the responses being generated instead of waiting for them; the "
             "rest is sampled with the new weights, each token tagged with its version (the importance correction then "
-            "uses each token's own rollout log-prob). HF engine",
+            "uses each token's own rollout log-prob). HF and vLLM engines, in rl ppo and rl ppo-ray",
             openrlhf=("train.partial_rollout_enable",),
         ),
     )

@@ -215,6 +215,19 @@ class GroupRollout:
             raise ValueError("GroupRollout needs at least one engine group")
         self.engines = list(engines)
         self.pool: EnginePool | None = None  # agenerate's EnginePool of _EngineTurns, made on first use
+        self._partial_chunk_tokens: int | None = None
+
+    @property
+    def partial_chunk_tokens(self) -> int | None:
+        """Partial rollouts (the loop's ``--partial_rollout``): every engine samples this many tokens at a time, so
+        a weight sync lands between chunks of a generate in flight (the engine actors must take calls
+        concurrently: rl-cli's ``RayFactory(partial_rollout=True)``); None: whole responses."""
+        return self._partial_chunk_tokens
+
+    @partial_chunk_tokens.setter
+    def partial_chunk_tokens(self, tokens: int | None) -> None:
+        self.call("set_partial_chunk_tokens", tokens)
+        self._partial_chunk_tokens = tokens
 
     def generate(self, requests: list) -> list[list]:
         n, k = len(requests), len(self.engines)

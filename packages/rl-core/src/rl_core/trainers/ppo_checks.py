@@ -20,7 +20,8 @@ def check_combinations(cfg, *, eval_set: bool, sleep_engines: bool) -> None:
     if sleep_engines and cfg.async_rl:
         raise ValueError(
             "--async_train generates while the policy trains, so the engines cannot sleep meanwhile: drop "
-            "--vllm_enable_sleep (or --async_train)"
+            "--vllm_enable_sleep (or --async_train); with --colocate_all_models the engines then stay awake beside "
+            "the policy on its GPUs"
         )
 
 
@@ -55,5 +56,6 @@ def check_parts(cfg, *, rollout, critic, ref, reward_fn, reward_model, teacher=N
     if cfg.async_rl and cfg.async_rl.partial_rollout and not hasattr(rollout, "partial_chunk_tokens"):
         raise ValueError(
             f"--partial_rollout needs an engine that samples in chunks a weight update can land between; "
-            f"{type(rollout).__name__} does not: use --rollout_engine hf in rl ppo, or drop --partial_rollout"
+            f"{type(rollout).__name__} does not: use --rollout_engine hf or vllm (rl ppo, rl ppo-ray), or drop "
+            f"--partial_rollout"
         )
