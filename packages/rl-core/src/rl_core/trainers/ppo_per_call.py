@@ -93,10 +93,9 @@ class EpisodeItems:
                 + [m for p, c in zip(parts, cut, strict=True) for m in p.loss_mask_T[c:]],
             )
             for name in TOKEN_FIELDS:
-                xs = [p.token(name) for p in parts]
-                if all(x is not None for x in xs):
-                    first = [xs[0][: cut[0]]]
-                    row.set_token(name, torch.cat(first + [x[c:] for x, c in zip(xs, cut, strict=True)]))
+                xs = [x for p in parts if (x := p.token(name)) is not None]
+                if len(xs) == len(parts):  # a field some calls lack is left out of the row (collate: 0)
+                    row.set_token(name, torch.cat([xs[0][: cut[0]]] + [x[c:] for x, c in zip(xs, cut, strict=True)]))
             rows.append(row)
         return rows
 
