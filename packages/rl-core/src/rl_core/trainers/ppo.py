@@ -33,7 +33,8 @@ in-process (:class:`~rl_core.rl.groups.LocalGroup`, ``rl ppo``) or Ray actors
    the chosen estimator, batch whitening where its rl-algos registry entry says so.
 5. Train the critic, then the policy (``max_epochs`` passes, global batches of
    ``train_batch_size`` split over each group's data-parallel ranks the same way
-   whatever their number).
+   whatever their number; an ``--agent_cmd`` episode that could not merge brings one item per call into its
+   global batch, with the episode's advantage: :mod:`rl_core.trainers.ppo_per_call`).
    With ``deepspeed_enable_sleep`` the policy's and critic's DeepSpeed states sleep in host memory from the
    start of the iteration (before step 1's generation) and are reloaded before step 3 (:mod:`rl_core.rl.ds_sleep`;
    ``ds_sleep_s``, ``ds_wake_s``, ``ds_sleep_gb``, on CUDA ``ds_sleep_freed_gb``); with ``async_train`` all but
