@@ -89,6 +89,35 @@ def test_rl_ppo_trains_the_example_agent_and_counts_a_crashing_one(task, monkeyp
         assert r["rl/rollout_logprob_gap"] < 1e-3
 
 
+# two chat calls, the second with its history rewritten (a new first user turn): no splice, a per-call episode
+REWRITER = """
+import json, os, sys
+from openai import OpenAI
+row = json.loads(sys.stdin.read())
+c, m = OpenAI(), os.environ["OPENAI_MODEL"]
+a = c.chat.completions.create(model=m, messages=[{"role": "user", "content": row["prompt"]}], max_tokens=4)
+q = "Again, only the number: " + row["prompt"]
+b = c.chat.completions.create(model=m, messages=[{"role": "user", "content": q}], max_tokens=4)
+print(json.dumps({"reward": len(b.choices[0].message.content or "") % 3 / 2}))
+"""
+
+
+def test_rl_ppo_trains_every_call_of_a_per_call_episode(task):
+    """A program that rewrites its history cannot be merged: each of its 2 calls becomes an item of its own
+    (1 item added per episode), none is left untrained, and the trainer scores those items with the engine's
+    log-probs (the gap)."""
+    root, model = task
+    (root / "rewriter.py").write_text(REWRITER)
+    args = argv(root, model, "run-per-call", f"{sys.executable} {root / 'rewriter.py'}")
+    assert main([*args[: args.index("--max_iterations") + 1], "1", *args[args.index("--max_iterations") + 2 :]]) == 0
+    rows = [json.loads(x) for x in (root / "run-per-call" / "metrics.jsonl").read_text().splitlines()]
+    (r,) = [r for r in rows if "rl/agent_cmd/episodes_ok" in r]
+    assert r["rl/agent_cmd/episodes_ok"] == 4 and r["rl/agent_cmd/per_call"] == 4 and r["rl/agent_cmd/merged"] == 0
+    assert r["rl/agent_cmd/calls_per_episode"] == 2.0 and r["rl/agent_cmd/calls_untrained"] == 0
+    assert r["rl/agent_cmd/per_call_items_added"] == 4  # one earlier call per episode
+    assert r["rl/rollout_logprob_gap"] < 1e-3
+
+
 def test_episodes_tensors_hold_the_recorded_tokens_and_a_hang_is_cut(task, tmp_path):
     root, model = task
     tok = AutoTokenizer.from_pretrained(model)
@@ -105,7 +134,7 @@ def test_episodes_tensors_hold_the_recorded_tokens_and_a_hang_is_cut(task, tmp_p
         "r = c.completions.create(model='m', prompt=prompt, max_tokens=3, logprobs=0)\n"
         "print(json.dumps({'reward': 1.0}))\n"
     )
-    cfg = AgentCmdConfig(cmd=f"{sys.executable} {agent}", concurrency=4, timeout_s=4.0, kill_grace_s=0.5)
+    cfg = AgentCmdConfig(cmd=f"{sys.executable} {agent}", concurrency=4, timeout_s=8.0, kill_grace_s=0.5)
     eps = AgentCmdEpisodes(cfg, engine, tok, reward_fn=False, eos=[tok.eos_token_id])
     recorded = {}
     try:

@@ -131,14 +131,15 @@ class _Worker:
                 out[i] = r
         return out
 
-    def _global_batches(self, items: list[Experience], epochs: int):
-        """Each epoch's local slices of the global batches (items come in :func:`dp_order`)."""
-        local = self.s.cfg.train_batch_size // self.s.dp_size
+    def _global_batches(self, items: list[Experience], epochs: int, local: int | None = None):
+        """Each epoch's local slices of the global batches (items come in :func:`dp_order`), ``local`` items each
+        (default ``train_batch_size / dp``; more when episodes hold several calls: rl_core.trainers.ppo_per_call)."""
+        local = local or self.s.cfg.train_batch_size // self.s.dp_size
         if len(items) % local:
             raise ValueError(
                 f"rank {self.rank}: {len(items)} items are not whole local batches of {local} "
                 f"(train_batch_size {self.s.cfg.train_batch_size} / {self.s.dp_size} data-parallel "
-                f"ranks)"
+                f"ranks, or the local batch the loop passed)"
             )
         for _ in range(epochs):
             for g in range(0, len(items), local):

@@ -115,8 +115,13 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
         finally:
             self.engine.train()
 
-    def train(self, items: list[Experience], kl_coef: float = 0.0, on_policy: bool = False) -> list[dict[str, float]]:
+    def train(
+        self, items: list[Experience], kl_coef: float = 0.0, on_policy: bool = False, local_batch: int | None = None
+    ) -> list[dict[str, float]]:
         """Policy epochs over this rank's slices of every global batch (items in ``dp_order``).
+
+        ``local_batch``: items per global batch on this rank (default ``train_batch_size / dp``); more when a
+        global batch's episodes hold several calls each (:mod:`rl_core.trainers.ppo_per_call`).
 
         ``on_policy``: the items carry no old log-probs because this is the only optimizer step on them (one
         epoch, one global batch): the weights have not moved since the engine sampled, so the old log-probs
@@ -171,7 +176,7 @@ class PolicyWorker(DeepSpeedSleep, _Worker):
                 res.append(align_to_tokens(div(out.logits, lps, ids, o.temperature), x))
             return tuple(res) if len(res) > 1 else res[0]
 
-        for chunk in self._global_batches(items, o.epochs):
+        for chunk in self._global_batches(items, o.epochs, local_batch):
             total = self._global_tokens(chunk)
             groups = self._micro_batches(chunk, train=True)
             for k, idx in enumerate(groups):
@@ -366,14 +371,14 @@ class CriticWorker(DeepSpeedSleep, _Worker):
         finally:
             self.engine.train()
 
-    def train(self, items: list[Experience]) -> list[dict[str, float]]:
-        """Critic epochs, like :meth:`PolicyWorker.train`; returns ``[metrics]``."""
+    def train(self, items: list[Experience], local_batch: int | None = None) -> list[dict[str, float]]:
+        """Critic epochs, like :meth:`PolicyWorker.train` (``local_batch`` too); returns ``[metrics]``."""
 
         o, dev, world = self.objective, self.s.device, self.s.world_size
         sums: dict = {"critic_loss": 0.0, "value_clip_fraction": 0.0}
         steps = 0
         self.engine.train()
-        for chunk in self._global_batches(items, o.epochs):
+        for chunk in self._global_batches(items, o.epochs, local_batch):
             total = self._global_tokens(chunk)
             groups = self._micro_batches(chunk, train=True)
             for k, idx in enumerate(groups):

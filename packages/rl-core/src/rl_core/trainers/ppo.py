@@ -33,7 +33,8 @@ in-process (:class:`~rl_core.rl.groups.LocalGroup`, ``rl ppo``) or Ray actors
    the chosen estimator, batch whitening where its rl-algos registry entry says so.
 5. Train the critic, then the policy (``max_epochs`` passes, global batches of
    ``train_batch_size`` split over each group's data-parallel ranks the same way
-   whatever their number).
+   whatever their number; an ``--agent_cmd`` episode that could not merge brings one item per call into its
+   global batch, with the episode's advantage: :mod:`rl_core.trainers.ppo_per_call`).
    With ``deepspeed_enable_sleep`` the policy's and critic's DeepSpeed states sleep in host memory from the
    start of the iteration (before step 1's generation) and are reloaded before step 3 (:mod:`rl_core.rl.ds_sleep`;
    ``ds_sleep_s``, ``ds_wake_s``, ``ds_sleep_gb``, on CUDA ``ds_sleep_freed_gb``); with ``async_train`` all but
@@ -80,7 +81,7 @@ from rl_core.metrics import MetricsLogger
 from rl_core.preflight import check_rl_arithmetic
 from rl_core.rl import ds_sleep
 from rl_core.rl.batching import BudgetWatch, MicroBatchConfig
-from rl_core.rl.experience import Experience, dp_order, ring_shards
+from rl_core.rl.experience import Experience, ring_shards
 from rl_core.rl.groups import LocalGroup
 from rl_core.rl.pipeline import AsyncRollout
 from rl_core.rng_state import rng_state_from_json, set_rng_state
@@ -90,6 +91,7 @@ from rl_core.trainers.ppo_checks import check_combinations, check_parts
 from rl_core.trainers.ppo_config import PPOConfig
 from rl_core.trainers.ppo_eval import EvalPass
 from rl_core.trainers.ppo_experience import ExperienceMaker, GapAlarm, trains_on_policy
+from rl_core.trainers.ppo_per_call import EpisodeItems, lcm
 from rl_core.trainers.ppo_rewards import _bounded
 from rl_core.trainers.ppo_rollout import Sampler
 from rl_core.trainers.ppo_sync import release_device_caches, sync_engines
@@ -222,6 +224,10 @@ class PPOTrainer:
             rollout.partial_chunk_tokens = cfg.async_rl.partial_rollout_tokens
         self._ckpt_cursor = 0  # the prompt cursor after the batch trained last (async: the producer runs ahead)
         local = [g for g in (policy, critic, ref, reward_model, teacher) if g is not None]
+        # the experience forwards' items split evenly over every group's data-parallel ranks (per-call episodes pad)
+        self._forward_multiple = lcm(
+            [g.world_size // self.ring for g in (policy, critic, ref, teacher) if g is not None]
+        )
         self.parallel = not all(isinstance(g, LocalGroup) for g in local)
         self.experience = ExperienceMaker(
             cfg,
@@ -254,28 +260,31 @@ class PPOTrainer:
     def on_policy(self, value: bool) -> None:
         self.experience.on_policy = value
 
-    def _sharded(self, group, method: str, items: list, *args):
+    def _sharded(self, group, method: str, items: list, *args, **kwargs):
         """``group.call_sharded``: each data-parallel rank its contiguous shard (a ring attention group's ranks
         the same one: :func:`ring_shards`), results in ``items``' order."""
-        return group.call_sharded(method, ring_shards(items, group.world_size, self.ring), *args)
+        return group.call_sharded(method, ring_shards(items, group.world_size, self.ring), *args, **kwargs)
 
     # ----- train and sync --------------------------------------------------------------------
 
-    def _train(self, items: list[Experience], it: int) -> dict[str, float]:
-        """Critic, then policy (unless still frozen); each gets every global batch split over its ranks."""
+    def _train(self, calls: EpisodeItems, it: int) -> dict[str, float]:
+        """Critic, then policy (unless still frozen); each gets every global batch (``train_batch_size`` episodes,
+        their calls: :mod:`rl_core.trainers.ppo_per_call`) split over its ranks."""
 
-        def ordered(group):
-            return [items[i] for i in dp_order(len(items), self.G, group.world_size // self.ring)]
+        def ordered(group) -> tuple[list[Experience], int]:
+            return calls.train_order(self.G, group.world_size // self.ring, self.pad_id)
 
         out: dict[str, float] = {}
         t0 = time.perf_counter()
         if self.critic is not None:
-            out.update(self._sharded(self.critic, "train", ordered(self.critic))[0])
+            items, local = ordered(self.critic)
+            out.update(self._sharded(self.critic, "train", items, local_batch=local)[0])
         t1 = time.perf_counter()
         out["critic_train_s"] = t1 - t0
         if it > self.cfg.freezing_actor_steps:
             kl_coef = self.cfg.kl.init_coef if self.cfg.kl.use_loss else 0.0
-            out.update(self._sharded(self.policy, "train", ordered(self.policy), kl_coef, self.on_policy)[0])
+            items, local = ordered(self.policy)
+            out.update(self._sharded(self.policy, "train", items, kl_coef, self.on_policy, local_batch=local)[0])
             if "rollout_logprob_gap" in out:
                 out.update(self.gap_alarm.check(out["rollout_logprob_gap"]))
         out["policy_train_s"] = time.perf_counter() - t1
@@ -330,18 +339,23 @@ class PPOTrainer:
             batch.metrics.update(stale, rollout_wait_s=wait_s)
         self._ckpt_cursor = batch.cursor
         items, scores, m = batch.items, batch.scores_B, batch.metrics
+        calls = EpisodeItems.of(batch.samples, items)  # per-call agent episodes: one item per call (ppo_per_call)
         if self.sleep_engines:
             self.rollout.sleep(self.sleep_level)
         if c.deepspeed_enable_sleep and pipeline is None:
             m.update(asleep, **ds_sleep.call_roles(trained, "ds_reload", self.parallel))
-        m.update(self.budgets.check(it, [x.T for x in items]))
+        m.update(self.budgets.check(it, [x.T for x in calls.items]))
         t1 = time.perf_counter()
-        self.experience.forwards(items)
-        m.update(self.experience.advantages(items, scores, fresh))
+        self.experience.forwards(calls.padded(self._forward_multiple, self.pad_id))
+        rows = calls.episode_rows()  # one per episode: group baselines count episodes, not calls
+        m.update(self.experience.advantages(rows, scores, fresh))
+        calls.split(rows)
+        if self.sampler.agent_cmd is not None:
+            m["agent_cmd/per_call_items_added"] = float(calls.added)
         t2 = time.perf_counter()
         if c.deepspeed_enable_sleep and pipeline is not None:
             m.update(asleep, **ds_sleep.call_roles(trained, "ds_reload", self.parallel))
-        m.update(self._train(items, it))
+        m.update(self._train(calls, it))
         m.update(self._sync(it))
         evaluated = self._evaluate(it, pipeline, m)  # async: before the producer may generate with version it
         if pipeline is not None:

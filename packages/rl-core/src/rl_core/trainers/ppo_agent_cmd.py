@@ -7,8 +7,9 @@ episode's recorded calls into the one training sample of its slot in the loop's 
 - merged (every call extends the previous call's prompt + sampled ids, token for token): the whole episode,
   the program's own tokens (tool results, user turns, template markup) with loss mask 0, the sampled ones 1;
 - per call (a call that does not extend, re-tokenisation drift included: :mod:`rl_rollout.agents.transcript`):
-  the episode's last call, its prompt as rendered; the earlier calls are not trained (counted: the loop's
-  batch keeps one sample per slot so group baselines and the train batch arithmetic hold);
+  the episode's last call, its prompt as rendered, carrying the earlier calls in ``info["earlier_calls"]``; the
+  loop trains every call, each with the episode's advantage (:mod:`rl_core.trainers.ppo_per_call`: rewards and
+  group baselines count the episode once, a global batch holds its episodes' calls);
 - dropped (the program failed, timed out, made no call, or gave no reward with no --reward_fn to score it):
   a placeholder of one masked token with reward 0, so nothing of it trains (counted).
 
@@ -17,7 +18,8 @@ the endpoint (:mod:`rl_rollout.openai_api.splice`), so a program that keeps its 
 
 Metrics per iteration (``agent_cmd/...``): episodes ok / failed / timed out, calls and tokens per episode, tool
 calls and tool-call parse failures per episode (and the failures' total: a reply whose call did not parse went
-back to the program as content), merged / per_call / drift episodes, untrained calls, dropped samples, late calls
+back to the program as content), merged / per_call / drift episodes, untrained calls (0: every call trains; the
+loop adds ``agent_cmd/per_call_items_added``, the items per-call episodes added), dropped samples, late calls
 (410s since the last iteration), calls_spliced (chat calls whose prompt the endpoint spliced onto the previous
 call's ids) and splice_refused (continuations whose splice failed its checks and were rendered instead: their
 episodes count as drift).
@@ -28,6 +30,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from rl_core.trainers.ppo_per_call import EARLIER_CALLS
 from rl_rollout.agents.cmd import AgentCmdRunner, EpisodeResult
 from rl_rollout.agents.cmd_config import AgentCmdConfig
 from rl_rollout.agents.transcript import episode_samples
@@ -86,6 +89,7 @@ class AgentCmdEpisodes:
             samples.append(s)
         gone = int(self.server.stats().get("gone", 0))
         k = len(results)
+        parts = [c for s in samples for c in [*s.info.get(EARLIER_CALLS, ()), vars(s)]]  # every trained sequence
         self.last_metrics = {
             "agent_cmd/episodes_ok": counts["ok"],
             "agent_cmd/episodes_failed": counts["failed"],
@@ -94,8 +98,8 @@ class AgentCmdEpisodes:
             "agent_cmd/tool_calls_per_episode": tool_calls / k,
             "agent_cmd/tool_parse_failures_per_episode": parse_failures / k,
             "agent_cmd/tool_parse_failures": float(parse_failures),
-            "agent_cmd/tokens_per_episode": sum(len(s.prompt_ids) + len(s.response_ids) for s in samples) / k,
-            "agent_cmd/policy_tokens_per_episode": sum(sum(s.loss_mask) for s in samples) / k,
+            "agent_cmd/tokens_per_episode": sum(len(c["prompt_ids"]) + len(c["response_ids"]) for c in parts) / k,
+            "agent_cmd/policy_tokens_per_episode": sum(sum(c["loss_mask"]) for c in parts) / k,
             "agent_cmd/merged": counts["merged"],
             "agent_cmd/per_call": counts["per_call"],
             "agent_cmd/drift": counts["drift"],
@@ -124,9 +128,17 @@ class AgentCmdEpisodes:
         counts["drift"] += es.drift
         if es.mode == "merged":
             s = es.samples[0]
-        else:
+        else:  # every call trains: the earlier ones as plain lists beside the slot's sample (ppo_per_call)
             s = es.samples[-1]
-            counts["untrained"] += len(es.samples) - 1
+            s.info[EARLIER_CALLS] = [
+                {
+                    "prompt_ids": list(c.prompt_ids),
+                    "response_ids": list(c.response_ids),
+                    "loss_mask": list(c.loss_mask),
+                    "rollout_logprobs": list(c.rollout_logprobs),
+                }
+                for c in es.samples[:-1]
+            ]
         s.reward = r.reward
         s.info.update(
             agent_cmd=r.status,
