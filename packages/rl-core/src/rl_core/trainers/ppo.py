@@ -91,7 +91,7 @@ from rl_core.trainers.ppo_checks import check_combinations, check_parts
 from rl_core.trainers.ppo_config import PPOConfig
 from rl_core.trainers.ppo_eval import EvalPass
 from rl_core.trainers.ppo_experience import ExperienceMaker, GapAlarm, trains_on_policy
-from rl_core.trainers.ppo_per_call import EpisodeItems, lcm
+from rl_core.trainers.ppo_per_call import EpisodeItems
 from rl_core.trainers.ppo_rewards import _bounded
 from rl_core.trainers.ppo_rollout import Sampler
 from rl_core.trainers.ppo_sync import release_device_caches, sync_engines
@@ -225,8 +225,8 @@ class PPOTrainer:
         self._ckpt_cursor = 0  # the prompt cursor after the batch trained last (async: the producer runs ahead)
         local = [g for g in (policy, critic, ref, reward_model, teacher) if g is not None]
         # the experience forwards' items split evenly over every group's data-parallel ranks (per-call episodes pad)
-        self._forward_multiple = lcm(
-            [g.world_size // self.ring for g in (policy, critic, ref, teacher) if g is not None]
+        self._forward_multiple = math.lcm(
+            *(g.world_size // self.ring for g in (policy, critic, ref, teacher) if g is not None)
         )
         self.parallel = not all(isinstance(g, LocalGroup) for g in local)
         self.experience = ExperienceMaker(

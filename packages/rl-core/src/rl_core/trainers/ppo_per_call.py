@@ -26,7 +26,6 @@ Without per-call episodes every method is the identity of the loop before (one i
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -121,10 +120,15 @@ class EpisodeItems:
         return [self.items[i] if i is not None else pad_item(pad_id) for i in order], local
 
     def _by_slot(self) -> list[list[int]]:
-        by_slot: list[list[int]] = [[] for _ in range(self.slots)]
-        for i, b in enumerate(self.slot_of):
-            by_slot[b].append(i)
-        return by_slot
+        return items_by_slot(self.slot_of, self.slots)
+
+
+def items_by_slot(slot_of: Sequence[int], slots: int) -> list[list[int]]:
+    """The item indices of each slot, in order."""
+    by_slot: list[list[int]] = [[] for _ in range(slots)]
+    for i, b in enumerate(slot_of):
+        by_slot[b].append(i)
+    return by_slot
 
 
 def train_layout(slot_of: Sequence[int], slots: int, global_batch: int, world: int) -> tuple[list[int | None], int]:
@@ -138,9 +142,7 @@ def train_layout(slot_of: Sequence[int], slots: int, global_batch: int, world: i
             f"of the {world} data-parallel ranks"
         )
     local = global_batch // world
-    by_slot: list[list[int]] = [[] for _ in range(slots)]
-    for i, b in enumerate(slot_of):
-        by_slot[b].append(i)
+    by_slot = items_by_slot(slot_of, slots)
     nb = slots // global_batch
     shards = [
         [
@@ -159,7 +161,3 @@ def pad_item(pad_id: int) -> Experience:
     item = make_item([pad_id], [pad_id], [0], [0.0])
     item.advantages_T = torch.zeros(2)
     return item
-
-
-def lcm(values: Sequence[int]) -> int:
-    return math.lcm(*values) if values else 1

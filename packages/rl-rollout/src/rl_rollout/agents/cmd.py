@@ -24,7 +24,6 @@ an exception, a malformed or non-finite reward) or ``timeout``; none stops the r
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import json
 import math
 import os
@@ -41,6 +40,7 @@ from typing import Any, Literal
 
 from rl_rollout.agents.cmd_config import AgentCmdConfig
 from rl_rollout.openai_api.episodes import RecordedCall
+from rl_rollout.rewards.loading import exec_file
 
 Status = Literal["ok", "failed", "timeout"]
 _ENTRY = re.compile(r"^(?P<target>[^\s:]+):(?P<attr>[A-Za-z_][\w.]*)$")
@@ -91,11 +91,10 @@ def load_entry_point(cmd: str) -> Callable[..., Any]:
             raise ValueError(
                 f"--agent_cmd {cmd!r}: file {str(path)!r} does not exist (relative to {os.getcwd()!r}); fix the path"
             )
-        spec = importlib.util.spec_from_file_location(f"rl_agent_cmd_{abs(hash(str(path.resolve())))}", path)
-        if spec is None or spec.loader is None:
-            raise ValueError(f"--agent_cmd {cmd!r}: cannot load {str(path)!r} as a Python module")
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
+        try:  # the reward files' and --extension's loader: one stable module name per file, registered
+            module = exec_file(path, "rl_agent_cmd")
+        except ImportError as e:
+            raise ValueError(f"--agent_cmd {cmd!r}: cannot load {str(path)!r} as a Python module ({e})") from e
     else:
         try:
             module = importlib.import_module(target)
