@@ -31,14 +31,16 @@ ALLOWED = {
     "rl_placement": {"ray"},
     "rl_core": {"rl_algos", "rl_rollout", "torch", "transformers", "deepspeed", "safetensors", "msgpack", "peft",
                 "datasets", "pyarrow", "tensorboard", "matplotlib", "yaml", "tqdm", "numpy", "wandb", "flash_attn",
-                "huggingface_hub", "liger_kernel", "mlflow"},
+                "huggingface_hub", "liger_kernel", "mlflow",
+                "bitsandbytes"},  # --load_in_4bit (rl_core.qlora), the qlora extra, imported lazily
     "rl_cli": {"rl_algos", "rl_rollout", "rl_placement", "rl_core", "ray", "torch", "transformers", "yaml", "packaging",
                "deepspeed", "msgpack", "safetensors", "numpy", "vllm",
                "matplotlib", "tqdm"},  # rl eval's chart and progress bar, each skipped when absent (find_spec)
 }
 # Optional imports (guarded by try/except ImportError, or an extra): allowed without a
 # hard dependency, but they must still be in ALLOWED.
-OPTIONAL = {"vllm", "wandb", "mlflow", "flash_attn", "triton", "liger_kernel", "PIL", "matplotlib", "tqdm"}
+OPTIONAL = {"vllm", "wandb", "mlflow", "flash_attn", "triton", "liger_kernel", "PIL", "matplotlib", "tqdm",
+            "bitsandbytes"}
 FORBIDDEN = {"rl_core": {"ray", "rl_placement"}, "rl_algos": {"numpy"}}
 
 

@@ -35,8 +35,6 @@ REFUSED: dict[str, Refuse] = {
     "ds.tensor_parallel_size": Refuse(_NO_DS_TP, off=(1,)),
     "deepcompile": Refuse("DeepSpeed deepcompile is not wired"),
     "ds.deepcompile": Refuse("DeepSpeed deepcompile is not wired"),
-    "load_in_4bit": Refuse("4-bit (QLoRA) loading is not built; use --lora_rank with bf16 weights"),
-    "ds.load_in_4bit": Refuse("4-bit (QLoRA) loading is not built; use --lora_rank with bf16 weights"),
     # rl sft / dpo / kto / ppo / ppo-ray have it (a field of theirs wins over these lines): rl rm
     "aux_loss_coef": Refuse(_MOE_AUX, off=(0,)),
     "model.aux_loss_coef": Refuse(_MOE_AUX, off=(0,)),

@@ -146,6 +146,11 @@ def run(name: str, argv: list[str] | None = None) -> int:
             check_fused_lm_head(True, cfgs["strategy"])
         except ValueError as e:
             parser.error(str(e))
+    if (quant := cfgs["model"].load_in_4bit) is not None:  # QLoRA: ZeRO-3 cannot partition 4-bit weights
+        try:
+            quant.check(lora_rank=cfgs["model"].lora_rank, zero_stage=cfgs["strategy"].zero_stage)
+        except ValueError as e:
+            parser.error(str(e))
     if getattr(args, "print_config", False):  # a dry run: before any path is read or model loaded
         # lazy: pulls rl-core (numpy, the hub, PyYAML); `rl --help` imports this module and stays light
         from rl_cli.dry_run import print_config

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from rl_cli.errors import CliArgs
+from rl_core.qlora import Load4bitConfig
 from rl_rollout.config_fields import check_numbers, meta
 
 
@@ -60,10 +61,24 @@ class ModelArgs:
     lora_alpha: int = field(default=16, metadata=meta("LoRA scaling alpha"))
     lora_dropout: float = field(default=0.0, metadata=meta("LoRA dropout"))
     target_modules: str = field(default="all-linear", metadata=meta("comma-separated module names or all-linear"))
+    load_in_4bit: Load4bitConfig | None = field(
+        default=None,
+        metadata={
+            **meta(
+                "QLoRA: the model's base weights (and a DPO/KTO reference's) loaded in 4 bits (bitsandbytes), LoRA "
+                "adapters (--lora_rank) trained over them; the saved model is the dequantized base plus the adapter, "
+                "merged, unquantized (the adapter beside it); ZeRO 0-2",
+                openrlhf=("ds.load_in_4bit",),
+            ),
+            "switch": True,
+        },
+    )
 
     def __post_init__(self) -> None:
         if self.lora_rank < 0:
             raise ValueError(f"lora_rank (--lora_rank) must be >= 0, got {self.lora_rank}")
+        if self.load_in_4bit is not None:
+            self.load_in_4bit.check(lora_rank=self.lora_rank)
         check_numbers(self, at_least_1=("lora_alpha",), unit=("lora_dropout",))
         # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
         from rl_core.attention import requested_attention
@@ -101,6 +116,7 @@ def _load_kw(cfgs: dict, strategy_cfg) -> dict:
         "use_liger_kernel": model.use_liger_kernel,
         "packed": bool(getattr(cfgs.get("data"), "packing", False)),  # the default attention for packed rows
         "experts_implementation": model.experts_implementation,
+        "load_in_4bit": model.load_in_4bit,  # QLoRA (rl_core.qlora)
     }
 
 
@@ -116,7 +132,8 @@ def _build_sft(strategy, cfgs, tok, ds, train, eval_ds):
         from rl_core.models import frozen
         from rl_core.trainers.sft_kd import KDSFTTrainer
 
-        teacher_kw = {**kw, "lora": None, "gradient_checkpointing": False, "fused_lm_head": False}
+        # the teacher is its own model: unquantized under --load_in_4bit, as in the RL loop
+        teacher_kw = {**kw, "lora": None, "gradient_checkpointing": False, "fused_lm_head": False, "load_in_4bit": None}
         teacher = frozen(Actor.from_pretrained(train.kd.teacher_pretrain, **teacher_kw))
         student = Actor.from_pretrained(m.pretrain, **kw)
         return KDSFTTrainer(strategy, student, teacher, tok, ds, train, eval_dataset=eval_ds, logger=cfgs["logger"])

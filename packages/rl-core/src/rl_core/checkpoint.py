@@ -228,10 +228,15 @@ def _load_trainable(where: Path):
         result = dst.load_state_dict(src, strict=False)
         frozen = {n for n, p in dst.named_parameters(remove_duplicate=False) if not p.requires_grad}
         missing = [k for k in result.missing_keys if k not in frozen]
-        if missing or result.unexpected_keys:
+        # a 4-bit frozen weight's quantization state (QLoRA: X.weight.absmax, ...) is saved beside the trainable
+        # weights though the weight itself is not; the base it belongs to loaded from the model folder
+        unexpected = [
+            k for k in result.unexpected_keys if not any(k[:i] in frozen for i, c in enumerate(k) if c == ".")
+        ]
+        if missing or unexpected:
             raise ValueError(
                 f"checkpoint {where} does not fit the model: missing trainable {missing[:5]} ({len(missing)}), "
-                f"unexpected {result.unexpected_keys[:5]} ({len(result.unexpected_keys)}); it was written for a "
+                f"unexpected {unexpected[:5]} ({len(unexpected)}); it was written for a "
                 f"different model or LoRA setting (--lora_rank, --target_modules): resume with the run's settings, "
                 f"or point --ckpt_path at a new folder"
             )

@@ -11,6 +11,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from rl_core import qlora
 from rl_core.strategy_config import StrategyConfig
 
 Tensor = torch.Tensor
@@ -24,7 +25,16 @@ def _gather_bucket(bucket: list[tuple[str, nn.Parameter]], dtype: torch.dtype | 
 
         gathered = deepspeed.zero.GatheredParameters(zero3, modifier_rank=None)
     with gathered:
-        return [(n, p.detach().clone().to(dtype or p.dtype)) for n, p in bucket]
+        return [(n, _full_copy(p, dtype)) for n, p in bucket]
+
+
+def _full_copy(p: nn.Parameter, dtype: torch.dtype | None) -> Tensor:
+    """A detached copy of a parameter's values; a bitsandbytes 4-bit weight (QLoRA's frozen base) dequantized
+    to the dtype it was loaded from (:func:`rl_core.qlora.full_weight`): what the layer computes with."""
+    if qlora.is_4bit(p):
+        full = qlora.full_weight(p)
+        return full.to(dtype) if dtype is not None else full
+    return p.detach().clone().to(dtype or p.dtype)
 
 
 def _coalescible(cfg: StrategyConfig, world_size: int, engine) -> bool:
@@ -88,4 +98,6 @@ def _skip_deepspeed_shm_comm() -> None:
 
 
 def _full_numel(p: nn.Parameter) -> int:
+    if qlora.is_4bit(p):
+        return qlora.full_numel(p)
     return p.ds_numel if hasattr(p, "ds_numel") else p.numel()

@@ -17,6 +17,8 @@ from pathlib import Path
 
 import torch
 
+from rl_core.qlora import saving_unquantized
+
 logger = logging.getLogger(__name__)
 
 
@@ -98,7 +100,8 @@ def export_hf(strategy, model, save_path: str | Path, tokenizer=None, state: dic
             state = {k[len("model.") :]: v for k, v in state.items()}
             if hasattr(inner, "peft_config"):  # LoRA: merged weights for transformers/vLLM + the adapter
                 inner.save_pretrained(tmp / "adapter", state_dict=state)
-                inner.get_base_model().save_pretrained(tmp, state_dict=merge_lora_state(state, inner.peft_config))
+                with saving_unquantized(inner.get_base_model()) as base:  # QLoRA: the full weights, unquantized
+                    base.save_pretrained(tmp, state_dict=merge_lora_state(state, inner.peft_config))
             else:
                 inner.save_pretrained(tmp, state_dict=state)
         if tokenizer is not None:

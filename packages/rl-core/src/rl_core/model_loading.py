@@ -1,5 +1,5 @@
 """Loading a model for training: a local transformers folder checked, its dtype and attention kernel chosen,
-liger kernels, gradient checkpointing, LoRA (peft), the MoE check, and OpenRLHF's reward/critic head read from
+liger kernels, gradient checkpointing, LoRA (peft) over a 4-bit base or not (:mod:`rl_core.qlora`), the MoE check, and OpenRLHF's reward/critic head read from
 its weights. :mod:`rl_core.models` (Actor) and :mod:`rl_core.scalar_models` (Critic, RewardModel) load
 through :func:`_load`."""
 
@@ -11,9 +11,11 @@ from pathlib import Path
 
 import torch
 
+from rl_core import qlora
 from rl_core.attention import attention_implementation
 from rl_core.liger import apply_liger_kernel, require_liger
 from rl_core.preflight import InputError
+from rl_core.qlora import Load4bitConfig
 from rl_core.ring_attention import register
 
 Tensor = torch.Tensor
@@ -85,6 +87,7 @@ def _load(
     use_liger_kernel: bool = False,
     packed: bool = False,
     experts_implementation: str | None = None,
+    load_in_4bit: Load4bitConfig | None = None,
 ):
     if use_liger_kernel:
         require_liger()  # before the weights load, not after
@@ -98,12 +101,16 @@ def _load(
     else:
         impl = attention_implementation(attn, packed=packed, dtype=dtype, model_config=model_config)
     extra = {"experts_implementation": experts_implementation} if experts_implementation else {}
+    if load_in_4bit is not None:  # QLoRA: every linear layer but the LM head packed to 4 bits (rl_core.qlora)
+        extra.update(qlora.from_pretrained_kwargs(load_in_4bit, _dtype(dtype)))
     try:
         model = auto_cls.from_pretrained(_check_folder(path), dtype=_dtype(dtype), attn_implementation=impl, **extra)
     except ValueError as e:
         if extra and "experts_implementation" in str(e):  # transformers' own check, which lists the valid ones
             raise InputError(f"--experts_implementation {experts_implementation}: {e}") from e
         raise
+    if load_in_4bit is not None:
+        qlora.prepare(model)
     if use_liger_kernel:
         apply_liger_kernel(model)
     if gradient_checkpointing:

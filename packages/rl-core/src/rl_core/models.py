@@ -51,6 +51,7 @@ from rl_algos import (
 from rl_core.hub import ModelNotFoundError, resolve_model, resolve_models  # model args resolve here too
 from rl_core.model_loading import HEAD_FILE, HEAD_META, LoraSpec, _check_folder, _load, _lora, check_moe_aux_loss
 from rl_core.model_rows import _positions, _repad, _ring_padded, _ring_slice, _shift_right, _unpad
+from rl_core.qlora import Load4bitConfig
 from rl_core.scalar_models import Critic, RewardModel
 from rl_rollout.vision import causal_lm_class, is_vision_config, placeholder_token_ids, token_types
 
@@ -229,12 +230,13 @@ class Actor(nn.Module):
         freeze_visual_encoder: bool = False,
         experts_implementation: str | None = None,
         fused_lm_head: bool = False,
+        load_in_4bit: Load4bitConfig | None = None,
     ) -> Actor:
         """``use_liger_kernel``: liger-kernel's fused RMSNorm / SwiGLU / RoPE (CUDA; rl_core.liger). ``packed``: the
         model will see packed rows (the default attention is then torch_varlen where it runs: rl_core.attention).
         A vision-language folder loads as ``AutoModelForImageTextToText``; ``freeze_visual_encoder``: see
         :meth:`freeze_visual_encoder` (before LoRA wraps the model). ``fused_lm_head``: see
-        :meth:`enable_fused_lm_head`."""
+        :meth:`enable_fused_lm_head`. ``load_in_4bit``: the base weights in 4 bits (QLoRA: :mod:`rl_core.qlora`)."""
 
         auto_cls = causal_lm_class(_check_folder(path))
         if not freeze_visual_encoder:
@@ -249,6 +251,7 @@ class Actor(nn.Module):
                     use_liger_kernel,
                     packed,
                     experts_implementation,
+                    load_in_4bit,
                 )
             )
         else:
@@ -263,6 +266,7 @@ class Actor(nn.Module):
                     use_liger_kernel,
                     packed,
                     experts_implementation,
+                    load_in_4bit,
                 )
             )
             actor.freeze_visual_encoder()

@@ -16,6 +16,7 @@ from torch import nn
 from rl_core.hf_export import merge_lora_state
 from rl_core.model_loading import HEAD_FILE, HEAD_META, LoraSpec, _check_folder, _load, _openrlhf_head
 from rl_core.model_rows import _positions, _repad, _ring_padded, _ring_slice, _shift_right, _unpad
+from rl_core.qlora import Load4bitConfig, saving_unquantized
 from rl_core.varlen_attention import cu_seqlens
 
 logger = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class _ScalarHeadModel(nn.Module):
         value_head_prefix: str | None = None,
         require_head: bool = False,
         experts_implementation: str | None = None,
+        load_in_4bit: Load4bitConfig | None = None,
     ):
         """Load the body from ``path`` and its head: ours (``rl_head.safetensors``, what rl rm writes), else
         OpenRLHF's (``<value_head_prefix>.weight`` in the model's own weights, the prefix from its config.json or
@@ -78,6 +80,7 @@ class _ScalarHeadModel(nn.Module):
             use_liger_kernel,
             packed,
             experts_implementation,
+            load_in_4bit,
         )
         head, mean, std = None, 0.0, 1.0
         kinds = ("value", "score") if cls.head_kind == "value" else (cls.head_kind,)
@@ -144,9 +147,8 @@ class _ScalarHeadModel(nn.Module):
         body_state = {k[len("body.") :]: v for k, v in state.items() if k.startswith("body.")}
         if hasattr(self.body, "peft_config"):  # LoRA: the merged body (transformers/vLLM load it), the adapter apart
             self.body.save_pretrained(path / "adapter", state_dict=body_state, **kw)
-            self.body.get_base_model().save_pretrained(
-                path, state_dict=merge_lora_state(body_state, self.body.peft_config), **kw
-            )
+            with saving_unquantized(self.body.get_base_model()) as base:  # QLoRA: the full weights, unquantized
+                base.save_pretrained(path, state_dict=merge_lora_state(body_state, self.body.peft_config), **kw)
         else:
             self.body.save_pretrained(path, state_dict=body_state, **kw)
         save_file({"weight": state["head.weight"].detach().contiguous().cpu()}, path / HEAD_FILE)

@@ -70,6 +70,8 @@ class RunConfig:
         check_ds_sleep(self.ppo.deepspeed_enable_sleep, self.strategy)
 
         check_fused_lm_head(self.model.fused_lm_head, self.strategy)
+        if self.model.load_in_4bit is not None:  # QLoRA: ZeRO-3 cannot partition 4-bit weights
+            self.model.load_in_4bit.check(lora_rank=self.model.lora_rank, zero_stage=self.strategy.zero_stage)
         check_logit_distill(
             self.ppo.distill, fused_lm_head=self.model.fused_lm_head, ring_attn_size=self.strategy.ring_attn_size
         )
@@ -94,6 +96,7 @@ class RunConfig:
             "packed": self.packing,
             "lora": self.model.lora(),  # the frozen roles (reference, reward model) drop it
             "experts_implementation": self.model.experts_implementation,
+            "load_in_4bit": self.model.load_in_4bit,  # QLoRA (rl_core.qlora): the reference keeps it, as the base
         }
 
 
@@ -206,6 +209,8 @@ def build_run(
             f"as OpenRLHF"
         )
     actor_kw = {**kw, "fused_lm_head": m.fused_lm_head}  # the policy and the reference: the critic has no LM head
+    # QLoRA quantizes the trained roles' base and the reference (the same base); a teacher or reward model is its own
+    unquantized = {k: v for k, v in kw.items() if k != "load_in_4bit"}
     policy_kw = {**actor_kw, "freeze_visual_encoder": True} if m.freeze_visual_encoder else actor_kw
     ptx_items = list(ptx) if ptx is not None else None
     policy = factory.role(
@@ -257,7 +262,7 @@ def build_run(
             TeacherWorker,
             s,
             p.distill.teacher_pretrain,
-            load_kw=actor_kw,
+            load_kw={**unquantized, "fused_lm_head": m.fused_lm_head},
             pad_id=pad,
             temperature=p.sampling.temperature,
             offload=p.distill.offload,
@@ -272,7 +277,7 @@ def build_run(
             RewardModelWorker,
             s,
             m.reward_pretrain,
-            load_kw={**kw, **head},
+            load_kw={**unquantized, **head},
             pad_id=pad,
             normalize=m.normalize_reward,
             offload=m.reward_offload,
@@ -305,6 +310,7 @@ def build_run(
         batching=cfg.batching,
         ring_attn_size=s.ring_attn_size,
         teacher=teacher,
+        sync_first=m.load_in_4bit is not None,  # QLoRA: the engines loaded the unquantized checkpoint
     )
     return Run(
         trainer, policy, rollout, sync, critic=critic, ref=ref, reward_model=rm, reward_fn=reward_fn, teacher=teacher

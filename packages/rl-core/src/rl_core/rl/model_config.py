@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from rl_core.qlora import Load4bitConfig
 from rl_rollout.config_fields import check_numbers, meta
 
 
@@ -90,6 +91,18 @@ class RLModelConfig:
     lora_alpha: int = field(default=16, metadata=meta("LoRA scaling alpha (scale alpha / rank)"))
     lora_dropout: float = field(default=0.0, metadata=meta("LoRA dropout"))
     target_modules: str = field(default="all-linear", metadata=meta("comma-separated module names or all-linear"))
+    load_in_4bit: Load4bitConfig | None = field(
+        default=None,
+        metadata={
+            **meta(
+                "QLoRA: the policy's, the critic's and the reference's base weights loaded in 4 bits (bitsandbytes), "
+                "LoRA adapters (--lora_rank) trained over them; the engines get the dequantized base plus the "
+                "adapter, merged, from version 0 on; reward models and teachers load unquantized; ZeRO 0-2",
+                openrlhf=("ds.load_in_4bit",),
+            ),
+            "switch": True,
+        },
+    )
     ref_offload: bool = field(
         default=False,
         metadata=meta(
@@ -120,6 +133,8 @@ class RLModelConfig:
         requested_attention(self.attn_implementation, self.flash_attn)
         check_numbers(self, at_least_1=("lora_alpha",), unit=("lora_dropout",))
         self.lora()  # a bad rank or an empty --target_modules fails here, before any model loads
+        if self.load_in_4bit is not None:
+            self.load_in_4bit.check(lora_rank=self.lora_rank)
 
     def lora(self):
         """The LoRA settings of the trained roles (policy, critic), or None."""

@@ -109,7 +109,9 @@ class PPOTrainer:
     ``weight_sync``: ``sync(version) -> stats dict``; ``prompts``: a PromptDataset; ``seed`` fixes the
     prompt order (one permutation per pass) and the sampling (seed + 1000 x iteration + round);
     ``eval_prompts``: a PromptDataset evaluated every ``eval_steps`` iterations and after the last one
-    (:mod:`rl_core.trainers.ppo_eval`); ``batching``: the workers' token budgets (:class:`~rl_core.rl.batching.BudgetWatch`).
+    (:mod:`rl_core.trainers.ppo_eval`); ``batching``: the workers' token budgets (:class:`~rl_core.rl.batching.BudgetWatch`);
+    ``sync_first``: push version 0 to the engines before the first generation (the policy's weights are not the
+    checkpoint the engines loaded: a 4-bit base, :mod:`rl_core.qlora`).
 
     Its parts: ``sampler`` (steps 1-2), ``evaluator`` (the eval pass, or None), ``ckpt`` (checkpoints, or None);
     the loop's own state: ``history``, ``eval_history``, ``kl`` (the penalty's controller), the gap alarm.
@@ -138,6 +140,7 @@ class PPOTrainer:
         batching: MicroBatchConfig | None = None,
         ring_attn_size: int = 1,
         teacher=None,
+        sync_first: bool = False,
     ):
         self.ring = ring_attn_size  # every role's ranks in ring attention groups of this size (rl_core.ring_attention)
         self.cfg, self.policy, self.rollout, self.weight_sync, self.seed = cfg, policy, rollout, weight_sync, seed
@@ -145,6 +148,7 @@ class PPOTrainer:
             reward_fn = _bounded(reward_fn)
         self.critic, self.ref, self.reward_model, self.reward_fn = critic, ref, reward_model, reward_fn
         self.teacher = teacher
+        self.sync_first = sync_first  # the engines' checkpoint is not the policy (QLoRA): push version 0 first
         self.prompts, self.tokenizer, self.G, self.sleep_engines = prompts, tokenizer, train_batch_size, sleep_engines
         self.gap_alarm = GapAlarm(cfg.gap_alarm(bf16=False) if gap_alarm is None else gap_alarm)
         if sleep_level not in (1, 2):
@@ -430,6 +434,9 @@ class PPOTrainer:
                 dropped,
             )
             self._sync(start)
+        elif self.sync_first:  # the engines loaded the checkpoint, the policy computes with other weights (QLoRA)
+            logger.info("pushing the policy's weights (version 0) to the engines before the first generation")
+            self._sync(0)
         bar = tqdm(total=self.num_iterations, initial=start, desc=f"rl {c.advantage.estimator}")
         pipeline = None
         if c.async_rl:  # the producer thread collects batch k+1.. while this thread trains on batch k
