@@ -128,3 +128,30 @@ def test_rl_ppo_ray_partial_rollout_with_a_vllm_engine_actor_lands_a_sync_mid_re
     assert rows[2]["rl/token_staleness_mean"] < 1, rows[2]  # some of its tokens came from version 2, the trained one
     assert rows[0]["rl/rollout_logprob_gap"] < GAP, rows[0]
     assert all(0 < r["rl/stale_logprob_gap"] < 0.05 for r in rows[1:]), rows
+
+
+@pytest.mark.parametrize(
+    "extra, says",
+    [
+        (["--vllm_enable_sleep"], "drop --vllm_enable_sleep (or --async_train)"),
+        (["--max_staleness", "0", "--partial_rollout"], "raise --max_staleness to 1, or drop --partial_rollout"),
+        (["--partial_rollout_tokens", "4"], "add --partial_rollout, or drop --partial_rollout_tokens"),
+    ],
+    ids=["sleeping-engines", "partial-without-staleness", "chunk-without-partial"],
+)
+def test_rl_ppo_ray_async_with_vllm_refuses_what_it_cannot_do_before_anything_loads(task, capsys, extra, says):
+    """Sleeping engines (they would sleep while the producer generates), and partial rollouts settings that would
+    do nothing: refused in one line naming the flag and the fix, before the run's folder, Ray or a model."""
+    from rl_cli.main import main
+
+    root, model = task
+    run = "refused-" + extra[0].strip("-")
+    args = argv(root, model, run, "--num_gpus", "1", "--colocate_all_models", "--vllm_num_engines", "1", *extra)
+    if "--max_staleness" in extra:  # the later value wins; drop argv's own
+        i = args.index("--max_staleness")
+        del args[i : i + 2]
+    with pytest.raises(SystemExit):
+        main(["ppo-ray", *args])
+    err = capsys.readouterr().err
+    assert says in err and len(err.strip().splitlines()[-1]) < 400, err
+    assert not (root / run).exists()
