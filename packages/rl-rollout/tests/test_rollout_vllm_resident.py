@@ -138,3 +138,30 @@ def test_keep_requests_and_chunks_are_one_or_the_other(engine):
     engine.keep_requests = cfg
     with pytest.raises(ValueError, match="steps_per_turn must be >= 1"):
         KeepRequestsConfig(steps_per_turn=0)
+
+
+def test_concurrent_generate_calls_share_the_steps_and_each_gets_its_own(engine, hf):
+    """Two callers (a threaded Ray engine actor, the loop's producer beside an eval pass) step one engine: each
+    step serves both calls' requests, and each call returns its own samples, versions included."""
+    v = engine.policy_version
+    engine.update_weights(hf.state_dict().items(), version=v + 1)
+    out: dict[int, list] = {}
+
+    def call(i, n_tokens):
+        params = SamplingParams(temperature=0.0, max_new_tokens=n_tokens, ignore_eos=True)
+        out[i] = engine.generate([RolloutRequest(PROMPT[i:], params)])
+
+    threads = [threading.Thread(target=call, args=(i, 12 + 8 * i)) for i in range(2)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + 60
+    while engine._kept.steps < 3 and time.monotonic() < deadline:
+        time.sleep(0.001)
+    engine.update_weights(hf.state_dict().items(), version=v + 2)
+    for t in threads:
+        t.join(120)
+    for i in range(2):
+        (s,) = out[i][0]
+        assert s.response_ids == greedy(hf, PROMPT[i:], 12 + 8 * i)
+        assert len(s.info["token_versions"]) == 12 + 8 * i and set(s.info["token_versions"]) <= {v + 1, v + 2}
+    assert not engine._kept.finished  # nothing left behind for a caller that is gone
