@@ -301,3 +301,13 @@ def test_partial_rollouts_let_the_sync_land_mid_batch_with_every_token_tagged(se
     assert any(len(set(s.info["token_versions"])) > 1 for _, b in batches for s in b)
     with pytest.raises(ValueError, match="partial_rollout set async_train's settings: add async_train=True"):
         PPOConfig.from_flat(partial_rollout=True)
+
+
+def test_partial_rollout_settings_that_would_do_nothing_are_refused():
+    """--max_staleness 0 starts each generation after the sync it waits for (no sync can land mid-response), and
+    a chunk size without --partial_rollout has nothing to size: each refused in one line naming the fix."""
+    with pytest.raises(ValueError, match="--max_staleness 0 starts every generation after the sync.*raise --max_st"):
+        AsyncConfig(max_staleness=0, partial_rollout=True)
+    with pytest.raises(ValueError, match="--partial_rollout_tokens 4 sets the chunk of --partial_rollout, which is off"):
+        AsyncConfig(partial_rollout_tokens=4)
+    assert AsyncConfig(max_staleness=0).max_staleness == 0  # the synchronous schedule alone stays allowed

@@ -96,6 +96,7 @@ from rl_rollout.vllm_memory import (  # noqa: F401 - re-exported: imported from 
     wake_oom_hint,
 )
 from rl_rollout.vllm_requests import _placeholder_ids, _to_samples, _to_vllm_params, _vllm_prompt, vllm_dtype
+from rl_rollout.vllm_resident import KeepRequestsConfig, KeptRequests
 from rl_rollout.vllm_weights import VLLMWeightsMixin, check_encoder_cache_reset
 from rl_rollout.weights import DEFAULT_BUCKET_BYTES
 
@@ -168,6 +169,7 @@ class VLLMEngine(VLLMWeightsMixin, VLLMSleepMixin):
         self._weights_epoch = 0
         # partial rollouts (sync mode): responses sampled this many tokens at a time, updates landing in between
         self._partial_chunk_tokens: int | None = None
+        self._kept: KeptRequests | None = None  # partial rollouts kept in vLLM across updates (keep_requests)
         self._updates_waiting = 0  # update sessions waiting for the lock (the chunk loop lets them in)
         self._dtype: torch.dtype | None = None
         args: dict[str, Any] = dict(  # vLLM's engine arguments
@@ -242,7 +244,35 @@ class VLLMEngine(VLLMWeightsMixin, VLLMSleepMixin):
             )
         if value is not None and value < 1:
             raise ValueError(f"partial_chunk_tokens must be >= 1 (tokens per chunk) or None, got {value}")
+        if value is not None and self._kept is not None:
+            raise ValueError(
+                "partial rollouts either sample in chunks (partial_chunk_tokens) or keep the requests in vLLM "
+                "(keep_requests): set keep_requests = None first"
+            )
         self._partial_chunk_tokens = value
+
+    @property
+    def keep_requests(self) -> KeepRequestsConfig | None:
+        """Partial rollouts with the unfinished requests kept in vLLM across a weight update (sync mode,
+        :mod:`rl_rollout.vllm_resident`); None: off."""
+        return self._kept.cfg if self._kept is not None else None
+
+    @keep_requests.setter
+    def keep_requests(self, cfg: KeepRequestsConfig | None) -> None:
+        if cfg is not None and self.mode == "async":
+            raise ValueError(
+                "keep_requests drives vLLM's LLMEngine in sync mode; an async-mode engine keeps requests in "
+                "flight across an update with pause_mode='keep'"
+            )
+        if cfg is not None and self._partial_chunk_tokens is not None:
+            raise ValueError(
+                "partial rollouts either sample in chunks (partial_chunk_tokens) or keep the requests in vLLM "
+                "(keep_requests): set partial_chunk_tokens = None first"
+            )
+        with self._lock:
+            if self._kept is not None and self._kept.llm.has_unfinished_requests():
+                raise RuntimeError("keep_requests changed while requests are in flight: wait for the generate calls")
+            self._kept = KeptRequests(self, cfg) if cfg is not None else None
 
     @property
     def takes_images(self) -> bool:
@@ -254,6 +284,8 @@ class VLLMEngine(VLLMWeightsMixin, VLLMSleepMixin):
         if self.mode == "async":
             futures = [asyncio.run_coroutine_threadsafe(self._agenerate_on_loop(r), self._loop) for r in requests]
             return [f.result() for f in futures]
+        if self._kept is not None:
+            return self._kept.generate(requests)
         chunk_tokens = self.partial_chunk_tokens
         if chunk_tokens is not None:
             return self._generate_partial(requests, chunk_tokens)

@@ -39,6 +39,9 @@ from rl_rollout.weights import (
     tensor_stats,
 )
 
+if TYPE_CHECKING:
+    from rl_rollout.vllm_resident import KeptRequests
+
 logger = logging.getLogger(__name__)
 
 _T = TypeVar("_T")
@@ -75,6 +78,7 @@ class VLLMWeightsMixin:
     _llm: Any  # vllm.LLM (sync mode) or vllm's AsyncLLM (async mode): vLLM's own objects
     _lock: threading.RLock
     _updates_waiting: int
+    _kept: KeptRequests | None
     _weights_epoch: int
     _dtype: torch.dtype | None
 
@@ -164,6 +168,12 @@ class VLLMWeightsMixin:
                 self._lock.acquire()
             finally:
                 self._updates_waiting -= 1
+            if self._kept is not None:  # requests kept in vLLM across the update: frozen (rl_rollout.vllm_resident)
+                try:
+                    self._kept.pause()
+                except BaseException:
+                    self._lock.release()
+                    raise
 
     def load_bucket(self, bucket: WeightBucket) -> None:
         self._rpc("load_weights", bucket.meta, bucket.payload)
@@ -226,7 +236,11 @@ class VLLMWeightsMixin:
         if self.mode == "async":
             self._run(self._llm.resume_generation())
         else:
-            self._lock.release()
+            try:
+                if self._kept is not None:
+                    self._kept.resume()
+            finally:
+                self._lock.release()
 
     def update_weights_ipc(
         self, sync, version: int, *, verify: bool = True, expected: Mapping[str, TensorStats] | None = None

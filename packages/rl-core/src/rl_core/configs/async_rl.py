@@ -10,6 +10,8 @@ from dataclasses import dataclass, field
 
 from rl_rollout.config_fields import meta
 
+_PARTIAL_ROLLOUT_TOKENS = 16  # the chunk of --partial_rollout unless --partial_rollout_tokens says otherwise
+
 
 @dataclass(frozen=True)
 class AsyncConfig:
@@ -46,7 +48,7 @@ class AsyncConfig:
         ),
     )
     partial_rollout_tokens: int = field(
-        default=16,
+        default=_PARTIAL_ROLLOUT_TOKENS,
         metadata=meta("with --partial_rollout: tokens sampled between two points where a weight update may land"),
     )
 
@@ -56,6 +58,17 @@ class AsyncConfig:
         if self.partial_rollout_tokens < 1:
             raise ValueError(
                 f"partial_rollout_tokens (--partial_rollout_tokens) must be >= 1, got {self.partial_rollout_tokens}"
+            )
+        if self.partial_rollout and self.max_staleness == 0:
+            raise ValueError(
+                "--partial_rollout lets a weight sync land inside the responses being generated, and --max_staleness 0 "
+                "starts every generation after the sync it waits for, so none ever lands: raise --max_staleness to 1, "
+                "or drop --partial_rollout"
+            )
+        if not self.partial_rollout and self.partial_rollout_tokens != _PARTIAL_ROLLOUT_TOKENS:
+            raise ValueError(
+                f"--partial_rollout_tokens {self.partial_rollout_tokens} sets the chunk of --partial_rollout, which is "
+                f"off: add --partial_rollout, or drop --partial_rollout_tokens"
             )
         if self.generate_batch_size is not None and self.generate_batch_size < 1:
             raise ValueError(
