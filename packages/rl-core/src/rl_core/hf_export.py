@@ -10,14 +10,18 @@ Checkpoints for resume (DeepSpeed state) are :mod:`rl_core.checkpoint`.
 
 from __future__ import annotations
 
+import json
 import logging
 import shutil
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import load_file, save_file
 
 from rl_core.qlora import saving_unquantized
+from rl_rollout.vllm_worker_model import with_tower_level
 
 logger = logging.getLogger(__name__)
 
@@ -77,12 +81,44 @@ def merge_lora_state(state: dict[str, torch.Tensor], peft_config: dict) -> dict[
     return dict(merge_lora_stream(state.items(), peft_config))
 
 
+# vision towers saved by transformers 5 one level shallower than the hub's checkpoints (its CLIPVisionModel prefix
+# change): it reads both layouts, vLLM's LLaVA-family loaders (0.26-0.32) only the hub's
+HUB_TOWER_TYPES = frozenset({"clip_vision_model", "siglip_vision_model", "siglip2_vision_model"})
+
+
+def hub_tower_names(folder: Path) -> int:
+    """Rename an exported vision-language model's CLIP / SigLIP tower to the hub checkpoints' layout
+    (``vision_tower.vision_model.*``), which vLLM loads and transformers 5 reads as well; transformers 5 writes
+    ``vision_tower.*`` for a model it built or loaded in its own layout. Rewrites each safetensors file that needs
+    it and the shard index; returns the tensors renamed (0 for any other model)."""
+    config = json.loads((folder / "config.json").read_text()) if (folder / "config.json").is_file() else {}
+    if (config.get("vision_config") or {}).get("model_type") not in HUB_TOWER_TYPES:
+        return 0
+    renamed = 0
+    for f in sorted(folder.glob("*.safetensors")):
+        with safe_open(str(f), framework="pt") as st:
+            keys, metadata = list(st.keys()), st.metadata()
+        moved = sum(with_tower_level(k) != k for k in keys)
+        if moved:
+            save_file({with_tower_level(k): v for k, v in load_file(str(f)).items()}, str(f), metadata=metadata)
+            renamed += moved
+    index = folder / "model.safetensors.index.json"
+    if renamed and index.is_file():
+        data = json.loads(index.read_text())
+        data["weight_map"] = {with_tower_level(k): v for k, v in data.get("weight_map", {}).items()}
+        index.write_text(json.dumps(data, indent=2))
+    if renamed:
+        logger.info("%s: %d vision-tower tensors under the hub's names (what vLLM loads)", folder, renamed)
+    return renamed
+
+
 def export_hf(strategy, model, save_path: str | Path, tokenizer=None, state: dict | None = None) -> Path:
     """Write ``model`` (an Actor, Critic or RewardModel, possibly inside a DeepSpeed engine) as an HF folder;
     ``state``: these weights (``strategy.full_state_dict``'s names) instead of the model's own (EMA weights).
 
     A LoRA actor is written merged (:func:`merge_lora_state`, loadable by transformers
-    and vLLM without peft), with the adapter alone in ``adapter/``.
+    and vLLM without peft), with the adapter alone in ``adapter/``. A vision-language actor's CLIP / SigLIP tower
+    is written under the hub's names (:func:`hub_tower_names`), which vLLM loads.
 
     Collective under ZeRO-3 (every rank gathers); rank 0 writes into a temp folder
     and renames it over ``save_path``, so readers never see a half-written model.
@@ -104,6 +140,7 @@ def export_hf(strategy, model, save_path: str | Path, tokenizer=None, state: dic
                     base.save_pretrained(tmp, state_dict=merge_lora_state(state, inner.peft_config))
             else:
                 inner.save_pretrained(tmp, state_dict=state)
+            hub_tower_names(tmp)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         if save_path.exists():
