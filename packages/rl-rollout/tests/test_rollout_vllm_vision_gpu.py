@@ -13,8 +13,6 @@ tested on CPU (test_rollout_vision.py).
 from __future__ import annotations
 
 import importlib.util
-import inspect
-import os
 
 import pytest
 import torch
@@ -37,27 +35,6 @@ pytestmark = [
 TOL = 3e-2  # vLLM's GPU kernels against transformers in fp32 (text: up to 1.5e-2, VLLM_CPU_TESTS_ON_CUDA)
 
 
-def stand_in_pixtral_names() -> list[str]:
-    """vLLM 0.26's llava module imports its Pixtral vision tower at the top, and that imports Pixtral names from
-    transformers that 5.17 renamed (``PixtralRotaryEmbedding`` is now ``PixtralVisionRotaryEmbedding``); only a
-    Pixtral-HF tower calls them, not this test's CLIP one. Put stand-ins where they are missing (returns their
-    names, printed by the test): a vLLM that matches the installed transformers needs none."""
-    import transformers.models.pixtral.image_processing_pixtral as images
-    import transformers.models.pixtral.modeling_pixtral as modeling
-
-    def missing(*_a, **_k):
-        raise NotImplementedError("a stand-in for a Pixtral name this transformers lacks (test only)")
-
-    added = []
-    for module, name in ((modeling, "PixtralRotaryEmbedding"), (modeling, "apply_rotary_pos_emb"),
-                         (modeling, "position_ids_in_meshgrid"), (images, "_num_image_tokens")):
-        if not hasattr(module, name):
-            setattr(module, name, getattr(modeling, "PixtralVisionRotaryEmbedding", missing)
-                    if name == "PixtralRotaryEmbedding" else missing)
-            added.append(f"{module.__name__}.{name}")
-    return added
-
-
 def forward_logprobs(model, ids, response, images, processor, placeholders):
     from rl_rollout.vision import image_inputs
 
@@ -73,17 +50,12 @@ def test_vllm_generates_from_the_images_with_the_log_probs_of_a_forward_over_the
     from transformers import AutoModelForImageTextToText, AutoProcessor
 
     from rl_rollout import RolloutRequest, SamplingParams
-    from rl_rollout.testing import make_tiny_vlm, write_test_images
+    from rl_rollout.testing import make_tiny_vlm, stand_in_pixtral_names, write_test_images
     from rl_rollout.vision import load_images
     from rl_rollout.vllm_engine import VLLMEngine
 
-    if added := stand_in_pixtral_names():
+    if added := stand_in_pixtral_names(tmp_path / "site"):
         print(f"\nstand-ins for Pixtral names this transformers lacks (vLLM's llava module imports them): {added}")
-        # vLLM inspects the model class in a subprocess: the stand-ins go there too, through sitecustomize
-        (tmp_path / "site").mkdir()
-        (tmp_path / "site" / "sitecustomize.py").write_text(
-            inspect.getsource(stand_in_pixtral_names) + "\n\nstand_in_pixtral_names()\n")
-        os.environ["PYTHONPATH"] = f"{tmp_path / 'site'}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
     path = make_tiny_vlm(tmp_path / "vlm")
     proc = AutoProcessor.from_pretrained(path)
     image_id = proc.tokenizer.convert_tokens_to_ids("<image>")

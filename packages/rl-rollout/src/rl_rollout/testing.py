@@ -335,3 +335,48 @@ def cache_as_hub(
     (repo / "refs").mkdir(exist_ok=True)
     (repo / "refs" / "main").write_text(revision)
     return snapshot
+
+
+def stand_in_pixtral_names(site: str | os.PathLike | None = None) -> list[str]:
+    """vLLM 0.26's llava module imports its Pixtral vision tower at the top, and that imports Pixtral names from
+    transformers that 5.17 renamed (``PixtralRotaryEmbedding`` is now ``PixtralVisionRotaryEmbedding``); only a
+    Pixtral-HF tower calls them, not this test's CLIP one. Put stand-ins where they are missing (returns their
+    names, printed by the test): a vLLM that matches the installed transformers needs none. ``site``: when some
+    were missing, also write a ``sitecustomize.py`` there that adds them, and put the folder first on
+    ``PYTHONPATH``, so that vLLM's subprocesses (it inspects the model class in one) and ``rl`` commands run as
+    subprocesses get them too."""
+    # lazy: transformers' Pixtral modules, imported only by the vLLM vision tests on the GPU machine
+    import transformers.models.pixtral.image_processing_pixtral as images
+    import transformers.models.pixtral.modeling_pixtral as modeling
+
+    def missing(*_a, **_k):
+        raise NotImplementedError("a stand-in for a Pixtral name this transformers lacks (test only)")
+
+    added = []
+    for module, name in (
+        (modeling, "PixtralRotaryEmbedding"),
+        (modeling, "apply_rotary_pos_emb"),
+        (modeling, "position_ids_in_meshgrid"),
+        (images, "_num_image_tokens"),
+    ):
+        if not hasattr(module, name):
+            setattr(
+                module,
+                name,
+                getattr(modeling, "PixtralVisionRotaryEmbedding", missing)
+                if name == "PixtralRotaryEmbedding"
+                else missing,
+            )
+            added.append(f"{module.__name__}.{name}")
+    if added and site is not None:
+        # lazy: inspect, only to copy this function's source into the sitecustomize
+        import inspect
+
+        folder = Path(site)
+        folder.mkdir(parents=True, exist_ok=True)
+        source = inspect.getsource(stand_in_pixtral_names)
+        (folder / "sitecustomize.py").write_text(
+            f"import os\nfrom pathlib import Path\n\n\n{source}\n\nstand_in_pixtral_names()\n"
+        )
+        os.environ["PYTHONPATH"] = f"{folder}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    return added
