@@ -46,6 +46,8 @@ def _modules(argv):
         ("use_mlflow", "mlflow"),
         ("flash_attn", "flash_attn"),
         ("use_wandb", "wandb"),
+        ("load_in_4bit", "bitsandbytes"),
+        ("ds.load_in_4bit", "bitsandbytes"),
     ],
 )
 def test_needs_reads_boolean_flags_as_the_parser_does(flag, module):

@@ -62,6 +62,13 @@ PARTS = (
     ),
     Part("peft", "peft", "--lora_rank (LoRA)", "pip install 'peft>=0.13'"),
     Part(
+        "bitsandbytes",
+        "bitsandbytes",
+        "--load_in_4bit (QLoRA)",
+        "pip install 'rl-stack-cli[qlora]'",
+        optional=True,
+    ),
+    Part(
         "flash_attn",
         "flash-attn",
         "--flash_attn (sdpa otherwise)",
@@ -224,6 +231,8 @@ def needs(command: str, argv: Sequence[str]) -> list[Part]:
     lora = _flag(argv, "lora_rank")
     if lora and lora.isdigit() and int(lora) > 0:
         names.append("peft")
+    if _on(argv, "load_in_4bit") or _on(argv, "ds.load_in_4bit"):
+        names.append("bitsandbytes")
     return [_BY_MODULE[n] for n in names]
 
 
