@@ -31,7 +31,24 @@ FINDINGS (2026-12-07, from OpenRLHF 0.11.2's wheel read here, its import run her
 - Per-step time: the trainer logs ``✨ Global step N: {...}`` with timing/generation, timing/make_experience,
   timing/ppo_train, timing/broadcast and timing/step_total (their sum: one step without the logging); this benchmark
   parses that line from the driver's output (Ray forwards the PPOTrainer actor's log) and takes timing/step_total.
-- The GPU machine calls (5, ~15 min of device time with the vLLM carry): scripts/device/openrlhf-on-device.sh's header.
+- Blockers found: none left on paper (flash-attn: the stub; vLLM 0.29: 0.26.0 instead). Not yet seen run: OpenRLHF on
+  vLLM 0.26.0 / Ray 2.60 / DeepSpeed 0.19.8 on the GPU. Checked here on CPU: its import with the carried packages and
+  the stub, its own parser and checks on this command line (--dry_run), its Actor's sdpa forward and backward on a tiny
+  model (transformers 5.19), and the reward file's forced lengths and records through its SingleTurnAgentExecutor.
+- The GPU machine, 6 calls back to back (details: scripts/device/openrlhf-on-device.sh's header). Here first:
+  ``DS_BUILD_PY=/work/main/.venv/bin/python bash scripts/device/vllm-loop-on-device.sh prepare`` and
+  ``bash scripts/device/openrlhf-on-device.sh prepare``. Then (N = vllm-loop's last folder, 3 as of 2026-12-07):
+    1. carry [".vcarry1"]: mkdir -p /tmp/vparts && cp .vcarry1/* /tmp/vparts/
+    2. carry [".vcarry2"]: mkdir -p /tmp/vparts && cp .vcarry2/* /tmp/vparts/
+    3. carry [".vcarry-ray", ".vcarry-orlhf"]: mkdir -p /tmp/vparts-ray /tmp/vparts-orlhf &&
+       cp .vcarry-ray/* /tmp/vparts-ray/ && cp .vcarry-orlhf/* /tmp/vparts-orlhf/
+    4. carry [".vcarry3"]: source .vcarry3/vllm-loop-on-device.sh install &&
+       source /tmp/vparts-orlhf/openrlhf-on-device.sh install && python3 benchmarks/grpo_vs_openrlhf.py --dry_run
+       --openrlhf_pythonpath /tmp/site-orlhf --workdir /tmp/orlhf-work
+    5. no carry: source /tmp/vllm-loop-on-device.sh env && python3 benchmarks/grpo_vs_openrlhf.py --sides openrlhf
+       --openrlhf_pythonpath /tmp/site-orlhf --workdir /tmp/orlhf-work --out /tmp/orlhf.json 2>&1 | tail -150
+    6. no carry: source /tmp/vllm-loop-on-device.sh env && python3 benchmarks/grpo_vs_openrlhf.py --sides ours
+       --load /tmp/orlhf.json --workdir /tmp/orlhf-work --out /tmp/both.json 2>&1 | tail -150
 
 The run (defaults): a random Llama of Qwen2.5-0.5B's real shape (vocabulary 151,936, tied embeddings; grpo_vs_trl.py's
 ``--shape qwen2.5-0.5b``, written once under --workdir), bf16, 16 prompts (varied lengths: a filler of 8-256 characters)
@@ -84,6 +101,22 @@ SIDES = ("ours", "openrlhf")
 BENCH_DIR = Path(__file__).resolve().parent
 STEP_MARK = "Global step "
 OPENRLHF_TIMINGS = ("generation", "make_experience", "ppo_train", "broadcast")
+# what --load checks against the file's run: the settings both sides share
+RUN_KEYS = (
+    "shape",
+    "model",
+    "steps",
+    "warmup",
+    "prompts",
+    "samples",
+    "max_new_tokens",
+    "lengths",
+    "prompt_lengths",
+    "micro_batch",
+    "learning_rate",
+    "seed",
+    "vllm_gpu_memory_utilization",
+)
 
 # Loaded by OpenRLHF's SingleTurnAgentExecutor inside the vLLM engine actor (--reward.remote_url FILE.py).
 REWARD_FILE = '''"""Written by benchmarks/grpo_vs_openrlhf.py: the letter reward and, for the benchmark, forced generation lengths."""
@@ -842,6 +875,16 @@ def main(argv: list[str] | None = None) -> int:
         sides: dict[str, dict] = {s: {} for s in SIDES}
         for path in a.load:
             loaded = json.loads(Path(path).read_text())
+            differ = {
+                k: (loaded["config"].get(k), getattr(a, k))
+                for k in RUN_KEYS
+                if loaded["config"].get(k) != getattr(a, k)
+            }
+            if differ:
+                sys.exit(
+                    f"--load {path}: its run differs from this one in {differ} (its value, this one's): pass the "
+                    "same flags, or run both sides here"
+                )
             for s in SIDES:
                 if s in loaded.get("sides", {}) and a.sides not in ("both", s):
                     sides[s] = loaded["sides"][s]

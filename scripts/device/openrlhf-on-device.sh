@@ -3,7 +3,7 @@
 # train_ppo_ray, hybrid engine: actor + vLLM colocated on the one GPU, GRPO, against `rl ppo --rollout_engine vllm`),
 # on top of the vLLM carry of vllm-loop-on-device.sh (vLLM 0.26.0, DeepSpeed 0.19.8, Ray 2.60.0).
 #
-# DEVICE CALLS (5, back to back; the machine goes back 30 s after a call ends; "warm": false -> start again at 1):
+# DEVICE CALLS (6, back to back, ~15 min of device time with starts; the machine goes back 30 s after a call ends; "warm": false -> start again at 1):
 #   HERE first:  DS_BUILD_PY=/work/main/.venv/bin/python bash scripts/device/vllm-loop-on-device.sh prepare
 #                bash scripts/device/openrlhf-on-device.sh prepare
 #   (N = the vLLM carry's last folder, 3 as of 2026-12-07; vllm-loop's prepare prints it)
@@ -13,7 +13,8 @@
 #        mkdir -p /tmp/vparts-ray /tmp/vparts-orlhf && cp .vcarry-ray/* /tmp/vparts-ray/ && cp .vcarry-orlhf/* /tmp/vparts-orlhf/
 #   4: carry [".vcarry3"]  command (installs everything, checks OpenRLHF imports and parses its command line, ~2 min):
 #        source .vcarry3/vllm-loop-on-device.sh install && source /tmp/vparts-orlhf/openrlhf-on-device.sh install &&
-#        python3 benchmarks/grpo_vs_openrlhf.py --dry_run --openrlhf_pythonpath /tmp/site-orlhf
+#        python3 benchmarks/grpo_vs_openrlhf.py --dry_run --openrlhf_pythonpath /tmp/site-orlhf --workdir /tmp/orlhf-work
+#      (the dry run also writes the 0.5B random model into --workdir, which calls 5 and 6 reuse)
 #   5: no carry, timeout_s 600  command (OpenRLHF's side first: it is the one that may not run):
 #        source /tmp/vllm-loop-on-device.sh env && python3 benchmarks/grpo_vs_openrlhf.py --sides openrlhf
 #        --openrlhf_pythonpath /tmp/site-orlhf --out /tmp/orlhf.json --workdir /tmp/orlhf-work 2>&1 | tail -150
