@@ -102,6 +102,7 @@ BENCH_DIR = Path(__file__).resolve().parent
 STEP_MARK = "Global step "
 OPENRLHF_TIMINGS = ("generation", "make_experience", "ppo_train", "broadcast")
 # what --load checks against the file's run: the settings both sides share
+AFTER_LAST_STEP_S = 90.0  # OpenRLHF saves the model after its last step, then Ray shuts down: then it is stopped
 RUN_KEYS = (
     "shape",
     "model",
@@ -628,9 +629,11 @@ def run_openrlhf(a: argparse.Namespace, files: dict[str, str], cmd: list[str]) -
 
     threading.Thread(target=pump, daemon=True).start()
     timed_out = False
+    want = a.warmup + a.steps
+    deadline = t0 + a.side_timeout
     with open(files["log"], "w") as log:
         while True:
-            left = a.side_timeout - (time.perf_counter() - t0)
+            left = deadline - time.perf_counter()
             try:
                 line = lines.get(timeout=max(left, 0.1))
             except queue.Empty:
@@ -651,7 +654,14 @@ def run_openrlhf(a: argparse.Namespace, files: dict[str, str], cmd: list[str]) -
                     f"{rec['arrived_s']:.1f} s",
                     flush=True,
                 )
-    if timed_out or proc.poll() is None:
+                if len(steps) == want:  # what is measured is in: its final save and shutdown get a grace period
+                    deadline = min(deadline, time.perf_counter() + AFTER_LAST_STEP_S)
+    if not timed_out:
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            pass
+    if proc.poll() is None:
         try:
             os.killpg(proc.pid, signal.SIGTERM)
             proc.wait(15)
@@ -679,7 +689,6 @@ def run_openrlhf(a: argparse.Namespace, files: dict[str, str], cmd: list[str]) -
                 "status": {k: v for k, v in rec.items() if k not in ("arrived_s",)},
             }
         )
-    want = a.warmup + a.steps
     ok = len(records) >= want
     out = {
         "ok": ok,
@@ -835,6 +844,12 @@ def report(a: argparse.Namespace, sides: dict) -> dict:
                 + " ".join(f"{x:.2f}" for x in summary[s]["step_s"])
                 + f"  (warm-up left out: {[round(x, 2) for x in summary[s]['warmup_step_s']]})"
             )
+    rc = sides["openrlhf"].get("rc")
+    if sides["openrlhf"].get("ok") and rc not in (0, None):
+        print(
+            f"openrlhf: all steps in, then stopped with exit code {rc} (its final save / Ray shutdown ran over "
+            f"{AFTER_LAST_STEP_S:.0f} s, or failed: {sides['openrlhf'].get('log')})"
+        )
     if sides["openrlhf"].get("records"):
         print(
             "openrlhf log-line gaps (s, the driver's clock): "

@@ -3,7 +3,8 @@
 # train_ppo_ray, hybrid engine: actor + vLLM colocated on the one GPU, GRPO, against `rl ppo --rollout_engine vllm`),
 # on top of the vLLM carry of vllm-loop-on-device.sh (vLLM 0.26.0, DeepSpeed 0.19.8, Ray 2.60.0).
 #
-# DEVICE CALLS (6, back to back, ~15 min of device time with starts; the machine goes back 30 s after a call ends; "warm": false -> start again at 1):
+# DEVICE CALLS (6, back to back, ~20 min of device time with the machine's start; it goes back 30 s after a call
+# ends; a reply with "warm": false -> start again at 1):
 #   HERE first:  DS_BUILD_PY=/work/main/.venv/bin/python bash scripts/device/vllm-loop-on-device.sh prepare
 #                bash scripts/device/openrlhf-on-device.sh prepare
 #   (N = the vLLM carry's last folder, 3 as of 2026-12-07; vllm-loop's prepare prints it)
