@@ -36,7 +36,9 @@ def set_partial_rollout(engine: Any, mode: PartialRolloutMode | str, tokens: int
     the engine has no such path."""
     mode = PartialRolloutMode(mode)
     if tokens is not None and tokens < 1:
-        raise ValueError(f"partial rollouts need tokens >= 1 between two update points (--partial_rollout_tokens), got {tokens}")
+        raise ValueError(
+            f"partial rollouts need tokens >= 1 between two update points (--partial_rollout_tokens), got {tokens}"
+        )
     keeps, chunks = hasattr(engine, "keep_requests"), hasattr(engine, "partial_chunk_tokens")
     if mode is PartialRolloutMode.AUTO:
         mode = PartialRolloutMode.KEEP if keeps else PartialRolloutMode.CHUNKS

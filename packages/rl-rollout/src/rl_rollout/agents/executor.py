@@ -225,7 +225,9 @@ class AgentExecutor:
             versions.append(sample.policy_version)
             turn_tokens = sample.info.get("token_versions")
             tagged |= turn_tokens is not None
-            token_versions += turn_tokens if turn_tokens is not None else [sample.policy_version] * len(sample.response_ids)
+            token_versions += (
+                turn_tokens if turn_tokens is not None else [sample.policy_version] * len(sample.response_ids)
+            )
             if sample.finish_reason == "abort":
                 cause = "abort"
                 break
