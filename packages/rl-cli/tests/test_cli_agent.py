@@ -87,6 +87,17 @@ def test_rl_ppo_trains_an_openrlhf_agent_file_sync_and_async(task):
     assert [(r["rl/dynamic/rounds"], r["rl/oversample/buffered"]) for r in rows] == [(1, 4), (0, 0)]
 
 
+def test_agent_episodes_with_partial_rollouts_keep_each_tokens_version(task):
+    """``--partial_rollout`` with agent episodes: every turn's tokens come back tagged with their versions, and the
+    episode keeps them (one per policy token), so the per-token metrics are logged as for single-turn responses."""
+    root, model = task
+    assert main(argv(root, model, "partial", "--async_train", "--partial_rollout", "--partial_rollout_tokens", "2")) == 0
+    rows = [json.loads(x) for x in (root / "partial" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["rl/staleness_violations"] == 0 for r in rows), rows
+    assert all(0 <= r["rl/partial_fraction"] <= 1 for r in rows), rows
+    assert all(0 <= r["rl/token_staleness_mean"] <= r["rl/staleness_max"] for r in rows), rows
+
+
 def test_logging_steps_writes_every_nth_iteration_and_the_last(task):
     """OpenRLHF's --logging_steps (was refused in the RL loop): metrics.jsonl gets iterations 2, 4 and 5 of 5."""
     root, model = task

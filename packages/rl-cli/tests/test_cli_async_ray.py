@@ -186,3 +186,22 @@ def test_rl_ppo_ray_async_with_sleeping_engines_is_refused_before_anything_loads
     err = capsys.readouterr().err
     assert "--async_train generates while the policy trains" in err and "drop --vllm_enable_sleep" in err, err
     assert not (root / "sleep").exists()  # refused before the run's folder, Ray or a model
+
+
+@pytest.mark.parametrize("command", ["ppo", "ppo-ray"])
+def test_partial_rollout_mode_keep_on_the_hf_engine_is_refused_before_anything_loads(task, capsys, command):
+    """``--partial_rollout_mode keep`` keeps requests in vLLM; with ``--rollout_engine hf`` (known from the flags)
+    it is refused in one line naming the fix, before the run's folder, Ray or a model."""
+    from rl_cli.main import main
+
+    root, model = task
+    run = f"keep-on-hf-{command}"
+    extra = ["--rollout_engine", "hf", "--partial_rollout", "--partial_rollout_mode", "keep"]
+    if command == "ppo-ray":
+        extra += ["--num_gpus", "1", "--colocate_all_models", "--vllm_num_engines", "1"]
+    with pytest.raises(SystemExit):
+        main([command, *argv(root, model, run, *extra)])
+    err = capsys.readouterr().err
+    assert "--partial_rollout_mode keep keeps unfinished requests in vLLM" in err, err
+    assert "use --rollout_engine vllm, or --partial_rollout_mode chunks (or auto)" in err, err
+    assert len(err.strip().splitlines()[-1]) < 400 and not (root / run).exists()

@@ -65,7 +65,7 @@ def test_print_config_yaml_reads_back_to_the_same_run(tmp_path, capsys):
                    "--dynamic_filtering", "--dynamic_filtering_reward_range", "0.1", "0.9"]
     first, out = printed(argv, capsys)
     assert first["ppo"]["async_rl"] == {"max_staleness": 2, "generate_batch_size": 16, "partial_rollout": False,
-                                        "partial_rollout_tokens": 16}
+                                        "partial_rollout_mode": "auto", "partial_rollout_tokens": None}
     assert first["ppo"]["ema"] == {"beta": 0.9} and first["ppo"]["agent"] is None
     assert first["ppo"]["kl"]["estimator"] == "k3" and first["ppo"]["ckpt"]["save_steps"] == 5
     assert "# [rl ppo] per iteration: 8 prompts x 4 samples = 32 samples" in out  # the arithmetic, as comments

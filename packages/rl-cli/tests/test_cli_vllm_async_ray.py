@@ -105,20 +105,22 @@ def test_rl_ppo_ray_async_with_a_vllm_engine_actor_generates_ahead_within_the_bo
         assert 0 < r["rl/stale_logprob_gap"] < 0.05, r
 
 
-def test_rl_ppo_ray_partial_rollout_with_a_vllm_engine_actor_lands_a_sync_mid_response(task):
+def test_rl_ppo_ray_partial_rollout_in_chunks_with_a_vllm_engine_actor_lands_a_sync_mid_response(task):
     """``--colocate_all_models`` (the vLLM engine awake beside the policy on one logical GPU) with
-    ``--partial_rollout``: the engine actor takes the gloo broadcast on another thread while its generate samples
+    ``--partial_rollout --partial_rollout_mode chunks``: the engine actor takes the gloo broadcast on another thread while its generate samples
     1 token per chunk (the engine lock is released between chunks, and a waiting update goes first), so the sync
     after iteration 2 lands inside batch 3's responses (64 chunks; the iteration it waits on is a few chunks
     long). Every token carries its version, and the bound holds on each."""
     root, model = task
     out = run_ray(
         argv(
-            root, model, "hybrid", "--generate_max_len", "64", "--partial_rollout", "--partial_rollout_tokens", "1",
-            "--num_gpus", "1", "--colocate_all_models", "--vllm_num_engines", "1",
+            root, model, "hybrid", "--generate_max_len", "64", "--partial_rollout", "--partial_rollout_mode",
+            "chunks", "--partial_rollout_tokens", "1", "--num_gpus", "1", "--colocate_all_models",
+            "--vllm_num_engines", "1",
         )
     )  # fmt: skip
     assert "1 engine(s) VLLMEngine" in out.stdout and "weight sync gloo" in out.stdout, out.stdout[-2000:]
+    assert "partial rollouts: chunks" in out.stderr, out.stderr[-2000:]
     rows = rows_of(root / "hybrid")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert all(r["rl/staleness_max"] <= 1 and r["rl/staleness_violations"] == 0 for r in rows), rows
@@ -127,6 +129,33 @@ def test_rl_ppo_ray_partial_rollout_with_a_vllm_engine_actor_lands_a_sync_mid_re
     assert rows[2]["rl/policy_version_generated"] == 1 and rows[2]["rl/partial_fraction"] > 0, rows[2]
     assert rows[2]["rl/token_staleness_mean"] < 1, rows[2]  # some of its tokens came from version 2, the trained one
     assert rows[0]["rl/rollout_logprob_gap"] < GAP, rows[0]
+    assert all(0 < r["rl/stale_logprob_gap"] < 0.05 for r in rows[1:]), rows
+
+
+def test_rl_ppo_ray_partial_rollout_keeps_requests_in_the_vllm_engine_actor_across_a_sync(task):
+    """``--partial_rollout`` on a vLLM engine (``--partial_rollout_mode auto``: keep): the engine actor keeps its
+    unfinished requests in vLLM while the gloo broadcast arrives on another of its threads (paused between two
+    engine steps, resumed with the new weights, nothing re-submitted), so the sync after iteration 2 lands inside
+    batch 3's responses (256 engine steps; the iteration it waits on is a few of them long). vLLM labels every
+    token with the weights that sampled it; the bound holds on each."""
+    root, model = task
+    out = run_ray(
+        argv(
+            root, model, "keep", "--generate_max_len", "256", "--partial_rollout", "--num_gpus", "1",
+            "--colocate_all_models", "--vllm_num_engines", "1",
+        )
+    )  # fmt: skip
+    assert "1 engine(s) VLLMEngine" in out.stdout and "weight sync gloo" in out.stdout, out.stdout[-2000:]
+    assert "partial rollouts: keep (unfinished requests kept in vLLM" in out.stderr, out.stderr[-2000:]
+    rows = rows_of(root / "keep")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["rl/staleness_max"] <= 1 and r["rl/staleness_violations"] == 0 for r in rows), rows
+    assert all(0 <= r["rl/token_staleness_mean"] <= r["rl/staleness_max"] for r in rows), rows
+    assert rows[2]["rl/policy_version_generated"] == 1 and rows[2]["rl/partial_fraction"] > 0, rows[2]
+    assert rows[2]["rl/token_staleness_mean"] < 1, rows[2]  # some of its tokens came from version 2, the trained one
+    assert rows[0]["rl/rollout_logprob_gap"] < GAP, rows[0]
+    # a kept request's tokens after the sync come from the new weights over the old weights' KV cache: the
+    # trainer recomputes them with its own weights throughout, a gap that tis corrects and that stays small
     assert all(0 < r["rl/stale_logprob_gap"] < 0.05 for r in rows[1:]), rows
 
 

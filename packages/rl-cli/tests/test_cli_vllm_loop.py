@@ -123,14 +123,16 @@ def test_rl_ppo_async_with_vllm_in_process_learns_within_the_staleness_bound(tas
     """``--async_train``: the next batch is generated (vLLM in this process, on the producer thread) while the
     policy trains; every batch's generating version is at most ``--max_staleness`` 1 behind the trained one,
     the pipeline really ran ahead, and the samples of the training policy itself match its log-probs.
-    ``--partial_rollout``: vLLM samples in chunks of 2 tokens, so a sync may land mid-response; every sample's
-    tokens carry their versions (``partial_fraction`` is logged every iteration; the tags themselves are checked
-    against transformers in rl-rollout's test_rollout_vllm_engine.py)."""
+    ``--partial_rollout --partial_rollout_mode chunks``: vLLM samples in chunks of 2 tokens, so a sync may land
+    mid-response; every sample's tokens carry their versions (``partial_fraction`` is logged every iteration; the
+    tags themselves are checked against transformers in rl-rollout's test_rollout_vllm_engine.py)."""
     root, model = task
     out = run_cli("rl_cli.train_ppo", grpo(root, model, "async", 14) + ["--async_train", "--max_staleness", "1",
                                                                          "--partial_rollout",
+                                                                         "--partial_rollout_mode", "chunks",
                                                                          "--partial_rollout_tokens", "2"])
     assert "rollout VLLMEngine" in out.stdout, out.stdout[-2000:]
+    assert "partial rollouts: chunks" in out.stderr, out.stderr[-2000:]
     rows = metrics(root / "async")
     assert [r["step"] for r in rows] == list(range(1, 15))
     lags = [r["rl/policy_version_trained"] - r["rl/policy_version_generated"] for r in rows]
@@ -143,6 +145,26 @@ def test_rl_ppo_async_with_vllm_in_process_learns_within_the_staleness_bound(tas
     rewards = [r["rl/reward_mean"] for r in rows]
     assert sum(rewards[-4:]) / 4 > sum(rewards[:4]) / 4 + 0.05, rewards
 
+
+
+def test_rl_ppo_async_partial_rollout_keeps_requests_in_the_in_process_vllm_engine(task):
+    """``rl ppo --async_train --partial_rollout --rollout_engine vllm`` (mode auto: keep): the producer thread steps
+    vLLM's engine with its requests kept across the in-memory sync (paused between two engine steps, resumed with
+    the new weights), so syncs land inside responses of up to 256 tokens while the policy trains a few steps' worth
+    of time; every token carries the version vLLM labelled it with, and the bound holds on each."""
+    root, model = task
+    argv = grpo(root, model, "keep", 4) + ["--generate_max_len", "256", "--max_epochs", "1", "--learning_rate", "1e-5",
+                                           "--async_train", "--max_staleness", "1", "--partial_rollout"]
+    out = run_cli("rl_cli.train_ppo", argv)
+    assert "partial rollouts: keep (unfinished requests kept in vLLM" in out.stderr, out.stderr[-2000:]
+    rows = metrics(root / "keep")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    assert all(r["rl/staleness_max"] <= 1 and r["rl/staleness_violations"] == 0 for r in rows), rows
+    assert all(0 <= r["rl/token_staleness_mean"] <= r["rl/staleness_max"] for r in rows), rows
+    assert any(r["rl/partial_fraction"] > 0 for r in rows[1:]), [r["rl/partial_fraction"] for r in rows]
+    assert rows[0]["rl/rollout_logprob_gap"] < GAP, rows[0]
+    stale = [r["rl/stale_logprob_gap"] for r in rows if "rl/stale_logprob_gap" in r]
+    assert stale and max(stale) < 0.05, stale  # the off-policy gap tis corrects: kept tokens included, small
 
 AGENT = '''
 from openrlhf.utils.agent import AgentInstanceBase

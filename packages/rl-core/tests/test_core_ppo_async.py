@@ -19,6 +19,7 @@ from rl_core.rl.pipeline import AsyncRollout
 from rl_core.strategy import StrategyConfig
 from rl_core.trainers.ppo import PPOConfig
 from rl_rollout import EngineConfig, RewardRunner, WeightSyncConfig
+from rl_rollout.partial_modes import PartialRolloutMode, set_partial_rollout
 
 pytestmark = [pytest.mark.timeout(900), pytest.mark.slow]
 
@@ -310,4 +311,34 @@ def test_partial_rollout_settings_that_would_do_nothing_are_refused():
         AsyncConfig(max_staleness=0, partial_rollout=True)
     with pytest.raises(ValueError, match="--partial_rollout_tokens 4 sets the chunk of --partial_rollout, which is off"):
         AsyncConfig(partial_rollout_tokens=4)
+    with pytest.raises(ValueError, match="--partial_rollout_mode keep sets how --partial_rollout runs, which is off"):
+        AsyncConfig(partial_rollout_mode=PartialRolloutMode.KEEP)
     assert AsyncConfig(max_staleness=0).max_staleness == 0  # the synchronous schedule alone stays allowed
+
+
+def test_partial_rollout_mode_resolves_by_engine_and_refuses_keep_without_vllm():
+    """auto: keep where the engine keeps requests (vLLM), chunks elsewhere (HF); --partial_rollout_tokens sizes
+    the chunk, or the engine steps per turn in keep mode (each mode's default when unset). An explicit keep on an
+    engine without it is refused naming the fix: from the flags (``check_engine``) and by the engine itself."""
+
+    class Chunks:  # an HFEngine's partial-rollout surface
+        partial_chunk_tokens = None
+
+    class Keeps(Chunks):  # a VLLMEngine's
+        keep_requests = None
+
+    hf, vllm = Chunks(), Keeps()
+    assert set_partial_rollout(hf, "auto", None) is PartialRolloutMode.CHUNKS and hf.partial_chunk_tokens == 16
+    assert set_partial_rollout(hf, "chunks", 4) is PartialRolloutMode.CHUNKS and hf.partial_chunk_tokens == 4
+    assert set_partial_rollout(vllm, "auto", None) is PartialRolloutMode.KEEP
+    assert vllm.keep_requests.steps_per_turn == 1 and vllm.partial_chunk_tokens is None
+    assert set_partial_rollout(Keeps(), "keep", 3).value == "keep"
+    with pytest.raises(ValueError, match="the Chunks engine cannot: use --rollout_engine vllm, or --partial_rollout_m"):
+        set_partial_rollout(Chunks(), "keep", None)
+    with pytest.raises(ValueError, match="the object engine does neither.*drop --partial_rollout"):
+        set_partial_rollout(object(), "auto", None)
+    keep = AsyncConfig(partial_rollout=True, partial_rollout_mode=PartialRolloutMode("keep"))
+    with pytest.raises(ValueError, match="--rollout_engine hf samples with transformers: use --rollout_engine vllm"):
+        keep.check_engine("hf")
+    keep.check_engine("vllm")
+    keep.check_engine("auto")  # resolved when the engine is built, which then refuses as above

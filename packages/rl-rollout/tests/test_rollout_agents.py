@@ -266,6 +266,37 @@ def test_engine_abort_is_propagated(engine, tok):
     check_masks(s)
 
 
+def test_partial_rollout_token_versions_reach_the_episode(engine, tok):
+    """With partial rollouts the engine tags every token with the version that sampled it; an episode keeps them:
+    ``info["token_versions"]`` has one per policy token (the ``action_spans`` tokens, in order), and
+    ``policy_version`` is the oldest. Untagged turns (whole responses) add no such key."""
+
+    class Tagging:
+        """The real engine's samples, each turn's tokens labelled: turn k's first token k - 1, the rest k."""
+
+        def __init__(self, inner):
+            self.inner, self.calls, self.policy_version = inner, 0, 0
+
+        async def agenerate(self, request):
+            self.calls += 1
+            (s,) = await self.inner.agenerate(request)
+            versions = [self.calls - 1] + [self.calls] * (len(s.response_ids) - 1)
+            return [dataclasses.replace(s, policy_version=self.calls - 1, info={**s.info, "token_versions": versions})]
+
+    params = SamplingParams(temperature=1.0, max_new_tokens=4, seed=1)
+    ex = AgentExecutor(Tagging(engine), tok, lambda: ScriptedEnv(Tracker(), done_at=3), max_turns=5, max_len=200,
+                       params=params)
+    [[s]] = ex.run([[5, 60, 70]])
+    spans = s.info["action_spans"]
+    expected = [t - 1 if i == 0 else t for t, (a, b) in enumerate(spans, start=1) for i in range(b - a)]
+    assert s.info["token_versions"] == expected and len(expected) == sum(s.loss_mask)
+    assert s.policy_version == 0 and s.info["turn_policy_versions"] == [0, 1, 2]
+    plain = AgentExecutor(engine, tok, lambda: ScriptedEnv(Tracker(), done_at=2), max_turns=5, max_len=200,
+                          params=params)
+    [[u]] = plain.run([[5, 60, 70]])
+    assert "token_versions" not in u.info
+
+
 def test_environment_errors(engine, tok):
     params = SamplingParams(temperature=1.0, max_new_tokens=4, seed=1)
     tracker = Tracker()

@@ -164,6 +164,8 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
             check_role_placement(cfgs["ray"], p, m)
         check_eval_set(p.eval.steps, bool(d.eval_dataset))
         check_combinations(p, eval_set=bool(d.eval_dataset), sleep_engines=cfgs["rollout"].enable_sleep)
+        if p.async_rl:  # keep mode on the HF engine, known from --rollout_engine before any model loads
+            p.async_rl.check_engine(cfgs["rollout"].kind)
     except ValueError as e:
         parser.error(str(e))
     _refuse_unused(cfgs, parser)

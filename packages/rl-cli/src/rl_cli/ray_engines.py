@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from rl_placement import RayActorGroup, bundle_gpu_ids
+from rl_rollout.partial_modes import set_partial_rollout
 
 
 def _one_visible_gpu() -> None:
@@ -88,16 +89,12 @@ class RolloutEngineActor:
         batch = getattr(self.engine, "generate_batch", None)
         return batch(requests) if callable(batch) else self.engine.generate(requests)
 
-    def set_partial_chunk_tokens(self, tokens: int | None) -> None:
-        """Partial rollouts (``--partial_rollout``): the engine samples ``tokens`` at a time, so a weight load
-        arriving on another thread of this actor (``max_concurrency`` > 1: :func:`spawn_engines`) lands between
-        two chunks of a generate in flight; None: whole responses."""
-        if not hasattr(self.engine, "partial_chunk_tokens"):
-            raise ValueError(
-                f"--partial_rollout needs an engine that samples in chunks; the {self.kind} engine does not: use "
-                f"--rollout_engine hf or vllm, or drop --partial_rollout"
-            )
-        self.engine.partial_chunk_tokens = tokens
+    def set_partial_rollout(self, mode: str, tokens: int | None) -> str:
+        """Partial rollouts (``--partial_rollout``, rl_rollout.partial_modes): the engine keeps its requests across
+        a weight load (keep, vLLM) or samples ``tokens`` at a time (chunks), so a load arriving on another thread of
+        this actor (``max_concurrency`` > 1: :func:`spawn_engines`) lands inside a generate in flight. Returns the
+        mode the engine runs (``auto`` resolved)."""
+        return set_partial_rollout(self.engine, mode, tokens).value
 
     def update_weights(self, named_tensors: list, version: int) -> None:
         self.engine.update_weights(named_tensors, version)

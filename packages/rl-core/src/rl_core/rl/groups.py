@@ -215,19 +215,24 @@ class GroupRollout:
             raise ValueError("GroupRollout needs at least one engine group")
         self.engines = list(engines)
         self.pool: EnginePool | None = None  # agenerate's EnginePool of _EngineTurns, made on first use
-        self._partial_chunk_tokens: int | None = None
+        self._partial_mode: str | None = None
 
     @property
-    def partial_chunk_tokens(self) -> int | None:
-        """Partial rollouts (the loop's ``--partial_rollout``): every engine samples this many tokens at a time, so
-        a weight sync lands between chunks of a generate in flight (the engine actors must take calls
-        concurrently: rl-cli's ``RayFactory(partial_rollout=True)``); None: whole responses."""
-        return self._partial_chunk_tokens
+    def partial_mode(self) -> str | None:
+        """Partial rollouts (the loop's ``--partial_rollout``): the mode the engines run (``keep`` or ``chunks``,
+        :mod:`rl_rollout.partial_modes`) once :meth:`set_partial_rollout` turned them on; None: whole responses."""
+        return self._partial_mode
 
-    @partial_chunk_tokens.setter
-    def partial_chunk_tokens(self, tokens: int | None) -> None:
-        self.call("set_partial_chunk_tokens", tokens)
-        self._partial_chunk_tokens = tokens
+    def set_partial_rollout(self, mode: str, tokens: int | None = None) -> str:
+        """Every engine keeps its requests across a weight sync (keep) or samples ``tokens`` at a time (chunks), so
+        a sync lands inside a generate in flight (the engine actors must take calls concurrently: rl-cli's
+        ``RayFactory(partial_rollout=True)``). Returns the mode the engines run (``auto`` resolved by each: they are
+        of one kind)."""
+        modes = set(self.call("set_partial_rollout", str(getattr(mode, "value", mode)), tokens))
+        if len(modes) != 1:  # not reached: every engine of a run is built from one EngineConfig
+            raise RuntimeError(f"the engines resolved --partial_rollout_mode {mode} differently: {sorted(modes)}")
+        self._partial_mode = modes.pop()
+        return self._partial_mode
 
     def generate(self, requests: list) -> list[list]:
         n, k = len(requests), len(self.engines)

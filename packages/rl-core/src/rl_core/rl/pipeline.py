@@ -25,6 +25,9 @@ reproducibility across runs (the two threads interleave differently).
 Pausing (:meth:`AsyncRollout.paused`): the trainer may drain the producer (wait for the batch in flight) and keep
 it from starting another, e.g. for the eval pass (:mod:`rl_core.trainers.ppo_eval`), which then has the engines
 alone at one weight version.
+
+Partial rollouts (``--partial_rollout``, :func:`start_partial_rollout`): the engines let an update land inside a
+generate in flight, kept in vLLM (keep) or between chunks (chunks); each token carries its version.
 """
 
 from __future__ import annotations
@@ -36,7 +39,18 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-__all__ = ["AsyncRollout"]
+from rl_rollout.partial_modes import set_partial_rollout
+
+__all__ = ["AsyncRollout", "start_partial_rollout"]
+
+
+def start_partial_rollout(rollout: Any, cfg: Any) -> str:
+    """Turn ``cfg``'s (an :class:`~rl_core.configs.async_rl.AsyncConfig`) partial rollouts on for ``rollout``: an
+    engine of this process, or engine groups with their own ``set_partial_rollout`` (rl_core.rl.groups.GroupRollout).
+    Returns the mode the engines run, ``keep`` or ``chunks`` (``auto`` resolved by the engine's kind)."""
+    mode, tokens = cfg.partial_rollout_mode, cfg.partial_rollout_tokens
+    own = getattr(rollout, "set_partial_rollout", None)
+    return str(own(mode.value, tokens)) if callable(own) else set_partial_rollout(rollout, mode, tokens).value
 
 
 class AsyncRollout:

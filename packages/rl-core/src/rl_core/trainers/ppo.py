@@ -83,7 +83,7 @@ from rl_core.rl import ds_sleep
 from rl_core.rl.batching import BudgetWatch, MicroBatchConfig
 from rl_core.rl.experience import Experience, ring_shards
 from rl_core.rl.groups import LocalGroup
-from rl_core.rl.pipeline import AsyncRollout
+from rl_core.rl.pipeline import AsyncRollout, start_partial_rollout
 from rl_core.rng_state import rng_state_from_json, set_rng_state
 from rl_core.trainers.ppo_agent_cmd import AgentCmdEpisodes
 from rl_core.trainers.ppo_checkpoint import loop_checkpoints, loop_settings, loop_state, resume_state
@@ -224,8 +224,16 @@ class PPOTrainer:
         self.eval_history: list[dict[str, float]] = []  # the eval passes' metrics, with their iteration
         self.kl = cfg.kl.controller()  # the reward penalty's coefficient (None: KL as a loss, or off)
         on_policy = trains_on_policy(cfg, train_batch_size, kl_penalty=self.kl is not None)
-        if cfg.async_rl and cfg.async_rl.partial_rollout:
-            rollout.partial_chunk_tokens = cfg.async_rl.partial_rollout_tokens
+        self.partial_mode: str | None = None  # --partial_rollout: keep or chunks (auto resolved by the engine)
+        if cfg.async_rl and cfg.async_rl.partial_rollout:  # before the first generation
+            self.partial_mode = start_partial_rollout(rollout, cfg.async_rl)
+            logger.info(
+                "partial rollouts: %s (%s)",
+                self.partial_mode,
+                "unfinished requests kept in vLLM across a weight update"
+                if self.partial_mode == "keep"
+                else "responses sampled in chunks, a weight update landing between two",
+            )
         self._ckpt_cursor = 0  # the prompt cursor after the batch trained last (async: the producer runs ahead)
         local = [g for g in (policy, critic, ref, reward_model, teacher) if g is not None]
         # the experience forwards' items split evenly over every group's data-parallel ranks (per-call episodes pad)

@@ -53,9 +53,10 @@ def check_parts(cfg, *, rollout, critic, ref, reward_fn, reward_model, teacher=N
         )
     if cfg.needs_reference and ref is None:
         raise ValueError(f"init_kl_coef={cfg.kl.init_coef} needs a reference model; or set --init_kl_coef 0")
-    if cfg.async_rl and cfg.async_rl.partial_rollout and not hasattr(rollout, "partial_chunk_tokens"):
+    partial_paths = ("partial_chunk_tokens", "keep_requests", "set_partial_rollout")  # rl_rollout.partial_modes
+    if cfg.async_rl and cfg.async_rl.partial_rollout and not any(hasattr(rollout, a) for a in partial_paths):
         raise ValueError(
-            f"--partial_rollout needs an engine that samples in chunks a weight update can land between; "
-            f"{type(rollout).__name__} does not: use --rollout_engine hf or vllm (rl ppo, rl ppo-ray), or drop "
+            f"--partial_rollout needs an engine that samples in chunks or keeps requests across a weight update; "
+            f"{type(rollout).__name__} does neither: use --rollout_engine hf or vllm (rl ppo, rl ppo-ray), or drop "
             f"--partial_rollout"
         )

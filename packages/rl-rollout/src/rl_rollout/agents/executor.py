@@ -33,7 +33,10 @@ placed on the last token lands on one the policy chose. Its text is in
 (``info["turn_rewards"]`` has each). ``policy_version`` is the oldest version
 among the turns (weights may change mid-episode in asynchronous RL;
 ``info["turn_policy_versions"]`` has each). ``info["action_spans"]`` lists the
-``[start, end)`` response positions of each policy turn.
+``[start, end)`` response positions of each policy turn. With partial rollouts (the
+engine tags each token: ``info["token_versions"]`` of a turn's sample) the episode
+has ``info["token_versions"]`` too: the version of every policy token, in response
+order (the tokens of ``action_spans``; observation tokens were sampled by no policy).
 
 Not here: batching turns of different trajectories into one engine call
 (concurrent ``agenerate`` calls leave that to the engine), per-turn credit
@@ -175,6 +178,8 @@ class AgentExecutor:
         spans: list[list[int]] = []
         rewards: list[float] = []
         versions: list[int] = []
+        token_versions: list[int] = []  # one per policy token, when the engine tags them (partial rollouts)
+        tagged = False
         observations: list[str] = []
         env_info: list[dict[str, Any]] = []
         extra: dict[str, Any] = {}
@@ -218,6 +223,11 @@ class AgentExecutor:
             append(list(sample.response_ids), list(sample.rollout_logprobs) if want_logprobs else [])
             spans.append([start, len(response)])
             versions.append(sample.policy_version)
+            turn_tokens = sample.info.get("token_versions")
+            tagged |= turn_tokens is not None
+            token_versions += (
+                turn_tokens if turn_tokens is not None else [sample.policy_version] * len(sample.response_ids)
+            )
             if sample.finish_reason == "abort":
                 cause = "abort"
                 break
@@ -254,6 +264,8 @@ class AgentExecutor:
                 break
             append(ids, None)
 
+        if tagged:
+            extra["token_versions"] = token_versions
         finishes: dict[str, FinishReason] = {"done": "stop", "env_error": "stop", "abort": "abort"}
         finish = finishes.get(cause, "length")
         return RolloutSample(
