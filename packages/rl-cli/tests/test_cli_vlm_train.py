@@ -58,9 +58,13 @@ def _loads_back(out, image):
 def test_sft_with_images_learns_and_exports(task, monkeypatch, capsys):
     monkeypatch.chdir(task)
     argv = ["--pretrain", "tiny-vlm", "--dataset", "sft.jsonl", "--input_key", "prompt", "--output_key", "response",
-            "--max_epochs", "4", "--learning_rate", "1e-2", "--run_dir", "run-sft", "--save_path", "out-sft", *COMMON]
+            "--max_epochs", "4", "--learning_rate", "1e-2", "--run_dir", "run-sft", "--save_path", "out-sft",
+            "--eval_dataset", "sft.jsonl", "--eval_steps", "4", *COMMON]
     assert run("sft", argv) == 0
-    assert "SFTDataset: kept 8/8 rows" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "SFTDataset: kept 8/8 rows" in printed
+    evals = [m["eval/loss"] for m in metrics(task / "run-sft") if "eval/loss" in m]  # eval forwards take the pixels
+    assert len(evals) == 2 and evals[1] < evals[0], evals
     losses = [m["train/loss"] for m in metrics(task / "run-sft") if "train/loss" in m]
     assert len(losses) == 8 and all(math.isfinite(x) for x in losses)
     assert sum(losses[-2:]) < 0.7 * sum(losses[:2]), losses  # (4.84, 4.05 ... 2.35, 2.41 when written)

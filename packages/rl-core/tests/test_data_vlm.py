@@ -63,6 +63,9 @@ def test_a_row_with_too_many_images_or_unmarked_images_stops_naming_the_row(vlm)
     unmarked = {"prompt": "x", "images": str(imgs[0]), "response": "y"}
     with pytest.raises(DataError, match=r"row 1\).*0 image places for the row's 1 images"):
         SFTDataset([unmarked], proc.tokenizer, _cfg(), processor=proc)
+    late = {"prompt": "a long prompt then <image>", "images": str(imgs[0]), "response": "y"}
+    ds = SFTDataset([ok, late], proc.tokenizer, _cfg(max_len=28), processor=proc)  # the cut would split the image
+    assert len(ds) == 1 and ds.report.dropped_too_long == 1
     with pytest.raises(ValueError, match="no processor was given"):
         SFTDataset([ok], proc.tokenizer, _cfg())
 

@@ -262,7 +262,7 @@ class SFTDataset(_EagerDataset):
             )
         refs, images = row_images(row, cfg, where) if self.processor is not None else (None, [])
         input_ids, loss_mask = self._fit_images(enc, images, where, in_label)
-        item = {"input_ids": input_ids, "loss_mask": loss_mask}
+        item: dict = {"input_ids": input_ids, "loss_mask": loss_mask}
         if images:
             item["images"] = refs
         return item

@@ -75,9 +75,7 @@ class Trainer:
         # a vision-language dataset's image processor (rl_core.data.images): collate loads each micro-batch's pixels
         self.image_processor = getattr(dataset, "image_processor", None)
         if self.image_processor is not None and not self.supports_images:
-            raise ValueError(
-                f"{type(self).__name__} does not train on images (SFT and DPO do); drop --image_key"
-            )
+            raise ValueError(f"{type(self).__name__} does not train on images (SFT and DPO do); drop --image_key")
         if self.packing and not self.supports_packing:
             raise ValueError(f"{type(self).__name__} does not pack sequences (SFT, RM, DPO and KTO do); drop --packing")
         self.aux_loss_coef = getattr(cfg, "aux_loss_coef", 0.0)  # LMTrainerConfig's
