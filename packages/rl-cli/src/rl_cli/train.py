@@ -123,6 +123,25 @@ def _check_teacher(parser, cfgs):
     return dataclasses.replace(cfgs["train"], kd=dataclasses.replace(kd, teacher_pretrain=teacher))
 
 
+def _check_images(parser, name: str, cfgs) -> None:
+    """``--image_key``: vision-language rows for rl sft and rl dpo (:mod:`rl_core.data.images`); refused where
+    the images would not reach the model."""
+    key = cfgs["data"].image_key
+    if name not in ("sft", "dpo"):
+        parser.error(
+            f"--image_key {key!r}: rl {name} with images is not built (rl sft, rl dpo and rl ppo train on "
+            f"images); drop --image_key"
+        )
+    train = cfgs["train"]
+    if getattr(train, "kd", None) is not None:
+        parser.error(
+            f"--image_key {key!r} with --teacher_pretrain: knowledge distillation with images is not built; "
+            f"drop one of them"
+        )
+    if getattr(train, "pretrain_mode", False):
+        parser.error(f"--image_key {key!r}: --pretrain_mode trains on plain text; drop one of them")
+
+
 @user_errors(lambda name, *_, **__: f"rl {name}")
 def run(name: str, argv: list[str] | None = None) -> int:
     cmd = COMMANDS[name]
@@ -146,6 +165,8 @@ def run(name: str, argv: list[str] | None = None) -> int:
             check_fused_lm_head(True, cfgs["strategy"])
         except ValueError as e:
             parser.error(str(e))
+    if cfgs["data"].image_key is not None:
+        _check_images(parser, name, cfgs)
     if (quant := cfgs["model"].load_in_4bit) is not None:  # QLoRA: ZeRO-3 cannot partition 4-bit weights
         try:
             quant.check(lora_rank=cfgs["model"].lora_rank, zero_stage=cfgs["strategy"].zero_stage)
@@ -219,7 +240,15 @@ def run(name: str, argv: list[str] | None = None) -> int:
         dataset_cls: type = PretrainDataset  # as Command.dataset_cls gives
     else:
         dataset_cls = cmd.dataset_cls()
-    ds = dataset_cls(training_rows(data, cfgs["strategy"].seed), tok, data)
+    vision: dict = {}
+    if data.image_key is not None:  # rl sft / rl dpo on a vision-language model (_check_images)
+        # lazy: rl-core (numpy, the hub, its models); `rl --help` imports this module for the command list and stays light
+        from rl_core.preflight import load_processor
+
+        proc = load_processor(cfgs["model"].pretrain)
+        proc.tokenizer = tok  # the run's tokenizer (its chat template): the rows and the export use the same one
+        vision = {"processor": proc}
+    ds = dataset_cls(training_rows(data, cfgs["strategy"].seed), tok, data, **vision)
     eval_ds = None
     if data.eval_dataset:
         try:
@@ -227,6 +256,7 @@ def run(name: str, argv: list[str] | None = None) -> int:
                 load_rows(data.eval_dataset, data.eval_split, data.max_eval_samples, skip_bad=data.skip_bad_rows),
                 tok,
                 data,
+                **vision,
             )
         except DataError as e:  # say which of the two sets is bad
             raise type(e)(f"eval set (--eval_dataset {data.eval_dataset}): {e}") from None

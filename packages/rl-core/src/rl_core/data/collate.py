@@ -87,10 +87,12 @@ def sequence_sums(x: torch.Tensor, batch: dict) -> torch.Tensor:
 
 def model_inputs(batch: dict) -> dict[str, torch.Tensor]:
     """The model's keyword arguments for a batch: ``position_ids`` for a packed row (no mask: the sequences are
-    told apart by positions restarting at 0), ``attention_mask`` for padded rows."""
+    told apart by positions restarting at 0), ``attention_mask`` for padded rows, plus a vision-language
+    batch's ``image_inputs`` (``pixel_values`` ...: :func:`rl_core.data.images.with_images`)."""
+    pixels = batch.get("image_inputs") or {}
     if "position_ids" in batch:
-        return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"]}
-    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"]}
+        return {"input_ids": batch["input_ids"], "position_ids": batch["position_ids"], **pixels}
+    return {"input_ids": batch["input_ids"], "attention_mask": batch["attention_mask"], **pixels}
 
 
 def pack_collate(items: list[dict]) -> dict:

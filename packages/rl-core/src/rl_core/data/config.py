@@ -82,9 +82,10 @@ class DataConfig:
     image_key: str | None = field(
         default=None,
         metadata=meta(
-            "RL prompts of a vision-language model: column of each prompt's images (a local path, bytes or a PIL "
-            "image, or a list of them; none: a text-only prompt); the prompt marks where they go with "
-            "{'type': 'image'} content parts (or <image> in a string) under --apply_chat_template"
+            "rows of a vision-language model (rl ppo prompts, rl sft and rl dpo rows): column of each prompt's "
+            "images (a local path, bytes or a PIL image, or a list of them; none: a text-only row); the prompt "
+            "marks where they go with {'type': 'image'} content parts (or <image> in a string) under "
+            "--apply_chat_template"
         ),
     )
     max_images_per_prompt: int = field(

@@ -35,10 +35,11 @@ from rl_core.data.encoding import (
     check_tokenizer,
     encode_chat,
     encode_completion,
+    image_messages,
     render_prompt,
 )
+from rl_core.data.images import expand_placeholders, last_image_token, row_images, vision_processor
 from rl_core.data.loading import DataError, Row, where_of
-from rl_rollout.vision import load_images
 
 logger = logging.getLogger(__name__)
 
@@ -133,6 +134,17 @@ class _EagerDataset(Dataset):
             raise _Dropped
         return torch.tensor(ids, dtype=torch.long), torch.tensor(mask, dtype=torch.long)
 
+    def _fit_images(self, enc: Encoded, images: list, where: str, label: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """:meth:`_fit` of a sequence whose prompt holds ``images`` (their placeholders expanded first); a cut
+        at ``max_len`` through an image drops the row (the forward needs every image token)."""
+        processor = getattr(self, "processor", None)
+        if processor is None:
+            return self._fit(enc)
+        enc = expand_placeholders(processor, enc, images, where, label)
+        if last_image_token(processor, enc.input_ids) >= self.cfg.max_len:
+            raise _Dropped
+        return self._fit(enc)
+
     def __len__(self) -> int:
         return len(self.items)
 
@@ -162,13 +174,7 @@ class PromptDataset(_EagerDataset):
     """
 
     def __init__(self, rows: Sequence[dict], tokenizer, cfg: DataConfig, processor=None) -> None:
-        if cfg.image_key is not None and processor is None:
-            raise ValueError(
-                f"--image_key {cfg.image_key!r} reads images for a vision-language model, but no "
-                f"processor was given: --pretrain must be a VLM folder with its processor "
-                f"(processor_config.json), or leave --image_key unset"
-            )
-        self.processor = processor if cfg.image_key is not None else None
+        self.processor = vision_processor(cfg, processor)
         # the rollout's image tensors (rl_core.trainers.ppo_rollout): the engine and the trainer see the same pixels
         self.image_processor = getattr(self.processor, "image_processor", None)
         super().__init__(rows, tokenizer, cfg)
@@ -183,7 +189,7 @@ class PromptDataset(_EagerDataset):
         refs: object = None
         images: list = []
         if self.processor is not None:
-            refs, images = self._images(row, where)
+            refs, images = row_images(row, cfg, where)
         if images and self.processor is not None:  # (images: loaded through the processor's branch above)
             try:
                 ids = self.processor(text=[prompt], images=images, add_special_tokens=False)["input_ids"][0]
@@ -203,20 +209,6 @@ class PromptDataset(_EagerDataset):
             item["images"] = refs
         return item
 
-    def _images(self, row: dict, where: str) -> tuple[object, list]:
-        cfg = self.cfg
-        refs = row.get(cfg.image_key)
-        try:
-            images = load_images(refs)
-        except ValueError as e:
-            raise DataError(f"{where}: {cfg.image_key!r} (--image_key): {e}") from None
-        if len(images) > cfg.max_images_per_prompt:
-            raise DataError(
-                f"{where}: {len(images)} images in {cfg.image_key!r}, more than --max_images_per_prompt "
-                f"{cfg.max_images_per_prompt}; raise --max_images_per_prompt or drop the row"
-            )
-        return refs, images
-
 
 class SFTDataset(_EagerDataset):
     """Supervised fine-tuning. Item: ``{"input_ids": LongTensor[T], "loss_mask": LongTensor[T]}``.
@@ -224,7 +216,17 @@ class SFTDataset(_EagerDataset):
     Single-turn: prompt from ``input_key``, response (a string) from ``output_key``.
     Multi-turn: ``output_key`` unset and ``input_key`` holds a chat message list (needs
     ``apply_chat_template``); the loss covers every assistant turn.
+
+    Vision-language rows (``image_key``, with the model's ``processor``): the prompt marks each image with a
+    ``{"type": "image"}`` part (or ``<image>`` in a string), the ids hold each placeholder expanded as the
+    processor does (:mod:`rl_core.data.images`) and the item also holds ``"images"`` (the row's refs, loaded
+    again per micro-batch); rows without images train as text.
     """
+
+    def __init__(self, rows: Sequence[dict], tokenizer, cfg: DataConfig, processor=None) -> None:
+        self.processor = vision_processor(cfg, processor)
+        self.image_processor = getattr(self.processor, "image_processor", None)  # the trainers' collate reads it
+        super().__init__(rows, tokenizer, cfg)
 
     def _check_config(self) -> None:
         if self.cfg.output_key is None and not self.cfg.apply_chat_template:
@@ -243,7 +245,7 @@ class SFTDataset(_EagerDataset):
                     f"{where}: {in_label} must be a chat message list for multi-turn SFT, got "
                     f"{type(value).__name__}; set --output_key for single-turn prompt/response data"
                 )
-            messages = as_messages(value, where, in_label)
+            messages = (image_messages if cfg.image_key else as_messages)(value, where, in_label)
             targets = [i for i, m in enumerate(messages) if m["role"] == "assistant"]
             if not targets:
                 raise DataError(f"{where}: {in_label} has no assistant message to train on")
@@ -258,14 +260,25 @@ class SFTDataset(_EagerDataset):
             enc = encode_completion(
                 self.tokenizer, cfg, value, response, where, in_label, f"{cfg.output_key!r} (--output_key)"
             )
-        input_ids, loss_mask = self._fit(enc)
-        return {"input_ids": input_ids, "loss_mask": loss_mask}
+        refs, images = row_images(row, cfg, where) if self.processor is not None else (None, [])
+        input_ids, loss_mask = self._fit_images(enc, images, where, in_label)
+        item: dict = {"input_ids": input_ids, "loss_mask": loss_mask}
+        if images:
+            item["images"] = refs
+        return item
 
 
 class PretrainDataset(_EagerDataset):
     """PPO-ptx's pretraining text (OpenRLHF's SFTDataset in pretrain_mode). Item: ``{"input_ids", "loss_mask"}``:
     the ``input_key`` string tokenized as is (no template, no special tokens), cut at ``max_len``, every token a
     target but the first."""
+
+    def _check_config(self) -> None:
+        if self.cfg.image_key is not None:
+            raise ValueError(
+                f"--image_key {self.cfg.image_key!r}: pretraining text has no images (rl sft without "
+                f"--pretrain_mode takes them); drop --image_key"
+            )
 
     def _encode(self, row: dict, where: str) -> dict:
         text = _get(row, self.cfg.input_key, "input_key", where, "the pretraining text")
@@ -287,7 +300,15 @@ class PreferenceDataset(_EagerDataset):
     strings, or (with ``apply_chat_template``) message lists: appended to the prompt, or
     whole conversations whose last assistant turn is the response when there is no
     prompt column. ``margin`` is ``float(row[margin_key])``, 0.0 without ``margin_key``.
+
+    Vision-language rows (``image_key``, with the model's ``processor``): chosen and rejected share the prompt's
+    images (each side's placeholders expanded as :class:`SFTDataset` does); the item holds ``"images"`` once.
     """
+
+    def __init__(self, rows: Sequence[dict], tokenizer, cfg: DataConfig, processor=None) -> None:
+        self.processor = vision_processor(cfg, processor)
+        self.image_processor = getattr(self.processor, "image_processor", None)  # the trainers' collate reads it
+        super().__init__(rows, tokenizer, cfg)
 
     def _encode(self, row: dict, where: str) -> dict:
         cfg = self.cfg
@@ -296,6 +317,7 @@ class PreferenceDataset(_EagerDataset):
         if cfg.prompt_key is not None:
             prompt = _get(row, cfg.prompt_key, "prompt_key", where, "the prompt")
         out: dict = {}
+        refs, images = row_images(row, cfg, where) if self.processor is not None else (None, [])
         for side, key, flag in (
             ("chosen", cfg.chosen_key, "chosen_key"),
             ("rejected", cfg.rejected_key, "rejected_key"),
@@ -305,14 +327,17 @@ class PreferenceDataset(_EagerDataset):
                 raise DataError(
                     f"{where}: {key!r} (--{flag}) must be a string or chat message list, got {type(response).__name__}"
                 )
-            enc = encode_completion(self.tokenizer, cfg, prompt, response, where, p_label, f"{key!r} (--{flag})")
-            out[f"{side}_ids"], out[f"{side}_mask"] = self._fit(enc)
+            r_label = f"{key!r} (--{flag})"
+            enc = encode_completion(self.tokenizer, cfg, prompt, response, where, p_label, r_label)
+            out[f"{side}_ids"], out[f"{side}_mask"] = self._fit_images(enc, images, where, r_label)
         out["margin"] = 0.0
         if cfg.margin_key is not None:
             margin = _get(row, cfg.margin_key, "margin_key", where, "the margin")
             if isinstance(margin, bool) or not isinstance(margin, (int, float)):
                 raise DataError(f"{where}: {cfg.margin_key!r} (--margin_key) must be a number, got {margin!r}")
             out["margin"] = float(margin)
+        if images:
+            out["images"] = refs
         return out
 
 
@@ -337,6 +362,11 @@ class KTODataset(_EagerDataset):
     def _check_config(self) -> None:
         if self.cfg.output_key is None:
             raise ValueError("KTODataset needs --output_key: the column that holds each completion")
+        if self.cfg.image_key is not None:
+            raise ValueError(
+                f"--image_key {self.cfg.image_key!r}: KTO with images is not built (rl sft, rl dpo and rl ppo "
+                f"take images); drop --image_key"
+            )
 
     def _encode(self, row: dict, where: str) -> dict:
         cfg = self.cfg

@@ -123,11 +123,12 @@ def encode_completion(
             f"{where}: {response_label} is a plain string but there is no prompt; "
             "set --prompt_key, or store it as a chat message list that includes the prompt"
         )
-    head = [] if prompt is None else as_messages(prompt, where, prompt_label)
+    messages_of = image_messages if cfg.image_key else as_messages  # image parts in vision-language rows
+    head = [] if prompt is None else messages_of(prompt, where, prompt_label)
     if isinstance(response, str):
         tail = [{"role": "assistant", "content": response}]
     else:
-        tail = as_messages(response, where, response_label)
+        tail = messages_of(response, where, response_label)
     messages = head + tail
     if prompt is None:
         targets = [len(messages) - 1]
@@ -158,6 +159,10 @@ def encode_chat(tokenizer, messages: list[dict], targets: list[int], where: str,
         if msg["role"] != "assistant":
             raise DataError(
                 f"{where}: {label} message {i} has role {msg['role']!r}, only assistant turns are trained on"
+            )
+        if not isinstance(msg["content"], str):
+            raise DataError(
+                f"{where}: {label} message {i} (assistant) must be a string: images go in the prompt's turns"
             )
         _require_content(msg["content"], where, f"{label} message {i} (assistant)")
         if i == 0:

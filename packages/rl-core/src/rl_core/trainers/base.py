@@ -37,6 +37,7 @@ from tqdm import tqdm
 from rl_core.checkpoint import CheckpointManager
 from rl_core.configs import check_eval_rows, check_eval_set
 from rl_core.data import pack_collate, pad_collate
+from rl_core.data.images import with_images
 from rl_core.folder_lock import hold
 from rl_core.hf_export import export_hf
 from rl_core.metrics import LoggerConfig, MetricsLogger
@@ -51,6 +52,7 @@ class Trainer:
 
     name = "train"
     supports_packing = False  # True where train_step and eval_metrics take packed batches (collate, model_inputs)
+    supports_images = False  # True where every forward takes its batch's image_inputs (collate, model_inputs)
 
     def __init__(
         self,
@@ -70,6 +72,10 @@ class Trainer:
         check_eval_set(cfg.eval_steps, eval_dataset is not None)
         self.eval_history: list[dict[str, float]] = []  # {"step": N, NAME: value, ...} per evaluation of fit()
         self.packing = bool(getattr(getattr(dataset, "cfg", None), "packing", False))
+        # a vision-language dataset's image processor (rl_core.data.images): collate loads each micro-batch's pixels
+        self.image_processor = getattr(dataset, "image_processor", None)
+        if self.image_processor is not None and not self.supports_images:
+            raise ValueError(f"{type(self).__name__} does not train on images (SFT and DPO do); drop --image_key")
         if self.packing and not self.supports_packing:
             raise ValueError(f"{type(self).__name__} does not pack sequences (SFT, RM, DPO and KTO do); drop --packing")
         self.aux_loss_coef = getattr(cfg, "aux_loss_coef", 0.0)  # LMTrainerConfig's
@@ -149,12 +155,24 @@ class Trainer:
         return self.s.dp_sum(out)
 
     def to_device(self, batch: dict) -> dict:
-        return {k: v.to(self.s.device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+        def move(v):
+            if isinstance(v, dict):  # image_inputs
+                return {k: move(x) for k, x in v.items()}
+            return v.to(self.s.device) if isinstance(v, torch.Tensor) else v
+
+        return {k: move(v) for k, v in batch.items()}
 
     def collate(self, items: list[dict]) -> dict:
         """One micro-batch of SFT / KTO items: one packed row with the dataset's ``packing``, else padded rows
-        (:func:`rl_core.data.model_inputs` gives the model's arguments for either)."""
-        return pack_collate(items) if self.packing else pad_collate(items, self.pad_id)
+        (:func:`rl_core.data.model_inputs` gives the model's arguments for either), with the rows' image
+        tensors for a vision-language dataset (:func:`rl_core.data.images.with_images`)."""
+        batch = pack_collate(items) if self.packing else pad_collate(items, self.pad_id)
+        return with_images(batch, items, self.image_processor)
+
+    def _saved_tokenizer(self):
+        """What an export saves beside the weights: a vision-language dataset's processor (its tokenizer, image
+        processor and chat template, so the folder loads with AutoProcessor), else the tokenizer."""
+        return getattr(self.dataset, "processor", None) or self.tokenizer
 
     def moe_aux_loss(self, out) -> torch.Tensor | float:
         """The term to add to a micro-batch's loss for its policy forward ``out`` (an ActorOutput):
@@ -287,7 +305,10 @@ class Trainer:
                     if ck.ckpt_path is None:  # not reached: CheckpointConfig refuses save_steps without ckpt_path
                         raise ValueError("save_hf_ckpt needs ckpt_path (--ckpt_path DIR) to write the exports to")
                     export_hf(
-                        self.s, self.engine, os.path.join(ck.ckpt_path, f"step_{step:08d}_hf"), tokenizer=self.tokenizer
+                        self.s,
+                        self.engine,
+                        os.path.join(ck.ckpt_path, f"step_{step:08d}_hf"),
+                        tokenizer=self._saved_tokenizer(),
                     )
                 if self.eval_dataset is not None and self.cfg.eval_steps > 0 and step % self.cfg.eval_steps == 0:
                     self._evaluate_and_log(step)
@@ -297,7 +318,7 @@ class Trainer:
         self.before_export()
         self.metrics.close()
         if ck.save_path:
-            export_hf(self.s, self.engine, ck.save_path, tokenizer=self.tokenizer)
+            export_hf(self.s, self.engine, ck.save_path, tokenizer=self._saved_tokenizer())
         return losses
 
     progress_keys: tuple[str, ...] = ("loss",)

@@ -12,6 +12,9 @@ released: the same losses at the memory of one model. The loss is
 ``rl_algos.dpo_loss`` averaged over the global batch; the NLL term (``nll_loss_coef``)
 is the token-mean NLL of the chosen responses over the global batch.
 
+Vision-language pairs (``--image_key``: :mod:`rl_core.data.images`): the chosen and the rejected row of a pair
+carry their prompt's images, and the policy's and the reference's forwards get the same pixels.
+
 Logged per step: loss, implicit rewards of chosen and rejected
 (``beta * (logp - ref_logp)``), their margin, and the fraction of pairs whose
 chosen reward is higher (``acc``).
@@ -31,6 +34,7 @@ import torch
 
 from rl_algos import dpo_loss
 from rl_core.data import model_inputs, preference_collate, sequence_sums
+from rl_core.data.images import with_images
 from rl_core.trainers.base import Trainer
 from rl_core.trainers.configs import DPOConfig  # noqa: F401 - re-exported: the settings live beside, torch-free
 
@@ -46,6 +50,7 @@ class DPOTrainer(Trainer):
     name = "dpo"
     progress_keys = ("loss", "acc", "reward_margin")
     supports_packing = True
+    supports_images = True  # chosen and rejected rows share their prompt's pixels, in both models' forwards
     cfg: DPOConfig  # the Trainer's cfg, as __init__ takes it
 
     def __init__(
@@ -57,7 +62,8 @@ class DPOTrainer(Trainer):
         self.eval_ref_logps: torch.Tensor | None = None  # [N_eval, 2], the same for the eval set
 
     def collate(self, items: list[dict]) -> dict:
-        return preference_collate(items, self.pad_id, packing=self.packing)
+        batch = preference_collate(items, self.pad_id, packing=self.packing)
+        return with_images(batch, [*items, *items], self.image_processor)  # rows: chosen 0..m-1, rejected m..2m-1
 
     def _ref_pair(self, items: list[dict]) -> torch.Tensor:
         b = self.to_device(self.collate(items))

@@ -5,7 +5,8 @@ global batch, so micro-batching and data parallelism do not change it. Rows are
 right-padded (:func:`rl_core.data.pad_collate`), or with the dataset's
 ``packing`` each micro-batch becomes one packed row (:func:`rl_core.data.pack_collate`,
 position ids restarting per sequence, no padding computed): the same loss, fewer FLOPs.
-Evaluation (:meth:`SFTTrainer.eval_metrics`): the same token-mean NLL over every response
+Vision-language rows (``--image_key``: :mod:`rl_core.data.images`): each micro-batch's image tensors go to the
+forward beside the ids (padded rows only). Evaluation (:meth:`SFTTrainer.eval_metrics`): the same token-mean NLL over every response
 token of the eval set (padded rows, also with ``packing``: the value does not depend on it).
 With the fused LM head (``--fused_lm_head``) the loss is the forward's ``weighted`` sum of the log-probs (weights
 ``d loss / d logprobs``): its gradients are made during forward, chunk by chunk, and no logits are kept.
@@ -18,6 +19,7 @@ import torch
 
 from rl_algos import masked_sum, sft_loss
 from rl_core.data import model_inputs, pad_collate
+from rl_core.data.images import with_images
 from rl_core.trainers.base import Trainer
 from rl_core.trainers.configs import SFTConfig  # noqa: F401 - re-exported: the settings live beside, torch-free
 
@@ -25,6 +27,7 @@ from rl_core.trainers.configs import SFTConfig  # noqa: F401 - re-exported: the 
 class SFTTrainer(Trainer):
     name = "sft"
     supports_packing = True
+    supports_images = True  # vision-language rows: each micro-batch's pixels go to the forward (model_inputs)
 
     def train_step(self, indices: list[int]) -> dict[str, float]:
         micro = [self.to_device(self.collate(items)) for items in self.micro_batches(indices)]
@@ -56,8 +59,8 @@ class SFTTrainer(Trainer):
         """``loss``: sum of response-token NLL / number of response tokens over the whole set; ``tokens``."""
 
         def nll_and_tokens(items: list[dict]) -> torch.Tensor:  # [len(items), 2]
-            b = self.to_device(pad_collate(items, self.pad_id))
-            lp = self.engine(b["input_ids"], attention_mask=b["attention_mask"]).logprobs
+            b = self.to_device(with_images(pad_collate(items, self.pad_id), items, self.image_processor))
+            lp = self.engine(**model_inputs(b)).logprobs
             mask = b["loss_mask"].to(lp.dtype)
             return torch.stack([-masked_sum(lp, mask, dim=1), mask.sum(1)], dim=1)
 

@@ -80,6 +80,7 @@ class KDSFTTrainer(SFTTrainer):
 
     name = "sft"
     progress_keys = ("loss", "nll", "kd/loss")
+    supports_images = False  # the teacher's forward with images is not built
     cfg: SFTConfig  # the Trainer's cfg, as __init__ takes it
 
     def __init__(self, strategy, actor, teacher, tokenizer, dataset, cfg, *, eval_dataset=None, logger=None):
