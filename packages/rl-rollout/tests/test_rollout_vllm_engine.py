@@ -342,3 +342,21 @@ def test_partial_rollout_lets_an_update_land_mid_response(engine, ref):
         assert (before[cut:] - after[cut:]).abs().max().item() > 1e-2  # the two versions really differ
     with pytest.raises(ValueError, match="at least 1|>= 1"):
         engine.partial_chunk_tokens = 0
+
+
+def test_a_layer_vllms_model_is_built_without_is_left_out_of_the_check_not_missing():
+    """vLLM builds LLaVA's CLIP tower without its post_layernorm (the features are taken before it; the attribute is
+    None) and its loader skips those tensors: the weight check reports them as left out by design (``Dropped``),
+    which verify_weights does not count, while a module the engine lacks stays a problem. (Found on an H100: the
+    VLM loop's verify failed on ``vision_tower.post_layernorm``.)"""
+    from rl_rollout.vllm_inspect import Dropped, Unsupported, param_stats
+
+    model = torch.nn.Module()
+    model.vision_tower = torch.nn.Module()
+    model.vision_tower.vision_model = torch.nn.Module()
+    model.vision_tower.vision_model.post_layernorm = None
+    with pytest.raises(Dropped, match="leaves 'vision_tower.vision_model.post_layernorm' out"):
+        param_stats(model, "vision_tower.vision_model.post_layernorm.weight", None, {}, torch.float32, {})
+    with pytest.raises(Unsupported, match="the engine has no module 'vision_tower.other'") as e:
+        param_stats(model, "vision_tower.other.weight", None, {}, torch.float32, {})
+    assert not isinstance(e.value, Dropped)

@@ -23,6 +23,24 @@ class Unsupported(Exception):
     """A name whose values this worker cannot report (the reason is the message)."""
 
 
+class Dropped(Unsupported):
+    """A name the engine's model leaves out by design: vLLM builds it without that layer (the attribute is None) and
+    its loader skips the checkpoint's tensors for it, e.g. a CLIP tower's ``post_layernorm`` under LLaVA, whose
+    features are taken before it."""
+
+
+def _dropped_by_the_model(model, module_name: str) -> bool:
+    """Whether a module on ``module_name``'s path is None in ``model`` (vLLM built the model without it)."""
+    mod = model
+    for part in module_name.split("."):
+        if not hasattr(mod, part):
+            return False
+        mod = getattr(mod, part)
+        if mod is None:
+            return True
+    return False
+
+
 def param_stats(model, hf_name, mapper, packed, dtype, rows_cache) -> list:
     """``[numel, sum, sumsq, combine]`` of the values this worker holds for ``hf_name``."""
     from vllm.model_executor.layers.linear import MergedColumnParallelLinear, QKVParallelLinear, RowParallelLinear
@@ -48,6 +66,8 @@ def param_stats(model, hf_name, mapper, packed, dtype, rows_cache) -> list:
     try:
         module = model.get_submodule(module_name) if module_name else model
     except AttributeError:
+        if _dropped_by_the_model(model, module_name):
+            raise Dropped(f"the engine's model leaves {module_name!r} out (None in vLLM's model)") from None
         raise Unsupported(f"the engine has no module {module_name!r}") from None
     if not isinstance(getattr(module, pname, None), torch.Tensor):
         raise Unsupported(f"the engine has no parameter {vname!r}")

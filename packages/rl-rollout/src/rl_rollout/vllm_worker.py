@@ -71,7 +71,7 @@ import torch
 from rl_rollout.copy_plan import CopyPlan, CopyPlanStale, ParamIndex
 from rl_rollout.ipc import IpcReceiver, IpcSync, open_bucket
 from rl_rollout.transport import CollectiveReceiver
-from rl_rollout.vllm_inspect import Unsupported, param_stats
+from rl_rollout.vllm_inspect import Dropped, Unsupported, param_stats
 from rl_rollout.vllm_worker_model import (  # noqa: F401 - re-exported: imported from here by tests and testing
     DIRECT_LOAD_ARCHITECTURES,
     TOWER_PREFIXES,
@@ -328,7 +328,9 @@ class WorkerExtension:
         """What this worker holds for each HF name in ``names`` (module docstring), plus its tied aliases.
 
         Returns ``{"stats": {name: [numel, sum, sumsq, "shard" | "replica"]}, "ties": {alias: source},
-        "missing": {name: reason}}``; must not run inside a weight update session."""
+        "missing": {name: reason}, "dropped": {name: reason}}`` (dropped: what vLLM's model leaves out by design
+        and its loader skips, :class:`~rl_rollout.vllm_inspect.Dropped`); must not run inside a weight update
+        session."""
         if hasattr(self, "_rl_loaded"):
             raise RuntimeError("rl_weight_stats during a weight update: call rl_finish_weight_update first")
         model = self.model_runner.get_model()
@@ -337,12 +339,14 @@ class WorkerExtension:
         ties = _tied_parameters(model)
         dtype = self.vllm_config.model_config.dtype
         rows_cache: dict[str, tuple] = {}
-        stats, missing = {}, {}
+        stats, missing, dropped = {}, {}, {}
         with torch.no_grad():
             lookup = with_tower_level if _has_tower_level(model) else (lambda n: n)  # as _rl_load loaded them
             for name in list(names) + [a for a in ties if a not in names]:
                 try:
                     stats[name] = param_stats(model, lookup(name), mapper, packed, dtype, rows_cache)
+                except Dropped as e:
+                    dropped[name] = str(e)
                 except Unsupported as e:
                     missing[name] = str(e)
-        return {"stats": stats, "ties": ties, "missing": missing}
+        return {"stats": stats, "ties": ties, "missing": missing, "dropped": dropped}
