@@ -547,6 +547,11 @@ def openrlhf_env(a: argparse.Namespace) -> dict[str, str]:
     env.setdefault("RAY_ENABLE_ZERO_COPY_TORCH_TENSORS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.setdefault("RAY_DEDUP_LOGS", "0")  # the step lines are parsed: Ray must not fold look-alike lines
+    # OpenRLHF's DeepSpeed Adam is FusedAdam, JIT-built at the first step; DeepSpeed 0.19.8's op builder parses
+    # TORCH_CUDA_ARCH_LIST as numbers and fails on Hopper's "9.0a" (set by the vLLM carry): "invalid literal for
+    # int() with base 10: '0a'" (seen on the H100, 2026-12-07). The plain architecture builds the same kernel.
+    if arch := env.get("TORCH_CUDA_ARCH_LIST"):
+        env["TORCH_CUDA_ARCH_LIST"] = re.sub(r"(\d+\.\d+)a\b", r"\1", arch)
     return env
 
 
