@@ -140,6 +140,28 @@ def test_keep_requests_and_chunks_are_one_or_the_other(engine):
         KeepRequestsConfig(steps_per_turn=0)
 
 
+def test_a_vllm_without_weight_version_labels_runs_partial_rollouts_in_chunks(engine, monkeypatch):
+    """vLLM before 0.32 (the GPU machine's 0.26) has no LLMEngine.set_weight_version: auto picks chunks there, and
+    keep is refused naming the fix, instead of failing at the first generate."""
+    from rl_rollout.partial_modes import PartialRolloutMode, set_partial_rollout
+
+    cfg = engine.keep_requests
+    engine.keep_requests = None
+    try:
+        monkeypatch.delattr(type(engine._llm.llm_engine), "set_weight_version")
+        assert "needs LLMEngine.set_weight_version" in engine.keep_requests_unsupported()
+        assert set_partial_rollout(engine, "auto") is PartialRolloutMode.CHUNKS and engine.partial_chunk_tokens == 16
+        engine.partial_chunk_tokens = None
+        with pytest.raises(ValueError, match="or use --partial_rollout_mode chunks"):
+            set_partial_rollout(engine, "keep")
+        monkeypatch.undo()
+        assert engine.keep_requests_unsupported() is None
+        assert set_partial_rollout(engine, "auto") is PartialRolloutMode.KEEP
+    finally:
+        engine.partial_chunk_tokens = None
+        engine.keep_requests = cfg
+
+
 def test_concurrent_generate_calls_share_the_steps_and_each_gets_its_own(engine, hf):
     """Two callers (a threaded Ray engine actor, the loop's producer beside an eval pass) step one engine: each
     step serves both calls' requests, and each call returns its own samples, versions included."""

@@ -10,7 +10,8 @@ sampled it (``info["token_versions"]``):
   points where an update may land, each step sampling one token of every running request (default
   :data:`KEEP_STEPS`).
 
-``auto`` picks ``keep`` where the engine has it (vLLM) and ``chunks`` elsewhere (HF). No torch here: rl-core's
+``auto`` picks ``keep`` where the engine can (a sync-mode vLLM engine on vLLM 0.32+: its weight-version labels) and
+``chunks`` elsewhere (HF, an older vLLM). No torch here: rl-core's
 config reads :class:`PartialRolloutMode` while ``rl --help`` is built.
 """
 
@@ -40,8 +41,10 @@ def set_partial_rollout(engine: Any, mode: PartialRolloutMode | str, tokens: int
             f"partial rollouts need tokens >= 1 between two update points (--partial_rollout_tokens), got {tokens}"
         )
     keeps, chunks = hasattr(engine, "keep_requests"), hasattr(engine, "partial_chunk_tokens")
-    if mode is PartialRolloutMode.AUTO:
-        mode = PartialRolloutMode.KEEP if keeps else PartialRolloutMode.CHUNKS
+    unsupported = getattr(engine, "keep_requests_unsupported", None)
+    if mode is PartialRolloutMode.AUTO:  # keep where this engine can (a vLLM before 0.32, or async mode: chunks)
+        can_keep = keeps and not (callable(unsupported) and unsupported())
+        mode = PartialRolloutMode.KEEP if can_keep else PartialRolloutMode.CHUNKS
     name = type(engine).__name__
     if mode is PartialRolloutMode.KEEP:
         if not keeps:

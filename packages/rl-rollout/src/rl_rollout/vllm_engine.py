@@ -251,6 +251,24 @@ class VLLMEngine(VLLMWeightsMixin, VLLMSleepMixin):
             )
         self._partial_chunk_tokens = value
 
+    def keep_requests_unsupported(self) -> str | None:
+        """Why this engine cannot keep requests across an update (``keep_requests``), or None: it needs sync mode and
+        vLLM's weight-version labels (``LLMEngine.set_weight_version``, vLLM 0.32; 0.26 has none)."""
+        if self.mode == "async":
+            return (
+                "keep_requests drives vLLM's LLMEngine in sync mode; an async-mode engine keeps requests in "
+                "flight across an update with pause_mode='keep'"
+            )
+        if not hasattr(getattr(self._llm, "llm_engine", None), "set_weight_version"):
+            # lazy: vllm's version, read only to name it in this message
+            from vllm import __version__ as vllm_version
+
+            return (
+                f"keeping requests in vLLM across a weight update needs LLMEngine.set_weight_version (vLLM 0.32), which "
+                f"this vLLM {vllm_version} lacks: upgrade vLLM, or use --partial_rollout_mode chunks"
+            )
+        return None
+
     @property
     def keep_requests(self) -> KeepRequestsConfig | None:
         """Partial rollouts with the unfinished requests kept in vLLM across a weight update (sync mode,
@@ -259,11 +277,8 @@ class VLLMEngine(VLLMWeightsMixin, VLLMSleepMixin):
 
     @keep_requests.setter
     def keep_requests(self, cfg: KeepRequestsConfig | None) -> None:
-        if cfg is not None and self.mode == "async":
-            raise ValueError(
-                "keep_requests drives vLLM's LLMEngine in sync mode; an async-mode engine keeps requests in "
-                "flight across an update with pause_mode='keep'"
-            )
+        if cfg is not None and (why := self.keep_requests_unsupported()):
+            raise ValueError(why)
         if cfg is not None and self._partial_chunk_tokens is not None:
             raise ValueError(
                 "partial rollouts either sample in chunks (partial_chunk_tokens) or keep the requests in vLLM "

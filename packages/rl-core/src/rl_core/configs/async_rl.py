@@ -54,7 +54,7 @@ class AsyncConfig:
             "with --partial_rollout: keep (a vLLM engine keeps its unfinished requests across a weight update, "
             "paused and resumed with the new weights, no prefill repeated), chunks (every request ends after "
             "--partial_rollout_tokens tokens and the response so far is the next chunk's prompt; HF and vLLM) or "
-            "auto (keep on vLLM, chunks on HF)"
+            "auto (keep on vLLM 0.32+, chunks on HF and older vLLM)"
         ),
     )
     partial_rollout_tokens: int | None = field(
