@@ -5,6 +5,14 @@ weight-sync rate against a device copy of the same bytes measured in the same ru
     python benchmarks/rl_ray_gpus.py --mode hybrid --actor_gpus 2   # 2 GPUs: ZeRO-3 actor, an engine on each, IPC
     python benchmarks/rl_ray_gpus.py --mode split --actor_gpus 2    # 3 GPUs: ZeRO-3 actor on 2, engine on a 3rd, NCCL
     python benchmarks/rl_ray_gpus.py --mode split --tp 2 --rollout_engine vllm   # 3 GPUs: vLLM tensor parallel 2
+    python benchmarks/rl_ray_gpus.py --rollout_engine vllm --generate_max_len 1024 --compare_async 1   # sync vs async
+
+``--compare_async N`` runs the same placement twice in one call, synchronous and then ``--async_train
+--max_staleness N`` (the hybrid placement then keeps the engine awake beside the policy: an engine cannot sleep
+while it generates the next batch), and prints the async / sync ratio of the steady-state iteration time. The
+random model's next token is near uniform over its small vocabulary, so each response ends with probability about
+1/vocabulary per token: lengths are geometric with a long tail up to ``--generate_max_len`` (the spread where a
+synchronous batch waits for its longest sample).
 
 It makes a random Llama of the chosen shape (``--shape 0.5b``: Qwen2.5-0.5B's layer sizes; ``1.5b`` and
 ``3b`` Qwen2.5-1.5B's and -3B's, to see how the sync's fixed cost and its copy scale; ``tiny`` for a smoke run) with a character tokenizer, a "repeat the letter" prompt set and
@@ -57,7 +65,7 @@ def copy_gb_per_s(nbytes: int, src: int, dst: int) -> float:
     return nbytes / best / 1e9
 
 
-def flags(args, model: Path, work: Path) -> list[str]:
+def flags(args, model: Path, work: Path, staleness: int = 0) -> list[str]:
     f = ["--pretrain", str(model), "--prompt_data", str(work / "prompts.jsonl"), "--input_key", "prompt",
          "--label_key", "label", "--reward_fn", f"{work / 'reward.py'}:letter",
          "--advantage_estimator", "group_norm", "--init_kl_coef", "0", "--n_samples_per_prompt", str(args.n),
@@ -66,11 +74,15 @@ def flags(args, model: Path, work: Path) -> list[str]:
          "--max_iterations", str(args.iterations), "--learning_rate", "1e-6", "--zero_stage", str(args.zero_stage),
          "--bf16", "true", "--rollout_engine", args.rollout_engine, "--verify_weights", str(args.verify).lower(),
          "--actor_num_gpus_per_node", str(args.actor_gpus), "--vllm_tensor_parallel_size", str(args.tp),
-         "--max_batch_sequences", str(args.n * args.prompts), "--run_dir", str(work / "run"), "--seed", "1"]
+         "--max_batch_sequences", str(args.n * args.prompts), "--run_dir", str(work / f"run-s{staleness}"), "--seed", "1"]
     if args.mode == "hybrid":
-        f += ["--colocate_all_models", "--vllm_num_engines", str(args.actor_gpus // args.tp), "--vllm_enable_sleep"]
+        f += ["--colocate_all_models", "--vllm_num_engines", str(args.actor_gpus // args.tp)]
+        # an engine generating ahead cannot sleep; with --compare_async the sync run stays awake too (same memory)
+        f += [] if staleness or args.compare_async else ["--vllm_enable_sleep"]
     else:
         f += ["--vllm_num_engines", str(args.engines)]
+    if staleness:
+        f += ["--async_train", "--max_staleness", str(staleness)]
     return f + args.extra
 
 
@@ -89,6 +101,8 @@ def main() -> None:
     ap.add_argument("--micro", type=int, default=16)
     ap.add_argument("--generate_max_len", type=int, default=128)
     ap.add_argument("--verify", action="store_true", help="checksum every synced bucket (slower)")
+    ap.add_argument("--compare_async", type=int, default=0, metavar="N",
+                    help="run twice: synchronous, then --async_train --max_staleness N; print the async / sync ratio")
     ap.add_argument("--workdir", default=None)
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
     ap.add_argument("extra", nargs="*", help="more rl ppo-ray flags, after --")
@@ -114,9 +128,27 @@ def main() -> None:
     same = copy_gb_per_s(nbytes, 0, 0)
     peer = copy_gb_per_s(nbytes, 0, args.actor_gpus) if args.mode == "split" else None
 
-    cmd = [sys.executable, "-m", "rl_cli.train_ppo_ray", *flags(args, Path(model), work)]
+    runs = [run_once(args, model, work, s, nbytes, same, peer, gpus)
+            for s in ([0, args.compare_async] if args.compare_async else [0])]
+    if args.compare_async:
+        sync, asyn = runs
+        print(f"\nasync (max staleness {args.compare_async}) / sync, steady-state iteration: "
+              f"{asyn['steady_iteration_s']:.3f} / {sync['steady_iteration_s']:.3f} s = "
+              f"{asyn['steady_iteration_s'] / sync['steady_iteration_s']:.3f}; generate {asyn['phases']['generate_s']:.3f}"
+              f" / {sync['phases']['generate_s']:.3f} s, policy train {asyn['phases']['policy_train_s']:.3f} / "
+              f"{sync['phases']['policy_train_s']:.3f} s (in async the two overlap)")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"args": vars(args), "gpus": gpus, "bytes": nbytes,
+                                              "device_copy_gb_per_s": same, "peer_copy_gb_per_s": peer,
+                                              "runs": runs}, indent=1))
+
+
+def run_once(args, model, work: Path, staleness: int, nbytes: int, same: float, peer, gpus: int) -> dict:
+    """One ``rl ppo-ray`` run (synchronous, or async with ``staleness``): prints its phases, returns them."""
+    run_dir = work / f"run-s{staleness}"
+    cmd = [sys.executable, "-m", "rl_cli.train_ppo_ray", *flags(args, Path(model), work, staleness)]
     print("+ " + shlex.join(cmd), flush=True)
-    log = work / "ppo_ray.log"
+    log = work / f"ppo_ray-s{staleness}.log"
     t0 = time.perf_counter()
     with open(log, "w") as fh:
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -130,7 +162,7 @@ def main() -> None:
     if rc != 0:
         print(log.read_text()[-6000:])
         raise SystemExit(f"rl ppo-ray exited {rc}; full log: {log}")
-    rows = [json.loads(x) for x in (work / "run" / "metrics.jsonl").read_text().splitlines()]
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     later = rows[1:] or rows
     mean = {k: statistics.mean(r.get("rl/" + k, 0.0) for r in later) for k in PHASES}
     sync_rate = statistics.mean(r["rl/sync_gb_per_s"] for r in later)
@@ -139,7 +171,8 @@ def main() -> None:
 
     print(f"\nrl_ray_gpus: {torch.cuda.get_device_name()} x {gpus}; --mode {args.mode}; shape {args.shape} "
           f"({nbytes / 2**30:.2f} GiB bf16); {args.prompts} prompts x {args.n} samples x <= {args.generate_max_len} "
-          f"tokens; ZeRO-{args.zero_stage}; engine {args.rollout_engine} TP {args.tp}; {len(rows)} iterations, "
+          f"tokens; ZeRO-{args.zero_stage}; engine {args.rollout_engine} TP {args.tp}; "
+          f"{f'async, max staleness {staleness}' if staleness else 'sync'}; {len(rows)} iterations, "
           f"wall {wall:.0f} s with start-up (means over iterations 2..)")
     outside = wall - sum(r["rl/iteration_s"] for r in rows)
     print(f"outside the iterations (start-up: Ray, the models, the engines; shutdown): {outside:.1f} s")
@@ -161,12 +194,13 @@ def main() -> None:
           + (f"; in place (the engines read the policy's own memory): "
              f"{[int(r['rl/sync_in_place']) for r in rows]}" if "rl/sync_in_place" in rows[0] else ""))
     print(f"engine vs policy logprobs: max gap {gap:.2e} (the engine samples from the synced weights)")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "gpus": gpus, "bytes": nbytes, "phases": mean,
-                                              "sync_gb_per_s": sync_rate, "device_copy_gb_per_s": same,
-                                              "peer_copy_gb_per_s": peer, "max_logprob_gap": gap, "wall_s": wall,
-                                              "outside_iterations_s": outside,
-                                              "command": cmd, "rows": rows}, indent=1))
+    steady = [r["rl/iteration_s"] for r in rows[2:]] or [r["rl/iteration_s"] for r in later]
+    lengths = [r["rl/response_length"] for r in rows]
+    print(f"steady-state iteration (median of iterations 3..): {statistics.median(steady):.3f} s; mean response "
+          f"length per iteration {', '.join(f'{x:.0f}' for x in lengths)}")
+    return {"staleness": staleness, "phases": mean, "steady_iteration_s": statistics.median(steady),
+            "sync_gb_per_s": sync_rate, "max_logprob_gap": gap, "wall_s": wall, "outside_iterations_s": outside,
+            "command": cmd, "rows": rows}
 
 
 if __name__ == "__main__":
