@@ -166,7 +166,8 @@ def run_once(args, model, work: Path, staleness: int, nbytes: int, same: float, 
     later = rows[1:] or rows
     mean = {k: statistics.mean(r.get("rl/" + k, 0.0) for r in later) for k in PHASES}
     sync_rate = statistics.mean(r["rl/sync_gb_per_s"] for r in later)
-    gap = max(r["rl/rollout_logprob_gap"] for r in rows)
+    # async rows after the first hold the stale batch's gap under rl/stale_logprob_gap
+    gap = max(r.get("rl/rollout_logprob_gap", r.get("rl/stale_logprob_gap", 0.0)) for r in rows)
     tokens = statistics.mean(r["rl/response_length"] for r in later) * args.n * args.prompts
 
     print(f"\nrl_ray_gpus: {torch.cuda.get_device_name()} x {gpus}; --mode {args.mode}; shape {args.shape} "

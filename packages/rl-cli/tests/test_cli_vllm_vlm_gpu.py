@@ -7,7 +7,8 @@ and generates from an image.
 
 Needs a GPU, vLLM's GPU build, torchvision (vLLM's multimodal models import it) and DeepSpeed; ``rl ppo-ray`` also
 Ray: skipped with the reason otherwise (CI has none of them; the GPU machine gets them from
-scripts/device/vllm-loop-on-device.sh with its images and Ray parts).
+scripts/device/vllm-loop-on-device.sh with its images and Ray parts). Last run: one H100 80GB HBM3, 2026-12-07,
+vLLM 0.26.0: both passed (125 s and 97 s), `python3 -m pytest packages/rl-cli/tests/test_cli_vllm_vlm_gpu.py`.
 """
 
 from __future__ import annotations
