@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from rl_rollout.weights import TensorStats, compare_weight_stats, tensor_stats, weight_stats
 
 
-__version__ = "0.25.0"
+__version__ = "0.26.0"
 
 # name -> the submodule that defines it, imported on first use
 _LAZY = {

@@ -87,6 +87,10 @@ class RolloutSample:
     environment turns appended by an agent). ``rollout_logprobs`` is empty when
     the request asked for ``logprobs=False``. ``policy_version`` is the weight
     version that generated the sample (see ``RolloutEngine.update_weights``).
+    ``multi_modal_data``: the images the sample's ids hold placeholders of
+    (``{"image": [PIL images]}`` in order), set by an agent episode whose
+    observations carried images (its prompt's images first); None otherwise (a
+    single turn's images are its request's).
     """
 
     prompt_ids: list[int]
@@ -97,6 +101,7 @@ class RolloutSample:
     policy_version: int
     reward: float | None = None
     info: dict[str, Any] = field(default_factory=dict)
+    multi_modal_data: dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if self.finish_reason not in FINISH_REASONS:

@@ -14,6 +14,10 @@
   ``image_sizes``) for a list of images, from the model's image processor. The engine (for generation) and
   the trainer (for the log-prob forwards) call it on the same images, so both see the same pixels.
 - :func:`cat_image_inputs`: several prompts' image tensors as one batch (images in row order).
+- :func:`placeholder_id` / :func:`expanded_placeholder`: the token a processor expands per image, and its
+  expansion for one image (LLaVA: N copies; Qwen-VL: as many as the image's grid asks). The prompt rows
+  (:mod:`rl_core.data.images`) and an agent's observation images (:mod:`rl_rollout.agents.images`) both expand
+  through it, so an image costs the same tokens wherever it appears.
 
 A request carries its images as ``RolloutRequest.multi_modal_data = {"image": [PIL images]}`` (vLLM's form);
 its ``prompt_token_ids`` hold each image's placeholder already expanded to the image's token count (what the
@@ -126,3 +130,19 @@ def cat_image_inputs(parts: Sequence[dict]) -> dict:
         if set(p) != keys:
             raise ValueError(f"image inputs of one batch differ in keys: {sorted(keys)} and {sorted(p)}")
     return {k: torch.cat([p[k] for p in parts], dim=0) for k in sorted(keys)}
+
+
+def placeholder_id(processor) -> int:
+    """The token id the processor expands per image (``processor.image_token``)."""
+    tok_id = getattr(processor, "image_token_id", None)
+    if isinstance(tok_id, int):
+        return tok_id
+    return int(processor.tokenizer.convert_tokens_to_ids(processor.image_token))
+
+
+def expanded_placeholder(processor, image) -> list[int]:
+    """The ids that stand for ``image`` in the model's input: the processor's expansion of one placeholder
+    (what its ``__call__`` makes of ``image_token`` with that image). Raises the processor's ValueError for an
+    image it rejects."""
+    out = processor(text=[processor.image_token], images=[image], add_special_tokens=False)
+    return [int(t) for t in out["input_ids"][0]]

@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from rl_core.data.config import DataConfig
 from rl_core.data.encoding import Encoded
 from rl_core.data.loading import DataError
-from rl_rollout.vision import cat_image_inputs, image_inputs, load_images
+from rl_rollout.vision import cat_image_inputs, expanded_placeholder, image_inputs, load_images, placeholder_id
 
 
 def vision_processor(cfg: DataConfig, processor):
@@ -51,14 +51,6 @@ def row_images(row: dict, cfg: DataConfig, where: str) -> tuple[object, list]:
     return refs, images
 
 
-def placeholder_id(processor) -> int:
-    """The token id the processor expands per image (``processor.image_token``)."""
-    tok_id = getattr(processor, "image_token_id", None)
-    if isinstance(tok_id, int):
-        return tok_id
-    return int(processor.tokenizer.convert_tokens_to_ids(processor.image_token))
-
-
 def expand_placeholders(processor, enc: Encoded, images: Sequence, where: str, label: str) -> Encoded:
     """``enc`` with its i-th image placeholder replaced by the processor's ids for image i (mask 0 on them).
     The placeholders and the images must match in number: an image without its place (or a place without an
@@ -76,10 +68,9 @@ def expand_placeholders(processor, enc: Encoded, images: Sequence, where: str, l
     prev = 0
     for pos, image in zip(at, images, strict=True):
         try:
-            out = processor(text=[processor.image_token], images=[image], add_special_tokens=False)
+            expanded = expanded_placeholder(processor, image)
         except ValueError as e:
             raise DataError(f"{where}: the processor rejected an image of the row: {e}") from None
-        expanded = [int(t) for t in out["input_ids"][0]]
         ids += enc.input_ids[prev:pos] + expanded
         mask += enc.loss_mask[prev:pos] + [0] * len(expanded)
         prev = pos + 1

@@ -146,8 +146,6 @@ class Sampler:
             over["temperature"] = temperature
         params = sampling.params(stop_token_ids=self.eos, seed=seed, **over)
         if self.agent is not None:
-            if any(p.get("images") for p in prompts):
-                raise ValueError("agent episodes with images are not built: drop --image_key or --agent_func_path")
             groups = self.episodes(prompts, params)
         elif self.agent_cmd is not None:  # the program decides its calls' sampling; n episodes per prompt
             if any(p.get("images") for p in prompts):
@@ -164,7 +162,9 @@ class Sampler:
         return [s for g in groups for s in g]
 
     def episodes(self, prompts: list[dict], params):
-        """Multi-turn episodes (rl-rollout's AgentExecutor): environment tokens carry loss mask 0."""
+        """Multi-turn episodes (rl-rollout's AgentExecutor): environment tokens carry loss mask 0. A
+        vision-language run (the prompts' processor, ``--image_key``) hands the executor its processor: the
+        prompts' images and the observations' go with every turn, and each sample carries them all."""
 
         c = self.cfg
         executor = AgentExecutor(
@@ -174,9 +174,18 @@ class Sampler:
             max_turns=c.agent.max_turns,
             max_len=c.agent.max_len,
             params=params,
+            processor=getattr(self.prompts, "processor", None),
         )
         return executor.run(
-            [AgentRequest(list(p["prompt_ids"]), prompt=p.get("prompt"), label=p.get("label")) for p in prompts]
+            [
+                AgentRequest(
+                    list(p["prompt_ids"]),
+                    prompt=p.get("prompt"),
+                    label=p.get("label"),
+                    images=(_images_of(p) or {}).get("image", []),
+                )
+                for p in prompts
+            ]
         )
 
     def rewards(self, prompts: list[dict], samples, items: list[Experience]) -> Scored:
@@ -239,19 +248,27 @@ class Sampler:
         prompts = self.take_prompts(k)
         samples = self.generate(prompts, seed)
         items = [make_item(s.prompt_ids, s.response_ids, s.loss_mask, s.rollout_logprobs) for s in samples]
-        self.attach_images(prompts, items)
+        self.attach_images(prompts, items, samples)
         t0 = time.perf_counter()
         scored = self.rewards(prompts, samples, items)
         return RolloutBatch(prompts, samples, items, scored.scores_B), scored, time.perf_counter() - t0
 
-    def attach_images(self, prompts: list[dict], items: list[Experience]) -> None:
+    def attach_images(self, prompts: list[dict], items: list[Experience], samples=()) -> None:
         """Vision-language prompts: each item gets its prompt's image tensors (``image_inputs``), from the same
-        images and image processor the engine generated with, for the policy's and reference's forwards."""
-        if not any(p.get("images") for p in prompts):
+        images and image processor the engine generated with, for the policy's and reference's forwards. An
+        agent episode whose observations carried images has its own list (its sample's ``multi_modal_data``:
+        the prompt's images, then the observations'), which its item gets instead."""
+        own = [s.multi_modal_data for s in samples]
+        if not any(p.get("images") for p in prompts) and not any(own):
             return
 
         n = len(items) // len(prompts)
         proc = self.prompts.image_processor
+        if any(own):
+            for item, mm in zip(items, own, strict=True):
+                if mm and mm.get("image"):
+                    item.image_inputs = image_inputs(proc, mm["image"])
+            return
         for g, p in enumerate(prompts):
             mm = _images_of(p)
             if mm:

@@ -5,10 +5,12 @@
 and returns :class:`~rl_rollout.types.RolloutSample` objects whose
 environment tokens carry loss mask 0; :class:`ChatTurnFormat` wraps
 observations as chat turns; :class:`CalculatorEnv` is the worked example.
+Observations may carry images for a vision-language policy (``StepResult.images``,
+:class:`Observation`; :mod:`rl_rollout.agents.images`).
 """
 
 from rl_rollout.agents.calculator import CalcError, CalculatorEnv, safe_eval
-from rl_rollout.agents.env import ChatTurnFormat, Environment, StepResult
+from rl_rollout.agents.env import ChatTurnFormat, Environment, Observation, StepResult
 from rl_rollout.agents.executor import AgentExecutor, AgentRequest, EnvStepError
 
 __all__ = [
@@ -19,6 +21,7 @@ __all__ = [
     "ChatTurnFormat",
     "EnvStepError",
     "Environment",
+    "Observation",
     "StepResult",
     "safe_eval",
 ]

@@ -1,7 +1,10 @@
 """The multi-turn environment contract, its step record, and a chat-turn wrapper for observations.
 
-An :class:`Environment` sees text only: the executor decodes the policy's
-sampled tokens to hand it an action, and tokenizes the observation it returns.
+An :class:`Environment` gets text: the executor decodes the policy's sampled
+tokens to hand it an action, and tokenizes the observation it returns. An
+observation may also carry images (``StepResult.images``, or an
+:class:`Observation` from ``reset``) for a vision-language policy: the executor
+puts each image's placeholder tokens in the context (:mod:`rl_rollout.agents.images`).
 Environments know nothing of tokenizers or engines. :class:`ChatTurnFormat`
 turns a plain observation into a chat turn of the tokenizer's own template
 (``<|im_start|>tool ... <|im_end|>`` plus the next assistant header), so an
@@ -22,13 +25,27 @@ class StepResult:
     ``observation`` is the text the policy sees next (ignored when ``done``:
     nothing is generated after it). ``reward`` is this step's reward; the
     episode's reward is the sum over steps. ``info`` is free-form and is kept,
-    per step, in the sample's ``info["env_info"]``.
+    per step, in the sample's ``info["env_info"]``. ``images``: images the
+    policy sees with the observation (a screenshot ...: PIL images, local paths,
+    bytes, anything :func:`rl_rollout.vision.load_images` takes), in order; each
+    goes where the observation text writes the model's image token (LLaVA's
+    ``<image>``), or, when the text writes none, before the text. Only a
+    vision-language policy takes them (the executor refuses them otherwise).
     """
 
     observation: str
     reward: float = 0.0
     done: bool = False
     info: dict[str, Any] = field(default_factory=dict)
+    images: list[Any] = field(default_factory=list)
+
+
+@dataclass
+class Observation:
+    """An initial observation with images, what ``reset`` may return instead of a string."""
+
+    text: str
+    images: list[Any] = field(default_factory=list)
 
 
 @runtime_checkable
@@ -37,12 +54,12 @@ class Environment(Protocol):
 
     ``reset`` gets the task's prompt text (``None`` when the caller gave only
     token ids), its label and the request's metadata as keywords, and may
-    return an initial observation (appended after the prompt, loss mask 0) or
-    ``None``. ``step`` gets the decoded text of one policy turn. An optional
+    return an initial observation (appended after the prompt, loss mask 0: a
+    string, or an :class:`Observation` with images) or ``None``. ``step`` gets the decoded text of one policy turn. An optional
     ``close()`` (plain or async) is called once the episode ends, also on error.
     """
 
-    async def reset(self, prompt: str | None, label: Any, **info: Any) -> str | None: ...
+    async def reset(self, prompt: str | None, label: Any, **info: Any) -> str | Observation | None: ...
 
     async def step(self, action_text: str) -> StepResult: ...
 

@@ -38,6 +38,15 @@ engine tags each token: ``info["token_versions"]`` of a turn's sample) the episo
 has ``info["token_versions"]`` too: the version of every policy token, in response
 order (the tokens of ``action_spans``; observation tokens were sampled by no policy).
 
+Images (a vision-language policy, ``processor=``): the request's prompt images
+(``AgentRequest.images``, placeholders already expanded in ``prompt_ids``) and
+each observation's images (``StepResult.images``, or an ``Observation`` from
+``reset``) are the episode's images, in order; an observation's image
+placeholders are expanded as a prompt's (:mod:`rl_rollout.agents.images`) and
+masked like the rest of it, every turn's request carries all images so far
+(``multi_modal_data``), and so does the finished sample, for the trainer's
+forward. Without a processor, an observation with images is refused.
+
 Not here: batching turns of different trajectories into one engine call
 (concurrent ``agenerate`` calls leave that to the engine), per-turn credit
 assignment, tool-call parsing.
@@ -53,19 +62,24 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rl_rollout.agents.env import Environment, StepResult
+from rl_rollout.agents.env import Environment, Observation, StepResult
+from rl_rollout.agents.images import ObservationImages
 from rl_rollout.types import FinishReason, RolloutRequest, RolloutSample, SamplingParams
+from rl_rollout.vision import load_images
 
 
 @dataclass
 class AgentRequest:
-    """One task: prompt token ids, and what the environment's ``reset`` gets (prompt text, label, metadata)."""
+    """One task: prompt token ids, and what the environment's ``reset`` gets (prompt text, label, metadata).
+    ``images``: a vision-language prompt's images (PIL images, paths ...), whose placeholders ``prompt_ids``
+    already holds expanded (as a :class:`~rl_rollout.types.RolloutRequest`'s ``multi_modal_data``)."""
 
     prompt_ids: list[int]
     prompt: str | None = None
     label: Any = None
     metadata: dict[str, Any] = field(default_factory=dict)
     request_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    images: list[Any] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         if len(self.prompt_ids) == 0:
@@ -91,6 +105,8 @@ class AgentExecutor:
     ``step`` as :class:`EnvStepError`; a number ends that episode with this
     step reward instead (``reset`` errors always raise: there is no episode).
     ``max_concurrency`` bounds episodes in flight (None: all at once).
+    ``processor``: a vision-language policy's processor (``AutoProcessor``), which
+    places observation images; None refuses them.
     """
 
     def __init__(
@@ -106,6 +122,7 @@ class AgentExecutor:
         env_error_reward: float | None = None,
         max_concurrency: int | None = None,
         skip_special_tokens: bool = True,
+        processor: Any = None,
     ) -> None:
         if not callable(getattr(engine, "agenerate", None)):
             raise TypeError(f"engine {type(engine).__name__} has no agenerate(request); pass a RolloutEngine")
@@ -125,6 +142,7 @@ class AgentExecutor:
         self.env_error_reward = env_error_reward
         self.max_concurrency = max_concurrency
         self.skip_special_tokens = skip_special_tokens
+        self.images = ObservationImages(processor)
 
     def run(self, requests: Sequence[AgentRequest | Sequence[int]]) -> list[list[RolloutSample]]:
         """Blocking :meth:`arun`; from inside a running event loop, await :meth:`arun` instead."""
@@ -172,6 +190,8 @@ class AgentExecutor:
         name = type(env).__name__
         want_logprobs = self.params.logprobs
         context = list(req.prompt_ids)
+        # the episode's images, in context order: the prompt's, then each observation's
+        images = load_images(list(req.images)) if req.images else []
         response: list[int] = []
         logprobs: list[float] = []
         mask: list[int] = []
@@ -196,14 +216,16 @@ class AgentExecutor:
         except Exception as e:
             raise EnvStepError(f"{name}.reset raised {type(e).__name__}: {e} (request {req.request_id!r})") from e
         if first is not None:
-            ids = self._encode(first)
+            text, refs = (first.text, first.images) if isinstance(first, Observation) else (first, [])
+            ids, seen = self._encode(text, refs, f"{name}.reset")
             if len(context) + len(ids) >= self.max_len:
                 raise ValueError(
                     f"{name}.reset returned an observation of {len(ids)} tokens; with the {len(req.prompt_ids)}-token "
                     f"prompt it leaves no room under max_len={self.max_len}: raise max_len or shorten it"
                 )
-            observations.append(first)
+            observations.append(text)
             append(ids, None)
+            images += seen
 
         cause = "max_turns"
         for turn in range(1, self.max_turns + 1):
@@ -213,7 +235,8 @@ class AgentExecutor:
                 max_new_tokens=min(self.params.max_new_tokens, self.max_len - len(context)),
                 seed=None if self.params.seed is None else _turn_seed(self.params.seed, req_index, sample_index, turn),
             )
-            (sample,) = await self.engine.agenerate(RolloutRequest(list(context), params))
+            mm = {"image": list(images)} if images else None
+            (sample,) = await self.engine.agenerate(RolloutRequest(list(context), params, multi_modal_data=mm))
             if want_logprobs and len(sample.rollout_logprobs) != len(sample.response_ids):
                 raise ValueError(
                     f"{type(self.engine).__name__} returned {len(sample.rollout_logprobs)} logprobs for "
@@ -257,12 +280,13 @@ class AgentExecutor:
                 break
             if turn == self.max_turns:
                 break
-            ids = self._encode(result.observation)
+            ids, seen = self._encode(result.observation, result.images, f"{name}.step at turn {turn}")
             if len(context) + len(ids) >= self.max_len:
                 cause = "max_len"
                 extra["dropped_observation_tokens"] = len(ids)
                 break
             append(ids, None)
+            images += seen
 
         if tagged:
             extra["token_versions"] = token_versions
@@ -276,6 +300,7 @@ class AgentExecutor:
             finish_reason=finish,
             policy_version=min(versions),
             reward=sum(rewards),
+            multi_modal_data={"image": images} if images else None,
             info={
                 "request_id": req.request_id,
                 "sample_index": sample_index,
@@ -290,7 +315,11 @@ class AgentExecutor:
             },
         )
 
-    def _encode(self, observation: str) -> list[int]:
+    def _encode(self, observation: str, refs: Sequence[Any], where: str) -> tuple[list[int], list]:
+        """An observation's ids (formatted, its images' placeholders expanded) and its images, loaded."""
+        return self.images.encode(self._encode_text, observation, refs, where)
+
+    def _encode_text(self, observation: str) -> list[int]:
         text = self.format_observation(observation) if self.format_observation is not None else observation
         return list(self.tokenizer.encode(text, add_special_tokens=False))
 
