@@ -38,7 +38,7 @@ def task(tmp_path_factory):
     return root, model
 
 
-def argv(root, model, run):
+def argv_of(root, model, run):
     return ["--pretrain", str(model), "--prompt_data", str(root / "prompts.jsonl"), "--input_key", "prompt",
             "--label_key", "label", "--image_key", "images", "--max_images_per_prompt", "1", "--apply_chat_template",
             "--freeze_visual_encoder", "--reward_fn", f"{root / 'reward.py'}:letter",
@@ -55,7 +55,7 @@ def metrics(path):
 
 def local_run(root, model):
     if not (root / "local" / "metrics.jsonl").is_file():
-        assert main(["ppo", *argv(root, model, "local"), "--save_path", str(root / "local" / "final")]) == 0
+        assert main(["ppo", *argv_of(root, model, "local"), "--save_path", str(root / "local" / "final")]) == 0
     return metrics(root / "local")
 
 
@@ -78,12 +78,42 @@ def test_rl_ppo_trains_a_vlm_on_image_prompts_with_the_vision_tower_frozen(task)
     assert any(not (before[k] == after[k]).all() for k in before if "language_model" in k and "layers" in k)
 
 
+@pytest.mark.skipif(importlib.util.find_spec("bitsandbytes") is None, reason="--load_in_4bit needs bitsandbytes")
+def test_rl_ppo_trains_a_4bit_lora_vlm_and_the_engine_gets_the_merged_weights(task):
+    """QLoRA on a VLM (issue 41): the language model's linear layers 4-bit with adapters, the vision tower frozen,
+    the reference 4-bit too; every iteration the engine generates from the merged weights of the version before
+    (the gap stays ~0 once the adapters have moved) and the same pixels reach both sides; the export is a plain
+    VLM under the hub's names whose language model moved and whose vision tower did not."""
+    from safetensors.torch import load_file
+
+    root, model = task
+    argv = [*argv_of(root, model, "qlora"), "--lora_rank", "8", "--lora_alpha", "16", "--target_modules",
+            "all-linear", "--load_in_4bit", "--max_iterations", "3", "--save_path", str(root / "qlora" / "final")]
+    assert main(["ppo", *argv]) == 0
+    rows = metrics(root / "qlora")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["rl/rollout_logprob_gap"] < 1e-4 for r in rows), [r["rl/rollout_logprob_gap"] for r in rows]
+    assert rows[-1]["rl/kl_loss"] > 0  # the adapters moved the policy away from the (4-bit) reference
+    out = root / "qlora" / "final"
+    assert "quantization_config" not in json.loads((out / "config.json").read_text())
+    before, after = load_file(model / "model.safetensors"), load_file(out / "model.safetensors")
+    assert set(after) == set(before)
+    assert any(not (before[k] == after[k]).all() for k in before if "language_model" in k and "layers" in k)
+    # --freeze_visual_encoder under LoRA too: the vision tower's tensors that stay unquantized are untouched (its
+    # linear weights come back dequantized from 4 bits, not trained: no adapter sits on them, below)
+    vision = [k for k in before if "language_model" not in k and "lm_head" not in k and not k.endswith("proj.weight")
+              and ".fc" not in k and "linear_" not in k]
+    assert vision and all((before[k] == after[k]).all() for k in vision)
+    adapter = load_file(out / "adapter" / "adapter_model.safetensors")
+    assert not any("language_model" not in k for k in adapter), sorted(adapter)[:4]  # no adapter on frozen parts
+
+
 def test_a_row_with_more_images_than_allowed_stops_the_run_naming_it(task, tmp_path, capsys):
     root, model = task
     bad = tmp_path / "bad.jsonl"
     images = sorted(str(p) for p in (root / "images").iterdir())
     bad.write_text(json.dumps({"prompt": "<image><image>Say a: ", "images": images[:2], "label": "a"}) + "\n")
-    args = argv(root, model, "bad")
+    args = argv_of(root, model, "bad")
     args[args.index("--prompt_data") + 1] = str(bad)
     with pytest.raises(SystemExit):
         main(["ppo", *args])
@@ -110,7 +140,7 @@ def test_rl_ppo_ray_vlm_hybrid_engine_matches_the_one_process_run(task):
     local = local_run(root, model)
     extra = ["--num_gpus", "1", "--colocate_all_models", "--vllm_num_engines", "1", "--vllm_enable_sleep",
              "--ds.enable_sleep", "--zero_stage", "3"]
-    out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *argv(root, model, "ray"), *extra],
+    out = subprocess.run([sys.executable, "-m", "rl_cli.train_ppo_ray", *argv_of(root, model, "ray"), *extra],
                          capture_output=True, text=True, timeout=800, env={**os.environ, "RAY_DEDUP_LOGS": "0"})
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-6000:]
     assert "weight sync gloo" in out.stdout, out.stdout[-2000:]

@@ -121,9 +121,19 @@ def _load(
     return model
 
 
-def _lora(model, lora: LoraSpec):
+def _lora(model, lora: LoraSpec, language_model_only: bool = False):
+    """``model`` wrapped in peft's LoRA. ``language_model_only`` (a VLM under ``--freeze_visual_encoder``): no
+    adapter outside the language model and the LM head, so the frozen vision tower and projector stay frozen (peft
+    would put trainable adapters on their linear layers too, e.g. with ``all-linear``)."""
     from peft import LoraConfig, get_peft_model
 
+    exclude = None
+    if language_model_only:
+        exclude = [
+            n
+            for n, m in model.named_modules()
+            if n and isinstance(m, torch.nn.Linear) and "language_model" not in n and "lm_head" not in n
+        ]
     model.enable_input_require_grads()
     return get_peft_model(
         model,
@@ -132,6 +142,7 @@ def _lora(model, lora: LoraSpec):
             lora_alpha=lora.alpha,
             lora_dropout=lora.dropout,
             target_modules=lora.target_modules if isinstance(lora.target_modules, str) else list(lora.target_modules),
+            exclude_modules=exclude or None,
             bias="none",
         ),
     )  # peft's type: a list

@@ -271,7 +271,7 @@ class Actor(nn.Module):
             )
             actor.freeze_visual_encoder()
             if lora is not None and lora.rank > 0:
-                actor.model = _lora(actor.model, lora)
+                actor.model = _lora(actor.model, lora, language_model_only=True)
         if fused_lm_head:
             actor.enable_fused_lm_head()
         return actor
