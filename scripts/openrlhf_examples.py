@@ -135,6 +135,7 @@ def run_one(
         "exit_code": code,
         "seconds": seconds,
         "python": "vllm" if uses_vllm(name) else "workspace",
+        "note": note,
         "last": last,
     }
 
