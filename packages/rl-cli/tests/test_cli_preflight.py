@@ -314,6 +314,21 @@ def test_a_save_path_another_run_holds_is_refused_by_rl_sft_before_the_model_loa
         holder.wait()
 
 
+def test_a_run_dir_inside_the_save_path_is_refused_by_rl_sft_before_the_model_loads(task):
+    """The final export renames its folder over --save_path: a --run_dir inside it was deleted at the end of the
+    run (its lock's folder with it: the run crashed there). Now refused in one line before anything loads."""
+    root, model = task
+    out, seconds = rl("sft", "--pretrain", str(model), "--dataset", str(root / "sft.jsonl"), "--input_key", "input",
+                      "--output_key", "output", "--train_batch_size", "4", "--micro_train_batch_size", "2", "--bf16",
+                      "false", "--save_path", str(root / "nest"),
+                      "--run_dir", str(root / "nest" / "run"))
+    assert out.returncode == 2, out.stderr[-3000:]
+    last = [line for line in out.stderr.splitlines() if line.strip()][-1]
+    assert last == (f"rl sft: --run_dir {root}/nest/run lies inside --save_path {root}/nest, which the final export "
+                    "replaces whole (deleting what is in it): give --run_dir a folder outside it, e.g. beside it"), last
+    assert "Loading weights" not in out.stderr and not (root / "nest").exists() and seconds < BOUND_S
+
+
 def test_a_damaged_newest_checkpoint_is_skipped_before_any_model_loads_and_the_run_resumes_from_the_one_before(task):
     """issue 40 finding 2, with rl ppo's real DeepSpeed checkpoints: a truncated model file in the newest one was a
     traceback after the model loaded ('OSError: [Errno 22] Invalid argument', no file named). Now the manifest

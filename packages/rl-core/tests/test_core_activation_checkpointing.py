@@ -227,3 +227,15 @@ def test_auto_on_cuda_recomputes_more_layers_when_less_memory_is_free(tiny):
     tokens, budget, n = step()
     del spare
     assert n == 2, (budget, target, hook.estimate.bytes(1, tokens), hook.estimate.bytes(2, tokens))
+
+
+def test_reentrant_checkpointing_with_ring_attention_is_refused():
+    """The reentrant recompute runs in the backward outside the ring's shard (the default mode gets it back:
+    test_core_ring_attention.py, checkpointed)."""
+    with pytest.raises(ValueError) as e:
+        StrategyConfig(gradient_checkpointing=True, gradient_checkpointing_use_reentrant=True, ring_attn_size=2)
+    assert str(e.value) == (
+        "--gradient_checkpointing_use_reentrant with --ring_attn_size 2: the reentrant recompute runs without the "
+        "ring's shard of the row; drop --gradient_checkpointing_use_reentrant (the default, non-reentrant mode "
+        "recomputes the same ring attention)")
+    StrategyConfig(gradient_checkpointing=True, ring_attn_size=2)  # non-reentrant: taken

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from rl_core.folder_lock import LOCK_NAME, FolderInUse, hold
+from rl_core.folder_lock import LOCK_NAME, FolderInsideReplaced, FolderInUse, hold
 
 HOLDER = textwrap.dedent("""
     import sys, time
@@ -99,6 +99,25 @@ def test_a_folder_the_run_replaces_whole_is_locked_beside_it_and_survives_the_re
     locks.release()
     said = subprocess.run([sys.executable, "-c", code, str(out)], capture_output=True, text=True).stdout
     assert said == "", said  # released: the next run takes it
-    # a folder lock and a beside lock of the same folder are two locks, each refused to another process alike
-    with hold({"--ckpt_path": str(out)}, {"--save_path": str(out)}):
-        assert (out / LOCK_NAME).is_file() and (tmp_path / f".out{LOCK_NAME}").is_file()
+
+
+def test_a_folder_inside_the_one_the_export_replaces_is_refused_before_any_lock(tmp_path):
+    """The export renames its temp folder over --save_path, deleting what was in it: a --run_dir or --ckpt_path
+    there (or the same folder) would lose the run's metrics and checkpoints, and its lock's folder with them."""
+    out = tmp_path / "out"
+    for folder in (out / "run", out):
+        with pytest.raises(FolderInsideReplaced) as e:
+            hold({"--ckpt_path": str(tmp_path / "ck"), "--run_dir": str(folder)}, {"--save_path": str(out)})
+        assert str(e.value) == (f"--run_dir {folder} lies inside --save_path {out}, which the final export replaces "
+                                "whole (deleting what is in it): give --run_dir a folder outside it, e.g. beside it")
+        assert not (tmp_path / "ck").exists() and not out.exists()  # refused before the first lock
+    with hold({"--run_dir": str(tmp_path / "run"), "--ckpt_path": str(tmp_path / "out-ck")}, {"--save_path": str(out)}):
+        assert (tmp_path / "run" / LOCK_NAME).is_file()  # beside it, and a name that only starts alike: taken
+
+
+def test_a_lock_whose_folder_was_removed_under_it_releases_quietly(tmp_path):
+    locks = hold({"--run_dir": str(tmp_path / "gone")})
+    (tmp_path / "gone" / LOCK_NAME).unlink()
+    (tmp_path / "gone").rmdir()
+    locks.release()  # raised FileNotFoundError before (listing the removed folder)
+    assert not (tmp_path / "gone").exists()

@@ -131,6 +131,8 @@ def _rank(rank: int, port: int, tiny: str, rm: str, out: str) -> None:
     res = run_roles(strategy(2), tiny, rm, "rl_ring")
     res["padded"] = run_roles(strategy(2), tiny, rm, "rl_ring", packing=False)
     res["offline"] = run_offline(2, tiny, "rl_ring")
+    # the layers' recompute runs in the backward, after the ring's shard context has exited
+    res["checkpointed"] = run_roles(strategy(2, gradient_checkpointing=True), tiny, rm, "rl_ring")
     torch.save(res, out.format(rank))
 
 
@@ -138,6 +140,8 @@ def test_two_ranks_in_one_ring_group_compute_what_one_rank_does(tiny, tmp_path):
     """Ring 2 over 2 ranks (data parallel 1, each row split in two, padded to an even length; 2 KV heads gathered
     one at a time) against one rank: forwards within 1e-5, and one step of each trained role equal within 1e-5 (lr
     1e-4: Adam's first step is about lr x sign, so a wrong gradient scale or slice moves whole tensors by ~lr).
+    Also with gradient checkpointing (the recompute in the backward gets the forward's shard; before, it ran
+    plain attention and torch refused the mismatched recompute). Padded rows are packed inside the ring forward.
     With two or more CUDA devices the ranks run on cuda:0 and cuda:1 over NCCL (the backward's reduce-scatter)."""
     if torch.cuda.is_available() and torch.cuda.device_count() < 2:
         pytest.skip(f"one CUDA device here ({torch.cuda.get_device_name(0)}): the two ranks need a device each "
@@ -149,7 +153,7 @@ def test_two_ranks_in_one_ring_group_compute_what_one_rank_does(tiny, tmp_path):
     run_ranks(__file__, "_rank", 2, tiny, str(rm), str(tmp_path / "rank{}.pt"))
     r0, r1 = (torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in (0, 1))
     one = run_roles(strategy(1), tiny, str(rm), None)
-    for r0_, r1_ in ((r0, r1), (r0["padded"], r1["padded"])):  # padded rows: packed inside the ring forward
+    for r0_, r1_ in ((r0, r1), (r0["padded"], r1["padded"]), (r0["checkpointed"], r1["checkpointed"])):
         assert_same_roles(r0_, r1_, one)
     a, b, one = r0["offline"], r1["offline"], run_offline(1, tiny, None)
     for key in ("sft_losses", "dpo_losses"):

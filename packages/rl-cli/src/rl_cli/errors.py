@@ -30,6 +30,7 @@ EXIT_USER_ERROR = 2  # argparse's code for a usage error too
 INPUT_ERRORS = (
     ("rl_core.preflight", "InputError"),
     ("rl_core.folder_lock", "FolderInUse"),
+    ("rl_core.folder_lock", "FolderInsideReplaced"),
     ("rl_core.hub", "ModelNotFoundError"),
     ("rl_core.data.loading", "DataError"),
     ("rl_rollout.rewards.loading", "RewardLoadError"),

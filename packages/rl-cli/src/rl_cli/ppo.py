@@ -142,6 +142,11 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
             flush=True,
         )
     if getattr(args, "print_config", False):  # a dry run: before any path is read, model loaded or Ray started
+        if ray:  # a placement flag of a role the run lacks is refused by the dry run as by the run
+            try:
+                check_role_placement(cfgs["ray"], p, cfgs["model"])
+            except ValueError as e:
+                parser.error(str(e))
         # lazy: rl_core.preflight reads the hub's cache (huggingface_hub); only --print_config prints
         from rl_cli.dry_run import print_config
 

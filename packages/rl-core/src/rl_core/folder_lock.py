@@ -32,6 +32,10 @@ class FolderInUse(ValueError):
     """Another live process holds the folder's lock (the message names it and the fix)."""
 
 
+class FolderInsideReplaced(ValueError):
+    """A folder the run writes lies inside one its final export replaces whole (and so would delete)."""
+
+
 class _Lock:
     def __init__(self, folder: Path, flag: str, beside: bool = False):
         self.folder, self.flag, self.count, self.fd = folder, flag, 0, -1
@@ -71,8 +75,8 @@ class _Lock:
         os.close(self.fd)  # closing the descriptor releases the flock
         self.fd = -1
         where = self.path.parent
-        if self.created and [p.name for p in where.iterdir()] == [self.path.name]:
-            with contextlib.suppress(OSError):  # a run stopped before it wrote anything leaves no folder
+        with contextlib.suppress(OSError):  # a run stopped before it wrote anything leaves no folder
+            if self.created and [p.name for p in where.iterdir()] == [self.path.name]:
                 self.path.unlink()
                 where.rmdir()
 
@@ -108,7 +112,15 @@ def hold(folders: dict[str, str | None], replaced: dict[str, str | None] | None 
     """Lock each folder (``{"--ckpt_path": "ck", "--run_dir": None}``: the flag that named it, the folder; None is
     skipped; one folder given twice is locked once) and each folder of ``replaced`` (folders the run replaces
     whole, ``{"--save_path": "out"}``: locked beside them); FolderInUse when another live process holds one (the
-    locks taken so far are given back)."""
+    locks taken so far are given back); FolderInsideReplaced, before any lock, when a folder of ``folders`` is or
+    lies inside one of ``replaced`` (the export would delete it: a run's metrics, its checkpoints)."""
+    for flag, folder in folders.items():
+        for whole_flag, whole in (replaced or {}).items():
+            if folder and whole and Path(folder).resolve().is_relative_to(Path(whole).resolve()):
+                raise FolderInsideReplaced(
+                    f"{flag} {folder} lies inside {whole_flag} {whole}, which the final export replaces whole "
+                    f"(deleting what is in it): give {flag} a folder outside it, e.g. beside it"
+                )
     taken: list[_Lock] = []
     seen: set[Path] = set()
     wanted = [(flag, folder, False) for flag, folder in folders.items()]

@@ -196,6 +196,29 @@ def sharded(position_ids: torch.Tensor):
         _SHARD = outer
 
 
+@contextlib.contextmanager
+def _using(shard: Shard | None):
+    global _SHARD
+    outer, _SHARD = _SHARD, shard
+    try:
+        yield
+    finally:
+        _SHARD = outer
+
+
+def checkpoint_context():
+    """torch.utils.checkpoint's ``context_fn`` (non-reentrant): a checkpointed layer's recompute runs in the
+    backward, after :func:`sharded` has exited; it gets the shard its forward saw, so it recomputes the same ring
+    attention (without it the recompute ran plain attention on the slice: other values, and torch's check of the
+    saved tensors' count failed)."""
+    return contextlib.nullcontext(), _using(_SHARD)
+
+
+def checkpoint_kwargs(use_reentrant: bool) -> dict:
+    """``gradient_checkpointing_kwargs`` for transformers' ``gradient_checkpointing_enable``."""
+    return {"use_reentrant": True} if use_reentrant else {"use_reentrant": False, "context_fn": checkpoint_context}
+
+
 # ----- the attention function ------------------------------------------------------------------------------------
 
 

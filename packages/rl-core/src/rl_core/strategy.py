@@ -292,10 +292,15 @@ class DeepSpeedStrategy:
         if self.cfg.gradient_checkpointing:
             inner = getattr(engine.module, "model", None) or getattr(engine.module, "body", None)
             if inner is not None and hasattr(inner, "gradient_checkpointing_enable"):
+                # lazy: import cycle (rl_core -> rl_core.rl.build -> rl_core.strategy -> rl_core)
+                from rl_core import ring_attention
+
                 # a layer's recompute reads its checkpoint function at call time, so the per-layer choice below
                 # holds for either mode (tests/test_core_activation_checkpointing.py, reentrant case)
                 inner.gradient_checkpointing_enable(
-                    gradient_checkpointing_kwargs={"use_reentrant": self.cfg.gradient_checkpointing_use_reentrant}
+                    gradient_checkpointing_kwargs=ring_attention.checkpoint_kwargs(
+                        self.cfg.gradient_checkpointing_use_reentrant
+                    )
                 )
 
             what = select_checkpointed_layers(

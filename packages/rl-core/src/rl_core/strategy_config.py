@@ -211,6 +211,12 @@ class StrategyConfig:
                 "gradient_checkpointing_use_reentrant (--gradient_checkpointing_use_reentrant) picks the "
                 "checkpoint mode once --gradient_checkpointing is on; add --gradient_checkpointing"
             )
+        if self.gradient_checkpointing_use_reentrant and self.ring_attn_size > 1:
+            raise ValueError(
+                f"--gradient_checkpointing_use_reentrant with --ring_attn_size {self.ring_attn_size}: the reentrant "
+                "recompute runs without the ring's shard of the row; drop --gradient_checkpointing_use_reentrant "
+                "(the default, non-reentrant mode recomputes the same ring attention)"
+            )
         if not all(0 <= b < 1 for b in self.adam_betas):
             raise ValueError(f"adam_betas (--adam_betas) must be two numbers in [0, 1), got {self.adam_betas}")
 
