@@ -92,6 +92,9 @@ def unknown_flags(paths: list[Path]) -> list[str]:
                         continue
                 if flag in known or flag in script_flags(line, path) or (allow_refused and flag in refused):
                     continue
+                negated = re.match(r"-([a-z][a-z0-9_.]*[a-z0-9])", line[m.end():]) if flag == "--no" else None
+                if negated and "--" + negated.group(1) in script_flags(line, path):  # argparse's --no-X of a script
+                    continue
                 if any(tool in line and flag in flags for tool, flags in TOOLS.items()):
                     continue
                 bad.append(f"{path.relative_to(ROOT)}:{i}: {flag}")
