@@ -113,7 +113,8 @@ def test_debug_shows_the_traceback_of_a_user_mistake(task):
 
 
 @pytest.mark.parametrize("case", ["no_weights", "no_tokenizer", "reward_file_missing", "reward_fn_missing",
-                                  "reward_signature", "too_few_prompts", "openrlhf_file_missing"])
+                                  "reward_signature", "too_few_prompts", "openrlhf_file_missing",
+                                  "reward_model_without_head"])
 def test_more_bad_inputs_fail_with_exit_code_2_naming_the_value(task, case, capsys):
     """In process (one import for all): the same guard as the subprocess runs above."""
     root, model = task
@@ -127,6 +128,9 @@ def test_more_bad_inputs_fail_with_exit_code_2_naming_the_value(task, case, caps
                             r"4 prompts, fewer than --rollout_batch_size 8"),
         "openrlhf_file_missing": (["--reward_fn", "", "--remote_rm_url", str(root / "reward.py")],
                                   r"defines no function reward_func"),
+        "reward_model_without_head": (["--reward_fn", "", "--reward_pretrain", str(model)],
+                                      r"--reward_pretrain .* holds no reward head: no rl_head.json .* and no "
+                                      r"score.weight"),
     }[case]
     t0 = time.monotonic()
     with pytest.raises(SystemExit) as exit_:

@@ -20,7 +20,7 @@ def test_default_choice_matches_what_is_installed(caplog):
 
 @pytest.mark.skipif(HAS_FLASH, reason="flash-attn is installed here, so forcing it is valid")
 def test_forcing_flash_without_the_package_says_how_to_fix():
-    with pytest.raises(ValueError, match="needs the flash-attn package.*drop --flash_attn"):
+    with pytest.raises(ValueError, match="needs the flash-attn package.*drop that flag / pass --attn_implementation sdpa"):
         attention_implementation("flash_attention_2")
 
 

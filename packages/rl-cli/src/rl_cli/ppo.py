@@ -183,6 +183,7 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     from rl_core.preflight import (
         check_model,
         check_models,
+        check_reward_head,
         check_rl_batches,
         check_teacher_tokenizer,
         load_processor,
@@ -190,6 +191,8 @@ def _prepare(name: str, argv: list[str] | None, ray: bool):
     )
 
     cfgs["model"] = m = check_models(m)  # config.json and weights in every model folder
+    if m.reward_pretrain:  # a folder without a score head would score noise: refused here, not inside a worker
+        check_reward_head(m.reward_pretrain, value_head_prefix=m.value_head_prefix)
     if p.distill is not None:  # the teacher's folder and tokenizer, before any model loads
         teacher = check_model(p.distill.teacher_pretrain, flag="--teacher_pretrain")
         check_teacher_tokenizer(m.pretrain, teacher)

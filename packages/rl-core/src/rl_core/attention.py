@@ -85,9 +85,10 @@ def attention_implementation(
 
     if requested == "flash_attention_2" and not has_flash:
         raise InputError(
-            "attention implementation flash_attention_2 (--flash_attn) needs the flash-attn package, "
-            "which is not importable here; install it (pip install flash-attn, CUDA only) or drop --flash_attn "
-            "to use sdpa"
+            "attention implementation flash_attention_2 (--flash_attn, or --attn_implementation / OpenRLHF's "
+            "--ds.attn_implementation flash_attention_2) needs the flash-attn package, which is not importable "
+            "here; install it (pip install flash-attn, CUDA only), or drop that flag / pass --attn_implementation "
+            "sdpa"
         )
     if requested == "torch_varlen":
         if (unusable := varlen_attention.varlen_available()) is not None:

@@ -78,6 +78,27 @@ def check_models(cfg):
     return dataclasses.replace(cfg, **changes) if changes else cfg
 
 
+def check_reward_head(folder: str, *, value_head_prefix: str | None = None, flag: str = "--reward_pretrain") -> None:
+    """A reward model folder holds a score head: rl rm's (``rl_head.json`` + ``rl_head.safetensors``) or
+    OpenRLHF's (``<value_head_prefix>.weight`` in its weights, the prefix from the flag, its config.json, else
+    ``score``); InputError otherwise, before any model loads (the reward model's loader would refuse it inside its
+    worker: under Ray, a traceback from an actor). Reads file headers and at most one tensor."""
+    # lazy: the head's reader opens safetensors (torch); --help never reaches it
+    from rl_core.model_loading import HEAD_FILE, HEAD_META, _openrlhf_head
+
+    path = Path(folder)
+    if (path / HEAD_META).is_file() and (path / HEAD_FILE).is_file():
+        return
+    config = json.loads((path / "config.json").read_text()) if (path / "config.json").is_file() else {}
+    prefix = value_head_prefix or config.get("value_head_prefix") or "score"
+    if _openrlhf_head(path, prefix) is None:
+        raise InputError(
+            f"{flag} {folder} holds no reward head: no {HEAD_META} (rl rm's) and no {prefix}.weight in its weights "
+            f"(OpenRLHF's); it is not a trained reward model. Train one with rl rm, give --value_head_prefix if its "
+            f"head has another name, or score with --reward_fn / --remote_rm_url"
+        )
+
+
 def load_tokenizer(folder: str, *, flag: str = "--pretrain", use_fast: bool = True, chat_template: str | None = None):
     """``AutoTokenizer.from_pretrained(folder, use_fast=use_fast)`` with a pad token (eos when it has none), or
     one-line InputError. ``use_fast=False`` is OpenRLHF's ``--disable_fast_tokenizer``; transformers 5 ignores it.
