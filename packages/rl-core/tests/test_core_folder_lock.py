@@ -121,3 +121,28 @@ def test_a_lock_whose_folder_was_removed_under_it_releases_quietly(tmp_path):
     (tmp_path / "gone").rmdir()
     locks.release()  # raised FileNotFoundError before (listing the removed folder)
     assert not (tmp_path / "gone").exists()
+
+
+def test_a_save_path_holding_other_files_is_refused_before_any_lock_and_nothing_is_deleted(tmp_path):
+    """The export replaces --save_path whole: a folder holding a user's other files (not an earlier export, which
+    has a config.json) is refused before the run starts, naming a few of them; new, empty and export folders pass."""
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    for name in ("data.jsonl", "notes.txt", "a", "b", "c"):
+        (mine / name).write_text("keep me")
+    with pytest.raises(FolderInsideReplaced) as e:
+        hold({"--run_dir": str(tmp_path / "run")}, {"--save_path": str(mine)})
+    assert str(e.value) == (f"--save_path {mine} holds files that are not a model export (a, b, c, data.jsonl and 1 "
+                            "more); the final export replaces the folder whole, deleting them: give --save_path a new "
+                            "or empty folder, or an earlier export's")
+    assert sorted(p.name for p in mine.iterdir()) == ["a", "b", "c", "data.jsonl", "notes.txt"]
+    assert not (tmp_path / "run").exists()  # refused before the first lock
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(FolderInsideReplaced, match="is a file"):
+        hold({}, {"--save_path": str(tmp_path / "file")})
+    export = tmp_path / "export"
+    export.mkdir()
+    (export / "config.json").write_text("{}")
+    (tmp_path / "empty").mkdir()
+    for ok in (export, tmp_path / "empty", tmp_path / "new"):
+        hold({}, {"--save_path": str(ok)}).release()

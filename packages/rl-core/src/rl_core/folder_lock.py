@@ -108,6 +108,26 @@ class FolderLocks:
         self.release()
 
 
+def _check_replaceable(flag: str, folder: str | None) -> None:
+    """A folder the run replaces whole at its end is new, empty, or an earlier export (it holds a config.json):
+    anything else would be deleted by the final export, so it is refused before the run starts (FolderInsideReplaced,
+    one line naming a few of the files)."""
+    if not folder:
+        return
+    path = Path(folder)
+    if path.exists() and not path.is_dir():
+        raise FolderInsideReplaced(f"{flag} {folder} is a file; the export writes a folder there: give a folder path")
+    if not path.is_dir() or (path / "config.json").is_file():
+        return
+    held = sorted(p.name for p in path.iterdir() if p.name != LOCK_NAME)
+    if held:
+        shown = ", ".join(held[:4]) + (f" and {len(held) - 4} more" if len(held) > 4 else "")
+        raise FolderInsideReplaced(
+            f"{flag} {folder} holds files that are not a model export ({shown}); the final export replaces the "
+            f"folder whole, deleting them: give {flag} a new or empty folder, or an earlier export's"
+        )
+
+
 def hold(folders: dict[str, str | None], replaced: dict[str, str | None] | None = None) -> FolderLocks:
     """Lock each folder (``{"--ckpt_path": "ck", "--run_dir": None}``: the flag that named it, the folder; None is
     skipped; one folder given twice is locked once) and each folder of ``replaced`` (folders the run replaces
@@ -121,6 +141,8 @@ def hold(folders: dict[str, str | None], replaced: dict[str, str | None] | None 
                     f"{flag} {folder} lies inside {whole_flag} {whole}, which the final export replaces whole "
                     f"(deleting what is in it): give {flag} a folder outside it, e.g. beside it"
                 )
+    for whole_flag, whole in (replaced or {}).items():
+        _check_replaceable(whole_flag, whole)
     taken: list[_Lock] = []
     seen: set[Path] = set()
     wanted = [(flag, folder, False) for flag, folder in folders.items()]
