@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import pytest
 import torch
@@ -79,16 +80,36 @@ def test_vllm_chat_recorded_token_exact(server, model_path):
     assert torch.allclose(torch.tensor(rec.logprobs), ref, atol=LOGPROB_ATOL)
 
 
-def test_vllm_two_episodes_batched(server):
-    (ka, base), (kb, _) = server.open_episode("a"), server.open_episode("b")
+def test_vllm_two_episodes_batched(server, monkeypatch):
+    """Two episodes' calls queued while the engine is busy go to it as one generate call. The engine is held by a
+    first call gated here (the real engine runs every call), so the batching does not depend on two threads' HTTP
+    requests landing within the 20 ms window on a loaded machine."""
+    entered, release, real = threading.Event(), threading.Event(), server._generate
+
+    def gated(parsed):
+        if not entered.is_set():
+            entered.set()
+            assert release.wait(60), "the test never released the engine"
+        return real(parsed)
+
+    monkeypatch.setattr(server, "_generate", gated)
+    (k0, base), (ka, _), (kb, _) = (server.open_episode(n) for n in ("hold", "a", "b"))
     replies = {}
     threads = [
-        threading.Thread(target=lambda k=k: replies.__setitem__(k, chat(base, k, max_tokens=4))) for k in (ka, kb)
+        threading.Thread(target=lambda k=k: replies.__setitem__(k, chat(base, k, max_tokens=4))) for k in (k0, ka, kb)
     ]
-    for t in threads:
+    threads[0].start()
+    assert entered.wait(60), "the first call never reached the engine"
+    for t in threads[1:]:
         t.start()
+    deadline = time.monotonic() + 60
+    while server._queued() < 2:
+        assert time.monotonic() < deadline, f"only {server._queued()} of 2 requests queued after 60 s"
+        time.sleep(0.01)
+    release.set()
     for t in threads:
         t.join()
+    server.close_episode(k0)
     for k in (ka, kb):
         (call,) = server.close_episode(k)
         assert call.choices[0].text == replies[k]["choices"][0]["message"]["content"]
