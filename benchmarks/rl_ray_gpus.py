@@ -15,7 +15,8 @@ random model's next token is near uniform over its small vocabulary, so each res
 synchronous batch waits for its longest sample).
 
 It makes a random Llama of the chosen shape (``--shape 0.5b``: Qwen2.5-0.5B's layer sizes; ``1.5b`` and
-``3b`` Qwen2.5-1.5B's and -3B's, to see how the sync's fixed cost and its copy scale; ``tiny`` for a smoke run) with a character tokenizer, a "repeat the letter" prompt set and
+``3b`` Qwen2.5-1.5B's and -3B's, to see how the sync's fixed cost and its copy scale; ``qwen2.5-0.5b`` the 0.5B
+layers with Qwen2.5's real vocabulary, every response then full length; ``tiny`` for a smoke run) with a character tokenizer, a "repeat the letter" prompt set and
 its reward file, runs ``python -m rl_cli.train_ppo_ray`` with OpenRLHF's flags (printed, so
 the run can be repeated by hand), and reads the run's ``metrics.jsonl``. Phase means are over
 the iterations after the first (the first pays for CUDA warm-up and the IPC handles).
@@ -44,7 +45,11 @@ import torch
 SHAPES = {"tiny": dict(hidden_size=256, num_layers=4, num_heads=4, num_kv_heads=2, intermediate_size=512),
           "0.5b": dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864),
           "1.5b": dict(hidden_size=1536, num_layers=28, num_heads=12, num_kv_heads=2, intermediate_size=8960),
-          "3b": dict(hidden_size=2048, num_layers=36, num_heads=16, num_kv_heads=2, intermediate_size=11008)}
+          "3b": dict(hidden_size=2048, num_layers=36, num_heads=16, num_kv_heads=2, intermediate_size=11008),
+          # Qwen2.5-0.5B's real shape: its vocabulary (151,936, tied embeddings); the random model's end token then
+          # comes about once in 151,936 draws, so every response runs to --generate_max_len (no length spread)
+          "qwen2.5-0.5b": dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864,
+                               vocab_size=151_936)}
 PHASES = ["generate_s", "reward_s", "experience_s", "critic_train_s", "policy_train_s", "sync_s", "iteration_s"]
 REWARD = "def letter(prompt, response, label, **info):\n    return response.count(label) / max(len(response), 1)\n"
 

@@ -29,24 +29,83 @@ import cProfile
 import json
 import pstats
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from grpo_vs_trl import SHAPES, step_lengths  # noqa: E402  (the same shapes and length draws as the side by side)
 
-def main() -> None:
+
+# --variants: each an engine built its own way, in its own process (vLLM caches its environment per process)
+VARIANTS = {
+    "default": {},  # what rl ppo builds: in this process, vLLM's defaults (async scheduling where it supports it)
+    "no_async_scheduling": {"engine_kwargs": {"async_scheduling": False}},
+    "async_scheduling": {"engine_kwargs": {"async_scheduling": True}},
+    "multiprocess": {"in_process": False},  # vLLM's engine core in a child process (the scheduler beside the loop)
+}
+
+
+def arg_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--small", action="store_true", help="tiny model, fp32, eager (the vLLM CPU build)")
+    ap.add_argument("--shape", default="0.5b", choices=sorted(SHAPES),
+                    help="model shape (benchmarks/grpo_vs_trl.py's; qwen2.5-0.5b: the real vocabulary, tied)")
     ap.add_argument("--prompts", type=int, default=16)
     ap.add_argument("--samples", type=int, default=8, help="samples per prompt (vLLM's n)")
-    ap.add_argument("--new_tokens", type=int, default=128)
+    ap.add_argument("--new_tokens", type=int, default=128, help="full: every response's length; varied: the cap")
+    ap.add_argument("--lengths", default="full", choices=("full", "varied"),
+                    help="varied: each response's length drawn as benchmarks/grpo_vs_trl.py draws it (long tail)")
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--gpu_memory_utilization", type=float, default=0.3)
+    ap.add_argument("--variants", default="default",
+                    help=f"comma-separated engine builds, each in its own process: {', '.join(VARIANTS)}")
     ap.add_argument("--profile", action="store_true", help="cProfile of one VLLMEngine call (top 25, cumulative)")
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
-    args = ap.parse_args()
+    ap.add_argument("--_variant", default=None, help=argparse.SUPPRESS)  # child: run this one, print its JSON
+    return ap
+
+
+def main() -> None:
+    args = arg_parser().parse_args()
+    names = [v.strip() for v in args.variants.split(",") if v.strip()]
+    unknown = sorted(set(names) - set(VARIANTS))
+    if unknown:
+        raise SystemExit(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    if args._variant is not None:
+        print("VARIANT_JSON " + json.dumps(run_variant(args, args._variant)), flush=True)
+        return
+    results = {}
+    for name in names:
+        argv = [sys.executable, __file__, *sys.argv[1:], "--_variant", name]
+        print(f"== variant {name}: {VARIANTS[name] or 'our defaults'}", flush=True)
+        proc = subprocess.run(argv, stdout=subprocess.PIPE, text=True, check=False)
+        lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("VARIANT_JSON ")]
+        print("\n".join(ln for ln in proc.stdout.splitlines() if not ln.startswith("VARIANT_JSON ")))
+        if proc.returncode or not lines:
+            print(f"== variant {name} failed (exit {proc.returncode})")
+            results[name] = {"error": f"exit {proc.returncode}"}
+            continue
+        results[name] = json.loads(lines[-1].removeprefix("VARIANT_JSON "))
+    base = results.get(names[0], {}).get("median_s", {}).get("VLLMEngine")
+    print(f"\n{'variant':<22}{'method':<22}{'seconds':>9}{'tokens/s':>11}{'x first VLLMEngine':>20}")
+    for name, r in results.items():
+        for m, t in r.get("median_s", {}).items():
+            tokens = r["tokens"][m]
+            ratio = f"{t / base:>20.3f}" if base and m == "VLLMEngine" else f"{'':>20}"
+            print(f"{name:<22}{m:<22}{t:>9.3f}{tokens / t:>11.0f}{ratio}")
+        if "ms_per_step_one_request" in r:
+            print(f"{name:<22}one request alone: {r['ms_per_step_one_request']:.2f} ms a decode step "
+                  f"(async scheduling {r['async_scheduling']})")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"args": vars(args), "variants": results}, indent=1))
+
+
+def run_variant(args: argparse.Namespace, name: str) -> dict:
     cuda = torch.cuda.is_available() and not args.small
 
     from vllm import SamplingParams as VSamplingParams
@@ -55,37 +114,65 @@ def main() -> None:
     from rl_rollout import EngineConfig, RolloutRequest, SamplingParams
     from rl_rollout.testing import make_tiny_model
 
+    variant = VARIANTS[name]
     shape = (dict(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256) if args.small
-             else dict(hidden_size=896, num_layers=24, num_heads=14, num_kv_heads=2, intermediate_size=4864))
+             else {k: v for k, v in SHAPES[args.shape].items() if k != "max_position_embeddings"})
     path = make_tiny_model(Path(tempfile.mkdtemp(prefix="vllm-generate-")) / "model", **shape,
-                           max_position_embeddings=1024)
+                           max_position_embeddings=2048)
+    max_len = 256 + args.new_tokens
     t0 = time.perf_counter()
+    kwargs = dict(variant.get("engine_kwargs", {}), **({} if cuda else {"kv_cache_memory_bytes": 1 << 30}))
     engine = EngineConfig(kind="vllm", enforce_eager=not cuda, gpu_memory_utilization=args.gpu_memory_utilization).make(
-        str(path), dtype="bf16" if cuda else "fp32", seed=0, device="cuda" if cuda else "cpu", in_process=True,
-        extra={"max_model_len": 512, **({} if cuda else {"engine_kwargs": {"kv_cache_memory_bytes": 1 << 30}})})
+        str(path), dtype="bf16" if cuda else "fp32", seed=0, device="cuda" if cuda else "cpu",
+        in_process=variant.get("in_process", True), extra={"max_model_len": max_len, "engine_kwargs": kwargs})
     print(f"engine start {time.perf_counter() - t0:.1f} s")
     g = torch.Generator().manual_seed(0)
-    prompts = [torch.randint(6, 101, (24 + i % 16,), generator=g).tolist() for i in range(args.prompts)]
-    n_tokens = args.prompts * args.samples * args.new_tokens
+    prompts = [torch.randint(6, 101, (24 + i % 16,) if args.lengths == "full" else (33 + (i * 37) % 160,),
+                             generator=g).tolist() for i in range(args.prompts)]
+    if args.lengths == "varied":  # one request per sample, its own length: as grpo_vs_trl.py's loop sends them
+        lengths = step_lengths(0, args.prompts, args.samples, 1, args.new_tokens)
+    else:
+        lengths = [args.new_tokens] * (args.prompts * args.samples)
+    n_tokens = sum(lengths)
     llm = engine._llm
 
     def raw(seeded: bool):
-        params = [VSamplingParams(n=args.samples, temperature=1.0, max_tokens=args.new_tokens, ignore_eos=True,
-                                  logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY,
-                                  seed=1000 + i if seeded else None) for i in range(len(prompts))]
-        outs = llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        if args.lengths == "full":
+            params = [VSamplingParams(n=args.samples, temperature=1.0, max_tokens=args.new_tokens, ignore_eos=True,
+                                      logprobs=0, detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY,
+                                      seed=1000 + i if seeded else None) for i in range(len(prompts))]
+            inputs = [{"prompt_token_ids": p} for p in prompts]
+        else:
+            params = [VSamplingParams(n=1, temperature=1.0, max_tokens=n, ignore_eos=True, logprobs=0,
+                                      detokenize=False, output_kind=RequestOutputKind.FINAL_ONLY,
+                                      seed=1000 + i if seeded else None) for i, n in enumerate(lengths)]
+            inputs = [{"prompt_token_ids": prompts[i // args.samples]} for i in range(len(lengths))]
+        outs = llm.generate(inputs, params, use_tqdm=False)
         return sum(len(c.token_ids) for o in outs for c in o.outputs)
 
-    def ours():
-        params = SamplingParams(temperature=1.0, n=args.samples, max_new_tokens=args.new_tokens, ignore_eos=True,
-                                seed=1000)
-        groups = engine.generate([RolloutRequest(p, params) for p in prompts])
+    def ours(seeded: bool = True):
+        if args.lengths == "full":
+            params = SamplingParams(temperature=1.0, n=args.samples, max_new_tokens=args.new_tokens, ignore_eos=True,
+                                    seed=1000 if seeded else None)
+            requests = [RolloutRequest(p, params) for p in prompts]
+        else:
+            requests = [RolloutRequest(prompts[i // args.samples], SamplingParams(
+                temperature=1.0, n=1, max_new_tokens=n, ignore_eos=True, seed=1000 + i if seeded else None))
+                for i, n in enumerate(lengths)]
+        groups = engine.generate(requests)
         return sum(len(s.response_ids) for grp in groups for s in grp)
 
-    methods = {"vllm_raw": lambda: raw(False), "vllm_raw_seeded": lambda: raw(True), "VLLMEngine": ours}
+    def one_request():
+        params = SamplingParams(temperature=1.0, n=1, max_new_tokens=args.new_tokens, ignore_eos=True, seed=7)
+        (group,) = engine.generate([RolloutRequest(prompts[0], params)])
+        return len(group[0].response_ids)
+
+    methods = {"vllm_raw": lambda: raw(False), "vllm_raw_seeded": lambda: raw(True), "VLLMEngine": ours,
+               "VLLMEngine_unseeded": lambda: ours(False), "one_request": one_request}
+    expected = {m: (args.new_tokens if m == "one_request" else n_tokens) for m in methods}
     times: dict[str, list[float]] = {m: [] for m in methods}
     for m, fn in methods.items():
-        assert fn() == n_tokens, f"{m}: not every response ran to {args.new_tokens} tokens"
+        assert fn() == expected[m], f"{m}: the responses did not run to their lengths"
     for _ in range(args.repeats):
         for m, fn in methods.items():
             if cuda:
@@ -94,19 +181,21 @@ def main() -> None:
             fn()
             times[m].append(time.perf_counter() - t0)
     med = {m: statistics.median(t) for m, t in times.items()}
-    print(f"{args.prompts} prompts x {args.samples} samples x {args.new_tokens} tokens = {n_tokens} tokens, "
-          f"{'cuda bf16, CUDA graphs' if cuda else 'cpu fp32, eager'}, median of {args.repeats}")
-    print(f"{'method':<18}{'seconds':>9}{'tokens/s':>11}{'x vllm_raw':>12}")
+    sched = llm.llm_engine.vllm_config.scheduler_config
+    print(f"{name}: {len(lengths)} responses, {n_tokens} tokens ({args.lengths}; longest {max(lengths)}), "
+          f"{'cuda bf16, CUDA graphs' if cuda else 'cpu fp32, eager'}, async scheduling {sched.async_scheduling}, "
+          f"median of {args.repeats}")
+    print(f"{'method':<22}{'seconds':>9}{'tokens/s':>11}{'x vllm_raw':>12}")
     for m, t in med.items():
-        print(f"{m:<18}{t:>9.3f}{n_tokens / t:>11.0f}{t / med['vllm_raw']:>12.3f}")
+        print(f"{m:<22}{t:>9.3f}{expected[m] / t:>11.0f}{t / med['vllm_raw']:>12.3f}")
     if args.profile:
         prof = cProfile.Profile()
         prof.runcall(ours)
         pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
-    if args.out:
-        Path(args.out).write_text(json.dumps({"args": vars(args), "tokens": n_tokens, "median_s": med,
-                                              "times_s": times}, indent=1))
     engine.shutdown()
+    return {"median_s": med, "times_s": times, "tokens": expected, "longest": max(lengths),
+            "async_scheduling": sched.async_scheduling,
+            "ms_per_step_one_request": 1000 * med["one_request"] / args.new_tokens}
 
 
 if __name__ == "__main__":
