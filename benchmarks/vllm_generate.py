@@ -40,7 +40,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from grpo_vs_trl import SHAPES, step_lengths  # noqa: E402  (the same shapes and length draws as the side by side)
 
-
 # --variants: each an engine built its own way, in its own process (vLLM caches its environment per process)
 VARIANTS = {
     "default": {},  # what rl ppo builds: in this process, vLLM's defaults (async scheduling where it supports it)
