@@ -321,6 +321,11 @@ def arg_parser() -> argparse.ArgumentParser:
                          "one after the other, ours' steps back to back, not alternating: an async side keeps "
                          "generating while it waits, which would overlap the other side's step. Seconds per step: "
                          "the wall time between two of our finished iterations")
+    ap.add_argument("--ours_unseeded", action="store_true",
+                    help="ours only: requests without their own seed (vLLM's engine-wide random stream, as TRL "
+                         "samples) instead of rl ppo's per-request seeds (vLLM draws each seeded row's noise apart)")
+    ap.add_argument("--ours_vllm_kwargs", default=None, metavar="JSON",
+                    help='ours only: more vLLM engine arguments, e.g. \'{"async_scheduling": false}\' (to try one)')
     ap.add_argument("--ours_rows", action="store_true",
                     help="ours only: --micro_batch rows even where rl ppo would size micro-batches from free memory "
                          "(as a user passing --micro_train_batch_size)")
@@ -501,6 +506,14 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
                     rollout_batch_size=cfg["prompts"], generate_max_len=cfg["max_new_tokens"], temperature=1.0,
                     max_epochs=1, max_iterations=cfg["warmup"] + cfg["steps"],
                     **({"async_train": True, "max_staleness": 1} if cfg["ours_async"] else {}))
+    if cfg["ours_vllm_kwargs"]:  # to try an engine argument: merged into what EngineConfig builds
+        extra_kwargs, vllm_options = json.loads(cfg["ours_vllm_kwargs"]), EngineConfig.vllm_options
+
+        def with_extra(self, **kw):
+            opts = vllm_options(self, **kw)
+            return {**opts, "engine_kwargs": {**opts["engine_kwargs"], **extra_kwargs}}
+
+        EngineConfig.vllm_options = with_extra
     engine = (EngineConfig(kind="vllm", gpu_memory_utilization=cfg["vllm_gpu_memory_utilization"],
                            enable_sleep=cfg["vllm_sleep"], sleep_level=2)
               if cfg["rollout_engine"] == "vllm" else EngineConfig(kind="hf"))
@@ -538,8 +551,9 @@ def _run_ours(c: _Conductor, cfg: dict) -> None:
         """The loop's requests with ignore_eos and no stop tokens: every sample is max_new_tokens long, or with
         --lengths varied the length response_length draws for it (each request split into one per sample, given
         its own max_new_tokens and seed, the samples gathered back into their group)."""
-        forced = [dataclasses.replace(r, params=dataclasses.replace(r.params, ignore_eos=True, stop_token_ids=()))
-                  for r in requests]
+        forced = [dataclasses.replace(r, params=dataclasses.replace(
+                      r.params, ignore_eos=True, stop_token_ids=(),
+                      **({"seed": None} if cfg["ours_unseeded"] else {}))) for r in requests]
         if cfg["lengths"] == "varied":
             keys = [index_of[tuple(r.prompt_token_ids)] for r in forced for _ in range(r.params.n)]
             # the draws of the step this batch is for: the generate call's count (async: one step ahead of c.steps)
@@ -786,7 +800,7 @@ def vllm_settings(llm) -> dict:
             "prefix_caching": "cache_config.enable_prefix_caching", "sleep_mode": "model_config.enable_sleep_mode",
             "enforce_eager": "model_config.enforce_eager", "dtype": "model_config.dtype",
             "max_model_len": "model_config.max_model_len", "logprobs_mode": "model_config.logprobs_mode",
-            "max_num_seqs": "scheduler_config.max_num_seqs",
+            "max_num_seqs": "scheduler_config.max_num_seqs", "async_scheduling": "scheduler_config.async_scheduling",
             "max_num_batched_tokens": "scheduler_config.max_num_batched_tokens",
             "executor": "parallel_config.distributed_executor_backend", "compile_mode": "compilation_config.mode",
             "cudagraph_mode": "compilation_config.cudagraph_mode"}
@@ -1033,7 +1047,8 @@ def main(argv: list[str] | None = None) -> int:
                 ("--zero_stage", "zero_stage"), ("--packing", "ours_packing"),
                 ("--max_tokens_per_gpu", "ours_max_tokens_per_gpu"), ("--use_liger_kernel", "ours_use_liger_kernel"),
                 ("--micro_train_batch_size rows", "ours_rows"), ("--fused_lm_head", "ours_fused_lm_head"),
-                ("--async_train --max_staleness 1 (tis correction)", "ours_async"))
+                ("--async_train --max_staleness 1 (tis correction)", "ours_async"),
+                ("requests unseeded", "ours_unseeded"), ("vLLM engine arguments", "ours_vllm_kwargs"))
                 if getattr(a, key) not in (None, "auto", False)),
             "trl_only": ", ".join(f"{name} {value}" for name, value in (
                 ("per_device_train_batch_size", a.trl_micro_batch if a.trl_micro_batch != a.micro_batch else None),
