@@ -27,6 +27,7 @@ from __future__ import annotations
 import argparse
 import cProfile
 import json
+import os
 import pstats
 import statistics
 import subprocess
@@ -45,7 +46,19 @@ VARIANTS = {
     "default": {},  # what rl ppo builds: in this process, vLLM's defaults (async scheduling where it supports it)
     "no_async_scheduling": {"engine_kwargs": {"async_scheduling": False}},
     "async_scheduling": {"engine_kwargs": {"async_scheduling": True}},
-    "multiprocess": {"in_process": False},  # vLLM's engine core in a child process (the scheduler beside the loop)
+    # vLLM's engine core in a child process (the scheduler beside the loop); spawned: this process has CUDA up
+    "multiprocess": {"in_process": False, "env": {"VLLM_WORKER_MULTIPROC_METHOD": "spawn"}},
+}
+
+
+# --between: what the RL loop (and benchmarks/grpo_vs_trl.py around it) does between two generate calls
+BETWEEN = {
+    "none": "nothing (back to back)",
+    "sync": "the in-process weight sync of rl ppo (a bf16 model's live parameters, update_weights(live=True))",
+    "gpu_work": "a training phase's footprint: 16 GiB allocated and kept in torch's cache, ~1 s of bf16 matmuls",
+    "empty_cache": "torch.cuda.empty_cache() (grpo_vs_trl.py's hand-over between the sides)",
+    "sync_gpu_work": "gpu_work, then the sync (the loop's order: train, then sync)",
+    "neighbor": "nothing, with a second process holding an idle vLLM engine on the GPU (grpo_vs_trl.py's TRL side)",
 }
 
 
@@ -63,9 +76,13 @@ def arg_parser() -> argparse.ArgumentParser:
     ap.add_argument("--gpu_memory_utilization", type=float, default=0.3)
     ap.add_argument("--variants", default="default",
                     help=f"comma-separated engine builds, each in its own process: {', '.join(VARIANTS)}")
+    ap.add_argument("--between", default="",
+                    help="comma-separated: also time VLLMEngine right after what the RL loop does between two "
+                         f"generate calls, each round in turn: {', '.join(BETWEEN)} (the in-loop generate gap)")
     ap.add_argument("--profile", action="store_true", help="cProfile of one VLLMEngine call (top 25, cumulative)")
     ap.add_argument("--out", default=None, help="write the numbers as JSON here")
     ap.add_argument("--_variant", default=None, help=argparse.SUPPRESS)  # child: run this one, print its JSON
+    ap.add_argument("--_neighbor", action="store_true", help=argparse.SUPPRESS)  # child: an idle engine, until stdin ends
     return ap
 
 
@@ -75,6 +92,12 @@ def main() -> None:
     unknown = sorted(set(names) - set(VARIANTS))
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
+    between = [b.strip() for b in args.between.split(",") if b.strip()]
+    if sorted(set(between) - set(BETWEEN)):
+        raise SystemExit(f"--between: unknown {sorted(set(between) - set(BETWEEN))}; choose from {', '.join(BETWEEN)}")
+    if args._neighbor:
+        run_neighbor(args)
+        return
     if args._variant is not None:
         print("VARIANT_JSON " + json.dumps(run_variant(args, args._variant)), flush=True)
         return
@@ -114,6 +137,7 @@ def run_variant(args: argparse.Namespace, name: str) -> dict:
     from rl_rollout.testing import make_tiny_model
 
     variant = VARIANTS[name]
+    os.environ.update(variant.get("env", {}))
     shape = (dict(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256) if args.small
              else {k: v for k, v in SHAPES[args.shape].items() if k != "max_position_embeddings"})
     path = make_tiny_model(Path(tempfile.mkdtemp(prefix="vllm-generate-")) / "model", **shape,
@@ -187,14 +211,96 @@ def run_variant(args: argparse.Namespace, name: str) -> dict:
     print(f"{'method':<22}{'seconds':>9}{'tokens/s':>11}{'x vllm_raw':>12}")
     for m, t in med.items():
         print(f"{m:<22}{t:>9.3f}{expected[m] / t:>11.0f}{t / med['vllm_raw']:>12.3f}")
+    between = [b.strip() for b in args.between.split(",") if b.strip()]
+    between_s = loop_rounds(args, engine, path, ours, between, cuda) if between else {}
     if args.profile:
         prof = cProfile.Profile()
         prof.runcall(ours)
         pstats.Stats(prof).sort_stats("cumulative").print_stats(25)
     engine.shutdown()
-    return {"median_s": med, "times_s": times, "tokens": expected, "longest": max(lengths),
+    return {"median_s": med, "times_s": times, "tokens": expected, "longest": max(lengths), "between_s": between_s,
             "async_scheduling": sched.async_scheduling,
             "ms_per_step_one_request": 1000 * med["one_request"] / args.new_tokens}
+
+
+def loop_rounds(args, engine, path: Path, generate, between: list[str], cuda: bool) -> dict[str, list[float]]:
+    """VLLMEngine's time on the same batch right after each of ``between`` (BETWEEN), in turn, ``--repeats``
+    rounds; ``neighbor`` rounds run last, with a second process holding an idle engine."""
+    from transformers import AutoModelForCausalLM
+
+    model = None
+    if any("sync" in b for b in between):
+        model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.bfloat16 if cuda else torch.float32)
+        model = model.to("cuda" if cuda else "cpu")
+    kept: list[torch.Tensor] = []
+    version = 0
+
+    def do(kind: str) -> None:
+        nonlocal version
+        if kind in ("gpu_work", "sync_gpu_work") and cuda:
+            kept.clear()
+            kept.extend(torch.empty(1 << 30, dtype=torch.uint8, device="cuda") for _ in range(16))
+            x = torch.randn(8192, 8192, device="cuda", dtype=torch.bfloat16)
+            for _ in range(600):
+                x = torch.tanh(x @ x)
+            torch.cuda.synchronize()
+            del x
+            kept.clear()  # freed into torch's cache, not returned to the device (as a trainer's step leaves it)
+        if kind == "empty_cache" and cuda:
+            torch.cuda.empty_cache()
+        if kind in ("sync", "sync_gpu_work"):
+            version += 1
+            engine.update_weights([(n, p.detach()) for n, p in model.named_parameters()], version=version, live=True)
+
+    out: dict[str, list[float]] = {b: [] for b in between}
+    plain = [b for b in between if b != "neighbor"]
+    for _ in range(args.repeats):
+        for kind in plain:
+            do(kind)
+            if cuda:
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            generate()
+            out[kind].append(time.perf_counter() - t0)
+    if "neighbor" in between:
+        neighbor = subprocess.Popen([sys.executable, __file__, *sys.argv[1:], "--_neighbor"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.PIPE, text=True)
+        try:
+            assert neighbor.stdout is not None
+            for line in neighbor.stdout:  # its start-up done
+                if line.startswith("NEIGHBOR_READY"):
+                    break
+            else:
+                raise RuntimeError("the neighbor engine did not start")
+            for _ in range(args.repeats):
+                t0 = time.perf_counter()
+                generate()
+                out["neighbor"].append(time.perf_counter() - t0)
+        finally:
+            assert neighbor.stdin is not None
+            neighbor.stdin.close()
+            neighbor.wait(120)
+    print(f"{'VLLMEngine right after':<24}{'median s':>10}  rounds")
+    for kind, ts in out.items():
+        print(f"{kind:<24}{statistics.median(ts):>10.3f}  {' '.join(f'{t:.3f}' for t in ts)}  ({BETWEEN[kind]})")
+    return out
+
+
+def run_neighbor(args: argparse.Namespace) -> None:
+    """A second process holding an idle engine of the same model on the GPU until its stdin ends."""
+    from rl_rollout import EngineConfig
+    from rl_rollout.testing import make_tiny_model
+
+    cuda = torch.cuda.is_available() and not args.small
+    shape = {k: v for k, v in SHAPES[args.shape].items() if k != "max_position_embeddings"}
+    path = make_tiny_model(Path(tempfile.mkdtemp(prefix="vllm-neighbor-")) / "model", **shape,
+                           max_position_embeddings=2048)
+    engine = EngineConfig(kind="vllm", enforce_eager=not cuda, gpu_memory_utilization=args.gpu_memory_utilization).make(
+        str(path), dtype="bf16" if cuda else "fp32", seed=0, device="cuda" if cuda else "cpu", in_process=True,
+        extra={"max_model_len": 256 + args.new_tokens})
+    print("NEIGHBOR_READY", flush=True)
+    sys.stdin.read()
+    engine.shutdown()
 
 
 if __name__ == "__main__":
