@@ -48,7 +48,7 @@ if TYPE_CHECKING:
         TrainerConfig,
     )
 
-__version__ = "0.27.0"
+__version__ = "0.28.0"
 
 # name -> the submodule that defines it, imported on first use
 _LAZY = {
