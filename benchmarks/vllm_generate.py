@@ -3,23 +3,39 @@
     python3 benchmarks/vllm_generate.py                           # GPU: 0.5B-shaped random Llama, bf16
     .venv-vllm/bin/python benchmarks/vllm_generate.py --small     # vLLM's CPU build, tiny model, fp32
     python3 benchmarks/vllm_generate.py --profile                 # and cProfile of one engine call
+    python3 benchmarks/vllm_generate.py --shape qwen2.5-0.5b --lengths varied --new_tokens 1024 \
+        --gpu_memory_utilization 0.15 --variants default,no_async_scheduling   # the loop's batch, two engine builds
+    python3 benchmarks/vllm_generate.py --shape qwen2.5-0.5b --lengths varied --new_tokens 1024 \
+        --gpu_memory_utilization 0.15 --between none,sync,gpu_work,empty_cache,sync_gpu_work,neighbor
 
 One vLLM engine in this process (``in_process=True``, what ``rl ppo`` builds, CUDA graphs on unless
 ``--small``), the batch of the GPU GRPO comparison (benchmarks/grpo_vs_trl.py): ``--prompts`` 16
 prompts x ``--samples`` 8 samples x ``--new_tokens`` 128 tokens, temperature 1, every response forced
-to full length (``ignore_eos``), the sampled token's log-prob returned. The methods run on the same
-``LLM`` instance, taking turns within each round (median of ``--repeats`` after one warm-up each):
+to full length (``ignore_eos``), the sampled token's log-prob returned; with ``--lengths varied`` each response
+forced to the length grpo_vs_trl.py draws for it (long tail up to ``--new_tokens``), one request per sample as
+its loop sends them, prompts of 33-192 tokens. The methods run on the same ``LLM`` instance, taking turns within
+each round (median of ``--repeats`` after one warm-up each):
 
 - ``vllm_raw``: ``LLM.generate`` with ``n`` samples per prompt, no per-request seed (vLLM's engine-wide
   random stream), token prompts, ``detokenize=False``, final outputs only: the floor for this batch;
 - ``vllm_raw_seeded``: the same with one seed per request, as ``VLLMEngine`` sends them (vLLM then draws
   each sequence's noise with its own ``torch.Generator``: one kernel per row per decode step, which vLLM's
   sampler marks as possibly slow);
-- ``VLLMEngine``: ``engine.generate`` on requests built as rl-core's PPO rollout builds them.
+- ``VLLMEngine``: ``engine.generate`` on requests built as rl-core's PPO rollout builds them;
+  ``VLLMEngine_unseeded`` the same without seeds;
+- ``one_request``: one request of ``--new_tokens`` alone: the milliseconds of one decode step at batch 1, the
+  floor of a batch's long tail.
+
+``--variants`` builds the engine several ways, each in its own process (VARIANTS: vLLM's defaults, async
+scheduling off or on, the engine core in a child process). ``--between`` also times ``VLLMEngine`` right after
+each of what the RL loop does between two generate calls (BETWEEN: the in-process sync, a training phase's memory
+and matmuls, ``empty_cache``, an idle engine in a second process), in turn.
 
 Prints seconds, generated tokens/s and each method's time over ``vllm_raw``'s (1.00 = vLLM's own speed).
-Measured on one H100 (docs/performance.md): the three within 8% of each other (seeded 0.93x unseeded, noise
-of that size between rounds): neither the wrapper nor the per-request seeds cost the loop's generation time.
+Measured (docs/performance.md, "The in-loop generate gap"): at Qwen2.5-0.5B's real shape and the loop's varied
+lengths on one H100, VLLMEngine 2.81 s, raw vLLM 2.67 s, seeds costing nothing, one decode step 1.64 ms;
+vLLM's async scheduling (on by default) is worth 1.41x; none of the ``--between`` steps moved the engine's time
+beyond the spread of back-to-back calls.
 """
 
 from __future__ import annotations
