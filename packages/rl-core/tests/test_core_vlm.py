@@ -74,3 +74,30 @@ def test_actor_log_probs_of_image_prompts_equal_the_engines_with_multimodal_rope
     assert gap(position_ids=_positions(x.kwargs["attention_mask"])) > 0.1  # 1-D positions: another distribution
     with pytest.raises(ValueError, match="packing prompts with images is not built"):
         ModelInputs.of(items, PAD, True, "cpu", images=True)
+
+
+def test_attach_images_processes_each_episodes_image_list_once():
+    """Agent episodes (samples with their own images): episodes holding the same image objects (a prompt's n
+    episodes whose environment returned none) share one run of the image processor; an episode with an
+    observation image gets its own."""
+    from types import SimpleNamespace
+
+    import torch
+
+    from rl_core.trainers.ppo_rollout import Sampler
+
+    calls = []
+
+    def processor(images, return_tensors):
+        calls.append(len(images))
+        return {"pixel_values": torch.full((len(images), 3, 2, 2), float(len(calls)))}
+
+    prompt_img, obs_img = object(), object()
+    lists = [[prompt_img], [prompt_img], [prompt_img, obs_img], [prompt_img]]
+    samples = [SimpleNamespace(multi_modal_data={"image": list(imgs)}) for imgs in lists]
+    items = [SimpleNamespace(image_inputs=None) for _ in samples]
+    host = SimpleNamespace(prompts=SimpleNamespace(image_processor=processor))
+    Sampler.attach_images(host, [{"images": None}], items, samples)
+    assert calls == [1, 2]  # [prompt_img] once, [prompt_img, obs_img] once
+    assert items[0].image_inputs is items[1].image_inputs is items[3].image_inputs
+    assert items[2].image_inputs["pixel_values"].shape[0] == 2

@@ -91,10 +91,8 @@ class DataConfig:
     max_images_per_prompt: int = field(
         default=1,
         metadata=meta(
-            (
-                "with --image_key: the most images one dataset row may have (a row with more stops the run, naming it); "
-                "an agent's observation images are not counted"
-            )
+            "with --image_key: the most images one dataset row may have (a row with more stops the run, naming it); "
+            "an agent's observation images are not counted"
         ),
     )
     disable_fast_tokenizer: bool = field(

@@ -265,9 +265,13 @@ class Sampler:
         n = len(items) // len(prompts)
         proc = self.prompts.image_processor
         if any(own):
+            done: dict[tuple[int, ...], dict] = {}  # episodes with the same images (objects) share one processing
             for item, mm in zip(items, own, strict=True):
                 if mm and mm.get("image"):
-                    item.image_inputs = image_inputs(proc, mm["image"])
+                    key = tuple(map(id, mm["image"]))  # the objects stay alive in ``own`` for the whole call
+                    if key not in done:
+                        done[key] = image_inputs(proc, mm["image"])
+                    item.image_inputs = done[key]
             return
         for g, p in enumerate(prompts):
             mm = _images_of(p)
