@@ -188,3 +188,36 @@ def test_memory_budget_counts_the_logits_and_their_gradient_in_bf16(tiny, monkey
     tokens, _ = memory_budget(actor, torch.device("cpu"), train=True)
     per_token = est.bytes(0, 1) - est.head + 2 * 2 * vocab
     assert tokens == min(max(int(AUTO_SHARE * 2**27 / per_token), AUTO_MIN_TOKENS), AUTO_MAX_TOKENS)
+
+
+def test_memory_budget_refuses_an_optimizer_step_that_cannot_fit(tiny, monkeypatch):
+    """ZeRO-0 over bf16 weights: DeepSpeed's unfused optimizer casts every gradient to fp32 at once in its step (4
+    bytes a parameter, counted from the real optimizer); where that exceeds what is left after the gradients and
+    Adam moments, the budget refuses in one line naming the fixes, instead of CUDA's out-of-memory error in
+    DeepSpeed's step (Qwen2.5-1.5B's shape under a half-GPU cap, docs/performance.md). fp32 weights: torch's AdamW,
+    no copies, no refusal."""
+    import rl_core.activation_checkpointing as ac
+    from rl_core.models import Actor
+    from rl_core.strategy import DeepSpeedStrategy
+
+    def engine(bf16: bool):
+        s = DeepSpeedStrategy(StrategyConfig(zero_stage=0, bf16=bf16, micro_train_batch_size=2, train_batch_size=2))
+        actor = Actor.from_pretrained(tiny, dtype="bf16" if bf16 else "fp32", attn_implementation="sdpa")
+        return s.prepare(actor, total_steps=1)
+
+    bf16 = engine(True)
+    params = sum(p.numel() for p in bf16.module.parameters() if p.requires_grad)
+    assert ac.pending_step_grads(bf16.optimizer) == 4 * params
+    assert ac.pending_step_grads(engine(False).optimizer) == 0
+    free = {"bytes": 4 * params - 1}
+    monkeypatch.setattr(ac, "free_bytes", lambda module, device, optimizer=None: free["bytes"])
+    from rl_core.preflight import InputError
+    from rl_core.rl.batching import OptimizerStepDoesNotFit
+
+    assert issubclass(OptimizerStepDoesNotFit, InputError) and issubclass(OptimizerStepDoesNotFit, MemoryError)
+    with pytest.raises(OptimizerStepDoesNotFit, match=r"first optimizer step cannot fit.*--vllm_gpu_memory_utilization.*"
+                                          r"--adam_offload.*--zero_stage 3.*--lora_rank"):
+        memory_budget(bf16, torch.device("cpu"), train=True)
+    memory_budget(bf16, torch.device("cpu"), train=False)  # a no-grad forward takes no optimizer step
+    free["bytes"] = 4 * params + 2**26
+    assert memory_budget(bf16, torch.device("cpu"), train=True)[0] >= AUTO_MIN_TOKENS

@@ -244,6 +244,22 @@ def free_bytes(module: nn.Module, device: torch.device, optimizer=None) -> int:
     return free + cached - grads - pending_moments(optimizer) - int(MARGIN * total)
 
 
+def margin_bytes(device: torch.device) -> int:
+    """The ``MARGIN`` :func:`free_bytes` keeps back on ``device`` (0 off CUDA)."""
+    return int(MARGIN * torch.cuda.mem_get_info(device)[1]) if device.type == "cuda" else 0
+
+
+def pending_step_grads(optimizer) -> int:
+    """Bytes of fp32 gradient copies DeepSpeed's unfused optimizer (ZeRO-0 over bf16 or fp16 weights) makes in each
+    step: it casts every gradient to its fp32 master copy's dtype at once, before Adam, and drops them after the
+    step (4 bytes a parameter on top of the weights, the masters, the moments and the gradients). 0 for the other
+    optimizers (ZeRO-1/2 keep their fp32 gradients allocated from the start)."""
+    groups = getattr(optimizer, "fp32_groups", None)
+    if type(optimizer).__name__ != "FP16_UnfusedOptimizer" or not groups:
+        return 0
+    return sum(p.numel() * p.element_size() for g in groups for p in g if p.grad is None)
+
+
 def pending_moments(optimizer) -> int:
     """Bytes of Adam moments (two per parameter, the parameter's dtype) the optimizer will allocate at its first
     step on the device: torch's AdamW creates them lazily, DeepSpeed's ZeRO-1/2 wrapper at initialisation."""

@@ -31,6 +31,7 @@ import torch
 
 import rl_core.activation_checkpointing as ac
 from rl_core.data.collate import pack_greedy
+from rl_core.preflight import InputError
 from rl_core.rl.batching_config import MicroBatchConfig  # re-exported: the settings live beside, torch-free
 from rl_core.rl.experience import Experience, collate
 from rl_rollout.vision import cat_image_inputs
@@ -52,6 +53,8 @@ def memory_budget(engine, device: torch.device, *, train: bool) -> tuple[int, st
     chunk is reserved instead): a training micro-batch holds every kept layer and each checkpointed layer's
     input, a no-grad forward one layer at a time. Free memory as :func:`rl_core.activation_checkpointing.free_bytes` (gradients
     and Adam moments still to come left out). ``AUTO_SHARE`` of it, within ``AUTO_MIN_TOKENS``..``AUTO_MAX_TOKENS``.
+    A training budget first checks that the optimizer step fits at all (:func:`check_optimizer_step`: an
+    :class:`OptimizerStepDoesNotFit` naming the fixes, instead of CUDA's out-of-memory error inside DeepSpeed's step).
     """
 
     module = getattr(engine, "module", engine)
@@ -67,7 +70,10 @@ def memory_budget(engine, device: torch.device, *, train: bool) -> tuple[int, st
         per_token = est.bytes(ckpt, 1) - est.head + head
     else:
         per_token = est.per_layer + head
-    free = ac.free_bytes(module, device, getattr(engine, "optimizer", None) if train else None)
+    optimizer = getattr(engine, "optimizer", None) if train else None
+    free = ac.free_bytes(module, device, optimizer)
+    if train:
+        check_optimizer_step(free + ac.margin_bytes(device), ac.pending_step_grads(optimizer), device)
     free -= FUSED_HEAD_RESERVE if fused else 0
     tokens = int(AUTO_SHARE * max(free, 0) / max(per_token, 1))
     clamped = min(max(tokens, AUTO_MIN_TOKENS), AUTO_MAX_TOKENS)
@@ -75,6 +81,29 @@ def memory_budget(engine, device: torch.device, *, train: bool) -> tuple[int, st
         f" (clamped from {tokens})" if clamped != tokens else ""
     )
     return clamped, how
+
+
+class OptimizerStepDoesNotFit(InputError, MemoryError):
+    """The run's memory settings leave no room for its optimizer step (a user's setting: ``rl`` prints one line)."""
+
+
+def check_optimizer_step(free: int, step_grads: int, device: torch.device) -> None:
+    """Refuse a training step whose optimizer step cannot fit even with no activations and no margin: ``free`` is
+    what is left once the gradients and Adam moments to come are counted (:func:`rl_core.activation_checkpointing
+    .free_bytes` without its margin), ``step_grads`` the fp32 gradient copies DeepSpeed's ZeRO-0 optimizer makes in
+    its step (:func:`~rl_core.activation_checkpointing.pending_step_grads`). Without this the run fails with
+    CUDA's out-of-memory error inside DeepSpeed's step, after its first generation and backward."""
+    short = step_grads - free
+    if short <= 0:
+        return
+    gib = 2**30
+    raise OptimizerStepDoesNotFit(
+        f"the first optimizer step cannot fit on {device}: the gradients, Adam moments and DeepSpeed's fp32 "
+        f"gradient copies ({step_grads / gib:.1f} GiB of them) need {short / gib:.1f} GiB more than this process "
+        f"has ({max(free, 0) / gib:.1f} GiB left before the copies), with no activations at all. Free memory for "
+        "training: a smaller --vllm_gpu_memory_utilization (an engine in this process holds its share), "
+        "--adam_offload (Adam's states in host memory), --zero_stage 3 over more GPUs, or LoRA (--lora_rank)"
+    )
 
 
 def _cost(lengths: Sequence[int], packing: bool) -> int:
