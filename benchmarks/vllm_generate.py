@@ -108,7 +108,7 @@ def main() -> None:
     unknown = sorted(set(names) - set(VARIANTS))
     if unknown:
         raise SystemExit(f"--variants: unknown {unknown}; choose from {', '.join(VARIANTS)}")
-    between = [b.strip() for b in args.between.split(",") if b.strip()]
+    args.between = between = [b.strip() for b in args.between.split(",") if b.strip()]
     if sorted(set(between) - set(BETWEEN)):
         raise SystemExit(f"--between: unknown {sorted(set(between) - set(BETWEEN))}; choose from {', '.join(BETWEEN)}")
     if args._neighbor:
@@ -143,27 +143,36 @@ def main() -> None:
         Path(args.out).write_text(json.dumps({"args": vars(args), "variants": results}, indent=1))
 
 
+def build_engine(args: argparse.Namespace, variant: dict):
+    """``(engine, model folder)``: a random model of ``--shape`` (``--small``: a tiny one) and its VLLMEngine, built
+    the ``variant``'s way (VARIANTS)."""
+    from rl_rollout import EngineConfig
+    from rl_rollout.testing import make_tiny_model
+
+    cuda = torch.cuda.is_available() and not args.small
+    os.environ.update(variant.get("env", {}))
+    shape = (dict(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256) if args.small
+             else {k: v for k, v in SHAPES[args.shape].items() if k != "max_position_embeddings"})
+    path = make_tiny_model(Path(tempfile.mkdtemp(prefix="vllm-generate-")) / "model", **shape,
+                           max_position_embeddings=2048)
+    kwargs = dict(variant.get("engine_kwargs", {}), **({} if cuda else {"kv_cache_memory_bytes": 1 << 30}))
+    engine = EngineConfig(kind="vllm", enforce_eager=not cuda, gpu_memory_utilization=args.gpu_memory_utilization).make(
+        str(path), dtype="bf16" if cuda else "fp32", seed=0, device="cuda" if cuda else "cpu",
+        in_process=variant.get("in_process", True),
+        extra={"max_model_len": 256 + args.new_tokens, "engine_kwargs": kwargs})
+    return engine, path
+
+
 def run_variant(args: argparse.Namespace, name: str) -> dict:
     cuda = torch.cuda.is_available() and not args.small
 
     from vllm import SamplingParams as VSamplingParams
     from vllm.sampling_params import RequestOutputKind
 
-    from rl_rollout import EngineConfig, RolloutRequest, SamplingParams
-    from rl_rollout.testing import make_tiny_model
+    from rl_rollout import RolloutRequest, SamplingParams
 
-    variant = VARIANTS[name]
-    os.environ.update(variant.get("env", {}))
-    shape = (dict(hidden_size=128, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=256) if args.small
-             else {k: v for k, v in SHAPES[args.shape].items() if k != "max_position_embeddings"})
-    path = make_tiny_model(Path(tempfile.mkdtemp(prefix="vllm-generate-")) / "model", **shape,
-                           max_position_embeddings=2048)
-    max_len = 256 + args.new_tokens
     t0 = time.perf_counter()
-    kwargs = dict(variant.get("engine_kwargs", {}), **({} if cuda else {"kv_cache_memory_bytes": 1 << 30}))
-    engine = EngineConfig(kind="vllm", enforce_eager=not cuda, gpu_memory_utilization=args.gpu_memory_utilization).make(
-        str(path), dtype="bf16" if cuda else "fp32", seed=0, device="cuda" if cuda else "cpu",
-        in_process=variant.get("in_process", True), extra={"max_model_len": max_len, "engine_kwargs": kwargs})
+    engine, path = build_engine(args, VARIANTS[name])
     print(f"engine start {time.perf_counter() - t0:.1f} s")
     g = torch.Generator().manual_seed(0)
     prompts = [torch.randint(6, 101, (24 + i % 16,) if args.lengths == "full" else (33 + (i * 37) % 160,),
@@ -227,8 +236,7 @@ def run_variant(args: argparse.Namespace, name: str) -> dict:
     print(f"{'method':<22}{'seconds':>9}{'tokens/s':>11}{'x vllm_raw':>12}")
     for m, t in med.items():
         print(f"{m:<22}{t:>9.3f}{expected[m] / t:>11.0f}{t / med['vllm_raw']:>12.3f}")
-    between = [b.strip() for b in args.between.split(",") if b.strip()]
-    between_s = loop_rounds(args, engine, path, ours, between, cuda) if between else {}
+    between_s = loop_rounds(args, engine, path, ours, args.between, cuda) if args.between else {}
     if args.profile:
         prof = cProfile.Profile()
         prof.runcall(ours)
@@ -304,16 +312,7 @@ def loop_rounds(args, engine, path: Path, generate, between: list[str], cuda: bo
 
 def run_neighbor(args: argparse.Namespace) -> None:
     """A second process holding an idle engine of the same model on the GPU until its stdin ends."""
-    from rl_rollout import EngineConfig
-    from rl_rollout.testing import make_tiny_model
-
-    cuda = torch.cuda.is_available() and not args.small
-    shape = {k: v for k, v in SHAPES[args.shape].items() if k != "max_position_embeddings"}
-    path = make_tiny_model(Path(tempfile.mkdtemp(prefix="vllm-neighbor-")) / "model", **shape,
-                           max_position_embeddings=2048)
-    engine = EngineConfig(kind="vllm", enforce_eager=not cuda, gpu_memory_utilization=args.gpu_memory_utilization).make(
-        str(path), dtype="bf16" if cuda else "fp32", seed=0, device="cuda" if cuda else "cpu", in_process=True,
-        extra={"max_model_len": 256 + args.new_tokens})
+    engine, _ = build_engine(args, VARIANTS["default"])
     print("NEIGHBOR_READY", flush=True)
     sys.stdin.read()
     engine.shutdown()
